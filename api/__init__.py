@@ -1,0 +1,1 @@
+"""The HTTP API: control plane, produce, and the operator views of delivery."""

@@ -1,0 +1,1 @@
+"""The `setu` command: the composition root that wires settings to every process."""

@@ -1,0 +1,1 @@
+"""Delivery workers: per-group ordered webhook dispatch, retry tiers and dead letters."""

@@ -1,0 +1,112 @@
+"""The message envelope: how one message travels through every Kafka topic of Setu.
+
+The Kafka record value is the body exactly as published. Kafka headers carry the producer's own
+``X_*`` headers under their own names plus Setu's headers (all prefixed ``setu-``), so every
+stage can be audited and replayed from the records alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+SETU_PREFIX = "setu-"
+H_MESSAGE_ID = "setu-message-id"
+H_GROUP_ID = "setu-group-id"
+H_PRODUCER_ID = "setu-producer-id"
+H_SEQUENCE_ID = "setu-sequence-id"
+H_PRODUCED_AT = "setu-produced-at"
+H_INGEST_PARTITION = "setu-ingest-partition"
+H_INGEST_OFFSET = "setu-ingest-offset"
+H_ATTEMPT = "setu-attempt"
+H_FAILURE_REASON = "setu-failure-reason"
+H_LAST_STATUS = "setu-last-status"
+H_FAILED_AT = "setu-failed-at"
+H_MAIN_OFFSET = "setu-main-offset"
+
+KafkaHeaders = list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One message with its identity and its audit trail. Immutable: use :meth:`evolve`."""
+
+    message_id: str
+    body: bytes
+    group_id: str | None = None
+    producer_id: str | None = None
+    sequence_id: int | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    produced_at_ms: int = 0
+    ingest_partition: int | None = None
+    ingest_offset: int | None = None
+    main_offset: int | None = None
+    attempt: int = 0
+    failure_reason: str | None = None
+    last_status: int | None = None
+    failed_at_ms: int | None = None
+
+    @property
+    def key(self) -> bytes:
+        """The Kafka key: the GroupId, else the MessageId (DESIGN §1)."""
+        return (self.group_id if self.group_id is not None else self.message_id).encode()
+
+    def evolve(self, **changes: object) -> Envelope:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def kafka_headers(self) -> KafkaHeaders:
+        """All headers for a Kafka record of this message; producer headers first."""
+        out: KafkaHeaders = [(name, value.encode()) for name, value in self.headers]
+        out.append((H_MESSAGE_ID, self.message_id.encode()))
+        optional: list[tuple[str, object | None]] = [
+            (H_GROUP_ID, self.group_id),
+            (H_PRODUCER_ID, self.producer_id),
+            (H_SEQUENCE_ID, self.sequence_id),
+            (H_PRODUCED_AT, self.produced_at_ms or None),
+            (H_INGEST_PARTITION, self.ingest_partition),
+            (H_INGEST_OFFSET, self.ingest_offset),
+            (H_MAIN_OFFSET, self.main_offset),
+            (H_ATTEMPT, self.attempt or None),
+            (H_FAILURE_REASON, self.failure_reason),
+            (H_LAST_STATUS, self.last_status),
+            (H_FAILED_AT, self.failed_at_ms),
+        ]
+        out.extend((name, str(value).encode()) for name, value in optional if value is not None)
+        return out
+
+    @classmethod
+    def from_kafka(
+        cls, headers: Sequence[tuple[str, bytes | None]] | None, body: bytes | None
+    ) -> Envelope:
+        """Rebuild an envelope from a Kafka record; raises ValueError without a message id."""
+        own: dict[str, str] = {}
+        extra: list[tuple[str, str]] = []
+        for name, raw in headers or ():
+            value = (raw or b"").decode("utf-8", "replace")
+            if name.startswith(SETU_PREFIX):
+                own[name] = value
+            else:
+                extra.append((name, value))
+        if H_MESSAGE_ID not in own:
+            raise ValueError("record has no setu-message-id header")
+
+        def num(name: str) -> int | None:
+            return int(own[name]) if name in own else None
+
+        return cls(
+            message_id=own[H_MESSAGE_ID],
+            body=body or b"",
+            group_id=own.get(H_GROUP_ID),
+            producer_id=own.get(H_PRODUCER_ID),
+            sequence_id=num(H_SEQUENCE_ID),
+            headers=tuple(extra),
+            produced_at_ms=num(H_PRODUCED_AT) or 0,
+            ingest_partition=num(H_INGEST_PARTITION),
+            ingest_offset=num(H_INGEST_OFFSET),
+            main_offset=num(H_MAIN_OFFSET),
+            attempt=num(H_ATTEMPT) or 0,
+            failure_reason=own.get(H_FAILURE_REASON),
+            last_status=num(H_LAST_STATUS),
+            failed_at_ms=num(H_FAILED_AT),
+        )

@@ -1,0 +1,65 @@
+"""Setu's errors. Each maps to one HTTP status and one stable ``code``.
+
+    SetuError
+    ├── InvalidInput            400  validation
+    ├── NotFound                404  unknown project, topic, subscription, group
+    ├── Conflict                409  different re-create, version mismatch, not empty
+    ├── PayloadTooLarge         413  body over the configured limit
+    ├── RateLimited             429
+    └── DependencyUnavailable   503  Kafka, Redis or the database did not answer
+"""
+
+from __future__ import annotations
+
+
+class SetuError(Exception):
+    """Raised for any failure Setu reports to a caller; carries status and code."""
+
+    status = 500
+    code = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(SetuError):
+    """Raised when a request, a name or a header breaks a rule."""
+
+    status = 400
+    code = "invalid_input"
+
+
+class NotFound(SetuError):
+    """Raised when a named project, topic, subscription or group does not exist."""
+
+    status = 404
+    code = "not_found"
+
+
+class Conflict(SetuError):
+    """Raised when a request clashes with what exists (different re-create, stale version)."""
+
+    status = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(SetuError):
+    """Raised when a message body is over the configured size limit."""
+
+    status = 413
+    code = "payload_too_large"
+
+
+class RateLimited(SetuError):
+    """Raised when a caller goes over a rate limit."""
+
+    status = 429
+    code = "rate_limited"
+
+
+class DependencyUnavailable(SetuError):
+    """Raised when Kafka, Redis or the database does not answer in time."""
+
+    status = 503
+    code = "dependency_unavailable"

@@ -1,0 +1,115 @@
+"""Produce-API header rules (DESIGN §2), as one pure function over a header mapping.
+
+Header names are case-insensitive and ``X_`` / ``X-`` spellings are equivalent, because common
+proxies drop names with underscores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from setu.errors import InvalidInput
+
+MAX_ID_CHARS = 100
+MAX_SEQUENCE = 2**63 - 1
+
+MESSAGE_ID = "X_MESSAGE_ID"
+GROUP_ID = "X_GROUP_ID"
+PRODUCER_ID = "X_PRODUCER_ID"
+SEQUENCE_ID = "X_SEQUENCE_ID"
+DELIVERY_ATTEMPT = "X_DELIVERY_ATTEMPT"
+IDENTITY_HEADERS = frozenset({MESSAGE_ID, GROUP_ID, PRODUCER_ID, SEQUENCE_ID})
+# Set by Setu on webhook calls; a producer may not supply it.
+RESERVED_HEADERS = frozenset({DELIVERY_ATTEMPT})
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceHeaders:
+    """The identity of one produced message plus the producer's own ``X_*`` headers."""
+
+    message_id: str
+    group_id: str | None
+    producer_id: str | None
+    sequence_id: int | None
+    extra: tuple[tuple[str, str], ...]
+
+
+def canonical(name: str) -> str:
+    """``x-group-id`` and ``X_GROUP_ID`` both become ``X_GROUP_ID``."""
+    return name.upper().replace("-", "_")
+
+
+def check_id(kind: str, value: str | None, *, required: bool) -> str | None:
+    """Return a valid 1..100-char id, None when absent and optional, else raise InvalidInput."""
+    if value is None or value == "":
+        if required:
+            raise InvalidInput(f"{kind} is required")
+        return None
+    if len(value) > MAX_ID_CHARS:
+        raise InvalidInput(f"{kind} must be at most {MAX_ID_CHARS} characters")
+    return value
+
+
+def check_sequence(value: str | int | None) -> int | None:
+    """Return the sequence id as an int in 0..2^63-1, or raise InvalidInput."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise InvalidInput(f"{SEQUENCE_ID} must be an integer 0..{MAX_SEQUENCE}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidInput(f"{SEQUENCE_ID} must be an integer 0..{MAX_SEQUENCE}") from None
+    if not 0 <= number <= MAX_SEQUENCE:
+        raise InvalidInput(f"{SEQUENCE_ID} must be an integer 0..{MAX_SEQUENCE}")
+    return number
+
+
+def check_identity(
+    message_id: str | None,
+    group_id: str | None,
+    producer_id: str | None,
+    sequence_id: str | int | None,
+    *,
+    grouped: bool,
+) -> tuple[str, str | None, str | None, int | None]:
+    """Validate the four identity fields of a message; used by single and batch produce."""
+    mid = check_id(MESSAGE_ID, message_id, required=True)
+    assert mid is not None
+    gid = check_id(GROUP_ID, group_id, required=grouped)
+    pid = check_id(PRODUCER_ID, producer_id, required=False)
+    seq = check_sequence(sequence_id)
+    if (pid is None) != (seq is None):
+        raise InvalidInput(f"{PRODUCER_ID} and {SEQUENCE_ID} go together: give both or neither")
+    return mid, gid, pid, seq
+
+
+def parse_produce_headers(headers: Iterable[tuple[str, str]], *, grouped: bool) -> ProduceHeaders:
+    """Apply DESIGN §2 to raw HTTP headers; raise InvalidInput on any broken rule.
+
+    Identity headers may appear once each (in either spelling); other ``X_*`` headers are kept
+    as given, in order, and everything else (Host, Content-Type, ...) is dropped.
+    """
+    identity: dict[str, str] = {}
+    extra: list[tuple[str, str]] = []
+    for name, value in headers:
+        key = canonical(name)
+        if not key.startswith("X_"):
+            continue
+        if key in IDENTITY_HEADERS:
+            if key in identity and identity[key] != value:
+                raise InvalidInput(f"{key} given twice with different values")
+            identity[key] = value
+        elif key in RESERVED_HEADERS:
+            raise InvalidInput(f"{key} is set by Setu and may not be produced")
+        else:
+            extra.append((name, value))
+    mid, gid, pid, seq = check_identity(
+        identity.get(MESSAGE_ID),
+        identity.get(GROUP_ID),
+        identity.get(PRODUCER_ID),
+        identity.get(SEQUENCE_ID),
+        grouped=grouped,
+    )
+    return ProduceHeaders(mid, gid, pid, seq, tuple(extra))

@@ -1,0 +1,65 @@
+"""Resource names and the Kafka names derived from them.
+
+Names are lower-case letters, digits and inner hyphens (1..63 chars). No dots or underscores,
+so derived Kafka names never collide: a topic's main log has three dot-separated parts, its
+ingest topic four ending in ``ingest``, a subscription's DLQ four ending in ``dlq`` and its retry
+tiers five.
+"""
+
+from __future__ import annotations
+
+import re
+
+from setu.errors import InvalidInput
+
+NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+PREFIX = "setu"
+# Matches every ingest topic and nothing else (names cannot contain dots).
+INGEST_PATTERN = r"setu\.[a-z0-9-]+\.[a-z0-9-]+\.ingest"
+MAX_RETRY_TIERS = 9
+
+
+def validate_name(kind: str, name: str) -> str:
+    """Return ``name`` if it is a valid resource name, else raise InvalidInput."""
+    if not NAME_RE.match(name):
+        raise InvalidInput(
+            f"{kind} name {name!r} must be 1..63 lower-case letters, digits or inner hyphens"
+        )
+    return name
+
+
+def ingest_topic(project: str, topic: str) -> str:
+    return f"{PREFIX}.{project}.{topic}.ingest"
+
+
+def main_topic(project: str, topic: str) -> str:
+    return f"{PREFIX}.{project}.{topic}"
+
+
+def retry_topic(project: str, subscription: str, tier: int) -> str:
+    if not 1 <= tier <= MAX_RETRY_TIERS:
+        raise ValueError(f"retry tier {tier} outside 1..{MAX_RETRY_TIERS}")
+    return f"{PREFIX}.{project}.{subscription}.rq.{tier}"
+
+
+def dlq_topic(project: str, subscription: str) -> str:
+    return f"{PREFIX}.{project}.{subscription}.dlq"
+
+
+def consumer_group(project: str, subscription: str) -> str:
+    return f"{PREFIX}.sub.{project}.{subscription}"
+
+
+def subscription_topics(project: str, subscription: str, tiers: int) -> list[str]:
+    """The topics a subscription owns: its retry tiers in order, then its DLQ."""
+    return [retry_topic(project, subscription, n) for n in range(1, tiers + 1)] + [
+        dlq_topic(project, subscription)
+    ]
+
+
+def parse_ingest_topic(kafka_topic: str) -> tuple[str, str]:
+    """Return (project, topic) of an ingest topic name, else raise ValueError."""
+    parts = kafka_topic.split(".")
+    if len(parts) != 4 or parts[0] != PREFIX or parts[3] != "ingest":
+        raise ValueError(f"not an ingest topic: {kafka_topic!r}")
+    return parts[1], parts[2]

@@ -1,0 +1,71 @@
+"""All configuration, read once from ``SETU_*`` environment variables.
+
+Only the composition root (``cli``) builds a :class:`Settings`; everything else receives the
+values it needs as arguments.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    """Every knob of every process. Defaults suit one small machine (``setu dev up``)."""
+
+    model_config = SettingsConfigDict(env_prefix="SETU_", extra="ignore")
+
+    # Where everything local lives: SQLite file, Kafka and Redis data, logs, Spark checkpoints.
+    data_dir: Path = Path(".setu")
+    # Downloaded jars (Kafka broker, Spark's Kafka connector); shared across data dirs.
+    cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "setu")
+    log_level: str = "INFO"
+
+    # Dependencies. Unset Kafka or Redis means `setu dev up` starts its own.
+    kafka_bootstrap: str | None = None
+    redis_url: str | None = None
+    database_url: str | None = None
+
+    # API
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+    max_message_bytes: int = 1 * MIB
+    max_batch_messages: int = 10_000
+    produce_timeout_ms: int = 10_000
+    allow_private_endpoints: bool = False
+
+    # Kafka
+    kafka_replication_factor: int = 1
+    kafka_version: str = "4.1.1"
+
+    # Ingest (Spark)
+    spark_master: str = "local[2]"
+    spark_version: str = "4.2.0"
+    spark_jars: str | None = None
+    spark_checkpoint_dir: str | None = None
+    spark_trigger_ms: int = 250
+    spark_max_offsets_per_trigger: int = 200_000
+    spark_shuffle_partitions: int = 2
+    spark_topic_refresh_ms: int = 5_000
+    dedup_ttl_seconds: int = 24 * 3600
+    dedup_max_producers: int = 100_000
+
+    # Delivery
+    worker_id: str | None = None
+    subscription_refresh_ms: int = 2_000
+
+    def resolved_database_url(self) -> str:
+        """The metadata store URL; SQLite inside the data dir unless set."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'setu.db').resolve()}"
+
+    def resolved_checkpoint_dir(self) -> str:
+        """Where the ingest job checkpoints; inside the data dir unless set."""
+        if self.spark_checkpoint_dir:
+            return self.spark_checkpoint_dir
+        return str((self.data_dir / "spark" / "checkpoint").resolve())
