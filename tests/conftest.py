@@ -1,0 +1,36 @@
+"""Shared fixtures. Integration tests use the real services named by environment variables.
+
+`scripts/test` (and CI) start Kafka, Redis and PostgreSQL and export:
+  SETU_TEST_KAFKA_BOOTSTRAP   e.g. 127.0.0.1:9092
+  SETU_TEST_REDIS_URL         e.g. redis://127.0.0.1:6379/0
+  SETU_TEST_DATABASE_URL      e.g. postgresql+psycopg://postgres@127.0.0.1:5432/postgres
+A missing variable fails the test that needs it: integration tests never skip silently.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _required_env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        pytest.fail(f"{name} is not set: run the tests through scripts/test, which starts services")
+    return value
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    return _required_env("SETU_TEST_KAFKA_BOOTSTRAP")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return _required_env("SETU_TEST_REDIS_URL")
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    return _required_env("SETU_TEST_DATABASE_URL")
