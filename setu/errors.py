@@ -1,12 +1,12 @@
 """Setu's errors. Each maps to one HTTP status and one stable ``code``.
 
-    SetuError
-    ├── InvalidInput            400  validation
-    ├── NotFound                404  unknown project, topic, subscription, group
-    ├── Conflict                409  different re-create, version mismatch, not empty
-    ├── PayloadTooLarge         413  body over the configured limit
-    ├── RateLimited             429
-    └── DependencyUnavailable   503  Kafka, Redis or the database did not answer
+SetuError
+├── InvalidInput            400  validation
+├── NotFound                404  unknown project, topic, subscription, group
+├── Conflict                409  different re-create, version mismatch, not empty
+├── PayloadTooLarge         413  body over the configured limit
+├── RateLimited             429
+└── DependencyUnavailable   503  Kafka, Redis or the database did not answer
 """
 
 from __future__ import annotations
