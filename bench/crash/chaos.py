@@ -1,0 +1,229 @@
+"""Process control for the crash test: start, SIGKILL and restart components at random.
+
+Each component runs in its own session (process group) and a kill is ``SIGKILL`` to the whole
+group, as when a container dies: the Spark job's JVM goes down with its Python driver. A
+component that exits on its own is restarted after a short pause, as a Kubernetes
+``restartPolicy: Always`` would, and the exit is recorded; a *oneshot* component (the producer)
+that exits 0 has finished and stays down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+RESTART_PAUSE_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentSpec:
+    """How to run one component. ``chaos``: may be killed; ``min_uptime_s``: not before this."""
+
+    name: str
+    argv: Sequence[str]
+    env: dict[str, str]
+    cwd: Path
+    log_path: Path
+    chaos: bool = True
+    min_uptime_s: float = 0.0
+    oneshot: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    name: str
+    uptime_s: float
+    min_uptime_s: float
+
+
+def choose_victim(rng: random.Random, candidates: Sequence[Candidate]) -> str | None:
+    """A random candidate that has been up at least its minimum uptime; None if none has."""
+    ready = [c.name for c in candidates if c.uptime_s >= c.min_uptime_s]
+    return rng.choice(ready) if ready else None
+
+
+class EventLog:
+    """Kill, restart and exit events, kept in memory and appended to a JSON-lines file."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._file: IO[bytes] | None = path.open("ab") if path else None
+
+    def record(self, component: str, action: str, **extra: Any) -> None:
+        event = {"t": int(time.time() * 1000), "component": component, "action": action, **extra}
+        self.events.append(event)
+        if self._file:
+            self._file.write(orjson.dumps(event) + b"\n")
+            self._file.flush()
+
+    def count(self, action: str, component: str | None = None) -> int:
+        return sum(
+            1
+            for e in self.events
+            if e["action"] == action and (component is None or e["component"] == component)
+        )
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+            self._file = None
+
+
+@dataclass
+class Component:
+    """One supervised process."""
+
+    spec: ComponentSpec
+    events: EventLog
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    finished: bool = False
+    starts: int = field(default=0)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def uptime_s(self) -> float:
+        return time.monotonic() - self.started_at if self.alive else 0.0
+
+    def start(self) -> None:
+        if self.alive:
+            return
+        self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.spec.log_path.open("ab") as log:
+            log.write(f"\n=== start {time.strftime('%H:%M:%S')} ===\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                list(self.spec.argv),
+                cwd=self.spec.cwd,
+                env=self.spec.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.started_at = time.monotonic()
+        self.starts += 1
+        self.finished = False
+
+    def kill(self) -> None:
+        """SIGKILL the component's whole process group and reap it."""
+        if self.process is None:
+            return
+        self._signal_group(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        # Children left in the group (a JVM behind a Python driver) go too.
+        self._signal_group(signal.SIGKILL)
+        return self.process.returncode
+
+    def _signal_group(self, signum: int) -> None:
+        assert self.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signum)
+
+    def check_exit(self) -> int | None:
+        """The exit code if the process ended by itself since the last check, else None."""
+        if self.process is None or self.finished or self.process.poll() is None:
+            return None
+        code = self.process.returncode
+        self._signal_group(signal.SIGKILL)
+        self.finished = True
+        return code
+
+
+class Chaos:
+    """Kills a random eligible component every ``interval_s`` (random in the range) and
+    restarts it after ``restart_delay_s``; supervises every component throughout."""
+
+    def __init__(
+        self,
+        components: Sequence[Component],
+        events: EventLog,
+        rng: random.Random,
+        interval_s: tuple[float, float] = (3.0, 6.0),
+        restart_delay_s: tuple[float, float] = (0.0, 1.0),
+    ) -> None:
+        self.components = list(components)
+        self.events = events
+        self.rng = rng
+        self.interval_s = interval_s
+        self.restart_delay_s = restart_delay_s
+        self._busy: set[str] = set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Kill and restart until ``stop`` is set; leaves every component running."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), self.rng.uniform(*self.interval_s))
+                break
+            except TimeoutError:
+                pass
+            candidates = [
+                Candidate(c.name, c.uptime_s(), c.spec.min_uptime_s)
+                for c in self.components
+                if c.spec.chaos and c.alive and c.name not in self._busy
+            ]
+            victim = choose_victim(self.rng, candidates)
+            if victim is not None:
+                await self.kill_and_restart(self._by_name(victim))
+
+    async def kill_and_restart(self, component: Component) -> None:
+        self._busy.add(component.name)
+        try:
+            component.kill()
+            self.events.record(
+                component.name, "kill", pid=component.process and component.process.pid
+            )
+            await asyncio.sleep(self.rng.uniform(*self.restart_delay_s))
+            component.start()
+            self.events.record(component.name, "restart")
+        finally:
+            self._busy.discard(component.name)
+
+    async def supervise(self, stop: asyncio.Event, poll_s: float = 0.2) -> None:
+        """Restart components that exit by themselves (a oneshot exiting 0 has finished)."""
+        while not stop.is_set():
+            for component in self.components:
+                if component.name in self._busy:
+                    continue
+                code = component.check_exit()
+                if code is None:
+                    continue
+                self.events.record(component.name, "exit", code=code)
+                if component.spec.oneshot and code == 0:
+                    continue
+                await asyncio.sleep(RESTART_PAUSE_S)
+                component.start()
+                self.events.record(component.name, "restart")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), poll_s)
+
+    def _by_name(self, name: str) -> Component:
+        return next(c for c in self.components if c.name == name)

@@ -1,0 +1,228 @@
+"""The crash test's verdict: a pure function of the producer's and the receiver's journals.
+
+Inputs are the published records (in publish order; ``acked`` when the produce call got a 2xx,
+else *optional*: sent before a kill, maybe in Setu, maybe not) and every webhook call in the
+order the receiver journalled it. A message is *delivered* by its first 2xx call.
+
+Checks, each a count that must be 0:
+
+- ``lost``: acknowledged messages never delivered.
+- ``out_of_order_groups``: groups whose delivered messages, in first-2xx order, are not in
+  published order. Under the ``park`` policy every dead-lettered message is delivered after the
+  unsideline, so the expected order is the full published order (optional messages that never
+  arrived are left out).
+- ``early_calls``: calls (any status) of a message made before an earlier message of its group,
+  one that was eventually delivered, had been delivered (DESIGN §3: "b is never sent before a
+  has been delivered"). The receiver journals a 2xx before answering it, so journal order is a
+  safe stand-in for time.
+- ``corrupt_calls``: calls whose body hash or ``X_GROUP_ID`` differ from what was published.
+- ``unknown_calls``: calls for a message id that was never published.
+- ``webhook_id_mismatches``: calls whose ``webhook-id`` is not the message id.
+- ``bad_signatures``: calls whose ``webhook-signature`` does not verify.
+- ``id_distinct_duplicates``: extra deliveries left after a receiver drops repeated
+  ``webhook-id``s, i.e. per message the distinct ``webhook-id``s among its 2xx calls, minus one.
+
+Reported, not judged: ``raw_duplicates`` (2xx calls beyond the first per message; DESIGN §3
+allows these at the HTTP boundary after a crash) and call counts by status.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bench.crash.journal import Entry
+
+EXAMPLES = 10
+MUST_BE_ZERO = (
+    "lost",
+    "out_of_order_groups",
+    "early_calls",
+    "corrupt_calls",
+    "unknown_calls",
+    "webhook_id_mismatches",
+    "bad_signatures",
+    "id_distinct_duplicates",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    message_id: str
+    group_id: str
+    payload_hash: str
+    acked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    message_id: str
+    group_id: str
+    webhook_id: str
+    status: int
+    payload_hash: str
+    signature_ok: bool | None = None
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+def published_from_journal(entries: Iterable[Entry]) -> list[Published]:
+    """Records in publish order (order of first ``sent``), each marked acked or optional."""
+    sent: dict[str, Entry] = {}
+    acked: set[tuple[str, int]] = set()
+    for entry in entries:
+        if entry["e"] == "sent":
+            sent.setdefault(entry["mid"], entry)
+        elif entry["e"] == "ack":
+            acked.add((entry["pid"], int(entry["seq"])))
+    return [
+        Published(e["mid"], e["gid"], e["hash"], (e["pid"], int(e["seq"])) in acked)
+        for e in sent.values()
+    ]
+
+
+def calls_from_journal(entries: Iterable[Entry]) -> list[Call]:
+    return [
+        Call(e["mid"], e["gid"], e["wid"], int(e["status"]), e["hash"], e.get("sig"))
+        for e in entries
+    ]
+
+
+def _examples(items: Iterable[Any]) -> Any:
+    """The first few items; for a mapping, its first few entries."""
+    if isinstance(items, dict):
+        return dict(list(items.items())[:EXAMPLES])
+    out: list[Any] = []
+    for item in items:
+        if len(out) == EXAMPLES:
+            break
+        out.append(item)
+    return out
+
+
+def check(published: Sequence[Published], calls: Sequence[Call]) -> dict[str, Any]:
+    """Judge one run; the result is JSON-ready and ``result["ok"]`` is the verdict."""
+    by_id = {p.message_id: p for p in published}
+    order: dict[str, list[str]] = defaultdict(list)
+    for p in published:
+        order[p.group_id].append(p.message_id)
+    position = {mid: i for mids in order.values() for i, mid in enumerate(mids)}
+
+    ok_calls: Counter[str] = Counter()
+    ok_webhook_ids: dict[str, set[str]] = defaultdict(set)
+    first_ok: list[str] = []
+    for call in calls:
+        if call.ok and call.message_id in by_id:
+            if call.message_id not in ok_calls:
+                first_ok.append(call.message_id)
+            ok_calls[call.message_id] += 1
+            ok_webhook_ids[call.message_id].add(call.webhook_id)
+
+    lost = [p.message_id for p in published if p.acked and p.message_id not in ok_calls]
+    disordered = _disordered_groups(first_ok, by_id, order)
+    early = _early_calls(calls, by_id, order, position, set(ok_calls))
+    corrupt = [
+        c.message_id
+        for c in calls
+        if c.message_id in by_id
+        and (
+            c.payload_hash != by_id[c.message_id].payload_hash
+            or c.group_id != by_id[c.message_id].group_id
+        )
+    ]
+    unknown = [c.message_id for c in calls if c.message_id not in by_id]
+    mismatched = [c.message_id for c in calls if c.webhook_id != c.message_id]
+    bad_signatures = [c.message_id for c in calls if c.signature_ok is False]
+    id_distinct = {mid: len(ids) - 1 for mid, ids in ok_webhook_ids.items() if len(ids) > 1}
+    raw = {mid: n - 1 for mid, n in ok_calls.items() if n > 1}
+
+    counts = {
+        "lost": len(lost),
+        "out_of_order_groups": len(disordered),
+        "early_calls": len(early),
+        "corrupt_calls": len(corrupt),
+        "unknown_calls": len(unknown),
+        "webhook_id_mismatches": len(mismatched),
+        "bad_signatures": len(bad_signatures),
+        "id_distinct_duplicates": sum(id_distinct.values()),
+    }
+    status_classes = Counter(f"{c.status // 100}xx" for c in calls)
+    return {
+        "ok": not any(counts.values()),
+        "violations": [name for name in MUST_BE_ZERO if counts[name]],
+        **counts,
+        "raw_duplicates": sum(raw.values()),
+        "published": len(published),
+        "accepted": sum(p.acked for p in published),
+        "optional": sum(not p.acked for p in published),
+        "optional_delivered": sum(not p.acked and p.message_id in ok_calls for p in published),
+        "delivered": len(ok_calls),
+        "groups": len(order),
+        "calls": len(calls),
+        "calls_by_status": {name: status_classes[name] for name in sorted(status_classes)},
+        "messages_rejected_4xx": len({c.message_id for c in calls if 400 <= c.status < 500}),
+        "messages_failed_5xx": len({c.message_id for c in calls if c.status >= 500}),
+        "examples": {
+            "lost": _examples(lost),
+            "out_of_order_groups": _examples(disordered),
+            "early_calls": _examples(early),
+            "corrupt_calls": _examples(corrupt),
+            "unknown_calls": _examples(unknown),
+            "webhook_id_mismatches": _examples(mismatched),
+            "bad_signatures": _examples(bad_signatures),
+            "id_distinct_duplicates": _examples(id_distinct),
+            "raw_duplicates": _examples(raw),
+        },
+    }
+
+
+def _disordered_groups(
+    first_ok: list[str], by_id: dict[str, Published], order: dict[str, list[str]]
+) -> list[str]:
+    delivered_order: dict[str, list[str]] = defaultdict(list)
+    for mid in first_ok:
+        delivered_order[by_id[mid].group_id].append(mid)
+    bad = []
+    for group, got in delivered_order.items():
+        delivered = set(got)
+        expected = [mid for mid in order[group] if mid in delivered]
+        if got != expected:
+            bad.append(group)
+    return sorted(bad)
+
+
+def _early_calls(
+    calls: Sequence[Call],
+    by_id: dict[str, Published],
+    order: dict[str, list[str]],
+    position: dict[str, int],
+    eventually_delivered: set[str],
+) -> list[str]:
+    """Message ids of calls made while an earlier, eventually delivered message was pending."""
+    # Per group: positions (in publish order) of the messages that are eventually delivered,
+    # and how many of those, counted from the front, are delivered so far.
+    needed = {
+        group: [i for i, mid in enumerate(mids) if mid in eventually_delivered]
+        for group, mids in order.items()
+    }
+    frontier: Counter[str] = Counter()
+    delivered: set[str] = set()
+    early = []
+    for call in calls:
+        if call.message_id not in by_id:
+            continue
+        group = by_id[call.message_id].group_id
+        mids, wanted = order[group], needed[group]
+        done = frontier[group]
+        if done < len(wanted) and wanted[done] < position[call.message_id]:
+            early.append(call.message_id)
+        if call.ok and call.message_id not in delivered:
+            delivered.add(call.message_id)
+            while done < len(wanted) and mids[wanted[done]] in delivered:
+                done += 1
+            frontier[group] = done
+    return early

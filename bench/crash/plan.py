@@ -1,0 +1,116 @@
+"""The receiver's failure plan, and the pure decision of what status to answer.
+
+During the run the receiver answers 503 to every call of a *failing group* inside that group's
+time windows, and a 4xx to every call of a *rejected message*. Short windows end before the
+subscription's retry tiers run out, so the group recovers in a retry tier; long ones outlast
+them, so the group is dead-lettered and parked. A rejected message is dead-lettered at once and
+parks its group (DESIGN §3, ``park`` policy).
+
+When the harness switches the receiver to the ``drain`` phase it answers 2xx to everything, then
+unsidelines the dead-lettered groups. So in the end every accepted message has a 2xx, and each
+group's first-2xx order must equal its full published order: nothing is "minus dead-lettered"
+under ``park``, the dead-lettered messages are delivered, in order, after the unsideline.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from bench.crash.records import group_name, make_record
+
+REJECT_STATUS = 422
+FAIL_STATUS = 503
+
+
+class Phase(StrEnum):
+    """``run``: follow the plan. ``drain``: answer 2xx to everything."""
+
+    RUN = "run"
+    DRAIN = "drain"
+
+
+@dataclass(frozen=True, slots=True)
+class FailurePlan:
+    """Which groups fail when (epoch ms, half-open windows) and which message ids are rejected."""
+
+    windows: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    rejected: frozenset[str] = frozenset()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "windows": {group: [list(w) for w in ws] for group, ws in self.windows.items()},
+            "rejected": sorted(self.rejected),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FailurePlan:
+        windows = {
+            group: tuple((int(start), int(end)) for start, end in spans)
+            for group, spans in data.get("windows", {}).items()
+        }
+        return cls(windows=windows, rejected=frozenset(data.get("rejected", ())))
+
+
+def decide_status(
+    plan: FailurePlan, phase: Phase, group_id: str, message_id: str, now_ms: int
+) -> int:
+    """The status the receiver answers to one call."""
+    if phase is Phase.DRAIN:
+        return 200
+    if message_id in plan.rejected:
+        return REJECT_STATUS
+    for start, end in plan.windows.get(group_id, ()):
+        if start <= now_ms < end:
+            return FAIL_STATUS
+    return 200
+
+
+@dataclass(frozen=True, slots=True)
+class PlanShape:
+    """How much to fail. Times are in ms; windows fall inside [start_ms, start_ms + span_ms)."""
+
+    run_id: str
+    groups: int
+    lanes: int
+    messages_per_lane: int
+    start_ms: int
+    span_ms: int
+    failing_group_fraction: float = 0.1
+    windows_per_group: int = 2
+    short_window_ms: tuple[int, int] = (300, 1_200)
+    long_window_ms: tuple[int, int] = (3_000, 8_000)
+    long_window_fraction: float = 0.3
+    rejected_messages: int = 5
+
+
+def make_plan(shape: PlanShape, seed: int) -> FailurePlan:
+    """A reproducible plan: the same shape and seed give the same plan."""
+    rng = random.Random(seed)
+    failing = rng.sample(range(shape.groups), round(shape.groups * shape.failing_group_fraction))
+    windows: dict[str, tuple[tuple[int, int], ...]] = {}
+    for index in sorted(failing):
+        spans = []
+        for _ in range(shape.windows_per_group):
+            low, high = (
+                shape.long_window_ms
+                if rng.random() < shape.long_window_fraction
+                else shape.short_window_ms
+            )
+            length = rng.randint(low, high)
+            start = shape.start_ms + rng.randint(0, max(0, shape.span_ms - length))
+            spans.append((start, start + length))
+        windows[group_name(index)] = tuple(sorted(spans))
+    rejected = {
+        make_record(
+            shape.run_id,
+            shape.groups,
+            shape.lanes,
+            rng.randrange(shape.lanes),
+            rng.randrange(max(1, shape.messages_per_lane)),
+        ).message_id
+        for _ in range(shape.rejected_messages)
+    }
+    return FailurePlan(windows=windows, rejected=frozenset(rejected))

@@ -1,0 +1,269 @@
+"""The crash test's replayable producer.
+
+Runs as its own process (``python -m bench.crash.producer``) with several *lanes*; a lane is one
+producer id that owns a fixed set of groups and publishes its records strictly one at a time,
+with increasing sequence ids. One at a time, because two concurrent requests of one producer id
+may reach Kafka in either order, and then de-duplication by "sequence not above the highest
+seen" would rightly drop the one that lands second.
+
+For each sequence a lane journals ``sent`` (fsynced before the first attempt), retries the
+produce call with the same ids and bytes until a 2xx, then journals ``ack`` (fsynced before the
+next sequence). So at any kill, the journal holds every acknowledged record, and at most one
+record per lane is ``sent`` without ``ack``: it may or may not be in Setu.
+
+On restart a lane resumes after the higher of its journal's last ``ack`` and the server's
+``GET .../producers/{id}``; records the server already has but the journal lacks are journalled
+as ``ack`` with ``via: server``. The ``sent``-but-unacknowledged record is re-sent with the same
+ids, so if it did reach Setu the re-send is a duplicate that Setu drops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+
+from bench.crash.journal import Entry, Journal, read_entries
+from bench.crash.records import Record, make_record, producer_name
+
+
+@dataclass(frozen=True, slots=True)
+class LaneProgress:
+    """What a lane's journal says: highest sequence acknowledged and highest sent (-1: none)."""
+
+    last_acked: int = -1
+    last_sent: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """Where a restarted lane goes on: ``confirm`` are sequences to journal as acknowledged
+    because the server has them, ``next_sequence`` is the first one to (re-)send."""
+
+    next_sequence: int
+    confirm: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerConfig:
+    api: str
+    project: str
+    topic: str
+    run_id: str
+    groups: int
+    lanes: int
+    messages_per_lane: int
+    rate_per_second: float
+    request_timeout_s: float = 5.0
+    # First and longest pause between attempts; pauses double up to the longest.
+    backoff_s: tuple[float, float] = (0.05, 1.0)
+
+    def record(self, lane: int, sequence: int) -> Record:
+        return make_record(self.run_id, self.groups, self.lanes, lane, sequence)
+
+    def topic_path(self) -> str:
+        return f"/v1/projects/{quote(self.project)}/topics/{quote(self.topic)}"
+
+
+def lane_progress(entries: list[Entry], producer_id: str) -> LaneProgress:
+    """Fold one lane's journal entries into its progress."""
+    acked = sent = -1
+    for entry in entries:
+        if entry.get("pid") != producer_id:
+            continue
+        if entry["e"] == "ack":
+            acked = max(acked, int(entry["seq"]))
+        elif entry["e"] == "sent":
+            sent = max(sent, int(entry["seq"]))
+    return LaneProgress(last_acked=acked, last_sent=max(sent, acked))
+
+
+def resume_point(progress: LaneProgress, server_last: int) -> ResumePoint:
+    """Resume after whichever of journal and server knows more; the server only lags."""
+    confirm = tuple(range(progress.last_acked + 1, server_last + 1))
+    return ResumePoint(next_sequence=max(progress.last_acked, server_last) + 1, confirm=confirm)
+
+
+def produce_headers(record: Record, lane: int) -> dict[str, str]:
+    """Identity headers; odd lanes use the ``X-`` spelling, even lanes ``X_`` (both are valid)."""
+    sep = "-" if lane % 2 else "_"
+    return {
+        f"X{sep}MESSAGE{sep}ID": record.message_id,
+        f"X{sep}GROUP{sep}ID": record.group_id,
+        f"X{sep}PRODUCER{sep}ID": record.producer_id,
+        f"X{sep}SEQUENCE{sep}ID": str(record.sequence_id),
+        "content-type": "application/octet-stream",
+    }
+
+
+def sent_entry(record: Record) -> Entry:
+    return {
+        "e": "sent",
+        "pid": record.producer_id,
+        "seq": record.sequence_id,
+        "mid": record.message_id,
+        "gid": record.group_id,
+        "hash": record.payload_hash,
+    }
+
+
+def ack_entry(record: Record, via: str) -> Entry:
+    return {"e": "ack", "pid": record.producer_id, "seq": record.sequence_id, "via": via}
+
+
+class Pacer:
+    """Spaces calls ``1/rate`` seconds apart without building up a burst after a stall."""
+
+    def __init__(self, rate_per_second: float) -> None:
+        self._interval = 1.0 / rate_per_second if rate_per_second > 0 else 0.0
+        self._next = time.monotonic()
+
+    async def wait(self) -> None:
+        if self._interval == 0.0:
+            return
+        now = time.monotonic()
+        self._next = max(self._next + self._interval, now)
+        await asyncio.sleep(self._next - now)
+
+
+class Producer:
+    """All lanes of one producer process, sharing one HTTP client and one journal."""
+
+    def __init__(self, config: ProducerConfig, client: httpx.AsyncClient, journal: Journal):
+        self.config = config
+        self.client = client
+        self.journal = journal
+        self.stop = asyncio.Event()
+        self.errors = 0
+
+    async def run(self, entries: list[Entry]) -> bool:
+        """Run every lane to its last record or until :attr:`stop`; True when all finished."""
+        lanes = [self._lane(lane, entries) for lane in range(self.config.lanes)]
+        finished = await asyncio.gather(*lanes)
+        return all(finished)
+
+    async def _lane(self, lane: int, entries: list[Entry]) -> bool:
+        producer_id = producer_name(self.config.run_id, lane)
+        progress = lane_progress(entries, producer_id)
+        server_last = await self._server_last(producer_id)
+        if server_last is None:
+            return False
+        point = resume_point(progress, server_last)
+        for sequence in point.confirm:
+            record = self.config.record(lane, sequence)
+            if sequence > progress.last_sent:
+                await self.journal.append(sent_entry(record))
+            await self.journal.append(ack_entry(record, "server"))
+        pacer = Pacer(self.config.rate_per_second / self.config.lanes)
+        last_sent = max(progress.last_sent, server_last)
+        for sequence in range(point.next_sequence, self.config.messages_per_lane):
+            await pacer.wait()
+            if self.stop.is_set():
+                return False
+            record = self.config.record(lane, sequence)
+            if sequence > last_sent:
+                await self.journal.append(sent_entry(record))
+            if not await self._send_until_accepted(record, lane):
+                return False
+            await self.journal.append(ack_entry(record, "http"))
+        return True
+
+    async def _server_last(self, producer_id: str) -> int | None:
+        """``last_sequence_id`` from the API, retried until it answers; None if stopped."""
+        path = f"{self.config.topic_path()}/producers/{quote(producer_id)}"
+        backoff, longest = self.config.backoff_s
+        while not self.stop.is_set():
+            try:
+                response = await self.client.get(path)
+                if response.status_code == 200:
+                    return int(response.json()["last_sequence_id"])
+            except httpx.HTTPError:
+                pass
+            self.errors += 1
+            await self._pause(backoff)
+            backoff = min(backoff * 2, longest)
+        return None
+
+    async def _send_until_accepted(self, record: Record, lane: int) -> bool:
+        """Produce ``record`` until a 2xx (True) or until stopped (False)."""
+        path = f"{self.config.topic_path()}/produce"
+        headers = produce_headers(record, lane)
+        backoff, longest = self.config.backoff_s
+        while not self.stop.is_set():
+            try:
+                response = await self.client.post(path, content=record.body, headers=headers)
+                if response.is_success:
+                    return True
+                if response.status_code < 500 and response.status_code not in (408, 429):
+                    print(
+                        f"produce {record.message_id}: {response.status_code} {response.text}",
+                        file=sys.stderr,
+                    )
+            except httpx.HTTPError:
+                pass
+            self.errors += 1
+            await self._pause(backoff)
+            backoff = min(backoff * 2, longest)
+        return False
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), seconds)
+
+
+async def produce(config: ProducerConfig, journal_path: Path) -> bool:
+    """Resume from the journal and run until done or SIGTERM; True when every record is acked."""
+    entries = read_entries(journal_path)
+    journal = await Journal(journal_path).open()
+    timeout = httpx.Timeout(config.request_timeout_s)
+    limits = httpx.Limits(max_connections=config.lanes, max_keepalive_connections=config.lanes)
+    async with httpx.AsyncClient(base_url=config.api, timeout=timeout, limits=limits) as client:
+        producer = Producer(config, client, journal)
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, producer.stop.set)
+        loop.add_signal_handler(signal.SIGINT, producer.stop.set)
+        await journal.append({"e": "start", "t": int(time.time() * 1000)})
+        finished = await producer.run(entries)
+        if finished:
+            await journal.append({"e": "done", "t": int(time.time() * 1000)})
+    await journal.close()
+    return finished
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Crash-test producer")
+    parser.add_argument("--api", required=True, help="Setu API base URL")
+    parser.add_argument("--project", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--groups", type=int, required=True)
+    parser.add_argument("--lanes", type=int, required=True)
+    parser.add_argument("--messages-per-lane", type=int, required=True)
+    parser.add_argument("--rate", type=float, default=0.0, help="messages/s overall; 0: no limit")
+    parser.add_argument("--journal", type=Path, required=True)
+    args = parser.parse_args(argv)
+    config = ProducerConfig(
+        api=args.api,
+        project=args.project,
+        topic=args.topic,
+        run_id=args.run_id,
+        groups=args.groups,
+        lanes=args.lanes,
+        messages_per_lane=args.messages_per_lane,
+        rate_per_second=args.rate,
+    )
+    finished = asyncio.run(produce(config, args.journal))
+    # Exit 0 only when every record was acknowledged; a stopped producer exits 3.
+    sys.exit(0 if finished else 3)
+
+
+if __name__ == "__main__":
+    main()

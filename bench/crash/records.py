@@ -1,0 +1,66 @@
+"""The crash test's records: a pure function of (run, lane, sequence).
+
+Every record is small and unique, and its group and body are derived from its identity alone, so
+a restarted producer re-sends exactly the bytes it sent before, and the receiver's payload hash
+can be compared with the producer's. A *lane* is one producer id sending one record at a time;
+each group belongs to exactly one lane, so a group's publish order is its lane's sequence order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One message as the producer publishes it."""
+
+    message_id: str
+    group_id: str
+    producer_id: str
+    sequence_id: int
+    body: bytes
+
+    @property
+    def payload_hash(self) -> str:
+        return payload_hash(self.body)
+
+
+def payload_hash(body: bytes) -> str:
+    """The hash both witnesses log for a body: SHA-256, hex."""
+    return hashlib.sha256(body).hexdigest()
+
+
+def group_name(index: int) -> str:
+    return f"g{index:05d}"
+
+
+def producer_name(run_id: str, lane: int) -> str:
+    return f"{run_id}-p{lane:03d}"
+
+
+def lane_groups(groups: int, lanes: int, lane: int) -> list[str]:
+    """The groups owned by ``lane``: every ``lanes``-th group, starting at ``lane``."""
+    if not 0 <= lane < lanes <= groups:
+        raise ValueError(f"need 0 <= lane < lanes <= groups, got {lane=} {lanes=} {groups=}")
+    return [group_name(index) for index in range(lane, groups, lanes)]
+
+
+def _digest(run_id: str, lane: int, sequence: int) -> bytes:
+    return hashlib.sha256(f"{run_id}/{lane}/{sequence}".encode()).digest()
+
+
+def make_record(run_id: str, groups: int, lanes: int, lane: int, sequence: int) -> Record:
+    """The record ``lane`` publishes at ``sequence``; the same arguments give the same bytes.
+
+    The body is the identity in text followed by 16 pseudo-random bytes (any value 0..255), so a
+    body that was truncated, re-encoded or swapped with another message's shows as corrupt.
+    """
+    owned = lane_groups(groups, lanes, lane)
+    digest = _digest(run_id, lane, sequence)
+    group = owned[int.from_bytes(digest[:4], "big") % len(owned)]
+    producer = producer_name(run_id, lane)
+    message_id = f"{producer}-{sequence}"
+    body = f"{message_id}|{group}|".encode() + digest[4:20]
+    return Record(message_id, group, producer, sequence, body)

@@ -1,0 +1,143 @@
+"""Chaos: victim choice, and process control against real (tiny) processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.crash.chaos import Candidate, Chaos, Component, ComponentSpec, EventLog, choose_victim
+
+
+@pytest.mark.parametrize(
+    ("candidates", "allowed"),
+    [
+        ([], set()),
+        ([Candidate("spark", 5.0, 20.0)], set()),
+        ([Candidate("spark", 5.0, 20.0), Candidate("api", 0.1, 0.0)], {"api"}),
+        ([Candidate("spark", 25.0, 20.0), Candidate("api", 1.0, 0.0)], {"api", "spark"}),
+    ],
+)
+def test_only_components_up_long_enough_are_chosen(
+    candidates: list[Candidate], allowed: set[str]
+) -> None:
+    rng = random.Random(0)
+    chosen: set[str | None] = {choose_victim(rng, candidates) for _ in range(50)}
+    expected: set[str | None] = set(allowed) if allowed else {None}
+    assert chosen == expected
+
+
+def spec(tmp_path: Path, name: str, code: str, **options: object) -> ComponentSpec:
+    return ComponentSpec(
+        name=name,
+        argv=[sys.executable, "-c", code],
+        env=dict(os.environ),
+        cwd=tmp_path,
+        log_path=tmp_path / f"{name}.log",
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_for(condition: object, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+# Starts a child that writes its pid to a file, then both sleep: a driver with its JVM.
+PARENT_WITH_CHILD = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    "open('child.pid', 'w').write(str(child.pid))\n"
+    "print('up', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_kill_takes_down_the_whole_process_group(tmp_path: Path) -> None:
+    # Given a component whose process started a child
+    component = Component(spec(tmp_path, "spark", PARENT_WITH_CHILD), EventLog())
+    component.start()
+    wait_for(lambda: (tmp_path / "child.pid").exists() and (tmp_path / "child.pid").read_text())
+    child = int((tmp_path / "child.pid").read_text())
+    # When it is killed
+    component.kill()
+    # Then the child is gone too
+    assert not component.alive
+    wait_for(lambda: not pid_alive(child))
+    assert "up" in (tmp_path / "spark.log").read_text()
+
+
+def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
+    code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)"
+    component = Component(spec(tmp_path, "stubborn", code), EventLog())
+    component.start()
+    time.sleep(0.3)
+    assert component.stop(timeout_s=0.5) == -9
+
+
+async def test_chaos_kills_and_restarts_until_stopped(tmp_path: Path) -> None:
+    # Given two long-running components
+    events = EventLog(tmp_path / "events.log")
+    components = [
+        Component(spec(tmp_path, name, "import time; time.sleep(60)"), events)
+        for name in ("api", "worker")
+    ]
+    for component in components:
+        component.start()
+    chaos = Chaos(components, events, random.Random(1), (0.05, 0.1), (0.0, 0.05))
+    # When chaos runs for a while
+    stop = asyncio.Event()
+    task = asyncio.create_task(chaos.run(stop))
+    await asyncio.sleep(1.0)
+    stop.set()
+    await task
+    # Then it killed and restarted several times, and left everything running
+    kills = events.count("kill")
+    assert kills >= 4
+    assert events.count("restart") == kills
+    assert all(c.alive for c in components)
+    assert sum(c.starts for c in components) == 2 + kills
+    assert (tmp_path / "events.log").read_bytes().count(b"\n") == 2 * kills
+    for component in components:
+        component.stop()
+    events.close()
+
+
+async def test_supervisor_restarts_crashed_components_but_not_finished_oneshots(
+    tmp_path: Path,
+) -> None:
+    # Given a component that crashes at once and a oneshot that finishes at once
+    events = EventLog()
+    crashing = Component(spec(tmp_path, "api", "raise SystemExit(2)"), events)
+    oneshot = Component(spec(tmp_path, "producer", "pass", oneshot=True), events)
+    crashing.start()
+    oneshot.start()
+    chaos = Chaos([crashing, oneshot], events, random.Random(1))
+    stop = asyncio.Event()
+    task = asyncio.create_task(chaos.supervise(stop, poll_s=0.05))
+    await asyncio.sleep(1.5)
+    stop.set()
+    await task
+    # Then the crashing one was restarted each time, the oneshot never
+    assert events.count("exit", "api") >= 2
+    assert events.count("restart", "api") >= 2
+    producer_events = [e for e in events.events if e["component"] == "producer"]
+    assert [(e["action"], e["code"]) for e in producer_events] == [("exit", 0)]
+    assert oneshot.starts == 1
+    crashing.stop()

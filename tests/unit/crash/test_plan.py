@@ -1,0 +1,70 @@
+"""The receiver's failure plan and its status decision."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.crash.plan import (
+    FAIL_STATUS,
+    REJECT_STATUS,
+    FailurePlan,
+    Phase,
+    PlanShape,
+    decide_status,
+    make_plan,
+)
+from bench.crash.records import make_record
+
+PLAN = FailurePlan(windows={"g1": ((1_000, 2_000), (5_000, 5_500))}, rejected=frozenset({"m-bad"}))
+
+
+@pytest.mark.parametrize(
+    ("phase", "group", "message", "now", "status"),
+    [
+        (Phase.RUN, "g1", "m1", 999, 200),
+        (Phase.RUN, "g1", "m1", 1_000, FAIL_STATUS),
+        (Phase.RUN, "g1", "m1", 1_999, FAIL_STATUS),
+        (Phase.RUN, "g1", "m1", 2_000, 200),
+        (Phase.RUN, "g1", "m1", 5_200, FAIL_STATUS),
+        (Phase.RUN, "g2", "m1", 1_500, 200),
+        (Phase.RUN, "g2", "m-bad", 0, REJECT_STATUS),
+        (Phase.RUN, "g1", "m-bad", 1_500, REJECT_STATUS),
+        (Phase.DRAIN, "g1", "m1", 1_500, 200),
+        (Phase.DRAIN, "g1", "m-bad", 1_500, 200),
+    ],
+)
+def test_decide_status(phase: Phase, group: str, message: str, now: int, status: int) -> None:
+    assert decide_status(PLAN, phase, group, message, now) == status
+
+
+def test_plan_survives_json() -> None:
+    assert FailurePlan.from_json(PLAN.to_json()) == PLAN
+
+
+SHAPE = PlanShape(
+    run_id="r", groups=100, lanes=10, messages_per_lane=300, start_ms=10_000, span_ms=60_000
+)
+
+
+def test_plan_is_reproducible_from_its_seed() -> None:
+    assert make_plan(SHAPE, 7) == make_plan(SHAPE, 7)
+    assert make_plan(SHAPE, 7) != make_plan(SHAPE, 8)
+
+
+def test_plan_fails_the_asked_share_of_groups_inside_the_span() -> None:
+    plan = make_plan(SHAPE, 1)
+    assert len(plan.windows) == 10
+    for spans in plan.windows.values():
+        assert len(spans) == 2
+        for start, end in spans:
+            assert SHAPE.start_ms <= start < end <= SHAPE.start_ms + SHAPE.span_ms
+            assert 300 <= end - start <= 8_000
+
+
+def test_plan_rejects_messages_the_producer_will_publish() -> None:
+    plan = make_plan(SHAPE, 1)
+    published = {
+        make_record("r", 100, 10, lane, seq).message_id for lane in range(10) for seq in range(300)
+    }
+    assert 1 <= len(plan.rejected) <= 5
+    assert plan.rejected <= published

@@ -1,0 +1,49 @@
+"""Crash-test records are a pure function of their identity."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.crash.records import lane_groups, make_record, payload_hash, producer_name
+
+
+def test_same_identity_gives_the_same_bytes() -> None:
+    # A restarted producer must re-send exactly what it sent before.
+    assert make_record("r1", 100, 10, 3, 42) == make_record("r1", 100, 10, 3, 42)
+
+
+def test_records_are_unique_across_lanes_sequences_and_runs() -> None:
+    records = [
+        make_record(run, 20, 4, lane, seq)
+        for run in ("r1", "r2")
+        for lane in range(4)
+        for seq in range(50)
+    ]
+    assert len({r.message_id for r in records}) == len(records)
+    assert len({r.body for r in records}) == len(records)
+
+
+def test_a_lane_only_publishes_to_its_own_groups() -> None:
+    owned = set(lane_groups(100, 10, 7))
+    groups = {make_record("r", 100, 10, 7, seq).group_id for seq in range(500)}
+    assert groups == owned
+
+
+def test_lanes_partition_the_groups() -> None:
+    all_groups = [g for lane in range(7) for g in lane_groups(50, 7, lane)]
+    assert len(all_groups) == len(set(all_groups)) == 50
+
+
+@pytest.mark.parametrize(("groups", "lanes", "lane"), [(5, 6, 0), (10, 2, 2), (10, 2, -1)])
+def test_impossible_lane_layouts_are_refused(groups: int, lanes: int, lane: int) -> None:
+    with pytest.raises(ValueError):
+        lane_groups(groups, lanes, lane)
+
+
+def test_record_identity_fits_the_header_rules() -> None:
+    record = make_record("run-0123456789abcdef", 1000, 20, 19, 2**40)
+    assert record.producer_id == producer_name("run-0123456789abcdef", 19)
+    assert record.message_id == f"{record.producer_id}-{2**40}"
+    assert len(record.message_id) <= 100
+    assert record.body.startswith(f"{record.message_id}|{record.group_id}|".encode())
+    assert record.payload_hash == payload_hash(record.body)
