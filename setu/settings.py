@@ -35,6 +35,8 @@ class Settings(BaseSettings):
     api_port: int = 8080
     max_message_bytes: int = 1 * MIB
     max_batch_messages: int = 10_000
+    # Whole batch-produce request body (JSON), refused with 413 above it.
+    max_batch_bytes: int = 32 * MIB
     produce_timeout_ms: int = 10_000
     allow_private_endpoints: bool = False
 

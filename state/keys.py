@@ -13,6 +13,11 @@ def _sub(project: str, subscription: str) -> str:
     return f"{PREFIX}:{{{project}.{subscription}}}"
 
 
+def subscription_pattern(project: str, subscription: str) -> str:
+    """SCAN pattern matching every key of one subscription (used when it is deleted)."""
+    return f"{_sub(project, subscription)}:*"
+
+
 def group_state(project: str, subscription: str, group_id: str) -> str:
     """Hash of one unhealthy group: tier, head message id, parked count. Absent when healthy."""
     return f"{_sub(project, subscription)}:group:{group_id}"

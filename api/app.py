@@ -1,0 +1,116 @@
+"""The API's composition: ``create_app(settings)`` wires routers, error handlers and metrics;
+the lifespan opens the connections (never at import) and closes them on shutdown.
+
+Store and Kafka admin calls are blocking and run in the thread pool; the produce path uses the
+topic cache and the shared :class:`~api.producer.AckedProducer`, so it touches neither per
+message. Startup fails with a clear message when the database is not migrated or a required
+setting is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from redis.asyncio import Redis
+
+from api import health, operations, produce, projects, subscriptions, topics
+from api.context import Services, blocking
+from api.metrics import ApiMetrics, MetricsMiddleware
+from api.producer import AckedProducer, producer_config
+from api.responses import install_error_handlers
+from api.topic_cache import TopicCache
+from setu.model import Topic
+from setu.settings import Settings
+from state import migrate
+from state.kafka_admin import KafkaTopics
+from state.metadata import MetadataStore
+
+
+def _required(value: str | None, variable: str) -> str:
+    if not value:
+        raise RuntimeError(f"{variable} is not set; the API needs it")
+    return value
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("setu")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+async def open_services(settings: Settings, metrics: ApiMetrics) -> Services:
+    bootstrap = _required(settings.kafka_bootstrap, "SETU_KAFKA_BOOTSTRAP")
+    redis_url = _required(settings.redis_url, "SETU_REDIS_URL")
+    database_url = settings.resolved_database_url()
+    await blocking(migrate.require_head, database_url)
+    store = MetadataStore(database_url)
+
+    async def load_topic(project: str, topic: str) -> Topic | None:
+        return await blocking(store.find_topic, project, topic)
+
+    producer = AckedProducer(
+        producer_config(
+            bootstrap,
+            ack_timeout_ms=settings.produce_timeout_ms,
+            max_message_bytes=settings.max_message_bytes,
+        )
+    )
+    producer.start()
+    metrics.watch_producer_queue(producer.__len__)
+    return Services(
+        settings=settings,
+        store=store,
+        redis=Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5),
+        kafka_admin=KafkaTopics(
+            bootstrap,
+            replication_factor=settings.kafka_replication_factor,
+            max_message_bytes=settings.max_message_bytes,
+        ),
+        producer=producer,
+        topics=TopicCache(load_topic),
+        metrics=metrics,
+    )
+
+
+async def close_services(s: Services) -> None:
+    try:
+        await s.producer.close()
+    finally:
+        await s.redis.aclose()  # type: ignore[attr-defined]  # types-redis predates aclose
+        s.store.close()
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    s = await open_services(app.state.settings, app.state.metrics)
+    app.state.services = s
+    app.state.store = s.store
+    app.state.redis = s.redis
+    app.state.kafka_admin = s.kafka_admin
+    app.state.producer = s.producer
+    try:
+        yield
+    finally:
+        await close_services(s)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The Setu HTTP API (DESIGN §5), with OpenAPI at /openapi.json and docs at /docs."""
+    app = FastAPI(
+        title="Setu",
+        version=_version(),
+        summary="Kafka-backed ordered webhook delivery",
+        lifespan=_lifespan,
+    )
+    metrics = ApiMetrics()
+    app.state.settings = settings
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    for module in (projects, topics, produce, subscriptions, operations, health):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,45 @@
+"""The objects a request handler works with, opened in the app's lifespan.
+
+They are also set one by one on ``app.state`` (``settings``, ``store``, ``redis``,
+``kafka_admin``, ``producer``) for routers that read them there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ParamSpec, TypeVar, cast
+
+from fastapi import Request
+from redis.asyncio import Redis
+from starlette.concurrency import run_in_threadpool
+
+from api.metrics import ApiMetrics
+from api.producer import AckedProducer
+from api.topic_cache import TopicCache
+from setu.settings import Settings
+from state.kafka_admin import KafkaTopics
+from state.metadata import MetadataStore
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    settings: Settings
+    store: MetadataStore
+    redis: Redis[bytes]
+    kafka_admin: KafkaTopics
+    producer: AckedProducer
+    topics: TopicCache
+    metrics: ApiMetrics
+
+
+def services(request: Request) -> Services:
+    return cast(Services, request.app.state.services)
+
+
+async def blocking(func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Runs a blocking store or admin call in the thread pool, off the event loop."""
+    return await run_in_threadpool(func, *args, **kwargs)

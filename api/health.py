@@ -1,0 +1,79 @@
+"""``GET /v1/health``: 200 when the API, Kafka, Redis and the database all answer, else 503.
+
+Each component is probed concurrently with a short timeout and reported on its own:
+``{"status": "ok"|"degraded", "components": {"kafka": {"ok": true, "latency_ms": 3.1,
+"brokers": 1}, "redis": {...}, "database": {...}, "api": {...}}}``. ``GET /metrics`` serves
+the Prometheus registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from api.context import Services, blocking, services
+from api.responses import JSON
+
+router = APIRouter(tags=["health"])
+
+PROBE_TIMEOUT_S = 2.0
+
+Probe = Callable[[], Awaitable[dict[str, Any]]]
+
+
+async def probe(check: Probe, timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
+    """Runs one check; never raises: a failure or a timeout becomes ``ok: false``."""
+    started = time.perf_counter()
+    try:
+        details = await asyncio.wait_for(check(), timeout_s)
+    except TimeoutError:
+        return {"ok": False, "error": f"no answer within {timeout_s} s"}
+    except Exception as exc:  # a health probe reports every failure instead of raising it
+        return {"ok": False, "error": str(exc) or type(exc).__name__}
+    latency_ms = round((time.perf_counter() - started) * 1000, 2)
+    return {"ok": True, "latency_ms": latency_ms, **details}
+
+
+def overall(components: dict[str, dict[str, Any]]) -> tuple[int, str]:
+    """HTTP status and summary word of a health report."""
+    healthy = all(c["ok"] for c in components.values())
+    return (200, "ok") if healthy else (503, "degraded")
+
+
+def _probes(s: Services) -> dict[str, Probe]:
+    async def kafka() -> dict[str, Any]:
+        brokers = await blocking(s.kafka_admin.broker_count, PROBE_TIMEOUT_S)
+        return {"brokers": brokers, "producer_queue": len(s.producer)}
+
+    async def redis() -> dict[str, Any]:
+        await s.redis.ping()
+        return {}
+
+    async def database() -> dict[str, Any]:
+        await blocking(s.store.ping)
+        return {}
+
+    async def api() -> dict[str, Any]:
+        return {}
+
+    return {"api": api, "kafka": kafka, "redis": redis, "database": database}
+
+
+@router.get("/v1/health", response_model=None, summary="State of the API and its dependencies")
+async def health(request: Request) -> Response:
+    checks = _probes(services(request))
+    results = await asyncio.gather(*(probe(check) for check in checks.values()))
+    components = dict(zip(checks, results, strict=True))
+    status, word = overall(components)
+    return JSON({"status": word, "components": components}, status_code=status)
+
+
+@router.get("/metrics", response_model=None, include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    registry = services(request).metrics
+    return Response(registry.render(), media_type=registry.content_type)

@@ -1,0 +1,208 @@
+"""Produce requests turned into envelopes: pure functions, no I/O (DESIGN §2, §5).
+
+Single produce: the body is the message, headers carry its identity. Batch produce: a JSON
+document ``{"messages": [{message_id, group_id?, producer_id?, sequence_id?, headers?,
+body | body_base64}]}``; ``body`` is text (sent as its UTF-8 bytes), ``body_base64`` carries
+binary. A batch is validated as a whole before anything is produced, so a bad message changes
+nothing; errors name the message by index.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+
+from api.validation import check_header
+from setu import headers as rules
+from setu.envelope import Envelope
+from setu.errors import InvalidInput, PayloadTooLarge, SetuError
+
+# Producer headers travel with the message into every Kafka record and webhook call.
+MAX_FORWARDED_HEADER_BYTES = 32 * 1024
+
+_BATCH_FIELDS = frozenset(
+    {"message_id", "group_id", "producer_id", "sequence_id", "headers", "body", "body_base64"}
+)
+
+
+def decode_header_value(raw: bytes) -> str:
+    """HTTP header values are bytes; UTF-8 when they decode as such, else Latin-1."""
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
+
+
+def scan_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[int | None, list[tuple[str, str]]]:
+    """From ASGI headers: the declared Content-Length (None if absent or unreadable) and the
+    ``X-*``/``X_*`` headers, decoded, in order."""
+    length: int | None = None
+    found: list[tuple[str, str]] = []
+    for name, value in raw:
+        prefix = name[:2].lower()
+        if prefix in (b"x-", b"x_"):
+            found.append((name.decode("latin-1"), decode_header_value(value)))
+        elif name.lower() == b"content-length" and value.isdigit():
+            length = int(value)
+    return length, found
+
+
+def check_body_size(size: int, limit: int) -> None:
+    if size > limit:
+        raise PayloadTooLarge(f"message body is over the limit of {limit} bytes")
+
+
+def check_forwarded_size(extra: Sequence[tuple[str, str]]) -> None:
+    size = sum(len(name) + len(value.encode()) for name, value in extra)
+    if size > MAX_FORWARDED_HEADER_BYTES:
+        raise PayloadTooLarge(
+            f"X_* headers take {size} bytes, over the limit of {MAX_FORWARDED_HEADER_BYTES}"
+        )
+
+
+def single_envelope(
+    x_headers: Iterable[tuple[str, str]], body: bytes, *, grouped: bool, produced_at_ms: int
+) -> Envelope:
+    """The envelope of a single produce; raises InvalidInput or PayloadTooLarge."""
+    parsed = rules.parse_produce_headers(x_headers, grouped=grouped)
+    check_forwarded_size(parsed.extra)
+    return Envelope(
+        message_id=parsed.message_id,
+        body=body,
+        group_id=parsed.group_id,
+        producer_id=parsed.producer_id,
+        sequence_id=parsed.sequence_id,
+        headers=parsed.extra,
+        produced_at_ms=produced_at_ms,
+    )
+
+
+def parse_batch(
+    payload: bytes,
+    *,
+    grouped: bool,
+    produced_at_ms: int,
+    max_message_bytes: int,
+    max_messages: int,
+) -> list[Envelope]:
+    """Every message of a batch body as an envelope; raises on the first bad message."""
+    try:
+        document = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"batch body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("messages"), list):
+        raise InvalidInput('batch body must be a JSON object {"messages": [...]}')
+    unknown = document.keys() - {"messages"}
+    if unknown:
+        raise InvalidInput(f"unknown batch fields: {sorted(unknown)}")
+    messages = document["messages"]
+    if not messages:
+        raise InvalidInput("a batch needs at least one message")
+    if len(messages) > max_messages:
+        raise PayloadTooLarge(f"a batch holds at most {max_messages} messages")
+    out = []
+    for index, message in enumerate(messages):
+        try:
+            out.append(_batch_message(message, grouped, produced_at_ms, max_message_bytes))
+        except SetuError as exc:
+            raise type(exc)(f"messages[{index}]: {exc.message}") from None
+    return out
+
+
+def _batch_message(
+    message: Any, grouped: bool, produced_at_ms: int, max_message_bytes: int
+) -> Envelope:
+    if not isinstance(message, dict):
+        raise InvalidInput("must be a JSON object")
+    unknown = message.keys() - _BATCH_FIELDS
+    if unknown:
+        raise InvalidInput(f"unknown fields {sorted(unknown)}")
+    sequence = message.get("sequence_id")
+    if sequence is not None and not isinstance(sequence, int | str):
+        raise InvalidInput("sequence_id must be an integer")
+    message_id, group_id, producer_id, sequence_id = rules.check_identity(
+        _text(message, "message_id"),
+        _text(message, "group_id"),
+        _text(message, "producer_id"),
+        sequence,
+        grouped=grouped,
+    )
+    extra = _batch_headers(message.get("headers"))
+    check_forwarded_size(extra)
+    body = _batch_body(message)
+    check_body_size(len(body), max_message_bytes)
+    return Envelope(
+        message_id=message_id,
+        body=body,
+        group_id=group_id,
+        producer_id=producer_id,
+        sequence_id=sequence_id,
+        headers=extra,
+        produced_at_ms=produced_at_ms,
+    )
+
+
+def _text(message: dict[str, Any], field: str) -> str | None:
+    value = message.get(field)
+    if value is not None and not isinstance(value, str):
+        raise InvalidInput(f"{field} must be a string")
+    return value
+
+
+def _batch_body(message: dict[str, Any]) -> bytes:
+    text, encoded = message.get("body"), message.get("body_base64")
+    if (text is None) == (encoded is None):
+        raise InvalidInput("give exactly one of body and body_base64")
+    if text is not None:
+        if not isinstance(text, str):
+            raise InvalidInput("body must be a string; use body_base64 for binary")
+        return text.encode()
+    if not isinstance(encoded, str):
+        raise InvalidInput("body_base64 must be a string")
+    try:
+        return base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput("body_base64 is not valid base64") from None
+
+
+def _batch_headers(headers: Any) -> tuple[tuple[str, str], ...]:
+    """A batch message's own ``X_*`` headers, under the rules of single produce."""
+    if headers is None:
+        return ()
+    if not isinstance(headers, dict):
+        raise InvalidInput("headers must be an object of strings")
+    out = []
+    for name, value in headers.items():
+        if not isinstance(value, str):
+            raise InvalidInput(f"header {name!r} must have a string value")
+        check_header("headers", name, value)
+        key = rules.canonical(name)
+        if not key.startswith("X_"):
+            raise InvalidInput(f"header {name!r} must start with X_ or X-")
+        if key in rules.IDENTITY_HEADERS:
+            raise InvalidInput(f"header {name!r}: use the message's own field instead")
+        if key in rules.RESERVED_HEADERS:
+            raise InvalidInput(f"header {name!r} is set by Setu and may not be produced")
+        out.append((name, value))
+    return tuple(out)
+
+
+def batch_status(errors: Sequence[str | None]) -> int:
+    """200 when every message was acknowledged, 503 when none was, else 207 Multi-Status."""
+    failed = sum(error is not None for error in errors)
+    if failed == 0:
+        return 200
+    return 503 if failed == len(errors) else 207
+
+
+def batch_results(envelopes: Sequence[Envelope], errors: Sequence[str | None]) -> list[Any]:
+    return [
+        {"message_id": env.message_id, "status": "ok"}
+        if error is None
+        else {"message_id": env.message_id, "status": "error", "error": error}
+        for env, error in zip(envelopes, errors, strict=True)
+    ]

@@ -1,0 +1,114 @@
+"""Prometheus metrics of the API, in a registry of their own (one per app, so tests can build
+many apps), served at ``GET /metrics``.
+
+- ``setu_api_requests_total{method, route, status}`` and
+  ``setu_api_request_duration_seconds{method, route}``: every HTTP request, labelled by route
+  template (``/v1/projects/{project}/topics/{topic}/produce``), so label values stay bounded.
+- ``setu_api_produced_messages_total{project, topic, outcome}``: messages produced, by outcome
+  (``ok``, ``rejected`` for 4xx, ``failed`` for Kafka errors).
+- ``setu_api_produce_ack_seconds{kind}``: from the Kafka write to its acknowledgement, per
+  single message or per batch.
+- ``setu_api_producer_queue_records``: records enqueued and not yet acknowledged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+UNMATCHED_ROUTE = "unmatched"
+
+
+class ApiMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "setu_api_requests",
+            "HTTP requests by route template and status.",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "setu_api_request_duration_seconds",
+            "HTTP request duration by route template.",
+            ["method", "route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.produced = Counter(
+            "setu_api_produced_messages",
+            "Messages produced, by outcome (ok, rejected, failed).",
+            ["project", "topic", "outcome"],
+            registry=self.registry,
+        )
+        self.produce_ack_seconds = Histogram(
+            "setu_api_produce_ack_seconds",
+            "From the Kafka write to the broker's acknowledgement.",
+            ["kind"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.producer_queue = Gauge(
+            "setu_api_producer_queue_records",
+            "Records enqueued in the Kafka producer and not yet acknowledged.",
+            registry=self.registry,
+        )
+        ProcessCollector(registry=self.registry)
+
+    def watch_producer_queue(self, length: Callable[[], int]) -> None:
+        self.producer_queue.set_function(length)
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(method, route, str(status)).inc()
+        self.request_seconds.labels(method, route).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def route_template(scope: Scope) -> str:
+    """The matched route's path template, or ``unmatched`` for unknown paths."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else UNMATCHED_ROUTE
+
+
+class MetricsMiddleware:
+    """Counts and times every HTTP request (a plain ASGI middleware: cheap on the hot path)."""
+
+    def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_record_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record_status)
+        finally:
+            seconds = time.perf_counter() - started
+            self.metrics.observe_request(scope["method"], route_template(scope), status, seconds)

@@ -1,0 +1,252 @@
+"""A Kafka producer whose sends complete only when the broker has acknowledged the write.
+
+One ``confluent_kafka.Producer`` is shared by every request (``acks=all``, idempotent,
+``murmur2_random`` partitioner so a key lands where the Java client would put it). A background
+thread polls it; delivery reports are collected there and handed to the event loop in one
+``call_soon_threadsafe`` per poll round, where they resolve the futures that requests await.
+``produce()`` itself only enqueues, so the event loop never blocks on Kafka.
+
+Contract:
+
+- :meth:`AckedProducer.send` returns only after the broker acknowledged the record, else raises
+  DependencyUnavailable (Kafka error, or no report within the ack timeout: the record may or may
+  not have been written, which is what a non-2xx means to a producer).
+- :meth:`AckedProducer.send_many` enqueues every record, waits for all reports, and returns one
+  error string (or None) per record, in order.
+- A full local queue (BufferError) is waited out in 5 ms steps until the ack deadline, then
+  reported as DependencyUnavailable: back-pressure first, refusal only when Kafka keeps up
+  with nothing for a whole timeout.
+- After a fatal error (possible with idempotence) the poll thread replaces the librdkafka
+  instance; records it still held are reported as failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any, cast
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from setu.envelope import KafkaHeaders
+from setu.errors import DependencyUnavailable, PayloadTooLarge
+from state.kafka_admin import RECORD_OVERHEAD_BYTES
+
+log = logging.getLogger(__name__)
+
+Record = tuple[bytes, bytes, KafkaHeaders]
+"""key, value, headers"""
+
+_NO_ACK = "no acknowledgement from Kafka in time"
+_QUEUE_FULL = "Kafka producer queue stayed full"
+_QUEUE_FULL_WAIT_S = 0.005
+_POLL_S = 0.05
+# librdkafka reports every record within message.timeout.ms; this margin only guards against
+# a report that never comes (e.g. a record stranded in a replaced instance).
+_ACK_MARGIN_S = 2.0
+
+
+def producer_config(
+    bootstrap: str,
+    *,
+    ack_timeout_ms: int,
+    max_message_bytes: int,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """librdkafka settings of the API's producer (DESIGN §1, §3)."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "partitioner": "murmur2_random",
+        "linger.ms": 2,
+        "compression.type": "lz4",
+        "message.timeout.ms": ack_timeout_ms,
+        "message.max.bytes": max_message_bytes + RECORD_OVERHEAD_BYTES,
+        **(extra or {}),
+    }
+
+
+class _Batch:
+    """Reports of one send_many call; touched only on the event loop."""
+
+    __slots__ = ("acked", "errors", "future", "sealed", "sent")
+
+    def __init__(self, size: int, future: asyncio.Future[None]) -> None:
+        # Every record counts as failed until its report says otherwise.
+        self.errors: list[str | None] = [_NO_ACK] * size
+        self.future = future
+        self.sent = 0
+        self.acked = 0
+        self.sealed = False
+
+    def settle(self, index: int, error: str | None) -> None:
+        self.errors[index] = error
+        self.acked += 1
+        self.finish_if_complete()
+
+    def finish_if_complete(self) -> None:
+        if self.sealed and self.acked >= self.sent and not self.future.done():
+            self.future.set_result(None)
+
+
+def _settle_all(reports: list[tuple[Any, int, str | None]]) -> None:
+    for target, index, error in reports:
+        if isinstance(target, _Batch):
+            target.settle(index, error)
+        elif not target.done():
+            target.set_result(error)
+
+
+def _headers(headers: KafkaHeaders) -> list[tuple[str, str | bytes | None]]:
+    # The same list: the stubs want the wider element type, and lists are invariant.
+    return cast("list[tuple[str, str | bytes | None]]", headers)
+
+
+def _produce_error(exc: KafkaException) -> Exception:
+    error = exc.args[0] if exc.args else None
+    if isinstance(error, KafkaError) and error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        return PayloadTooLarge(f"record too large for Kafka: {error.str()}")
+    return DependencyUnavailable(f"Kafka refused the record: {exc}")
+
+
+class AckedProducer:
+    """The shared producer; :meth:`start` on the event loop before the first send."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._config = {**config, "error_cb": self._on_error}
+        self._ack_timeout_s = int(config.get("message.timeout.ms", 30_000)) / 1000 + _ACK_MARGIN_S
+        self._producer = Producer(self._config)
+        self._reports: list[tuple[Any, int, str | None]] = []
+        self._fatal: KafkaError | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.last_error: str | None = None
+
+    def __len__(self) -> int:
+        """Records enqueued and not yet reported."""
+        return len(self._producer)
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._poll_forever, name="setu-producer-poll")
+        self._thread.daemon = True
+        self._thread.start()
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Stops polling, waits up to ``timeout_s`` for outstanding reports, resolves them."""
+        self._stop.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self._producer.flush, timeout_s)
+        reports, self._reports = self._reports, []
+        _settle_all(reports)
+
+    async def send(self, topic: str, key: bytes, value: bytes, headers: KafkaHeaders) -> None:
+        """Writes one record; returns once Kafka acknowledged it (see the module contract)."""
+        loop = self._running_loop()
+        future: asyncio.Future[str | None] = loop.create_future()
+        deadline = loop.time() + self._ack_timeout_s
+        callback = partial(self._on_single, future)
+        while True:
+            try:
+                self._producer.produce(
+                    topic, value, key, headers=_headers(headers), on_delivery=callback
+                )
+                break
+            except BufferError:
+                if loop.time() > deadline:
+                    raise DependencyUnavailable(_QUEUE_FULL) from None
+                await asyncio.sleep(_QUEUE_FULL_WAIT_S)
+            except KafkaException as exc:
+                raise _produce_error(exc) from exc
+        try:
+            async with asyncio.timeout_at(deadline):
+                error = await future
+        except TimeoutError:
+            raise DependencyUnavailable("Kafka did not acknowledge the record in time") from None
+        if error is not None:
+            raise DependencyUnavailable(f"Kafka did not accept the record: {error}")
+
+    async def send_many(self, topic: str, records: Sequence[Record]) -> list[str | None]:
+        """Writes every record; returns per record None (acknowledged) or an error string."""
+        loop = self._running_loop()
+        batch = _Batch(len(records), loop.create_future())
+        deadline = loop.time() + self._ack_timeout_s
+        produce = self._producer.produce
+        index = 0
+        while index < len(records):
+            key, value, headers = records[index]
+            callback = partial(self._on_batch, batch, index)
+            try:
+                produce(topic, value, key, headers=_headers(headers), on_delivery=callback)
+            except BufferError:
+                if loop.time() > deadline:
+                    break
+                await asyncio.sleep(_QUEUE_FULL_WAIT_S)
+                continue
+            except KafkaException as exc:
+                batch.errors[index] = str(_produce_error(exc))
+            else:
+                batch.sent += 1
+            index += 1
+        for rest in range(index, len(records)):
+            batch.errors[rest] = _QUEUE_FULL
+        batch.sealed = True
+        batch.finish_if_complete()
+        try:
+            async with asyncio.timeout_at(deadline):
+                await batch.future
+        except TimeoutError:
+            pass  # records without a report keep their "no acknowledgement" error
+        return list(batch.errors)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("AckedProducer.start() was not called")
+        return self._loop
+
+    # Everything below runs on the poll thread (or in close(), after that thread ended).
+
+    def _on_single(
+        self, future: asyncio.Future[str | None], error: KafkaError | None, _: Any
+    ) -> None:
+        self._reports.append((future, 0, None if error is None else error.str()))
+
+    def _on_batch(self, batch: _Batch, index: int, error: KafkaError | None, _: Any) -> None:
+        self._reports.append((batch, index, None if error is None else error.str()))
+
+    def _on_error(self, error: KafkaError) -> None:
+        self.last_error = error.str()
+        if error.fatal():
+            log.error("Kafka producer fatal error, replacing the producer: %s", error.str())
+            self._fatal = error
+        else:
+            log.warning("Kafka producer: %s", error.str())
+
+    def _poll_forever(self) -> None:
+        while not self._stop.is_set():
+            if self._fatal is not None:
+                self._replace()
+            self._producer.poll(_POLL_S)
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        if not self._reports or self._loop is None:
+            return
+        reports, self._reports = self._reports, []
+        # A closed loop means nobody waits for these reports any more.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(_settle_all, reports)
+
+    def _replace(self) -> None:
+        old = self._producer
+        self._producer = Producer(self._config)
+        self._fatal = None
+        old.purge()
+        old.poll(0)  # reports the purged records as failed

@@ -1,0 +1,53 @@
+"""Projects: ``/v1/projects`` (DESIGN §5). A project may be deleted only when it is empty."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from api.context import blocking, services
+from api.responses import JSON
+from api.schemas import ProjectCreate, ProjectOut, ProjectsOut, errors, project_view
+from setu.model import Project
+from setu.names import validate_name
+
+router = APIRouter(prefix="/v1/projects", tags=["projects"])
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=None,
+    summary="Create a project (the same body again: 200, a different one: 409)",
+    responses={201: {"model": ProjectOut}, 200: {"model": ProjectOut}, **errors(400, 409)},
+)
+async def create_project(request: Request, body: ProjectCreate) -> Response:
+    project = Project(name=validate_name("project", body.name), description=body.description)
+    stored, created = await blocking(services(request).store.create_project, project)
+    return JSON(project_view(stored), status_code=201 if created else 200)
+
+
+@router.get("", response_model=None, responses={200: {"model": ProjectsOut}})
+async def list_projects(request: Request) -> Response:
+    found = await blocking(services(request).store.list_projects)
+    return JSON({"projects": [project_view(p) for p in found]})
+
+
+@router.get(
+    "/{project}", response_model=None, responses={200: {"model": ProjectOut}, **errors(404)}
+)
+async def get_project(request: Request, project: str) -> Response:
+    found = await blocking(services(request).store.get_project, project)
+    return JSON(project_view(found))
+
+
+@router.delete(
+    "/{project}",
+    status_code=204,
+    response_model=None,
+    summary="Delete an empty project (409 while it has topics)",
+    responses=errors(404, 409),
+)
+async def delete_project(request: Request, project: str) -> Response:
+    await blocking(services(request).store.delete_project, project)
+    return Response(status_code=204)

@@ -1,0 +1,84 @@
+"""JSON responses and the one error shape of the API: ``{"error": {"code", "message"}}``.
+
+Every failure reaches the caller in that shape: Setu's own errors with their status, request
+validation as 400 ``invalid_input``, unknown routes as 404 ``not_found``, anything unexpected
+as 500 ``internal`` (logged, details not leaked).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from setu.errors import SetuError
+
+log = logging.getLogger(__name__)
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+
+
+class JSON(Response):
+    """A JSON response serialised with orjson."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def error_body(code: str, message: str) -> dict[str, dict[str, str]]:
+    return {"error": {"code": code, "message": message}}
+
+
+def error_response(status: int, code: str, message: str) -> JSON:
+    return JSON(error_body(code, message), status_code=status)
+
+
+def describe_validation(errors: Any) -> str:
+    """One line naming each invalid field, e.g. ``body.partitions: Input should be ...``."""
+    parts = []
+    for error in list(errors)[:5]:
+        where = ".".join(str(p) for p in error.get("loc", ()))
+        parts.append(f"{where}: {error.get('msg', 'invalid')}" if where else error.get("msg", ""))
+    return "; ".join(parts) or "invalid request"
+
+
+async def _setu_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SetuError)
+    return error_response(exc.status, exc.code, exc.message)
+
+
+async def _validation_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    return error_response(400, "invalid_input", describe_validation(exc.errors()))
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        message = f"no route for {request.method} {request.url.path}"
+    else:
+        message = str(exc.detail)
+    response = error_response(exc.status_code, code, message)
+    if exc.headers:
+        response.headers.update(exc.headers)
+    return response
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal", "internal error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(SetuError, _setu_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

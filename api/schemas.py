@@ -1,0 +1,253 @@
+"""Request bodies of the control plane (pydantic, strict: no silent coercion of "6" to 6, no
+unknown fields) and the JSON views of the records (plain dicts, serialised with orjson).
+
+Numeric bounds live here so the OpenAPI shows them; rules across fields are in
+:mod:`api.validation`. The ``*Out`` models only document responses.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from setu import names
+from setu.model import DEFAULT_RETRY_DELAYS_MS, Project, Subscription, Topic
+
+MAX_PARTITIONS = 1000
+MAX_RETENTION_HOURS = 10 * 365 * 24
+MAX_RETRY_DELAY_MS = 7 * 24 * 3_600_000
+MIN_TIMEOUT_MS = 100
+MAX_TIMEOUT_MS = 120_000
+MAX_IN_FLIGHT = 10_000
+
+Name = Annotated[str, Field(min_length=1, max_length=63, examples=["orders"])]
+Delay = Annotated[int, Field(ge=0, le=MAX_RETRY_DELAY_MS)]
+StatusCode = Annotated[int, Field(ge=100, le=599)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ProjectCreate(_Body):
+    name: Name
+    description: str = Field("", max_length=1000)
+
+
+class TopicCreate(_Body):
+    name: Name
+    grouped: bool = False
+    partitions: int = Field(6, ge=1, le=MAX_PARTITIONS)
+    retention_hours: int = Field(168, ge=1, le=MAX_RETENTION_HOURS)
+
+
+class EndpointBody(_Body):
+    url: str = Field(max_length=2048, examples=["https://hooks.example.com/orders"])
+    method: Literal["POST", "PUT", "PATCH"] = "POST"
+    headers: dict[str, str] = Field(default_factory=dict, max_length=64)
+    timeout_ms: int = Field(10_000, ge=MIN_TIMEOUT_MS, le=MAX_TIMEOUT_MS)
+
+
+class RetryBody(_Body):
+    delays_ms: list[Delay] = Field(
+        default_factory=lambda: list(DEFAULT_RETRY_DELAYS_MS), max_length=names.MAX_RETRY_TIERS
+    )
+    # None: 408, 425, 429 and every 5xx.
+    retryable_codes: list[StatusCode] | None = Field(None, max_length=500)
+
+
+class SubscriptionConfig(_Body):
+    """What a subscription does; shared by create and update."""
+
+    # None: as grouped as its topic.
+    grouped: bool | None = None
+    endpoint: EndpointBody
+    retry: RetryBody = Field(default_factory=lambda: RetryBody(retryable_codes=None))
+    dead_letter_policy: Literal["park", "skip"] = "park"
+    max_in_flight: int = Field(256, ge=1, le=MAX_IN_FLIGHT)
+    rate_limit_per_second: float | None = Field(None, gt=0, le=1_000_000)
+    signing_secret: str | None = Field(None, min_length=1, max_length=512)
+
+
+class SubscriptionCreate(SubscriptionConfig):
+    name: Name
+    topic: Name
+
+
+class SubscriptionUpdate(SubscriptionConfig):
+    """A full replacement. ``signing_secret`` left out keeps the stored one; null removes it."""
+
+    version: int = Field(ge=1)
+    name: Name | None = None
+    topic: Name | None = None
+
+
+# Views
+
+
+def project_view(project: Project) -> dict[str, Any]:
+    return {
+        "name": project.name,
+        "description": project.description,
+        "created_at_ms": project.created_at_ms,
+    }
+
+
+def topic_view(topic: Topic) -> dict[str, Any]:
+    return {
+        "project": topic.project,
+        "name": topic.name,
+        "grouped": topic.grouped,
+        "partitions": topic.partitions,
+        "retention_hours": topic.retention_hours,
+        "created_at_ms": topic.created_at_ms,
+        "kafka": {
+            "ingest_topic": names.ingest_topic(topic.project, topic.name),
+            "main_topic": names.main_topic(topic.project, topic.name),
+        },
+    }
+
+
+def subscription_view(sub: Subscription) -> dict[str, Any]:
+    """Everything but the signing secret, which is write-only."""
+    return {
+        "project": sub.project,
+        "name": sub.name,
+        "topic": sub.topic,
+        "grouped": sub.grouped,
+        "endpoint": {
+            "url": sub.endpoint.url,
+            "method": sub.endpoint.method,
+            "headers": dict(sub.endpoint.headers),
+            "timeout_ms": sub.endpoint.timeout_ms,
+        },
+        "retry": {
+            "delays_ms": list(sub.retry.delays_ms),
+            "retryable_codes": (
+                None if sub.retry.retryable_codes is None else list(sub.retry.retryable_codes)
+            ),
+        },
+        "dead_letter_policy": sub.dead_letter_policy.value,
+        "max_in_flight": sub.max_in_flight,
+        "rate_limit_per_second": sub.rate_limit_per_second,
+        "has_signing_secret": sub.signing_secret is not None,
+        "state": sub.state.value,
+        "version": sub.version,
+        "created_at_ms": sub.created_at_ms,
+        "kafka": {
+            "consumer_group": names.consumer_group(sub.project, sub.name),
+            "retry_topics": [
+                names.retry_topic(sub.project, sub.name, n) for n in range(1, sub.retry.tiers + 1)
+            ],
+            "dlq_topic": names.dlq_topic(sub.project, sub.name),
+        },
+    }
+
+
+# Response documentation
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorOut(BaseModel):
+    error: ErrorDetail
+
+
+class ProjectOut(BaseModel):
+    name: str
+    description: str
+    created_at_ms: int
+
+
+class ProjectsOut(BaseModel):
+    projects: list[ProjectOut]
+
+
+class KafkaTopicsOut(BaseModel):
+    ingest_topic: str
+    main_topic: str
+
+
+class TopicOut(BaseModel):
+    project: str
+    name: str
+    grouped: bool
+    partitions: int
+    retention_hours: int
+    created_at_ms: int
+    kafka: KafkaTopicsOut
+
+
+class TopicsOut(BaseModel):
+    topics: list[TopicOut]
+
+
+class EndpointOut(BaseModel):
+    url: str
+    method: str
+    headers: dict[str, str]
+    timeout_ms: int
+
+
+class RetryOut(BaseModel):
+    delays_ms: list[int]
+    retryable_codes: list[int] | None
+
+
+class SubscriptionKafkaOut(BaseModel):
+    consumer_group: str
+    retry_topics: list[str]
+    dlq_topic: str
+
+
+class SubscriptionOut(BaseModel):
+    project: str
+    name: str
+    topic: str
+    grouped: bool
+    endpoint: EndpointOut
+    retry: RetryOut
+    dead_letter_policy: str
+    max_in_flight: int
+    rate_limit_per_second: float | None
+    has_signing_secret: bool
+    state: Literal["running", "paused", "stopped"]
+    version: int
+    created_at_ms: int
+    kafka: SubscriptionKafkaOut
+
+
+class SubscriptionsOut(BaseModel):
+    subscriptions: list[SubscriptionOut]
+
+
+class StateOut(BaseModel):
+    state: Literal["running", "paused", "stopped"]
+
+
+class ProducerMarkOut(BaseModel):
+    producer_id: str
+    last_sequence_id: int
+
+
+class MessageIdOut(BaseModel):
+    message_id: str
+
+
+class BatchResultOut(BaseModel):
+    message_id: str
+    status: Literal["ok", "error"]
+    error: str | None = None
+
+
+class BatchOut(BaseModel):
+    results: list[BatchResultOut]
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for error statuses."""
+    return {status: {"model": ErrorOut} for status in statuses}

@@ -1,0 +1,213 @@
+"""Subscriptions: ``/v1/projects/{project}/subscriptions`` (DESIGN §5).
+
+Create makes the retry-tier and dead-letter topics and starts the subscription ``running``.
+PUT replaces the configuration when its ``version`` matches (409 otherwise); more retry tiers
+get their topics first. Lifecycle actions change only ``state``; delivery workers poll it.
+The signing secret is write-only: views show ``has_signing_secret``.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from api import control
+from api.context import blocking, services
+from api.responses import JSON
+from api.schemas import (
+    StateOut,
+    SubscriptionConfig,
+    SubscriptionCreate,
+    SubscriptionOut,
+    SubscriptionsOut,
+    SubscriptionUpdate,
+    errors,
+    subscription_view,
+)
+from api.validation import check_endpoint_headers
+from setu.errors import InvalidInput
+from setu.model import (
+    DeadLetterPolicy,
+    Endpoint,
+    RetryPolicy,
+    Subscription,
+    SubscriptionState,
+    Topic,
+)
+from setu.names import validate_name
+from state.lifecycle import LifecycleAction
+
+router = APIRouter(prefix="/v1/projects/{project}/subscriptions", tags=["subscriptions"])
+
+
+def to_subscription(
+    project: str,
+    name: str,
+    topic: Topic,
+    config: SubscriptionConfig,
+    *,
+    signing_secret: str | None,
+    default_grouped: bool,
+) -> Subscription:
+    """The subscription a request describes (pure; the endpoint host is checked elsewhere)."""
+    return Subscription(
+        project=project,
+        name=validate_name("subscription", name),
+        topic=topic.name,
+        grouped=default_grouped if config.grouped is None else config.grouped,
+        endpoint=Endpoint(
+            url=config.endpoint.url,
+            method=config.endpoint.method,
+            headers=check_endpoint_headers(config.endpoint.headers.items()),
+            timeout_ms=config.endpoint.timeout_ms,
+        ),
+        retry=RetryPolicy(
+            delays_ms=tuple(config.retry.delays_ms),
+            retryable_codes=(
+                None
+                if config.retry.retryable_codes is None
+                else tuple(sorted(set(config.retry.retryable_codes)))
+            ),
+        ),
+        dead_letter_policy=DeadLetterPolicy(config.dead_letter_policy),
+        max_in_flight=config.max_in_flight,
+        rate_limit_per_second=config.rate_limit_per_second,
+        signing_secret=signing_secret,
+        state=SubscriptionState.RUNNING,
+    )
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=None,
+    summary="Create a subscription and its retry and dead-letter topics",
+    responses={
+        201: {"model": SubscriptionOut},
+        200: {"model": SubscriptionOut},
+        **errors(400, 404, 409, 503),
+    },
+)
+async def create_subscription(request: Request, project: str, body: SubscriptionCreate) -> Response:
+    s = services(request)
+    await control.check_endpoint(s, body.endpoint.url)
+    topic = await blocking(s.store.get_topic, project, validate_name("topic", body.topic))
+    sub = to_subscription(
+        project,
+        body.name,
+        topic,
+        body,
+        signing_secret=body.signing_secret,
+        default_grouped=topic.grouped,
+    )
+    stored, created = await control.create_subscription(s, sub)
+    return JSON(subscription_view(stored), status_code=201 if created else 200)
+
+
+@router.get("", response_model=None, responses={200: {"model": SubscriptionsOut}, **errors(404)})
+async def list_subscriptions(request: Request, project: str) -> Response:
+    found = await blocking(services(request).store.list_subscriptions, project)
+    return JSON({"subscriptions": [subscription_view(sub) for sub in found]})
+
+
+@router.get(
+    "/{subscription}",
+    response_model=None,
+    responses={200: {"model": SubscriptionOut}, **errors(404)},
+)
+async def get_subscription(request: Request, project: str, subscription: str) -> Response:
+    found = await blocking(services(request).store.get_subscription, project, subscription)
+    return JSON(subscription_view(found))
+
+
+@router.put(
+    "/{subscription}",
+    response_model=None,
+    summary="Replace a subscription's configuration (409 unless version matches)",
+    responses={200: {"model": SubscriptionOut}, **errors(400, 404, 409, 503)},
+)
+async def update_subscription(
+    request: Request, project: str, subscription: str, body: SubscriptionUpdate
+) -> Response:
+    s = services(request)
+    if body.name is not None and body.name != subscription:
+        raise InvalidInput("name in the body differs from the path")
+    current = await blocking(s.store.get_subscription, project, subscription)
+    if body.topic is not None and body.topic != current.topic:
+        raise InvalidInput("topic of a subscription cannot change; create another subscription")
+    await control.check_endpoint(s, body.endpoint.url)
+    topic = await blocking(s.store.get_topic, project, current.topic)
+    kept = "signing_secret" not in body.model_fields_set
+    sub = to_subscription(
+        project,
+        subscription,
+        topic,
+        body,
+        signing_secret=current.signing_secret if kept else body.signing_secret,
+        default_grouped=current.grouped,
+    )
+    updated = await control.update_subscription(s, sub, body.version)
+    return JSON(subscription_view(updated))
+
+
+@router.delete(
+    "/{subscription}",
+    status_code=204,
+    response_model=None,
+    summary="Delete a subscription, its Kafka topics, consumer group and Redis state",
+    responses=errors(404, 409, 503),
+)
+async def delete_subscription(request: Request, project: str, subscription: str) -> Response:
+    await control.delete_subscription(services(request), project, subscription)
+    return Response(status_code=204)
+
+
+async def _lifecycle(
+    request: Request, project: str, subscription: str, action: LifecycleAction
+) -> Response:
+    store = services(request).store
+    updated = await blocking(store.apply_lifecycle, project, subscription, action)
+    return JSON({"state": updated.state.value})
+
+
+_LIFECYCLE_RESPONSES = {200: {"model": StateOut}, **errors(404, 409)}
+
+
+@router.post(
+    "/{subscription}/start",
+    summary="Run a subscription",
+    response_model=None,
+    responses=_LIFECYCLE_RESPONSES,
+)
+async def start(request: Request, project: str, subscription: str) -> Response:
+    return await _lifecycle(request, project, subscription, LifecycleAction.START)
+
+
+@router.post(
+    "/{subscription}/stop",
+    summary="Stop and release partitions",
+    response_model=None,
+    responses=_LIFECYCLE_RESPONSES,
+)
+async def stop(request: Request, project: str, subscription: str) -> Response:
+    return await _lifecycle(request, project, subscription, LifecycleAction.STOP)
+
+
+@router.post(
+    "/{subscription}/pause",
+    summary="Pause dispatch",
+    response_model=None,
+    responses=_LIFECYCLE_RESPONSES,
+)
+async def pause(request: Request, project: str, subscription: str) -> Response:
+    return await _lifecycle(request, project, subscription, LifecycleAction.PAUSE)
+
+
+@router.post(
+    "/{subscription}/resume",
+    summary="Resume a paused subscription",
+    response_model=None,
+    responses=_LIFECYCLE_RESPONSES,
+)
+async def resume(request: Request, project: str, subscription: str) -> Response:
+    return await _lifecycle(request, project, subscription, LifecycleAction.RESUME)

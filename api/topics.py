@@ -1,0 +1,90 @@
+"""Topics: ``/v1/projects/{project}/topics`` and producer marks (DESIGN §5).
+
+Creating a topic creates its Kafka ingest topic and main log; deleting it removes both, and is
+refused (409) while subscriptions read it.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from redis.exceptions import RedisError
+from starlette.responses import Response
+
+from api import control
+from api.context import blocking, services
+from api.responses import JSON
+from api.schemas import ProducerMarkOut, TopicCreate, TopicOut, TopicsOut, errors, topic_view
+from setu.errors import DependencyUnavailable
+from setu.headers import PRODUCER_ID, check_id
+from setu.model import Topic
+from setu.names import validate_name
+from state import keys
+
+router = APIRouter(prefix="/v1/projects/{project}/topics", tags=["topics"])
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=None,
+    summary="Create a topic and its Kafka topics (the same body again: 200, different: 409)",
+    responses={
+        201: {"model": TopicOut},
+        200: {"model": TopicOut},
+        **errors(400, 404, 409, 503),
+    },
+)
+async def create_topic(request: Request, project: str, body: TopicCreate) -> Response:
+    topic = Topic(
+        project=project,
+        name=validate_name("topic", body.name),
+        grouped=body.grouped,
+        partitions=body.partitions,
+        retention_hours=body.retention_hours,
+    )
+    stored, created = await control.create_topic(services(request), topic)
+    return JSON(topic_view(stored), status_code=201 if created else 200)
+
+
+@router.get("", response_model=None, responses={200: {"model": TopicsOut}, **errors(404)})
+async def list_topics(request: Request, project: str) -> Response:
+    found = await blocking(services(request).store.list_topics, project)
+    return JSON({"topics": [topic_view(t) for t in found]})
+
+
+@router.get("/{topic}", response_model=None, responses={200: {"model": TopicOut}, **errors(404)})
+async def get_topic(request: Request, project: str, topic: str) -> Response:
+    found = await blocking(services(request).store.get_topic, project, topic)
+    return JSON(topic_view(found))
+
+
+@router.delete(
+    "/{topic}",
+    status_code=204,
+    response_model=None,
+    summary="Delete a topic and its Kafka topics (409 while subscriptions exist)",
+    responses=errors(404, 409, 503),
+)
+async def delete_topic(request: Request, project: str, topic: str) -> Response:
+    await control.delete_topic(services(request), project, topic)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/{topic}/producers/{producer_id}",
+    response_model=None,
+    summary="Highest sequence id accepted from a producer (-1 if none)",
+    responses={200: {"model": ProducerMarkOut}, **errors(400, 404, 503)},
+)
+async def get_producer_mark(
+    request: Request, project: str, topic: str, producer_id: str
+) -> Response:
+    s = services(request)
+    check_id(PRODUCER_ID, producer_id, required=True)
+    await blocking(s.store.get_topic, project, topic)
+    try:
+        raw = await s.redis.hget(keys.producer_marks(project, topic), producer_id)
+    except RedisError as exc:
+        raise DependencyUnavailable(f"Redis: {exc}") from exc
+    last = -1 if raw is None else int(raw)
+    return JSON({"producer_id": producer_id, "last_sequence_id": last})

@@ -1,0 +1,132 @@
+"""Pure rules of the control plane that a request's shape alone cannot express (DESIGN §5).
+
+Shapes and numeric bounds live in :mod:`api.schemas` (they show in the OpenAPI); the rules here
+relate fields to each other, to the topic, or to the outside world's addresses. Each raises
+InvalidInput with a message that names the field.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+from setu import headers as produce_headers
+from setu.errors import InvalidInput
+from setu.model import Subscription, Topic
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# RFC 9110 token characters: what an HTTP header name may contain.
+_TOKEN_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+# Visible ASCII, Latin-1 and inner spaces or tabs: no CR, LF or NUL can reach a request.
+_VALUE_RE = re.compile(r"^[\t\x20-\x7e\x80-\U0010ffff]*$")
+MAX_HEADER_VALUE_CHARS = 8192
+
+# Headers Setu writes itself on webhook calls, or that belong to the HTTP connection.
+_ENDPOINT_RESERVED = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+    }
+)
+_LOCAL_NAMES = ("localhost", "localhost.localdomain")
+
+
+def check_header(where: str, name: str, value: str) -> None:
+    """A header that may go on an HTTP request as it is."""
+    if not _TOKEN_RE.match(name):
+        raise InvalidInput(f"{where}: {name!r} is not a valid HTTP header name")
+    if len(value) > MAX_HEADER_VALUE_CHARS or not _VALUE_RE.match(value):
+        raise InvalidInput(f"{where}: value of {name!r} has control characters or is too long")
+
+
+def check_endpoint_headers(pairs: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """Fixed headers of a subscription's webhook calls; Setu's own names are refused."""
+    out = []
+    for name, value in pairs:
+        check_header("endpoint.headers", name, value)
+        canonical = produce_headers.canonical(name)
+        if name.lower() in _ENDPOINT_RESERVED or canonical in produce_headers.IDENTITY_HEADERS:
+            raise InvalidInput(f"endpoint.headers: {name!r} is set by Setu")
+        if canonical in produce_headers.RESERVED_HEADERS:
+            raise InvalidInput(f"endpoint.headers: {name!r} is set by Setu")
+        out.append((name, value))
+    return tuple(out)
+
+
+def is_private_address(address: IPAddress) -> bool:
+    """Loopback, private, link-local (cloud metadata), multicast, reserved or unspecified."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return (
+        address.is_private
+        or address.is_loopback
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_reserved
+        or address.is_unspecified
+    )
+
+
+def literal_host_is_private(host: str) -> bool:
+    """Whether ``host`` is, without any DNS lookup, a private or loopback destination."""
+    lowered = host.lower().rstrip(".")
+    if lowered in _LOCAL_NAMES or lowered.endswith(".localhost"):
+        return True
+    try:
+        return is_private_address(ipaddress.ip_address(lowered.split("%", 1)[0]))
+    except ValueError:
+        return False
+
+
+def endpoint_host(url: str) -> str:
+    """The host of a webhook URL, after checking the URL's form: http(s), a host, no
+    credentials (they belong in endpoint headers, where GET does not echo them in a URL)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidInput(f"endpoint.url: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise InvalidInput("endpoint.url must start with http:// or https://")
+    if not parts.hostname:
+        raise InvalidInput("endpoint.url has no host")
+    if parts.username is not None or parts.password is not None:
+        raise InvalidInput("endpoint.url may not carry credentials; use endpoint.headers")
+    if port == 0:
+        raise InvalidInput("endpoint.url has port 0")
+    return parts.hostname
+
+
+def refuse_private(host: str, resolved: Iterable[IPAddress], allow_private: bool) -> None:
+    """Refuses a webhook host that is, or resolves to, a private or loopback address."""
+    if allow_private:
+        return
+    private = literal_host_is_private(host) or any(is_private_address(a) for a in resolved)
+    if private:
+        raise InvalidInput(
+            f"endpoint.url host {host!r} is private or loopback; "
+            "set SETU_ALLOW_PRIVATE_ENDPOINTS=true to allow such endpoints"
+        )
+
+
+def check_grouping(grouped: bool, topic: Topic) -> None:
+    if grouped and not topic.grouped:
+        raise InvalidInput(
+            f"a grouped subscription needs a grouped topic; topic {topic.name!r} is ungrouped"
+        )
+
+
+def check_update(current: Subscription, new: Subscription) -> None:
+    """A PUT may change how a subscription delivers, not what it reads or its ordering."""
+    if new.topic != current.topic:
+        raise InvalidInput("topic of a subscription cannot change; create another subscription")
+    if new.grouped != current.grouped:
+        raise InvalidInput("grouped cannot change; create another subscription")

@@ -1,0 +1,227 @@
+"""The Kafka topics behind Setu's topics and subscriptions, created and deleted by AdminClient.
+
+A Setu topic owns its ingest topic and its main log; a subscription owns its retry tiers
+``rq.1..N`` and its DLQ, plus its consumer group. All of them get the Setu topic's partition
+count (DESIGN §1: a group lives on the same partition index everywhere) and its retention.
+
+Contract: every method blocks (call it from a worker thread) and is idempotent. ``ensure_*``
+succeeds when the topics already exist with the right partition count and raises Conflict when
+one exists with another count; ``delete_*`` succeeds when they are already gone. Kafka not
+answering in time raises DependencyUnavailable; Kafka refusing the request for a reason of the
+request (partitions, config) raises InvalidInput.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from setu import names
+from setu.errors import Conflict, DependencyUnavailable, InvalidInput, SetuError
+from setu.model import Subscription, Topic
+
+# Room for Setu's and the producer's headers and the record batch overhead above the body.
+RECORD_OVERHEAD_BYTES = 64 * 1024
+
+_REQUEST_ERRORS = frozenset(
+    {
+        KafkaError.INVALID_PARTITIONS,
+        KafkaError.INVALID_CONFIG,
+        KafkaError.POLICY_VIOLATION,
+        KafkaError.INVALID_REPLICATION_FACTOR,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """One Kafka topic to create."""
+
+    name: str
+    partitions: int
+    config: Mapping[str, str] = field(default_factory=dict)
+
+
+def topic_config(
+    retention_hours: int, replication_factor: int, max_message_bytes: int
+) -> dict[str, str]:
+    """Kafka topic config for every Kafka topic of one Setu topic.
+
+    ``min.insync.replicas`` is 2 from three replicas up, so acks=all survives one broker loss
+    without accepting writes held by a single replica.
+    """
+    return {
+        "cleanup.policy": "delete",
+        "retention.ms": str(retention_hours * 3_600_000),
+        "min.insync.replicas": "2" if replication_factor >= 3 else "1",
+        "max.message.bytes": str(max_message_bytes + RECORD_OVERHEAD_BYTES),
+    }
+
+
+def topic_specs(topic: Topic, replication_factor: int, max_message_bytes: int) -> list[TopicSpec]:
+    """The ingest topic and main log of ``topic``."""
+    config = topic_config(topic.retention_hours, replication_factor, max_message_bytes)
+    return [
+        TopicSpec(names.ingest_topic(topic.project, topic.name), topic.partitions, config),
+        TopicSpec(names.main_topic(topic.project, topic.name), topic.partitions, config),
+    ]
+
+
+def subscription_specs(
+    sub: Subscription, topic: Topic, replication_factor: int, max_message_bytes: int
+) -> list[TopicSpec]:
+    """The retry tiers and DLQ of ``sub``, shaped like its topic."""
+    config = topic_config(topic.retention_hours, replication_factor, max_message_bytes)
+    return [
+        TopicSpec(name, topic.partitions, config)
+        for name in names.subscription_topics(sub.project, sub.name, sub.retry.tiers)
+    ]
+
+
+def owned_by_subscription(project: str, subscription: str) -> list[str]:
+    """Every Kafka topic a subscription may own, including tiers dropped by an update."""
+    return names.subscription_topics(project, subscription, names.MAX_RETRY_TIERS)
+
+
+def _error_of(future: concurrent.futures.Future[Any], timeout_s: float) -> KafkaError | None:
+    try:
+        future.result(timeout=max(timeout_s, 0.1))
+    except KafkaException as exc:
+        error = exc.args[0]
+        if isinstance(error, KafkaError):
+            return error
+        raise DependencyUnavailable(f"Kafka admin request failed: {exc}") from exc
+    except concurrent.futures.TimeoutError:
+        raise DependencyUnavailable("Kafka did not answer the admin request in time") from None
+    return None
+
+
+def _translate(error: KafkaError, what: str) -> SetuError:
+    if error.code() in _REQUEST_ERRORS:
+        return InvalidInput(f"Kafka refused {what}: {error.str()}")
+    return DependencyUnavailable(f"Kafka failed {what}: {error.str()}")
+
+
+class KafkaTopics:
+    """Creates and deletes the Kafka topics of Setu topics and subscriptions."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        replication_factor: int = 1,
+        max_message_bytes: int = 1024 * 1024,
+        timeout_s: float = 15.0,
+        client_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._admin = AdminClient({"bootstrap.servers": bootstrap, **(client_config or {})})
+        self._replication = replication_factor
+        self._max_message_bytes = max_message_bytes
+        self._timeout_s = timeout_s
+
+    def ensure_topic(self, topic: Topic) -> None:
+        self._ensure(topic_specs(topic, self._replication, self._max_message_bytes))
+
+    def delete_topic(self, topic: Topic) -> None:
+        self._delete([spec.name for spec in topic_specs(topic, 1, 0)])
+
+    def ensure_subscription(self, sub: Subscription, topic: Topic) -> None:
+        self._ensure(subscription_specs(sub, topic, self._replication, self._max_message_bytes))
+
+    def delete_subscription(self, project: str, subscription: str) -> None:
+        """Deletes the consumer group (waiting for workers to leave it), then every topic."""
+        self._delete_group(names.consumer_group(project, subscription))
+        self._delete(owned_by_subscription(project, subscription))
+
+    def broker_count(self, timeout_s: float) -> int:
+        """Brokers in a fresh metadata answer; raises DependencyUnavailable when none comes."""
+        try:
+            return len(self._admin.list_topics(timeout=timeout_s).brokers)
+        except KafkaException as exc:
+            raise DependencyUnavailable(f"Kafka metadata: {exc}") from exc
+
+    def partition_count(self, kafka_topic: str, timeout_s: float | None = None) -> int | None:
+        """Partitions of ``kafka_topic``; None when the broker says it does not exist."""
+        try:
+            meta = self._admin.list_topics(topic=kafka_topic, timeout=timeout_s or self._timeout_s)
+        except KafkaException as exc:
+            raise DependencyUnavailable(f"Kafka metadata: {exc}") from exc
+        described = meta.topics.get(kafka_topic)
+        if described is None or described.error is not None:
+            return None
+        return len(described.partitions)
+
+    def _ensure(self, specs: Sequence[TopicSpec]) -> None:
+        deadline = time.monotonic() + self._timeout_s
+        pending = list(specs)
+        while pending:
+            futures = self._admin.create_topics(
+                [
+                    NewTopic(s.name, s.partitions, self._replication, config=dict(s.config))
+                    for s in pending
+                ],
+                request_timeout=self._timeout_s,
+            )
+            waiting = []
+            for spec in pending:
+                error = _error_of(futures[spec.name], deadline - time.monotonic())
+                if error is None:
+                    continue
+                if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise _translate(error, f"to create {spec.name}")
+                count = self.partition_count(spec.name, max(deadline - time.monotonic(), 0.5))
+                if count is None:
+                    # Still being deleted, or not yet in this broker's metadata: try again.
+                    waiting.append(spec)
+                elif count != spec.partitions:
+                    raise Conflict(
+                        f"Kafka topic {spec.name} already exists with {count} partitions, "
+                        f"not {spec.partitions}"
+                    )
+            if waiting and time.monotonic() > deadline:
+                raise DependencyUnavailable(f"Kafka topics {[s.name for s in waiting]} not ready")
+            if waiting:
+                time.sleep(0.2)
+            pending = waiting
+        self._await_visible(specs, deadline)
+
+    def _await_visible(self, specs: Sequence[TopicSpec], deadline: float) -> None:
+        """Waits until the broker's metadata shows every topic, so a 2xx means usable now."""
+        for spec in specs:
+            while self.partition_count(spec.name, max(deadline - time.monotonic(), 0.5)) is None:
+                if time.monotonic() > deadline:
+                    raise DependencyUnavailable(f"Kafka topic {spec.name} did not appear in time")
+                time.sleep(0.05)
+
+    def _delete(self, kafka_topics: Sequence[str]) -> None:
+        deadline = time.monotonic() + self._timeout_s
+        futures = self._admin.delete_topics(
+            list(kafka_topics), request_timeout=self._timeout_s, operation_timeout=self._timeout_s
+        )
+        for name, future in futures.items():
+            error = _error_of(future, deadline - time.monotonic())
+            if error is not None and error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise _translate(error, f"to delete {name}")
+
+    def _delete_group(self, group: str) -> None:
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            futures = self._admin.delete_consumer_groups([group], request_timeout=self._timeout_s)
+            error = _error_of(futures[group], deadline - time.monotonic())
+            if error is None or error.code() == KafkaError.GROUP_ID_NOT_FOUND:
+                return
+            if error.code() != KafkaError.NON_EMPTY_GROUP:
+                raise _translate(error, f"to delete consumer group {group}")
+            if time.monotonic() > deadline:
+                raise Conflict(
+                    f"consumer group {group} still has members; workers leave it once they "
+                    "see the deletion, so repeat the DELETE shortly"
+                )
+            time.sleep(0.5)

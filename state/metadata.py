@@ -1,0 +1,499 @@
+"""The metadata store: projects, topics and subscriptions in SQL (SQLite or PostgreSQL).
+
+Contract:
+
+- Synchronous SQLAlchemy 2 Core. Every method is one short transaction and may be called from
+  many threads at once; code on an event loop runs the methods in a worker thread.
+- Returns the frozen dataclasses of :mod:`setu.model`. Raises :class:`~setu.errors.NotFound`,
+  :class:`~setu.errors.Conflict`, and :class:`~setu.errors.DependencyUnavailable` when the
+  database does not answer.
+- Creates are idempotent: ``create_*`` returns ``(record, created)``; ``created`` is False when
+  an equal record already existed, and a different one raises Conflict. ``preflight_*`` answers
+  the same question without writing, so a caller can decide before creating Kafka topics.
+- Deleting a topic or subscription takes two steps around the removal of its Kafka topics:
+  ``mark_*_deleting`` (from then on get, find and list no longer show it, and delivery workers
+  that poll :meth:`list_subscriptions` stop it), then ``delete_*`` removes the row. A crash in
+  between leaves a marked row that a repeated DELETE finishes.
+- Only :meth:`update_subscription` bumps a subscription's ``version``; lifecycle actions and
+  seeks change their own columns, so they never invalidate an operator's pending PUT.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
+
+from setu.clock import now_ms
+from setu.errors import Conflict, DependencyUnavailable, NotFound
+from setu.model import (
+    DeadLetterPolicy,
+    Endpoint,
+    Project,
+    RetryPolicy,
+    Subscription,
+    SubscriptionState,
+    Topic,
+)
+from state.lifecycle import LifecycleAction, next_state
+from state.schema import projects, subscriptions, topics
+
+_WRITE = "setu_write"
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``. SQLite gets foreign keys, WAL, a busy timeout, and write
+    transactions that take the write lock up front (``BEGIN IMMEDIATE``), so two writers wait
+    for each other instead of failing with "database is locked" half-way through."""
+    parsed = sa.make_url(url)
+    if not parsed.drivername.startswith("sqlite"):
+        connect_args = {"connect_timeout": 5} if parsed.drivername.startswith("postgresql") else {}
+        return sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, connect_args={"timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not the sqlite3 module, decide when transactions begin.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        write = conn.get_execution_options().get(_WRITE, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def write_options() -> dict[str, bool]:
+    """Execution options marking a connection as a writer (used by migrations too)."""
+    return {_WRITE: True}
+
+
+def _project(row: Row[Any]) -> Project:
+    return Project(name=row.name, description=row.description, created_at_ms=row.created_at_ms)
+
+
+def _topic(row: Row[Any]) -> Topic:
+    return Topic(
+        project=row.project,
+        name=row.name,
+        grouped=row.grouped,
+        partitions=row.partitions,
+        retention_hours=row.retention_hours,
+        created_at_ms=row.created_at_ms,
+    )
+
+
+def _subscription(row: Row[Any]) -> Subscription:
+    codes = row.retryable_codes
+    return Subscription(
+        project=row.project,
+        name=row.name,
+        topic=row.topic,
+        grouped=row.grouped,
+        endpoint=Endpoint(
+            url=row.endpoint_url,
+            method=row.endpoint_method,
+            headers=tuple((str(k), str(v)) for k, v in row.endpoint_headers),
+            timeout_ms=row.endpoint_timeout_ms,
+        ),
+        retry=RetryPolicy(
+            delays_ms=tuple(int(d) for d in row.retry_delays_ms),
+            retryable_codes=None if codes is None else tuple(int(c) for c in codes),
+        ),
+        dead_letter_policy=DeadLetterPolicy(row.dead_letter_policy),
+        max_in_flight=row.max_in_flight,
+        rate_limit_per_second=row.rate_limit_per_second,
+        signing_secret=row.signing_secret,
+        state=SubscriptionState(row.state),
+        version=row.version,
+        seek_to_ms=row.seek_to_ms,
+        seek_generation=row.seek_generation,
+        created_at_ms=row.created_at_ms,
+    )
+
+
+def _subscription_config(sub: Subscription) -> dict[str, Any]:
+    """The columns a PUT may change."""
+    return {
+        "grouped": sub.grouped,
+        "endpoint_url": sub.endpoint.url,
+        "endpoint_method": sub.endpoint.method,
+        "endpoint_headers": [list(pair) for pair in sub.endpoint.headers],
+        "endpoint_timeout_ms": sub.endpoint.timeout_ms,
+        "retry_delays_ms": list(sub.retry.delays_ms),
+        "retryable_codes": (
+            None if sub.retry.retryable_codes is None else list(sub.retry.retryable_codes)
+        ),
+        "dead_letter_policy": sub.dead_letter_policy.value,
+        "max_in_flight": sub.max_in_flight,
+        "rate_limit_per_second": sub.rate_limit_per_second,
+        "signing_secret": sub.signing_secret,
+    }
+
+
+def same_topic(a: Topic, b: Topic) -> bool:
+    """Whether two topics have the same identity and spec (creation time aside)."""
+    return dataclasses.replace(a, created_at_ms=0) == dataclasses.replace(b, created_at_ms=0)
+
+
+def same_subscription(a: Subscription, b: Subscription) -> bool:
+    """Whether two subscriptions have the same identity and configuration (run state aside)."""
+
+    def config(s: Subscription) -> Subscription:
+        return dataclasses.replace(
+            s,
+            state=SubscriptionState.RUNNING,
+            version=1,
+            seek_to_ms=None,
+            seek_generation=0,
+            created_at_ms=0,
+        )
+
+    return config(a) == config(b)
+
+
+class MetadataStore:
+    """Projects, topics and subscriptions, persisted in the database at ``url``."""
+
+    def __init__(self, url: str) -> None:
+        self._engine = make_engine(url)
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    @contextmanager
+    def _tx(self, *, write: bool = False) -> Iterator[Connection]:
+        try:
+            with self._engine.connect() as conn:
+                if write:
+                    conn.execution_options(**write_options())
+                with conn.begin():
+                    yield conn
+        except (OperationalError, InterfaceError) as exc:
+            raise DependencyUnavailable(f"metadata database: {exc.orig or exc}") from exc
+
+    def ping(self) -> None:
+        """Raises DependencyUnavailable unless the database answers ``SELECT 1``."""
+        with self._tx() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
+    # Projects
+
+    def create_project(self, project: Project) -> tuple[Project, bool]:
+        try:
+            with self._tx(write=True) as conn:
+                existing = self._project_row(conn, project.name)
+                if existing is None:
+                    values = dataclasses.replace(project, created_at_ms=now_ms())
+                    conn.execute(sa.insert(projects).values(dataclasses.asdict(values)))
+                    return values, True
+        except IntegrityError:
+            pass  # created concurrently: compare with the winner below
+        stored = self.get_project(project.name)
+        if stored.description != project.description:
+            raise Conflict(f"project {project.name!r} exists with a different description")
+        return stored, False
+
+    def get_project(self, name: str) -> Project:
+        with self._tx() as conn:
+            row = self._project_row(conn, name)
+        if row is None:
+            raise NotFound(f"project {name!r} not found")
+        return row
+
+    def list_projects(self) -> list[Project]:
+        with self._tx() as conn:
+            rows = conn.execute(sa.select(projects).order_by(projects.c.name)).all()
+        return [_project(r) for r in rows]
+
+    def delete_project(self, name: str) -> None:
+        """Deletes an empty project; Conflict while it has topics or subscriptions."""
+        with self._tx(write=True) as conn:
+            if self._project_row(conn, name) is None:
+                raise NotFound(f"project {name!r} not found")
+            count = conn.execute(
+                sa.select(sa.func.count()).select_from(topics).where(topics.c.project == name)
+            ).scalar_one()
+            if count:
+                raise Conflict(f"project {name!r} still has {count} topic(s); delete them first")
+            conn.execute(sa.delete(projects).where(projects.c.name == name))
+
+    # Topics
+
+    def preflight_topic(self, topic: Topic) -> Topic | None:
+        """The stored topic equal to ``topic``, or None if none has its name. Raises NotFound
+        for an unknown project, Conflict for a different topic or one being deleted."""
+        with self._tx() as conn:
+            return self._equal_topic(conn, topic)
+
+    def create_topic(self, topic: Topic) -> tuple[Topic, bool]:
+        try:
+            with self._tx(write=True) as conn:
+                existing = self._equal_topic(conn, topic)
+                if existing is not None:
+                    return existing, False
+                values = dataclasses.replace(topic, created_at_ms=now_ms())
+                conn.execute(sa.insert(topics).values(**dataclasses.asdict(values), deleting=False))
+                return values, True
+        except IntegrityError:
+            pass
+        with self._tx() as conn:
+            existing = self._equal_topic(conn, topic)
+        if existing is None:
+            raise Conflict(f"topic {topic.name!r} changed while it was being created; retry")
+        return existing, False
+
+    def get_topic(self, project: str, name: str) -> Topic:
+        found = self.find_topic(project, name)
+        if found is None:
+            raise NotFound(f"topic {name!r} not found in project {project!r}")
+        return found
+
+    def find_topic(self, project: str, name: str) -> Topic | None:
+        with self._tx() as conn:
+            row = self._topic_row(conn, project, name)
+        return None if row is None or row.deleting else _topic(row)
+
+    def list_topics(self, project: str) -> list[Topic]:
+        with self._tx() as conn:
+            if self._project_row(conn, project) is None:
+                raise NotFound(f"project {project!r} not found")
+            rows = conn.execute(
+                sa.select(topics)
+                .where(topics.c.project == project, topics.c.deleting.is_(False))
+                .order_by(topics.c.name)
+            ).all()
+        return [_topic(r) for r in rows]
+
+    def mark_topic_deleting(self, project: str, name: str) -> Topic:
+        """Hides the topic until :meth:`delete_topic`; Conflict while subscriptions exist."""
+        with self._tx(write=True) as conn:
+            row = self._topic_row(conn, project, name, lock=True)
+            if row is None:
+                raise NotFound(f"topic {name!r} not found in project {project!r}")
+            count = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(subscriptions)
+                .where(subscriptions.c.project == project, subscriptions.c.topic == name)
+            ).scalar_one()
+            if count:
+                raise Conflict(f"topic {name!r} still has {count} subscription(s)")
+            conn.execute(
+                sa.update(topics)
+                .where(topics.c.project == project, topics.c.name == name)
+                .values(deleting=True)
+            )
+            return _topic(row)
+
+    def delete_topic(self, project: str, name: str) -> None:
+        """Removes a topic marked deleting; does nothing to an unmarked or unknown one."""
+        with self._tx(write=True) as conn:
+            conn.execute(
+                sa.delete(topics).where(
+                    topics.c.project == project, topics.c.name == name, topics.c.deleting
+                )
+            )
+
+    # Subscriptions
+
+    def preflight_subscription(self, sub: Subscription) -> Subscription | None:
+        """As :meth:`preflight_topic`, for a subscription (and its topic)."""
+        with self._tx() as conn:
+            return self._equal_subscription(conn, sub)
+
+    def create_subscription(self, sub: Subscription) -> tuple[Subscription, bool]:
+        try:
+            with self._tx(write=True) as conn:
+                existing = self._equal_subscription(conn, sub, lock_topic=True)
+                if existing is not None:
+                    return existing, False
+                at = now_ms()
+                conn.execute(
+                    sa.insert(subscriptions).values(
+                        project=sub.project,
+                        name=sub.name,
+                        topic=sub.topic,
+                        **_subscription_config(sub),
+                        state=sub.state.value,
+                        deleting=False,
+                        version=1,
+                        seek_to_ms=None,
+                        seek_generation=0,
+                        created_at_ms=at,
+                        updated_at_ms=at,
+                    )
+                )
+                return self._require_subscription(conn, sub.project, sub.name), True
+        except IntegrityError:
+            pass
+        with self._tx() as conn:
+            existing = self._equal_subscription(conn, sub)
+        if existing is None:
+            raise Conflict(f"subscription {sub.name!r} changed while it was being created")
+        return existing, False
+
+    def get_subscription(self, project: str, name: str) -> Subscription:
+        with self._tx() as conn:
+            return self._require_subscription(conn, project, name)
+
+    def list_subscriptions(self, project: str | None = None) -> list[Subscription]:
+        """Subscriptions of one project (NotFound if unknown), or of all projects when None."""
+        query = sa.select(subscriptions).where(subscriptions.c.deleting.is_(False))
+        with self._tx() as conn:
+            if project is not None:
+                if self._project_row(conn, project) is None:
+                    raise NotFound(f"project {project!r} not found")
+                query = query.where(subscriptions.c.project == project)
+            rows = conn.execute(query.order_by(subscriptions.c.project, subscriptions.c.name)).all()
+        return [_subscription(r) for r in rows]
+
+    def update_subscription(self, sub: Subscription, expected_version: int) -> Subscription:
+        """Replaces the configuration; Conflict unless the stored version is ``expected``."""
+        with self._tx(write=True) as conn:
+            current = self._require_subscription(conn, sub.project, sub.name, lock=True)
+            if current.version != expected_version:
+                raise Conflict(
+                    f"subscription {sub.name!r} is at version {current.version}, "
+                    f"not {expected_version}; read it again and retry"
+                )
+            self._update(
+                conn,
+                sub.project,
+                sub.name,
+                **_subscription_config(sub),
+                version=subscriptions.c.version + 1,
+            )
+            return self._require_subscription(conn, sub.project, sub.name)
+
+    def apply_lifecycle(self, project: str, name: str, action: LifecycleAction) -> Subscription:
+        """Moves the subscription's state by ``action`` (see :mod:`state.lifecycle`)."""
+        with self._tx(write=True) as conn:
+            current = self._require_subscription(conn, project, name, lock=True)
+            state = next_state(current.state, action)
+            if state != current.state:
+                self._update(conn, project, name, state=state.value)
+            return dataclasses.replace(current, state=state)
+
+    def request_seek(self, project: str, name: str, timestamp_ms: int) -> Subscription:
+        """Asks workers to reset the main offset to ``timestamp_ms``; the subscription must be
+        stopped (Conflict otherwise). Bumps ``seek_generation`` so workers notice."""
+        with self._tx(write=True) as conn:
+            current = self._require_subscription(conn, project, name, lock=True)
+            if current.state != SubscriptionState.STOPPED:
+                raise Conflict(f"stop subscription {name!r} before seeking it")
+            self._update(
+                conn,
+                project,
+                name,
+                seek_to_ms=timestamp_ms,
+                seek_generation=subscriptions.c.seek_generation + 1,
+            )
+            return self._require_subscription(conn, project, name)
+
+    def mark_subscription_deleting(self, project: str, name: str) -> Subscription:
+        """Hides the subscription until :meth:`delete_subscription`. Idempotent; NotFound only
+        when no row is left at all."""
+        with self._tx(write=True) as conn:
+            row = self._subscription_row(conn, project, name, lock=True)
+            if row is None:
+                raise NotFound(f"subscription {name!r} not found in project {project!r}")
+            if not row.deleting:
+                self._update(conn, project, name, deleting=True)
+            return _subscription(row)
+
+    def delete_subscription(self, project: str, name: str) -> None:
+        """Removes a subscription marked deleting; does nothing otherwise."""
+        with self._tx(write=True) as conn:
+            conn.execute(
+                sa.delete(subscriptions).where(
+                    subscriptions.c.project == project,
+                    subscriptions.c.name == name,
+                    subscriptions.c.deleting,
+                )
+            )
+
+    # Row access inside a transaction
+
+    @staticmethod
+    def _project_row(conn: Connection, name: str) -> Project | None:
+        row = conn.execute(sa.select(projects).where(projects.c.name == name)).first()
+        return None if row is None else _project(row)
+
+    @staticmethod
+    def _topic_row(
+        conn: Connection, project: str, name: str, lock: bool = False
+    ) -> Row[Any] | None:
+        query = sa.select(topics).where(topics.c.project == project, topics.c.name == name)
+        return conn.execute(query.with_for_update() if lock else query).first()
+
+    @staticmethod
+    def _subscription_row(
+        conn: Connection, project: str, name: str, lock: bool = False
+    ) -> Row[Any] | None:
+        query = sa.select(subscriptions).where(
+            subscriptions.c.project == project, subscriptions.c.name == name
+        )
+        return conn.execute(query.with_for_update() if lock else query).first()
+
+    def _require_subscription(
+        self, conn: Connection, project: str, name: str, lock: bool = False
+    ) -> Subscription:
+        row = self._subscription_row(conn, project, name, lock)
+        if row is None or row.deleting:
+            raise NotFound(f"subscription {name!r} not found in project {project!r}")
+        return _subscription(row)
+
+    @staticmethod
+    def _update(conn: Connection, project: str, name: str, **values: Any) -> None:
+        conn.execute(
+            sa.update(subscriptions)
+            .where(subscriptions.c.project == project, subscriptions.c.name == name)
+            .values(**values, updated_at_ms=now_ms())
+        )
+
+    def _equal_topic(self, conn: Connection, topic: Topic) -> Topic | None:
+        if self._project_row(conn, topic.project) is None:
+            raise NotFound(f"project {topic.project!r} not found")
+        row = self._topic_row(conn, topic.project, topic.name)
+        if row is None:
+            return None
+        if row.deleting:
+            raise Conflict(f"topic {topic.name!r} is being deleted; repeat the DELETE first")
+        stored = _topic(row)
+        if not same_topic(stored, topic):
+            raise Conflict(f"topic {topic.name!r} exists with a different configuration")
+        return stored
+
+    def _equal_subscription(
+        self, conn: Connection, sub: Subscription, lock_topic: bool = False
+    ) -> Subscription | None:
+        if self._project_row(conn, sub.project) is None:
+            raise NotFound(f"project {sub.project!r} not found")
+        # Locking the topic row orders this insert against a concurrent topic deletion.
+        topic_row = self._topic_row(conn, sub.project, sub.topic, lock=lock_topic)
+        if topic_row is None or topic_row.deleting:
+            raise NotFound(f"topic {sub.topic!r} not found in project {sub.project!r}")
+        row = self._subscription_row(conn, sub.project, sub.name)
+        if row is None:
+            return None
+        if row.deleting:
+            raise Conflict(f"subscription {sub.name!r} is being deleted; repeat the DELETE first")
+        stored = _subscription(row)
+        if not same_subscription(stored, sub):
+            raise Conflict(f"subscription {sub.name!r} exists with a different configuration")
+        return stored

@@ -1,0 +1,82 @@
+"""Schema migrations of the metadata store, run through Alembic without an ini file.
+
+``setu migrate`` calls :func:`upgrade`; the API refuses to start on a database that is not at
+:func:`head` (see :func:`require_head`), so a forgotten migration fails loudly at startup
+rather than as a missing column on some later request.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+import migrations
+from setu.errors import DependencyUnavailable
+from state.metadata import make_engine, write_options
+
+SCRIPT_LOCATION = str(Path(migrations.__file__).resolve().parent)
+
+
+def _config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", SCRIPT_LOCATION)
+    return config
+
+
+def _run(url: str, action: str, revision: str) -> None:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.execution_options(**write_options())
+            config = _config()
+            # env.py runs on this connection instead of opening its own.
+            config.attributes["connection"] = conn
+            if action == "upgrade":
+                command.upgrade(config, revision)
+            else:
+                command.downgrade(config, revision)
+            conn.commit()
+    finally:
+        engine.dispose()
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Migrates the database at ``url`` up to ``revision`` (default: the newest)."""
+    _run(url, "upgrade", revision)
+
+
+def downgrade(url: str, revision: str) -> None:
+    """Migrates the database at ``url`` down to ``revision`` (``base`` empties it)."""
+    _run(url, "downgrade", revision)
+
+
+def head() -> str:
+    """The newest revision this code knows."""
+    heads = ScriptDirectory.from_config(_config()).get_heads()
+    if len(heads) != 1:
+        raise RuntimeError(f"migrations must have one head, found {heads}")
+    return heads[0]
+
+
+def current(url: str) -> str | None:
+    """The revision the database at ``url`` is at; None for an empty database."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def require_head(url: str) -> None:
+    """Raises DependencyUnavailable unless the database is migrated to :func:`head`."""
+    at, want = current(url), head()
+    if at != want:
+        raise DependencyUnavailable(
+            f"metadata database is at revision {at or 'none'}, this code needs {want}: "
+            "run `setu migrate`"
+        )

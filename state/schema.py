@@ -1,0 +1,86 @@
+"""The metadata store's tables, as SQLAlchemy Core objects.
+
+This is the schema the code expects; migrations (``migrations/versions``) build it and an
+integration test checks that the migrated database and these tables agree. Timestamps are
+epoch milliseconds in BIGINT columns, so SQLite and PostgreSQL store them the same way.
+
+Foreign keys restrict deletion: a project with topics, or a topic with subscriptions, cannot
+lose its row, whatever the caller checked before.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+NAME = sa.String(63)
+
+metadata = sa.MetaData(
+    naming_convention={
+        "pk": "pk_%(table_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "ix": "ix_%(table_name)s_%(column_0_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+    }
+)
+
+projects = sa.Table(
+    "projects",
+    metadata,
+    sa.Column("name", NAME, primary_key=True),
+    sa.Column("description", sa.Text, nullable=False),
+    sa.Column("created_at_ms", sa.BigInteger, nullable=False),
+)
+
+topics = sa.Table(
+    "topics",
+    metadata,
+    sa.Column(
+        "project",
+        NAME,
+        sa.ForeignKey("projects.name", ondelete="RESTRICT"),
+        primary_key=True,
+    ),
+    sa.Column("name", NAME, primary_key=True),
+    sa.Column("grouped", sa.Boolean, nullable=False),
+    sa.Column("partitions", sa.Integer, nullable=False),
+    sa.Column("retention_hours", sa.Integer, nullable=False),
+    # True between the start of a DELETE and the removal of the row (Kafka topics go first).
+    sa.Column("deleting", sa.Boolean, nullable=False),
+    sa.Column("created_at_ms", sa.BigInteger, nullable=False),
+)
+
+subscriptions = sa.Table(
+    "subscriptions",
+    metadata,
+    sa.Column("project", NAME, primary_key=True),
+    sa.Column("name", NAME, primary_key=True),
+    sa.Column("topic", NAME, nullable=False),
+    sa.Column("grouped", sa.Boolean, nullable=False),
+    sa.Column("endpoint_url", sa.Text, nullable=False),
+    sa.Column("endpoint_method", sa.String(8), nullable=False),
+    # JSON list of [name, value] pairs, in order.
+    sa.Column("endpoint_headers", sa.JSON, nullable=False),
+    sa.Column("endpoint_timeout_ms", sa.Integer, nullable=False),
+    sa.Column("retry_delays_ms", sa.JSON, nullable=False),
+    # NULL means the default retryable codes.
+    sa.Column("retryable_codes", sa.JSON, nullable=True),
+    sa.Column("dead_letter_policy", sa.String(8), nullable=False),
+    sa.Column("max_in_flight", sa.Integer, nullable=False),
+    sa.Column("rate_limit_per_second", sa.Float, nullable=True),
+    sa.Column("signing_secret", sa.Text, nullable=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("deleting", sa.Boolean, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("seek_to_ms", sa.BigInteger, nullable=True),
+    sa.Column("seek_generation", sa.Integer, nullable=False),
+    sa.Column("created_at_ms", sa.BigInteger, nullable=False),
+    sa.Column("updated_at_ms", sa.BigInteger, nullable=False),
+    sa.ForeignKeyConstraint(
+        ["project", "topic"],
+        ["topics.project", "topics.name"],
+        ondelete="RESTRICT",
+        name="fk_subscriptions_topic_topics",
+    ),
+    sa.Index("ix_subscriptions_topic", "project", "topic"),
+)
