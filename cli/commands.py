@@ -1,0 +1,136 @@
+"""The process sub-commands: each builds what its process needs from Settings and runs it.
+
+The modules they run are imported only when the command runs, so ``setu --help`` works in a
+partial install and a missing module is reported as such (exit code 3), not as a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any, cast
+
+from setu.settings import Settings
+
+
+class NotInstalled(Exception):
+    """Raised when the module (or the function in it) that a command runs does not exist."""
+
+
+def load(module: str, attribute: str) -> Any:
+    """``module.attribute``; NotInstalled if that module or attribute is missing.
+
+    A missing module *inside* ``module``'s own imports is a real error and is re-raised.
+    """
+    try:
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        missing = error.name or ""
+        if module == missing or module.startswith(missing + "."):
+            raise NotInstalled(f"{module} is not present in this installation") from error
+        raise
+    try:
+        return getattr(loaded, attribute)
+    except AttributeError as error:
+        raise NotInstalled(f"{module}.{attribute} is not present in this installation") from error
+
+
+def local_address(host: str) -> str:
+    """The address to reach a server that listens on ``host`` from the same machine."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def run_api(settings: Settings) -> int:
+    """Serves the HTTP API with uvicorn until SIGINT/SIGTERM."""
+    import uvicorn
+
+    create_app = cast(Callable[[Settings], Any], load("api.app", "create_app"))
+    app = create_app(settings)
+    uvicorn.run(
+        app,
+        host=settings.api_host,
+        port=settings.api_port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=10,
+    )
+    return 0
+
+
+def check_api(settings: Settings) -> int:
+    """0 when this machine's API answers ``/v1/health`` with a 2xx, else 1."""
+    from cli.probes import http_ok
+
+    url = f"http://{local_address(settings.api_host)}:{settings.api_port}/v1/health"
+    return 0 if http_ok(url) else 1
+
+
+def run_deliver(settings: Settings) -> int:
+    run = cast(Callable[[Settings], None], load("delivery.worker", "run"))
+    run(settings)
+    return 0
+
+
+def run_ingest(settings: Settings) -> int:
+    """Runs the Spark job, with the Kafka connector jars from the cache unless SETU_SPARK_JARS."""
+    run = cast(Callable[[Settings], None], load("spark.job", "run"))
+    if not settings.spark_jars:
+        from cli.jars import resolve_spark_jars
+
+        jars = resolve_spark_jars(settings)
+        settings = settings.model_copy(update={"spark_jars": ",".join(map(str, jars))})
+    run(settings)
+    return 0
+
+
+def run_migrate(settings: Settings) -> int:
+    upgrade = cast(Callable[[str], None], load("state.migrate", "upgrade"))
+    upgrade(settings.resolved_database_url())
+    return 0
+
+
+def check_migrate(settings: Settings) -> int:
+    """0 when the database is at the newest revision this code knows, else 1."""
+    current = cast(Callable[[str], str | None], load("state.migrate", "current"))
+    head = cast(Callable[[], str], load("state.migrate", "head"))
+    at, want = current(settings.resolved_database_url()), head()
+    if at != want:
+        print(f"database at revision {at or 'none'}, code needs {want}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def fetch_jars(settings: Settings) -> int:
+    """Downloads the broker's and the Spark connector's jars into the cache dir."""
+    from cli.jars import resolve_kafka_jars, resolve_spark_jars
+
+    kafka = resolve_kafka_jars(settings)
+    print(f"Kafka {settings.kafka_version}: {len(kafka)} jars in {kafka[0].parent}")
+    spark = resolve_spark_jars(settings)
+    print(f"Spark {settings.spark_version} Kafka connector: {', '.join(p.name for p in spark)}")
+    return 0
+
+
+def check_deliver(settings: Settings) -> int:
+    """0 while this machine's delivery worker keeps its Redis heartbeat key alive, else 1."""
+    import socket
+
+    import redis
+
+    worker_heartbeat = cast(Callable[[str], str], load("state.keys", "worker_heartbeat"))
+    if not settings.redis_url:
+        print("SETU_REDIS_URL is not set", file=sys.stderr)
+        return 1
+    key = worker_heartbeat(settings.worker_id or socket.gethostname())
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        return 0 if client.exists(key) else 1
+    except redis.RedisError as error:
+        print(f"redis: {error}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()

@@ -1,0 +1,178 @@
+"""``setu dev up``: the whole stack on one machine, stopped cleanly by Ctrl-C.
+
+Order: Kafka and Redis (unless given), migrations on the metadata store, then the API, the
+ingest job and one delivery worker as `setu` child processes. Everything keeps its data under
+the data dir, so a second run carries on where the first stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+from cli.dev_settings import DevSettings
+from cli.ports import PortBook
+from cli.probes import NotReady, StopRequested, http_ok
+from cli.processes import EXIT_NOT_AVAILABLE, ChildSpec, tail
+from cli.services import DEFAULT_PORTS, SETUP_ERRORS, PortPlan, start_kafka, start_redis
+from cli.stack import Report, Stack, stop_on_signals
+from setu.settings import Settings
+
+DEFAULT_API_PORT = 8080
+
+
+class MigrationFailed(Exception):
+    """Raised when ``setu migrate`` fails against the dev database."""
+
+
+def stack_env(
+    kafka_bootstrap: str,
+    redis_url: str,
+    database_url: str,
+    data_dir: Path,
+    cache_dir: Path,
+    api_host: str,
+    api_port: int,
+) -> dict[str, str]:
+    """The SETU_* variables every child of ``dev up`` runs with (webhooks on loopback allowed)."""
+    return {
+        "SETU_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "SETU_REDIS_URL": redis_url,
+        "SETU_DATABASE_URL": database_url,
+        "SETU_DATA_DIR": str(data_dir),
+        "SETU_CACHE_DIR": str(cache_dir),
+        "SETU_API_HOST": api_host,
+        "SETU_API_PORT": str(api_port),
+        "SETU_ALLOW_PRIVATE_ENDPOINTS": "true",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def setu_argv(*command: str) -> tuple[str, ...]:
+    """argv that runs a `setu` sub-command with this interpreter."""
+    return (sys.executable, "-m", "cli.main", *command)
+
+
+def summary(api_url: str, api_up: bool, env: Mapping[str, str], logs: Path) -> str:
+    """The lines printed once the stack is up."""
+    api_line = f"{api_url}  (docs {api_url}/docs)" if api_up else f"{api_url}  (not up: see logs)"
+    return "\n".join(
+        [
+            "setu dev up: ready",
+            f"  API       {api_line}",
+            f"  Kafka     {env['SETU_KAFKA_BOOTSTRAP']}",
+            f"  Redis     {env['SETU_REDIS_URL']}",
+            f"  Database  {env['SETU_DATABASE_URL']}",
+            f"  Logs      {logs}",
+            "Ctrl-C stops everything.",
+        ]
+    )
+
+
+def run_migrations(env: Mapping[str, str], log_path: Path, report: Report) -> None:
+    """Runs ``setu migrate`` with the stack's settings. Raises MigrationFailed."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        code = subprocess.run(
+            setu_argv("migrate"),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=False,
+        ).returncode
+    if code == EXIT_NOT_AVAILABLE:
+        report(f"migrations skipped: {tail(log_path, 1)}")
+    elif code != 0:
+        raise MigrationFailed(f"setu migrate failed (see {log_path}):\n{tail(log_path, 12)}")
+
+
+def dev_up(settings: Settings, dev: DevSettings, report: Report) -> int:
+    """Runs the stack until SIGINT/SIGTERM/SIGHUP; returns the process exit code."""
+    stop = threading.Event()
+    stop_on_signals(stop)
+    stack = Stack(stop, report)
+    try:
+        env, api_url = _start(settings, dev, stack, report)
+        api_up = _start_processes(stack, env, api_url, dev.ready_timeout_s, report)
+        stack.supervisor.poll()
+        report(summary(api_url, api_up, env, settings.data_dir.resolve() / "logs"))
+        stack.supervise()
+        return 0
+    except StopRequested:
+        return 0
+    except (*SETUP_ERRORS, MigrationFailed) as error:
+        report(f"setu dev up failed: {error}")
+        return 1
+    finally:
+        stack.stop_all()
+        report("setu dev up: stopped")
+
+
+def _start(
+    settings: Settings, dev: DevSettings, stack: Stack, report: Report
+) -> tuple[dict[str, str], str]:
+    data_dir = settings.data_dir.resolve()
+    logs = data_dir / "logs"
+    book = PortBook(data_dir / "dev" / "ports.json")
+    explicit = {
+        name: port
+        for name, port in {
+            "kafka": dev.kafka_port,
+            "kafka_controller": dev.kafka_controller_port,
+            "redis": dev.redis_port,
+            "api": settings.api_port if "api_port" in settings.model_fields_set else None,
+        }.items()
+        if port is not None
+    }
+    ports = PortPlan(explicit, book.load(), {**DEFAULT_PORTS, "api": DEFAULT_API_PORT}, {})
+    timeout = dev.ready_timeout_s
+    kafka = settings.kafka_bootstrap
+    if kafka is None:
+        report("starting Kafka (first run fetches its jars with mvn)")
+        kafka = start_kafka(
+            stack, settings, data_dir / "kafka", logs / "kafka.log", ports, dev.kafka_heap, timeout
+        )
+    redis_url = settings.redis_url
+    if redis_url is None:
+        report("starting Redis")
+        redis_url = start_redis(stack, data_dir / "redis", logs / "redis.log", ports, timeout)
+    api_port = ports.take("api")
+    book.save(ports.chosen)
+    overrides = stack_env(
+        kafka,
+        redis_url,
+        settings.resolved_database_url(),
+        data_dir,
+        settings.cache_dir.resolve(),
+        settings.api_host,
+        api_port,
+    )
+    env = {**os.environ, **overrides}
+    report("running migrations")
+    run_migrations(env, logs / "migrate.log", report)
+    return env, f"http://{settings.api_host}:{api_port}"
+
+
+def _start_processes(
+    stack: Stack, env: dict[str, str], api_url: str, timeout_s: float, report: Report
+) -> bool:
+    """Starts api, ingest and deliver; True once the API answers its health check."""
+    logs = Path(env["SETU_DATA_DIR"]) / "logs"
+
+    def spec(name: str) -> ChildSpec:
+        return ChildSpec(name=name, argv=setu_argv(name), log_path=logs / f"{name}.log", env=env)
+
+    report("starting the API, the ingest job and a delivery worker")
+    stack.start(spec("ingest"))
+    stack.start(spec("deliver"))
+    try:
+        stack.start(spec("api"), lambda: http_ok(f"{api_url}/v1/health"), timeout_s)
+    except NotReady:
+        # Reported by the supervisor, which also restarts it (or gives up if it cannot run).
+        return False
+    return True

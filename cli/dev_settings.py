@@ -1,0 +1,24 @@
+"""Settings of the local stack only (``setu dev up`` and the test services), ``SETU_DEV_*``.
+
+They are not part of :class:`setu.settings.Settings` because no Setu process reads them.
+"""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class DevSettings(BaseSettings):
+    """Ports and sizes of the broker and Redis that the CLI starts on this machine.
+
+    An unset port means "the one used last time, else the usual one, else any free one".
+    """
+
+    model_config = SettingsConfigDict(env_prefix="SETU_DEV_", extra="ignore")
+
+    kafka_port: int | None = None
+    kafka_controller_port: int | None = None
+    redis_port: int | None = None
+    kafka_heap: str = "512m"
+    # Kafka, Spark and the API share two cores at start-up: be patient.
+    ready_timeout_s: float = 120.0

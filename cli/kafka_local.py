@@ -1,0 +1,187 @@
+"""A real single-node Apache Kafka broker (KRaft, combined broker and controller) on loopback.
+
+It runs from the jars in the cache dir (see :mod:`cli.jars`) with its configuration and data in
+one folder; the storage is formatted once, so a second run keeps every topic and offset.
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from cli.ports import LOOPBACK
+from cli.processes import ChildSpec
+
+DEFAULT_PORT = 9092
+DEFAULT_CONTROLLER_PORT = 9093
+STOP_TIMEOUT_S = 40.0
+
+
+class KafkaUnavailable(Exception):
+    """Raised when the broker cannot be prepared (no java, storage formatting failed)."""
+
+
+@dataclass(frozen=True)
+class KafkaNode:
+    """Where one local broker listens and keeps its log segments."""
+
+    port: int
+    controller_port: int
+    data_dir: Path
+    node_id: int = 1
+    host: str = LOOPBACK
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def render_server_properties(node: KafkaNode) -> str:
+    """server.properties for a combined broker+controller that only a local machine uses.
+
+    Topics are never created implicitly (Setu creates every topic with its partition count), and
+    internal topics have one replica because there is one broker.
+    """
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": str(node.node_id),
+        "controller.quorum.voters": f"{node.node_id}@{node.host}:{node.controller_port}",
+        "listeners": f"PLAINTEXT://{node.host}:{node.port},CONTROLLER://{node.host}:"
+        f"{node.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{node.host}:{node.port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": str(node.data_dir),
+        "auto.create.topics.enable": "false",
+        "num.partitions": "1",
+        "default.replication.factor": "1",
+        "min.insync.replicas": "1",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "10",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+    }
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+def render_log4j2() -> str:
+    """log4j2 configuration: everything to stdout, which the broker's log file captures."""
+    return """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.target = SYSTEM_OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = out
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = WARN
+"""
+
+
+def new_cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (22 chars)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def classpath(libs: Path) -> str:
+    return f"{libs}/*"
+
+
+def format_command(
+    java: str, libs: Path, log4j: Path, cluster_id: str, properties: Path
+) -> list[str]:
+    """Formats the KRaft storage named in ``properties`` (once per data dir)."""
+    return [
+        java,
+        f"-Dlog4j2.configurationFile={log4j}",
+        "-cp",
+        classpath(libs),
+        "kafka.tools.StorageTool",
+        "format",
+        "--cluster-id",
+        cluster_id,
+        "--config",
+        str(properties),
+    ]
+
+
+def broker_command(java: str, libs: Path, heap: str, log4j: Path, properties: Path) -> list[str]:
+    """Runs the broker in the foreground with a modest heap."""
+    return [
+        java,
+        f"-Xmx{heap}",
+        "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20",
+        "-XX:+ExitOnOutOfMemoryError",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={log4j}",
+        "-cp",
+        classpath(libs),
+        "kafka.Kafka",
+        str(properties),
+    ]
+
+
+class LocalKafka:
+    """A broker whose configuration and data live in ``home``."""
+
+    def __init__(self, home: Path, node: KafkaNode, libs: Path, log_path: Path, heap: str):
+        self.home = home
+        self.node = node
+        self.libs = libs
+        self.log_path = log_path
+        self.heap = heap
+        self.properties = home / "server.properties"
+        self.log4j = home / "log4j2.properties"
+
+    def prepare(self) -> None:
+        """Writes the configuration and formats the storage if it never was.
+
+        Raises KafkaUnavailable when java is missing or formatting fails.
+        """
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.properties.write_text(render_server_properties(self.node))
+        self.log4j.write_text(render_log4j2())
+        if (self.node.data_dir / "meta.properties").is_file():
+            return
+        result = subprocess.run(
+            format_command(self._java(), self.libs, self.log4j, new_cluster_id(), self.properties),
+            capture_output=True,
+            text=True,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+        if result.returncode != 0:
+            raise KafkaUnavailable(
+                f"formatting Kafka storage in {self.node.data_dir} failed:\n"
+                f"{result.stdout}{result.stderr}"
+            )
+
+    def child_spec(self) -> ChildSpec:
+        return ChildSpec(
+            name="kafka",
+            argv=tuple(
+                broker_command(self._java(), self.libs, self.heap, self.log4j, self.properties)
+            ),
+            log_path=self.log_path,
+            cwd=self.home,
+            stop_timeout_s=STOP_TIMEOUT_S,
+        )
+
+    def _java(self) -> str:
+        java = shutil.which("java")
+        if java is None:
+            raise KafkaUnavailable("java is not installed: run scripts/install")
+        return java

@@ -1,0 +1,108 @@
+"""``setu``: one command, a sub-command per process, plus the local stack.
+
+    setu api [--check]        the HTTP API (uvicorn)
+    setu deliver [--check]    one delivery worker
+    setu ingest               the Spark ingest job
+    setu migrate [--check]    migrate the metadata store to the newest schema
+    setu dev up               Kafka, Redis, SQLite, ingest, API and a worker on this machine
+    setu fetch                download the Kafka and Spark connector jars into the cache
+    setu services run -- CMD  run CMD with throwaway Kafka/Redis/PostgreSQL (SETU_TEST_*)
+    setu services up          the same services, until Ctrl-C
+
+Settings come from ``SETU_*`` variables (see ``setu.settings``) and are built here, once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from cli import commands
+from cli.commands import NotInstalled
+from cli.maven import FetchFailed
+from cli.processes import EXIT_NOT_AVAILABLE
+from setu.settings import Settings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="setu",
+        description="Kafka-backed ordered webhook delivery. Settings come from SETU_* variables.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    api = sub.add_parser("api", help="serve the HTTP API")
+    api.add_argument("--check", action="store_true", help="exit 0 if the API here is healthy")
+    deliver = sub.add_parser("deliver", help="run a delivery worker")
+    deliver.add_argument("--check", action="store_true", help="exit 0 if the worker is alive")
+    sub.add_parser("ingest", help="run the Spark ingest job")
+    migrate = sub.add_parser("migrate", help="migrate the metadata store to the newest schema")
+    migrate.add_argument("--check", action="store_true", help="exit 0 if already migrated")
+    sub.add_parser("fetch", help="download the Kafka broker and Spark connector jars")
+
+    dev = sub.add_parser("dev", help="the whole stack on this machine")
+    dev_sub = dev.add_subparsers(dest="dev_command", required=True, metavar="ACTION")
+    dev_sub.add_parser("up", help="run everything until Ctrl-C (data under SETU_DATA_DIR)")
+
+    services = sub.add_parser("services", help="throwaway Kafka, Redis, PostgreSQL for tests")
+    services_sub = services.add_subparsers(dest="services_command", required=True, metavar="ACTION")
+    for name, text in (("run", "run a command with them"), ("up", "run them until Ctrl-C")):
+        action = services_sub.add_parser(name, help=text)
+        action.add_argument("--env-file", type=Path, help="also write SETU_TEST_* lines here")
+        if name == "run":
+            action.add_argument("argv", nargs=argparse.REMAINDER, help="-- command and args")
+    return parser
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def dispatch(args: argparse.Namespace, settings: Settings) -> int:
+    command: str = args.command
+    if command == "api":
+        return commands.check_api(settings) if args.check else commands.run_api(settings)
+    if command == "deliver":
+        return commands.check_deliver(settings) if args.check else commands.run_deliver(settings)
+    if command == "ingest":
+        return commands.run_ingest(settings)
+    if command == "migrate":
+        return commands.check_migrate(settings) if args.check else commands.run_migrate(settings)
+    if command == "fetch":
+        return commands.fetch_jars(settings)
+    from cli.dev_settings import DevSettings
+
+    if command == "dev":
+        from cli.dev import dev_up
+
+        return dev_up(settings, DevSettings(), say)
+    if command == "services":
+        from cli.testbed import testbed
+
+        argv = list(getattr(args, "argv", []))
+        if argv[:1] == ["--"]:
+            argv = argv[1:]
+        if args.services_command == "run" and not argv:
+            say("setu services run: give a command after --")
+            return 2
+        return testbed(settings, DevSettings(), argv, args.env_file, say)
+    raise AssertionError(f"unhandled command {command}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = Settings()
+    try:
+        return dispatch(args, settings)
+    except NotInstalled as error:
+        print(f"setu {args.command}: {error}", file=sys.stderr)
+        return EXIT_NOT_AVAILABLE
+    except FetchFailed as error:
+        print(f"setu {args.command}: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from cli.dev import stack_env, summary
+
+
+def test_children_get_every_dependency_and_may_call_loopback_webhooks() -> None:
+    env = stack_env(
+        "127.0.0.1:19092",
+        "redis://127.0.0.1:16379/0",
+        "sqlite:////d/setu.db",
+        Path("/d"),
+        Path("/c"),
+        "127.0.0.1",
+        18080,
+    )
+    assert env["SETU_KAFKA_BOOTSTRAP"] == "127.0.0.1:19092"
+    assert env["SETU_REDIS_URL"] == "redis://127.0.0.1:16379/0"
+    assert env["SETU_DATABASE_URL"] == "sqlite:////d/setu.db"
+    assert env["SETU_DATA_DIR"] == "/d"
+    assert env["SETU_API_PORT"] == "18080"
+    assert env["SETU_ALLOW_PRIVATE_ENDPOINTS"] == "true"
+
+
+def test_the_summary_says_where_the_api_is() -> None:
+    env = {
+        "SETU_KAFKA_BOOTSTRAP": "127.0.0.1:19092",
+        "SETU_REDIS_URL": "redis://127.0.0.1:16379/0",
+        "SETU_DATABASE_URL": "sqlite:////d/setu.db",
+    }
+    text = summary("http://127.0.0.1:18080", True, env, Path("/d/logs"))
+    assert "API       http://127.0.0.1:18080" in text
+    assert "127.0.0.1:19092" in text
+    assert "/d/logs" in text

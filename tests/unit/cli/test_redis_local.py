@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from cli.redis_local import RedisNode, render_redis_conf
+
+
+def test_redis_listens_on_loopback_and_keeps_an_append_only_file() -> None:
+    node = RedisNode(port=16379, data_dir=Path("/d/redis/data"))
+    lines = render_redis_conf(node).splitlines()
+    assert "bind 127.0.0.1" in lines
+    assert "port 16379" in lines
+    assert "appendonly yes" in lines
+    assert 'dir "/d/redis/data"' in lines
+    assert "daemonize no" in lines
+    assert node.url == "redis://127.0.0.1:16379/0"
