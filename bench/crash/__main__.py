@@ -1,0 +1,93 @@
+"""``python -m bench.crash --duration 30m --out report.json``: the long form of the crash test.
+
+By default the run starts its own Kafka broker and Redis (AOF on) on free ports and kills them
+too; ``--shared`` uses the services named by ``SETU_TEST_*`` instead and leaves them alone.
+Exits 0 when every check passes, 1 on any violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.crash.report import summary_lines, write_report
+from bench.crash.run import RunConfig, run_crash_test
+
+UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``90``, ``90s``, ``30m``, ``1.5h``; raises ValueError otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (try 90s, 30m or 1h)")
+    return float(match.group(1)) * UNITS[match.group(2)]
+
+
+def parse_range(text: str) -> tuple[float, float]:
+    """``3,8`` → (3.0, 8.0); a single number is both ends."""
+    parts = [float(p) for p in text.split(",")]
+    if len(parts) == 1:
+        parts *= 2
+    if len(parts) != 2 or not 0 <= parts[0] <= parts[1]:
+        raise ValueError(f"not a range: {text!r} (try 3,8)")
+    return parts[0], parts[1]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.crash", description=__doc__)
+    parser.add_argument("--duration", type=parse_duration, default=parse_duration("30m"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results/crash.json"))
+    parser.add_argument("--workdir", type=Path, help="default: a new folder under /tmp")
+    parser.add_argument("--groups", type=int, default=1000)
+    parser.add_argument("--lanes", type=int, default=20, help="producer ids publishing at once")
+    parser.add_argument("--rate", type=float, default=40.0, help="messages per second")
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--chaos-interval", type=parse_range, default=(4.0, 10.0))
+    parser.add_argument("--min-kills", type=int, default=1, help="fewer kill events fail the run")
+    parser.add_argument("--shared", action="store_true", help="use SETU_TEST_* Kafka and Redis")
+    parser.add_argument("--database-url", help="default: SQLite in the work folder")
+    parser.add_argument("--seed", type=int)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    workdir = args.workdir or Path(
+        tempfile.mkdtemp(prefix=f"setu-crash-{time.strftime('%H%M%S')}-")
+    )
+    shared = os.environ if args.shared else {}
+    config = RunConfig(
+        workdir=workdir,
+        duration_s=args.duration,
+        groups=args.groups,
+        lanes=args.lanes,
+        rate_per_second=args.rate,
+        partitions=args.partitions,
+        workers=args.workers,
+        chaos_interval_s=args.chaos_interval,
+        own_brokers=not args.shared,
+        kafka_bootstrap=shared.get("SETU_TEST_KAFKA_BOOTSTRAP"),
+        redis_url=shared.get("SETU_TEST_REDIS_URL"),
+        database_url=args.database_url,
+        min_kill_events=args.min_kills,
+        drain_timeout_s=600.0,
+    )
+    if args.seed is not None:
+        config = dataclasses.replace(config, seed=args.seed)
+    report = run_crash_test(config, say=lambda line: print(line, flush=True))
+    write_report(report, args.out)
+    print("\n".join(summary_lines(report)))
+    print(f"report: {args.out}")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

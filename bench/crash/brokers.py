@@ -1,0 +1,76 @@
+"""The long form's own Kafka broker and Redis, so the chaos loop may kill them too.
+
+They are started through ``cli``'s local-service modules (the ones ``setu dev up`` uses) on
+free loopback ports, with their data inside the run's folder: Kafka keeps its log segments and
+Redis its append-only file across every kill. ``cli`` is imported only here, and only when a run
+asks for its own brokers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.crash.chaos import ComponentSpec
+from bench.crash.stack import BROKER_MIN_UPTIME_S, base_env
+
+
+@dataclass(frozen=True)
+class Brokers:
+    """Specs of the two services, their addresses, and a readiness probe for each."""
+
+    specs: list[ComponentSpec]
+    kafka_bootstrap: str
+    redis_url: str
+    ready: dict[str, Callable[[], bool]]
+
+
+def prepare_brokers(workdir: Path, kafka_heap: str = "512m") -> Brokers:
+    """Fetch the broker's jars if needed, write configurations, format Kafka's storage."""
+    from cli.jars import resolve_kafka_jars
+    from cli.kafka_local import KafkaNode, LocalKafka
+    from cli.ports import any_free_port
+    from cli.probes import kafka_answers, redis_answers
+    from cli.redis_local import LocalRedis, RedisNode
+    from setu.settings import Settings
+
+    ports: set[int] = set()
+
+    def free_port() -> int:
+        port = any_free_port()
+        while port in ports:
+            port = any_free_port()
+        ports.add(port)
+        return port
+
+    logs = workdir / "logs"
+    libs = resolve_kafka_jars(Settings())[0].parent
+    kafka_node = KafkaNode(free_port(), free_port(), workdir / "kafka" / "data")
+    kafka = LocalKafka(workdir / "kafka", kafka_node, libs, logs / "kafka.log", kafka_heap)
+    kafka.prepare()
+    redis_node = RedisNode(free_port(), workdir / "redis" / "data")
+    redis = LocalRedis(workdir / "redis", redis_node, logs / "redis.log")
+    redis.prepare()
+
+    specs = []
+    for name, child in (("kafka", kafka.child_spec()), ("redis", redis.child_spec())):
+        specs.append(
+            ComponentSpec(
+                name=name,
+                argv=list(child.argv),
+                env=dict(child.env) if child.env is not None else base_env(),
+                cwd=child.cwd or workdir,
+                log_path=child.log_path,
+                min_uptime_s=BROKER_MIN_UPTIME_S[name],
+            )
+        )
+    return Brokers(
+        specs=specs,
+        kafka_bootstrap=kafka_node.bootstrap,
+        redis_url=redis_node.url,
+        ready={
+            "kafka": lambda: kafka_answers(kafka_node.bootstrap),
+            "redis": lambda: redis_answers(redis_node.url),
+        },
+    )

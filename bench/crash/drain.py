@@ -1,0 +1,112 @@
+"""The drain phase: make the receiver accept everything, unsideline, wait for quiescence.
+
+Quiescent means: every acknowledged message has a 2xx in the receiver's journal, the
+subscription reports no failed group, and the webhook has had no call for ``quiet_s`` (so late
+duplicates land in the journal before the verdict). The drain never decides loss itself: at
+its deadline it simply stops, and the checker counts what is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.crash.checker import published_from_journal
+from bench.crash.journal import JournalTail, read_entries
+from bench.crash.plan import Phase
+from bench.crash.setu_api import SetuApi, SetuApiError
+
+POLL_S = 1.0
+REPORT_EVERY_S = 10.0
+
+
+async def drain(
+    api: SetuApi,
+    receiver: httpx.AsyncClient,
+    producer_journal: Path,
+    receiver_journal: Path,
+    *,
+    timeout_s: float,
+    quiet_s: float,
+    say: Callable[[str], None],
+    poll_s: float = POLL_S,
+) -> dict[str, Any]:
+    """Drive the run to quiescence; returns what it did (JSON-ready)."""
+    response = await receiver.post("/control/phase", json={"phase": Phase.DRAIN.value})
+    response.raise_for_status()
+    published = published_from_journal(read_entries(producer_journal))
+    group_of = {p.message_id: p.group_id for p in published}
+    acked = {p.message_id for p in published if p.acked}
+    tail = JournalTail(receiver_journal)
+    delivered: set[str] = set()
+    last_call = time.monotonic()
+    unsidelined: set[str] = set()
+    unsideline_calls = 0
+    started = time.monotonic()
+    next_report = started + REPORT_EVERY_S
+    while True:
+        now = time.monotonic()
+        entries = tail.read_new()
+        if entries:
+            last_call = now
+        delivered.update(e["mid"] for e in entries if 200 <= int(e["status"]) < 300)
+        missing = acked - delivered
+        failed = await _failed_groups(api)
+        candidates = {group_of[mid] for mid in missing}
+        if failed and not missing:
+            # A failed group holding only unacknowledged records: find it among all groups.
+            candidates = set(group_of.values())
+        dead = await _dead_lettered(api, sorted(candidates))
+        if dead:
+            await api.unsideline(dead)
+            unsideline_calls += 1
+            unsidelined.update(dead)
+        quiet = now - last_call >= quiet_s
+        if not missing and not dead and not failed and quiet:
+            quiescent = True
+            break
+        if now - started > timeout_s:
+            quiescent = False
+            break
+        if now >= next_report:
+            say(f"drain: {len(missing)} acknowledged not yet delivered, {failed} failed groups")
+            next_report = now + REPORT_EVERY_S
+        await asyncio.sleep(poll_s)
+    say(
+        f"drain: {'quiescent' if quiescent else 'gave up'} after {time.monotonic() - started:.0f} s"
+    )
+    return {
+        "quiescent": quiescent,
+        "seconds": round(time.monotonic() - started, 1),
+        "unsidelined_groups": len(unsidelined),
+        "unsideline_calls": unsideline_calls,
+        "undelivered_at_end": len(acked - delivered),
+    }
+
+
+async def _failed_groups(api: SetuApi) -> int | None:
+    """The subscription's failed-group count; None when the status endpoint does not answer
+    (then quiescence rests on the journal alone)."""
+    try:
+        status = await api.status()
+    except SetuApiError:
+        return None
+    value = status.get("failed_groups")
+    return int(value) if isinstance(value, int) else None
+
+
+async def _dead_lettered(api: SetuApi, groups: list[str]) -> list[str]:
+    dead = []
+    for group in groups:
+        try:
+            state = await api.group_state(group)
+        except SetuApiError:
+            continue
+        if state.get("state") == "dead_lettered":
+            dead.append(group)
+    return dead

@@ -1,0 +1,52 @@
+"""The crash-test report: a JSON file, and a few lines for a human."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.crash.checker import MUST_BE_ZERO
+
+
+def write_report(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """The figures the crash test promises, each marked with its verdict."""
+
+    def zero(name: str, label: str) -> str:
+        mark = "ok  " if report[name] == 0 else "FAIL"
+        return f"  {mark} {label:<48} {report[name]}"
+
+    labels = {
+        "lost": "accepted messages lost",
+        "out_of_order_groups": "groups out of published order (first 2xx)",
+        "early_calls": "calls before an earlier message was delivered",
+        "corrupt_calls": "corrupt payloads (calls)",
+        "unknown_calls": "calls for never-published messages",
+        "webhook_id_mismatches": "calls whose webhook-id is not the message id",
+        "bad_signatures": "calls with a bad webhook-signature",
+        "id_distinct_duplicates": "duplicates after dropping repeated webhook-ids",
+    }
+    lines = [f"crash test: {'PASS' if report['ok'] else 'FAIL'}"]
+    lines += [zero(name, labels[name]) for name in MUST_BE_ZERO]
+    lines += [
+        f"       {'raw duplicate calls (allowed, reported)':<48} {report['raw_duplicates']}",
+        f"       {'kill/restart events':<48} {report.get('kill_restart_events', 0)}",
+        f"       {'accepted / delivered / published':<48} "
+        f"{report['accepted']} / {report['delivered']} / {report['published']}",
+        f"       {'webhook calls':<48} {report['calls']} {report['calls_by_status']}",
+    ]
+    chaos = report.get("chaos")
+    if chaos:
+        lines.append(f"       {'kills by component':<48} {chaos['kills_by_component']}")
+        exits = {k: v for k, v in chaos["exits_by_component"].items() if v}
+        if exits:
+            lines.append(f"       {'exits on their own':<48} {exits}")
+    if report["violations"]:
+        lines.append(f"  violations: {', '.join(report['violations'])}")
+    return lines

@@ -1,0 +1,345 @@
+"""One crash-test run, start to verdict.
+
+1. Start the witnesses (receiver) and Setu (``setu migrate``, API, ingest job, workers; in the
+   long form first its own Kafka and Redis), and create a grouped topic and a grouped ``park``
+   subscription whose webhook is the receiver.
+2. *Chaos*: the producer publishes while the chaos loop SIGKILLs and restarts a random
+   component every few seconds (and a supervisor restarts anything that dies by itself).
+3. *Drain*: chaos stops, the producer finishes (or is stopped), the receiver answers 2xx to
+   everything, and the dead-lettered groups are unsidelined until every acknowledged message is
+   delivered and the webhook has been quiet for a while (or a deadline passes).
+4. *Verdict*: everything stops, and :func:`bench.crash.checker.check` judges the two journals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from bench.crash.chaos import Chaos, Component, ComponentSpec, EventLog
+from bench.crash.checker import calls_from_journal, check, published_from_journal
+from bench.crash.drain import drain
+from bench.crash.journal import read_entries
+from bench.crash.plan import PlanShape, make_plan
+from bench.crash.setu_api import SetuApi
+from bench.crash.stack import (
+    ProduceShape,
+    StackLayout,
+    migrate_argv,
+    producer_journal,
+    producer_spec,
+    receiver_journal,
+    receiver_spec,
+    setu_env,
+    setu_specs,
+)
+
+Say = Callable[[str], None]
+DEFAULT_SECRET = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs. Shared services are used unless ``own_brokers``."""
+
+    workdir: Path
+    duration_s: float
+    groups: int = 1000
+    lanes: int = 20
+    rate_per_second: float = 40.0
+    partitions: int = 6
+    workers: int = 2
+    chaos_interval_s: tuple[float, float] = (3.0, 6.0)
+    restart_delay_s: tuple[float, float] = (0.0, 1.0)
+    own_brokers: bool = False
+    kafka_bootstrap: str | None = None
+    redis_url: str | None = None
+    database_url: str | None = None
+    retry_delays_ms: tuple[int, ...] = (200, 500, 1000)
+    webhook_timeout_ms: int = 5_000
+    kill_producer: bool = True
+    failing_group_fraction: float = 0.1
+    rejected_messages: int = 5
+    startup_timeout_s: float = 180.0
+    producer_grace_s: float = 60.0
+    drain_timeout_s: float = 300.0
+    quiet_s: float = 5.0
+    min_kill_events: int = 1
+    signing_secret: str | None = DEFAULT_SECRET
+    seed: int = field(default_factory=lambda: random.randrange(2**31))
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def migrate(layout: StackLayout) -> None:
+    """``setu migrate`` once, before any Setu process starts; raises if it fails."""
+    log_path = layout.logs / "migrate.log"
+    with log_path.open("ab") as log:
+        result = subprocess.run(migrate_argv(), env=setu_env(layout), stdout=log, stderr=log)
+    if result.returncode != 0:
+        raise RuntimeError(f"setu migrate failed ({result.returncode}); see {log_path}")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class CrashRun:
+    """The state of one run; :meth:`execute` returns the report."""
+
+    def __init__(self, config: RunConfig, say: Say = print) -> None:
+        self.config = config
+        self.say = say
+        self.run_id = f"c{uuid.uuid4().hex[:10]}"
+        self.project = f"crash-{self.run_id}"
+        self.topic, self.subscription = "events", "hook"
+        self.events = EventLog(config.workdir / "chaos.journal")
+        self.components: dict[str, Component] = {}
+        self.timings: dict[str, float] = {}
+        self._started = time.monotonic()
+
+    async def execute(self) -> dict[str, Any]:
+        config = self.config
+        config.workdir.mkdir(parents=True, exist_ok=True)
+        self._log(f"run {self.run_id} in {config.workdir} (seed {config.seed})")
+        try:
+            layout = await self._start_brokers()
+            async with httpx.AsyncClient(base_url=layout.api_url, timeout=10.0) as client:
+                api = SetuApi(client, self.project, self.topic, self.subscription)
+                await self._set_up(layout, api)
+                self._mark("setup_s")
+                await self._chaos(layout)
+                self._mark("chaos_s")
+                async with httpx.AsyncClient(base_url=layout.receiver_url) as receiver:
+                    drained = await drain(
+                        api,
+                        receiver,
+                        producer_journal(layout),
+                        receiver_journal(layout),
+                        timeout_s=config.drain_timeout_s,
+                        quiet_s=config.quiet_s,
+                        say=self._log,
+                    )
+                self._mark("drain_s")
+        finally:
+            self._stop_all()
+            self.events.close()
+        return self._verdict(layout, drained)
+
+    async def _start_brokers(self) -> StackLayout:
+        config = self.config
+        if config.own_brokers:
+            from bench.crash.brokers import prepare_brokers
+
+            brokers = prepare_brokers(config.workdir)
+            for spec in brokers.specs:
+                self._start(spec)
+                await self._await(brokers.ready[spec.name], spec.name, config.startup_timeout_s)
+            kafka, redis_url = brokers.kafka_bootstrap, brokers.redis_url
+        else:
+            if not (config.kafka_bootstrap and config.redis_url):
+                raise ValueError("without own_brokers, kafka_bootstrap and redis_url are needed")
+            kafka, redis_url = config.kafka_bootstrap, config.redis_url
+        database = config.database_url or f"sqlite:///{config.workdir / 'setu.db'}"
+        return StackLayout(
+            workdir=config.workdir,
+            api_port=free_port(),
+            receiver_port=free_port(),
+            kafka_bootstrap=kafka,
+            redis_url=redis_url,
+            database_url=database,
+            workers=config.workers,
+            extra_env=config.extra_env,
+        )
+
+    async def _set_up(self, layout: StackLayout, api: SetuApi) -> None:
+        config = self.config
+        layout.logs.mkdir(parents=True, exist_ok=True)
+        self._log("migrating the metadata store")
+        await asyncio.to_thread(migrate, layout)
+        per_lane = max(1, round(config.rate_per_second * config.duration_s / config.lanes))
+        start_ms = int(time.time() * 1000) + 5_000
+        plan = make_plan(
+            PlanShape(
+                run_id=self.run_id,
+                groups=config.groups,
+                lanes=config.lanes,
+                messages_per_lane=per_lane,
+                start_ms=start_ms,
+                span_ms=int(config.duration_s * 1000),
+                failing_group_fraction=config.failing_group_fraction,
+                rejected_messages=config.rejected_messages,
+            ),
+            config.seed,
+        )
+        plan_path = config.workdir / "plan.json"
+        plan_path.write_bytes(orjson.dumps(plan.to_json()))
+        self._start(receiver_spec(layout, plan_path, config.signing_secret))
+        await self._await_http(f"{layout.receiver_url}/control/stats", "receiver")
+        specs = {spec.name: spec for spec in setu_specs(layout)}
+        self._start(specs.pop("api"))
+        self._log("waiting for the API")
+        await api.wait_healthy(config.startup_timeout_s)
+        await api.create_resources(
+            partitions=config.partitions,
+            endpoint_url=f"{layout.receiver_url}/hook",
+            retry_delays_ms=list(config.retry_delays_ms),
+            signing_secret=config.signing_secret,
+            timeout_ms=config.webhook_timeout_ms,
+        )
+        for spec in specs.values():
+            self._start(spec)
+        shape = ProduceShape(
+            project=self.project,
+            topic=self.topic,
+            run_id=self.run_id,
+            groups=config.groups,
+            lanes=config.lanes,
+            messages_per_lane=per_lane,
+            rate_per_second=config.rate_per_second,
+        )
+        self._start(producer_spec(layout, shape, chaos=config.kill_producer))
+        self._log(f"producing {per_lane * config.lanes} records over {config.groups} groups")
+
+    async def _chaos(self, layout: StackLayout) -> None:
+        config = self.config
+        rng = random.Random(config.seed)
+        chaos = Chaos(
+            list(self.components.values()),
+            self.events,
+            rng,
+            config.chaos_interval_s,
+            config.restart_delay_s,
+        )
+        stop_chaos, stop_supervisor = asyncio.Event(), asyncio.Event()
+        supervisor = asyncio.create_task(chaos.supervise(stop_supervisor))
+        killer = asyncio.create_task(chaos.run(stop_chaos))
+        try:
+            deadline = time.monotonic() + config.duration_s
+            while time.monotonic() < deadline:
+                await asyncio.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
+                self._log(f"chaos: {self.events.count('kill')} kills so far")
+            stop_chaos.set()
+            await killer
+            self._log("chaos over; waiting for the producer to finish")
+            await self._await(
+                lambda: self.components["producer"].finished,
+                "producer",
+                config.producer_grace_s,
+                required=False,
+            )
+        finally:
+            stop_chaos.set()
+            stop_supervisor.set()
+            await asyncio.gather(killer, supervisor, return_exceptions=True)
+        producer = self.components["producer"]
+        if producer.alive:
+            self._log("producer did not finish in time: stopping it")
+            producer.stop()
+        # Everything of Setu must run for the drain, whatever chaos left behind.
+        for component in self.components.values():
+            if component.name != "producer" and not component.alive:
+                component.start()
+                self.events.record(component.name, "restart")
+
+    def _verdict(self, layout: StackLayout, drained: dict[str, Any]) -> dict[str, Any]:
+        report = check(
+            published_from_journal(read_entries(producer_journal(layout))),
+            calls_from_journal(read_entries(receiver_journal(layout))),
+        )
+        kills = self.events.count("kill")
+        names = sorted({e["component"] for e in self.events.events})
+        report["kill_restart_events"] = kills
+        report["chaos"] = {
+            "kills_by_component": {n: self.events.count("kill", n) for n in names},
+            "exits_by_component": {n: self.events.count("exit", n) for n in names},
+        }
+        report["drain"] = drained
+        extra = []
+        if report["accepted"] == 0:
+            extra.append("nothing_accepted")
+        if kills < self.config.min_kill_events:
+            extra.append("too_few_kill_events")
+        if not drained["quiescent"]:
+            extra.append("never_quiescent")
+        report["violations"] = report["violations"] + extra
+        report["ok"] = not report["violations"]
+        report["run"] = {
+            "run_id": self.run_id,
+            "project": self.project,
+            "workdir": str(self.config.workdir),
+            "config": {
+                k: (str(v) if isinstance(v, Path) else v)
+                for k, v in asdict(self.config).items()
+                if k != "signing_secret"
+            },
+        }
+        report["timings"] = {**self.timings, "total_s": round(time.monotonic() - self._started, 1)}
+        return report
+
+    def _start(self, spec: ComponentSpec) -> None:
+        component = Component(spec, self.events)
+        self.components[spec.name] = component
+        component.start()
+
+    def _stop_all(self) -> None:
+        # Producer and Setu first, so the receiver still journals their last calls; brokers last.
+        order = ["producer", "api", "ingest"]
+        names = sorted(self.components, key=lambda n: order.index(n) if n in order else 10)
+        late = [n for n in ("receiver", "redis", "kafka") if n in self.components]
+        for name in [n for n in names if n not in late] + late:
+            with contextlib.suppress(OSError):
+                self.components[name].stop()
+
+    async def _await_http(self, url: str, what: str) -> None:
+        async def answers() -> bool:
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                try:
+                    return (await client.get(url)).is_success
+                except httpx.HTTPError:
+                    return False
+
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while not await answers():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} did not answer at {url}")
+            await asyncio.sleep(0.2)
+
+    async def _await(
+        self, ready: Callable[[], bool], what: str, timeout_s: float, *, required: bool = True
+    ) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not await asyncio.to_thread(ready):
+            if time.monotonic() > deadline:
+                if required:
+                    raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s")
+                return False
+            await asyncio.sleep(0.5)
+        return True
+
+    def _mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.timings[name] = round(now - self._started - sum(self.timings.values()), 1)
+
+    def _log(self, line: str) -> None:
+        self.say(f"[crash {time.monotonic() - self._started:6.1f}s] {line}")
+
+
+def run_crash_test(config: RunConfig, say: Say = print) -> dict[str, Any]:
+    """Run one crash test and return its report (``report["ok"]`` is the verdict)."""
+    return asyncio.run(CrashRun(config, say).execute())

@@ -1,0 +1,190 @@
+"""The processes of one crash-test run, as :class:`ComponentSpec` s.
+
+Setu's own processes run as ``setu api|ingest|deliver`` with ``SETU_*`` variables, exactly as
+deployed; the witnesses run as ``python -m bench.crash.receiver|producer``. In the long form the
+run also has its own Kafka broker and Redis (AOF on), started through the same ``cli`` modules
+``setu dev up`` uses, on free ports so they never touch the shared services.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.crash.chaos import ComponentSpec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Setu's processes take this long to be worth killing again; Spark needs a while to start.
+MIN_UPTIME_S = {"api": 2.0, "ingest": 25.0, "deliver": 3.0, "producer": 2.0}
+BROKER_MIN_UPTIME_S = {"kafka": 30.0, "redis": 10.0}
+
+
+@dataclass(frozen=True, slots=True)
+class StackLayout:
+    """Where everything of one run lives and listens."""
+
+    workdir: Path
+    api_port: int
+    receiver_port: int
+    kafka_bootstrap: str
+    redis_url: str
+    database_url: str
+    workers: int = 2
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def receiver_url(self) -> str:
+        return f"http://127.0.0.1:{self.receiver_port}"
+
+    @property
+    def logs(self) -> Path:
+        return self.workdir / "logs"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.workdir / "data"
+
+
+def setu_executable() -> str:
+    """The ``setu`` command of this Python environment."""
+    beside = Path(sys.executable).with_name("setu")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("setu")
+    if found is None:
+        raise FileNotFoundError("the setu command is not installed: pip install -e .")
+    return found
+
+
+def base_env() -> dict[str, str]:
+    """This process's environment without any ``SETU_*`` variable, so nothing leaks in."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SETU_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def setu_env(layout: StackLayout) -> dict[str, str]:
+    return {
+        **base_env(),
+        "SETU_DATA_DIR": str(layout.data_dir),
+        "SETU_KAFKA_BOOTSTRAP": layout.kafka_bootstrap,
+        "SETU_REDIS_URL": layout.redis_url,
+        "SETU_DATABASE_URL": layout.database_url,
+        "SETU_API_HOST": "127.0.0.1",
+        "SETU_API_PORT": str(layout.api_port),
+        "SETU_ALLOW_PRIVATE_ENDPOINTS": "true",
+        **layout.extra_env,
+    }
+
+
+def migrate_argv() -> list[str]:
+    return [setu_executable(), "migrate"]
+
+
+def setu_specs(layout: StackLayout) -> list[ComponentSpec]:
+    """API, ingest job and ``layout.workers`` delivery workers, all open to chaos."""
+    env = setu_env(layout)
+    setu = setu_executable()
+
+    def spec(name: str, command: str, kind: str, **extra: str) -> ComponentSpec:
+        return ComponentSpec(
+            name=name,
+            argv=[setu, command],
+            env={**env, **extra},
+            cwd=layout.workdir,
+            log_path=layout.logs / f"{name}.log",
+            min_uptime_s=MIN_UPTIME_S[kind],
+        )
+
+    specs = [spec("api", "api", "api"), spec("ingest", "ingest", "ingest")]
+    for n in range(1, layout.workers + 1):
+        specs.append(spec(f"deliver-{n}", "deliver", "deliver", SETU_WORKER_ID=f"deliver-{n}"))
+    return specs
+
+
+def receiver_spec(layout: StackLayout, plan: Path, secret: str | None) -> ComponentSpec:
+    """The webhook; never killed, so its journal is the ground truth of every call."""
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.crash.receiver",
+        "--port",
+        str(layout.receiver_port),
+        "--plan",
+        str(plan),
+        "--journal",
+        str(layout.workdir / "receiver.journal"),
+    ]
+    if secret is not None:
+        argv += ["--secret", secret]
+    return ComponentSpec(
+        name="receiver",
+        argv=argv,
+        env=base_env(),
+        cwd=REPO_ROOT,
+        log_path=layout.logs / "receiver.log",
+        chaos=False,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceShape:
+    project: str
+    topic: str
+    run_id: str
+    groups: int
+    lanes: int
+    messages_per_lane: int
+    rate_per_second: float
+
+
+def producer_spec(layout: StackLayout, shape: ProduceShape, *, chaos: bool) -> ComponentSpec:
+    """The producer; a oneshot (exit 0 = every record acknowledged), killable when ``chaos``."""
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.crash.producer",
+        "--api",
+        layout.api_url,
+        "--project",
+        shape.project,
+        "--topic",
+        shape.topic,
+        "--run-id",
+        shape.run_id,
+        "--groups",
+        str(shape.groups),
+        "--lanes",
+        str(shape.lanes),
+        "--messages-per-lane",
+        str(shape.messages_per_lane),
+        "--rate",
+        str(shape.rate_per_second),
+        "--journal",
+        str(producer_journal(layout)),
+    ]
+    return ComponentSpec(
+        name="producer",
+        argv=argv,
+        env=base_env(),
+        cwd=REPO_ROOT,
+        log_path=layout.logs / "producer.log",
+        chaos=chaos,
+        min_uptime_s=MIN_UPTIME_S["producer"],
+        oneshot=True,
+    )
+
+
+def producer_journal(layout: StackLayout) -> Path:
+    return layout.workdir / "producer.journal"
+
+
+def receiver_journal(layout: StackLayout) -> Path:
+    return layout.workdir / "receiver.journal"
