@@ -45,12 +45,20 @@ class Candidate:
     name: str
     uptime_s: float
     min_uptime_s: float
+    kills: int = 0
 
 
 def choose_victim(rng: random.Random, candidates: Sequence[Candidate]) -> str | None:
-    """A random candidate that has been up at least its minimum uptime; None if none has."""
-    ready = [c.name for c in candidates if c.uptime_s >= c.min_uptime_s]
-    return rng.choice(ready) if ready else None
+    """A random one of the least-killed candidates that have been up their minimum uptime.
+
+    Least-killed first, so even a short run kills every component, the slow starters too;
+    None when no candidate is ready.
+    """
+    ready = [c for c in candidates if c.uptime_s >= c.min_uptime_s]
+    if not ready:
+        return None
+    fewest = min(c.kills for c in ready)
+    return rng.choice([c.name for c in ready if c.kills == fewest])
 
 
 class EventLog:
@@ -186,7 +194,9 @@ class Chaos:
             except TimeoutError:
                 pass
             candidates = [
-                Candidate(c.name, c.uptime_s(), c.spec.min_uptime_s)
+                Candidate(
+                    c.name, c.uptime_s(), c.spec.min_uptime_s, self.events.count("kill", c.name)
+                )
                 for c in self.components
                 if c.spec.chaos and c.alive and c.name not in self._busy
             ]

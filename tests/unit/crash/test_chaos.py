@@ -21,6 +21,16 @@ from bench.crash.chaos import Candidate, Chaos, Component, ComponentSpec, EventL
         ([Candidate("spark", 5.0, 20.0)], set()),
         ([Candidate("spark", 5.0, 20.0), Candidate("api", 0.1, 0.0)], {"api"}),
         ([Candidate("spark", 25.0, 20.0), Candidate("api", 1.0, 0.0)], {"api", "spark"}),
+        # the least-killed ready components go first
+        (
+            [
+                Candidate("spark", 25.0, 20.0, kills=1),
+                Candidate("api", 1.0, 0.0, kills=3),
+                Candidate("worker", 1.0, 0.0, kills=1),
+                Candidate("redis", 1.0, 5.0, kills=0),
+            ],
+            {"spark", "worker"},
+        ),
     ],
 )
 def test_only_components_up_long_enough_are_chosen(
