@@ -1,0 +1,176 @@
+"""`setu dev up` end to end: a real broker, Redis and the API, stopped cleanly by Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from cli.ports import any_free_port
+
+START_TIMEOUT_S = 240.0
+STOP_TIMEOUT_S = 120.0
+
+
+class DevUp:
+    """A running `setu dev up` whose output is read line by line."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def wait_for_line(self, pattern: str, timeout_s: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no line matching {pattern!r}; output:\n" + "\n".join(self.seen)
+            try:
+                line = self.lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            assert line is not None, "dev up ended; output:\n" + "\n".join(self.seen)
+            self.seen.append(line)
+            match = re.search(pattern, line)
+            if match:
+                return match
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGINT)
+        code = self.process.wait(timeout=STOP_TIMEOUT_S)
+        while (line := self.lines.get(timeout=5)) is not None:
+            self.seen.append(line)
+        return code
+
+
+def processes_mentioning(marker: str) -> list[str]:
+    """Command lines of live processes whose command line or environment contains ``marker``."""
+    found = []
+    me = os.getpid()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == me:
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline or marker.encode() in environ:
+            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+@contextmanager
+def dev_up(data_dir: Path, ports: dict[str, int]) -> Iterator[DevUp]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SETU_KAFKA_BOOTSTRAP", "SETU_REDIS_URL", "SETU_DATABASE_URL")
+    }
+    env.update(
+        SETU_DATA_DIR=str(data_dir),
+        SETU_API_PORT=str(ports["api"]),
+        SETU_DEV_KAFKA_PORT=str(ports["kafka"]),
+        SETU_DEV_KAFKA_CONTROLLER_PORT=str(ports["controller"]),
+        SETU_DEV_REDIS_PORT=str(ports["redis"]),
+        PYTHONUNBUFFERED="1",
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "dev", "up"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    running = DevUp(process)
+    try:
+        yield running
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def await_health(url: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            response = httpx.get(url, timeout=5)
+            if response.status_code == 200:
+                body: dict[str, Any] = response.json()
+                return body
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"{url} never answered 200"
+        time.sleep(0.5)
+
+
+def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> None:
+    # Given ports nobody else uses (a shared broker may hold 9092/9093 on this machine)
+    data_dir = tmp_path / "setu-data"
+    ports = {name: any_free_port() for name in ("api", "kafka", "controller", "redis")}
+    assert len(set(ports.values())) == 4
+
+    # When the stack is brought up
+    with dev_up(data_dir, ports) as stack:
+        stack.wait_for_line(r"setu dev up: ready", START_TIMEOUT_S)
+        api = stack.wait_for_line(r"API\s+(http://\S+)", 5).group(1)
+        kafka = stack.wait_for_line(r"Kafka\s+(\S+)", 5).group(1)
+        redis_url = stack.wait_for_line(r"Redis\s+(\S+)", 5).group(1)
+
+        # Then the API, the broker and Redis answer where it says, on the ports asked for
+        assert api == f"http://127.0.0.1:{ports['api']}"
+        assert kafka == f"127.0.0.1:{ports['kafka']}"
+        health = await_health(f"{api}/v1/health")
+        assert health["status"] == "ok"
+        assert {"kafka", "redis", "database"} <= set(health["components"])
+        admin = AdminClient({"bootstrap.servers": kafka})
+        topic = "setu-dev-up-test"
+        admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[
+            topic
+        ].result(timeout=30)
+        client = redis.Redis.from_url(redis_url)
+        assert client.ping()
+        client.set("setu-dev-up-test", b"kept")
+        client.close()
+
+        # And Ctrl-C stops everything it started
+        assert stack.stop() == 0
+        assert stack.seen[-1] == "setu dev up: stopped"
+    assert processes_mentioning(str(data_dir)) == []
+
+    # When it is brought up again on the same data dir
+    with dev_up(data_dir, ports) as again:
+        again.wait_for_line(r"setu dev up: ready", START_TIMEOUT_S)
+        # Then the broker kept its topics and Redis its keys (storage is not formatted again)
+        metadata = AdminClient({"bootstrap.servers": kafka}).list_topics(timeout=30)
+        assert len(metadata.topics[topic].partitions) == 2
+        client = redis.Redis.from_url(redis_url)
+        assert client.get("setu-dev-up-test") == b"kept"
+        client.close()
+        assert again.stop() == 0
+    assert processes_mentioning(str(data_dir)) == []
+    logs = {p.name for p in (data_dir / "logs").iterdir()}
+    assert {"kafka.log", "redis.log", "api.log", "migrate.log"} <= logs
