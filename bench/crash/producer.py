@@ -120,18 +120,21 @@ def ack_entry(record: Record, via: str) -> Entry:
 
 
 class Pacer:
-    """Spaces calls ``1/rate`` seconds apart without building up a burst after a stall."""
+    """Spaces calls ``1/rate`` seconds apart on a fixed schedule. After a stall (an API
+    restart) it catches up at full speed, but by at most ``catch_up_s`` seconds of schedule."""
 
-    def __init__(self, rate_per_second: float) -> None:
+    def __init__(self, rate_per_second: float, catch_up_s: float = 10.0) -> None:
         self._interval = 1.0 / rate_per_second if rate_per_second > 0 else 0.0
+        self._catch_up_s = catch_up_s
         self._next = time.monotonic()
 
     async def wait(self) -> None:
         if self._interval == 0.0:
             return
         now = time.monotonic()
-        self._next = max(self._next + self._interval, now)
-        await asyncio.sleep(self._next - now)
+        self._next = max(self._next + self._interval, now - self._catch_up_s)
+        if self._next > now:
+            await asyncio.sleep(self._next - now)
 
 
 class Producer:

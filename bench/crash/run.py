@@ -108,6 +108,7 @@ class CrashRun:
         self.run_id = f"c{uuid.uuid4().hex[:10]}"
         self.project = f"crash-{self.run_id}"
         self.topic, self.subscription = "events", "hook"
+        config.workdir.mkdir(parents=True, exist_ok=True)
         self.events = EventLog(config.workdir / "chaos.journal")
         self.components: dict[str, Component] = {}
         self.timings: dict[str, float] = {}
@@ -115,7 +116,6 @@ class CrashRun:
 
     async def execute(self) -> dict[str, Any]:
         config = self.config
-        config.workdir.mkdir(parents=True, exist_ok=True)
         self._log(f"run {self.run_id} in {config.workdir} (seed {config.seed})")
         try:
             layout = await self._start_brokers()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from bench.crash.checker import published_from_journal
 from bench.crash.journal import Journal, read_entries
 from bench.crash.producer import (
     LaneProgress,
+    Pacer,
     Producer,
     ProducerConfig,
     ResumePoint,
@@ -243,3 +245,24 @@ async def test_stop_leaves_at_most_one_unacknowledged_record_per_lane(tmp_path: 
     assert finished is False
     published = published_from_journal(read_entries(tmp_path / "p.log"))
     assert [(p.message_id.rsplit("-", 1)[1], p.acked) for p in published] == [("0", False)] * 3
+
+
+async def test_pacer_keeps_the_rate_and_catches_up_after_a_stall() -> None:
+    # Given a pacer at 100 calls/s that may catch up 0.1 s of schedule
+    pacer = Pacer(100.0, catch_up_s=0.1)
+    started = time.monotonic()
+    for _ in range(10):
+        await pacer.wait()
+    # Then ten calls take about 0.1 s
+    assert 0.08 <= time.monotonic() - started < 0.3
+    # When the caller stalls for 0.5 s
+    await asyncio.sleep(0.5)
+    started = time.monotonic()
+    for _ in range(10):
+        await pacer.wait()
+    # Then the first ten calls after it go out at once (0.1 s of schedule), no more
+    assert time.monotonic() - started < 0.05
+    started = time.monotonic()
+    for _ in range(5):
+        await pacer.wait()
+    assert time.monotonic() - started >= 0.04
