@@ -35,11 +35,11 @@ from setu.headers import DELIVERY_ATTEMPT, GROUP_ID, MESSAGE_ID, canonical
 
 
 def signature_keys(secret: str) -> list[bytes]:
-    """HMAC keys a secret may stand for: Standard Webhooks' ``whsec_<base64>`` form, or raw."""
+    """HMAC keys a secret may stand for: base64 after an optional ``whsec_`` prefix (as the
+    Standard Webhooks libraries read it), or its plain UTF-8 bytes."""
     keys = [secret.encode()]
-    if secret.startswith("whsec_"):
-        with contextlib.suppress(ValueError):
-            keys.insert(0, base64.b64decode(secret.removeprefix("whsec_"), validate=True))
+    with contextlib.suppress(ValueError):
+        keys.insert(0, base64.b64decode(secret.removeprefix("whsec_"), validate=True))
     return keys
 
 

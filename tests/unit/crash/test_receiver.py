@@ -136,7 +136,11 @@ async def test_without_a_secret_signatures_are_not_judged(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(
     ("secret", "key"),
-    [(SECRET, base64.b64decode(SECRET.removeprefix("whsec_"))), ("plain", b"plain")],
+    [
+        (SECRET, base64.b64decode(SECRET.removeprefix("whsec_"))),
+        ("c2VjcmV0", b"secret"),
+        ("plain", b"plain"),
+    ],
 )
 def test_signature_keys_follow_standard_webhooks_or_raw_secret(secret: str, key: bytes) -> None:
     header = "v0,zzz " + sign(key, "m", "1", b"body")
