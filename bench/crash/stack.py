@@ -17,9 +17,10 @@ from pathlib import Path
 from bench.crash.chaos import ComponentSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# Setu's processes take this long to be worth killing again; Spark needs a while to start.
+# Up this long before a component may be killed again: Spark needs a while to start, and a
+# killed broker takes everything down with it for its restart (~20 s), so it dies less often.
 MIN_UPTIME_S = {"api": 2.0, "ingest": 25.0, "deliver": 3.0, "producer": 2.0}
-BROKER_MIN_UPTIME_S = {"kafka": 30.0, "redis": 10.0}
+BROKER_MIN_UPTIME_S = {"kafka": 120.0, "redis": 45.0}
 
 
 @dataclass(frozen=True, slots=True)
