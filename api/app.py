@@ -69,6 +69,8 @@ async def open_services(settings: Settings, metrics: ApiMetrics) -> Services:
             bootstrap,
             replication_factor=settings.kafka_replication_factor,
             max_message_bytes=settings.max_message_bytes,
+            # One patience for every Kafka request the API makes.
+            timeout_s=settings.produce_timeout_ms / 1000,
         ),
         producer=producer,
         topics=TopicCache(load_topic),

@@ -118,7 +118,8 @@ class AckedProducer:
     """The shared producer; :meth:`start` on the event loop before the first send."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
-        self._config = {**config, "error_cb": self._on_error}
+        # librdkafka's own log lines go through Python logging, served by the poll thread.
+        self._config = {**config, "error_cb": self._on_error, "logger": log}
         self._ack_timeout_s = int(config.get("message.timeout.ms", 30_000)) / 1000 + _ACK_MARGIN_S
         self._producer = Producer(self._config)
         self._reports: list[tuple[Any, int, str | None]] = []

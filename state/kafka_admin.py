@@ -193,12 +193,23 @@ class KafkaTopics:
         self._await_visible(specs, deadline)
 
     def _await_visible(self, specs: Sequence[TopicSpec], deadline: float) -> None:
-        """Waits until the broker's metadata shows every topic, so a 2xx means usable now."""
+        """Waits until metadata shows every topic with a leader for each partition, so a 2xx
+        means usable now."""
         for spec in specs:
-            while self.partition_count(spec.name, max(deadline - time.monotonic(), 0.5)) is None:
+            while not self._has_leaders(spec.name, max(deadline - time.monotonic(), 0.5)):
                 if time.monotonic() > deadline:
                     raise DependencyUnavailable(f"Kafka topic {spec.name} did not appear in time")
                 time.sleep(0.05)
+
+    def _has_leaders(self, kafka_topic: str, timeout_s: float) -> bool:
+        try:
+            meta = self._admin.list_topics(topic=kafka_topic, timeout=timeout_s)
+        except KafkaException as exc:
+            raise DependencyUnavailable(f"Kafka metadata: {exc}") from exc
+        described = meta.topics.get(kafka_topic)
+        if described is None or described.error is not None or not described.partitions:
+            return False
+        return all(p.leader >= 0 and p.error is None for p in described.partitions.values())
 
     def _delete(self, kafka_topics: Sequence[str]) -> None:
         deadline = time.monotonic() + self._timeout_s
@@ -209,6 +220,12 @@ class KafkaTopics:
             error = _error_of(future, deadline - time.monotonic())
             if error is not None and error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise _translate(error, f"to delete {name}")
+        # Metadata lags the controller; wait so a 2xx means gone (and re-creatable) now.
+        for name in kafka_topics:
+            while self.partition_count(name, max(deadline - time.monotonic(), 0.5)) is not None:
+                if time.monotonic() > deadline:
+                    raise DependencyUnavailable(f"Kafka topic {name} did not go away in time")
+                time.sleep(0.05)
 
     def _delete_group(self, group: str) -> None:
         deadline = time.monotonic() + self._timeout_s

@@ -1,0 +1,37 @@
+"""One app per test module (its lifespan opens real Kafka, Redis and SQLite connections) and
+one fresh project per test, deleted afterwards with its Kafka topics."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from tests.integration.api.support import Api, drop_project, running_api, unique
+
+MAX_MESSAGE_BYTES = 64 * 1024
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def api(
+    kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Api]:
+    async with running_api(
+        tmp_path_factory.mktemp("api"),
+        kafka_bootstrap=kafka_bootstrap,
+        redis_url=redis_url,
+        max_message_bytes=MAX_MESSAGE_BYTES,
+        max_batch_messages=50,
+        max_batch_bytes=512 * 1024,
+    ) as running:
+        yield running
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def project(api: Api) -> AsyncIterator[str]:
+    name = unique()
+    created = await api.client.post("/v1/projects", json={"name": name})
+    assert created.status_code == 201
+    yield name
+    await drop_project(api.client, name)

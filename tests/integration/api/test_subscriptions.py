@@ -1,0 +1,241 @@
+"""Subscriptions through the HTTP API: validation, Kafka topics, PUT, lifecycle, delete."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from setu.names import dlq_topic, retry_topic
+from state import keys
+from tests.integration.api.support import Api, assert_error
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+
+HOOK = "https://hooks.example.com/orders"
+
+
+def body(**changes: Any) -> dict[str, Any]:
+    return {"name": "s", "topic": "t", "endpoint": {"url": HOOK}, **changes}
+
+
+async def make_topic(api: Api, project: str, grouped: bool = True, partitions: int = 2) -> None:
+    created = await api.client.post(
+        f"/v1/projects/{project}/topics",
+        json={"name": "t", "grouped": grouped, "partitions": partitions},
+    )
+    assert created.status_code == 201, created.text
+
+
+async def partitions(api: Api, kafka_topic: str) -> int | None:
+    return await asyncio.to_thread(api.app.state.kafka_admin.partition_count, kafka_topic)
+
+
+async def test_create_starts_running_with_its_kafka_topics(api: Api, project: str) -> None:
+    await make_topic(api, project, partitions=3)
+    created = await api.client.post(
+        f"/v1/projects/{project}/subscriptions",
+        json=body(retry={"delays_ms": [100, 200]}, signing_secret="whsec_abc"),
+    )
+    assert created.status_code == 201, created.text
+    view = created.json()
+    assert view["state"] == "running"
+    assert view["version"] == 1
+    assert view["grouped"] is True  # as its topic
+    assert view["has_signing_secret"] is True
+    assert "signing_secret" not in view and "whsec_abc" not in created.text
+    for name in (
+        retry_topic(project, "s", 1),
+        retry_topic(project, "s", 2),
+        dlq_topic(project, "s"),
+    ):
+        assert await partitions(api, name) == 3
+    assert await partitions(api, retry_topic(project, "s", 3)) is None
+    fetched = await api.client.get(f"/v1/projects/{project}/subscriptions/s")
+    assert fetched.json() == view
+    listed = await api.client.get(f"/v1/projects/{project}/subscriptions")
+    assert listed.json() == {"subscriptions": [view]}
+
+
+async def test_create_is_idempotent_and_conflicts_on_a_difference(api: Api, project: str) -> None:
+    await make_topic(api, project)
+    url = f"/v1/projects/{project}/subscriptions"
+    assert (await api.client.post(url, json=body())).status_code == 201
+    assert (await api.client.post(url, json=body())).status_code == 200
+    assert_error(await api.client.post(url, json=body(max_in_flight=3)), 409, "conflict")
+
+
+async def test_grouped_subscription_on_an_ungrouped_topic_is_400(api: Api, project: str) -> None:
+    await make_topic(api, project, grouped=False)
+    response = await api.client.post(
+        f"/v1/projects/{project}/subscriptions", json=body(grouped=True)
+    )
+    assert_error(response, 400, "invalid_input")
+    assert "grouped topic" in response.json()["error"]["message"]
+    assert await partitions(api, dlq_topic(project, "s")) is None
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8080/hook",
+        "http://localhost/hook",
+        "http://10.0.0.5/hook",
+        "http://192.168.1.10/hook",
+        "http://169.254.169.254/latest/meta-data",
+        "http://[::1]:9000/hook",
+        "http://2130706433/hook",  # 127.0.0.1 as one decimal number
+    ],
+)
+async def test_private_and_loopback_endpoints_are_refused(api: Api, project: str, url: str) -> None:
+    await make_topic(api, project)
+    response = await api.client.post(
+        f"/v1/projects/{project}/subscriptions", json=body(endpoint={"url": url})
+    )
+    assert_error(response, 400, "invalid_input")
+    assert "SETU_ALLOW_PRIVATE_ENDPOINTS" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"endpoint": {"url": "ftp://hooks.example.com/x"}},
+        {"endpoint": {"url": HOOK, "method": "GET"}},
+        {"endpoint": {"url": HOOK, "timeout_ms": 0}},
+        {"endpoint": {"url": HOOK, "headers": {"webhook-id": "x"}}},
+        {"retry": {"delays_ms": [1] * 10}},
+        {"retry": {"delays_ms": [-5]}},
+        {"max_in_flight": 0},
+        {"max_in_flight": 10_001},
+        {"dead_letter_policy": "drop"},
+        {"name": "Bad"},
+        {"state": "stopped"},
+    ],
+)
+async def test_invalid_subscriptions_are_400(
+    api: Api, project: str, changes: dict[str, Any]
+) -> None:
+    await make_topic(api, project)
+    response = await api.client.post(f"/v1/projects/{project}/subscriptions", json=body(**changes))
+    assert_error(response, 400, "invalid_input")
+
+
+async def test_subscription_to_an_unknown_topic_is_404(api: Api, project: str) -> None:
+    response = await api.client.post(f"/v1/projects/{project}/subscriptions", json=body())
+    assert_error(response, 404, "not_found")
+
+
+async def test_put_replaces_config_with_optimistic_versions(api: Api, project: str) -> None:
+    await make_topic(api, project)
+    url = f"/v1/projects/{project}/subscriptions/s"
+    await api.client.post(f"/v1/projects/{project}/subscriptions", json=body(signing_secret="k1"))
+    # When the retry tiers grow from 3 to 4
+    update = {
+        "version": 1,
+        "endpoint": {"url": HOOK, "method": "PUT"},
+        "retry": {"delays_ms": [1, 2, 3, 4]},
+    }
+    updated = await api.client.put(url, json=update)
+    assert updated.status_code == 200, updated.text
+    view = updated.json()
+    assert (view["version"], view["endpoint"]["method"]) == (2, "PUT")
+    # Then the new tier exists, the secret left out is kept, and a stale version conflicts
+    assert await partitions(api, retry_topic(project, "s", 4)) == 2
+    assert view["has_signing_secret"] is True
+    assert_error(await api.client.put(url, json=update), 409, "conflict")
+    # When the secret is set to null it is removed
+    cleared = await api.client.put(
+        url, json={"version": 2, "endpoint": {"url": HOOK}, "signing_secret": None}
+    )
+    assert cleared.json()["has_signing_secret"] is False
+
+
+@pytest.mark.parametrize(
+    ("changes", "status"),
+    [
+        ({"topic": "other"}, 400),
+        ({"grouped": False}, 400),
+        ({"name": "other"}, 400),
+        ({"endpoint": {"url": "http://127.0.0.1/x"}}, 400),
+        ({"version": 0}, 400),
+    ],
+)
+async def test_put_refuses_what_may_not_change(
+    api: Api, project: str, changes: dict[str, Any], status: int
+) -> None:
+    await make_topic(api, project)
+    await api.client.post(f"/v1/projects/{project}/subscriptions", json=body())
+    update = {"version": 1, "endpoint": {"url": HOOK}, **changes}
+    assert_error(
+        await api.client.put(f"/v1/projects/{project}/subscriptions/s", json=update),
+        status,
+        "invalid_input",
+    )
+
+
+async def test_put_of_an_unknown_subscription_is_404(api: Api, project: str) -> None:
+    update = {"version": 1, "endpoint": {"url": HOOK}}
+    assert_error(
+        await api.client.put(f"/v1/projects/{project}/subscriptions/nope", json=update),
+        404,
+        "not_found",
+    )
+
+
+async def test_lifecycle_actions_change_the_stored_state(api: Api, project: str) -> None:
+    await make_topic(api, project)
+    await api.client.post(f"/v1/projects/{project}/subscriptions", json=body())
+    base = f"/v1/projects/{project}/subscriptions/s"
+    for action, state in [
+        ("pause", "paused"),
+        ("resume", "running"),
+        ("stop", "stopped"),
+        ("start", "running"),
+    ]:
+        response = await api.client.post(f"{base}/{action}")
+        assert response.status_code == 200, response.text
+        assert response.json() == {"state": state}
+        assert (await api.client.get(base)).json()["state"] == state
+    await api.client.post(f"{base}/stop")
+    assert_error(await api.client.post(f"{base}/resume"), 409, "conflict")
+    assert_error(
+        await api.client.post(f"/v1/projects/{project}/subscriptions/nope/start"), 404, "not_found"
+    )
+    assert (await api.client.get(base)).json()["version"] == 1
+
+
+async def test_delete_removes_topics_and_redis_state(
+    api: Api, project: str, redis_url: str
+) -> None:
+    await make_topic(api, project)
+    await api.client.post(f"/v1/projects/{project}/subscriptions", json=body())
+    # Given the workers left group state and counters in Redis (and another subscription's key)
+    redis = aioredis.Redis.from_url(redis_url)
+    ours = [
+        keys.group_state(project, "s", "g1"),
+        keys.counters(project, "s"),
+        keys.failed_groups(project, "s"),
+    ]
+    theirs = keys.counters(project, "other")
+    try:
+        for key in [*ours, theirs]:
+            await redis.hset(key, "x", "1")
+        # When the subscription is deleted
+        deleted = await api.client.delete(f"/v1/projects/{project}/subscriptions/s")
+        assert deleted.status_code == 204, deleted.text
+        # Then its Kafka topics and its keys are gone, and nothing else
+        assert await redis.exists(*ours) == 0
+        assert await redis.exists(theirs) == 1
+    finally:
+        await redis.delete(*ours, theirs)
+        await redis.aclose()  # type: ignore[attr-defined]
+    for name in (retry_topic(project, "s", 1), dlq_topic(project, "s")):
+        assert await partitions(api, name) is None
+    assert_error(await api.client.get(f"/v1/projects/{project}/subscriptions/s"), 404, "not_found")
+    assert_error(
+        await api.client.delete(f"/v1/projects/{project}/subscriptions/s"), 404, "not_found"
+    )
+    # And the topic may now be deleted
+    assert (await api.client.delete(f"/v1/projects/{project}/topics/t")).status_code == 204

@@ -1,0 +1,107 @@
+"""Kafka topics of topics and subscriptions, on the real broker."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from setu.errors import Conflict, DependencyUnavailable
+from setu.model import Endpoint, RetryPolicy, Subscription, Topic
+from state.kafka_admin import KafkaTopics
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def admin(kafka_bootstrap: str) -> KafkaTopics:
+    return KafkaTopics(kafka_bootstrap, max_message_bytes=1024 * 1024, timeout_s=10)
+
+
+@pytest.fixture
+def topic(admin: KafkaTopics) -> Iterator[Topic]:
+    topic = Topic(f"p{uuid.uuid4().hex[:10]}", "orders", partitions=3, retention_hours=2)
+    yield topic
+    admin.delete_topic(topic)
+
+
+def config_of(bootstrap: str, kafka_topic: str) -> dict[str, str]:
+    client = AdminClient({"bootstrap.servers": bootstrap})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, kafka_topic)
+    entries = client.describe_configs([resource])[resource].result(timeout=10)
+    return {name: entry.value for name, entry in entries.items()}
+
+
+def test_topic_gets_ingest_and_main_with_its_partitions_and_retention(
+    admin: KafkaTopics, topic: Topic, kafka_bootstrap: str
+) -> None:
+    admin.ensure_topic(topic)
+    for name in (f"setu.{topic.project}.orders.ingest", f"setu.{topic.project}.orders"):
+        assert admin.partition_count(name) == 3
+        config = config_of(kafka_bootstrap, name)
+        assert config["retention.ms"] == str(2 * 3_600_000)
+        assert int(config["max.message.bytes"]) > 1024 * 1024
+
+
+def test_ensuring_twice_is_fine_and_another_partition_count_conflicts(
+    admin: KafkaTopics, topic: Topic
+) -> None:
+    admin.ensure_topic(topic)
+    admin.ensure_topic(topic)
+    with pytest.raises(Conflict, match="3 partitions"):
+        admin.ensure_topic(Topic(topic.project, topic.name, partitions=4))
+
+
+def test_topic_delete_is_idempotent(admin: KafkaTopics, topic: Topic) -> None:
+    admin.ensure_topic(topic)
+    admin.delete_topic(topic)
+    admin.delete_topic(topic)
+    assert admin.partition_count(f"setu.{topic.project}.orders") is None
+
+
+def test_subscription_gets_tiers_and_dlq_and_delete_removes_them_with_its_group(
+    admin: KafkaTopics, topic: Topic, kafka_bootstrap: str
+) -> None:
+    p = topic.project
+    sub = Subscription(p, "s", "orders", Endpoint("https://h"), retry=RetryPolicy((1, 2)))
+    admin.ensure_topic(topic)
+    admin.ensure_subscription(sub, topic)
+    owned = [f"setu.{p}.s.rq.1", f"setu.{p}.s.rq.2", f"setu.{p}.s.dlq"]
+    assert [admin.partition_count(name) for name in owned] == [3, 3, 3]
+    assert admin.partition_count(f"setu.{p}.s.rq.3") is None
+    # Given the subscription's consumer group has committed offsets
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"setu.sub.{p}.s"})
+    consumer.assign([])
+    consumer.commit(offsets=[TopicPartition(f"setu.{p}.orders", 0, 0)], asynchronous=False)
+    consumer.close()
+    # When the subscription's Kafka side is deleted (twice: it is idempotent)
+    admin.delete_subscription(p, "s")
+    admin.delete_subscription(p, "s")
+    # Then its topics and its group are gone
+    assert [admin.partition_count(name) for name in owned] == [None, None, None]
+    groups = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_consumer_groups().result()
+    assert f"setu.sub.{p}.s" not in {g.group_id for g in groups.valid}
+
+
+def test_more_tiers_are_added_to_an_existing_subscription(admin: KafkaTopics, topic: Topic) -> None:
+    p = topic.project
+    admin.ensure_topic(topic)
+    admin.ensure_subscription(
+        Subscription(p, "s", "orders", Endpoint("https://h"), retry=RetryPolicy((1,))), topic
+    )
+    admin.ensure_subscription(
+        Subscription(p, "s", "orders", Endpoint("https://h"), retry=RetryPolicy((1, 2, 3))), topic
+    )
+    assert admin.partition_count(f"setu.{p}.s.rq.3") == 3
+    admin.delete_subscription(p, "s")
+
+
+def test_unreachable_kafka_is_503() -> None:
+    admin = KafkaTopics("127.0.0.1:1", timeout_s=1)
+    with pytest.raises(DependencyUnavailable):
+        admin.ensure_topic(Topic("p", "t"))
+    with pytest.raises(DependencyUnavailable):
+        admin.broker_count(0.5)

@@ -1,0 +1,269 @@
+"""The metadata store's contract, run on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from setu.errors import Conflict, DependencyUnavailable, NotFound
+from setu.model import (
+    DeadLetterPolicy,
+    Endpoint,
+    Project,
+    RetryPolicy,
+    Subscription,
+    SubscriptionState,
+    Topic,
+)
+from state import migrate
+from state.lifecycle import LifecycleAction
+from state.metadata import MetadataStore
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[MetadataStore]:
+    migrate.upgrade(database_url)
+    store = MetadataStore(database_url)
+    yield store
+    store.close()
+
+
+def subscription(**changes: object) -> Subscription:
+    sub = Subscription(
+        project="p",
+        name="s",
+        topic="t",
+        endpoint=Endpoint("https://h/x", "PUT", (("Authorization", "Bearer a"),), 2_000),
+        grouped=True,
+        retry=RetryPolicy((100, 200), (500, 503)),
+        dead_letter_policy=DeadLetterPolicy.SKIP,
+        max_in_flight=9,
+        rate_limit_per_second=2.5,
+        signing_secret="whsec_x",
+    )
+    return dataclasses.replace(sub, **changes)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def with_topic(store: MetadataStore) -> MetadataStore:
+    store.create_project(Project("p"))
+    store.create_topic(Topic("p", "t", grouped=True, partitions=3, retention_hours=5))
+    return store
+
+
+def test_project_create_is_idempotent_and_conflicts_on_a_different_body(
+    store: MetadataStore,
+) -> None:
+    created, was_new = store.create_project(Project("p", "orders"))
+    again, again_new = store.create_project(Project("p", "orders"))
+    assert (was_new, again_new) == (True, False)
+    assert again == created
+    assert created.created_at_ms > 0
+    with pytest.raises(Conflict):
+        store.create_project(Project("p", "other"))
+
+
+def test_projects_list_in_name_order_and_unknown_is_404(store: MetadataStore) -> None:
+    for name in ("b", "a", "c"):
+        store.create_project(Project(name))
+    assert [p.name for p in store.list_projects()] == ["a", "b", "c"]
+    with pytest.raises(NotFound):
+        store.get_project("zz")
+    with pytest.raises(NotFound):
+        store.delete_project("zz")
+
+
+def test_project_with_topics_cannot_be_deleted(with_topic: MetadataStore) -> None:
+    with pytest.raises(Conflict, match="1 topic"):
+        with_topic.delete_project("p")
+    with_topic.mark_topic_deleting("p", "t")
+    with_topic.delete_topic("p", "t")
+    with_topic.delete_project("p")
+    assert with_topic.list_projects() == []
+
+
+def test_topic_round_trips_and_is_idempotent(with_topic: MetadataStore) -> None:
+    stored = with_topic.get_topic("p", "t")
+    assert dataclasses.replace(stored, created_at_ms=0) == Topic("p", "t", True, 3, 5)
+    same, created = with_topic.create_topic(
+        Topic("p", "t", grouped=True, partitions=3, retention_hours=5)
+    )
+    assert (same, created) == (stored, False)
+    assert with_topic.preflight_topic(Topic("p", "t", True, 3, 5)) == stored
+    assert with_topic.preflight_topic(Topic("p", "new")) is None
+
+
+@pytest.mark.parametrize(
+    "different",
+    [{"grouped": False}, {"partitions": 4}, {"retention_hours": 6}],
+)
+def test_topic_with_a_different_spec_conflicts(
+    with_topic: MetadataStore, different: dict[str, object]
+) -> None:
+    other = dataclasses.replace(Topic("p", "t", True, 3, 5), **different)  # type: ignore[arg-type]
+    with pytest.raises(Conflict):
+        with_topic.preflight_topic(other)
+    with pytest.raises(Conflict):
+        with_topic.create_topic(other)
+
+
+def test_topic_in_unknown_project_is_404(store: MetadataStore) -> None:
+    with pytest.raises(NotFound, match="project"):
+        store.create_topic(Topic("nope", "t"))
+    with pytest.raises(NotFound, match="project"):
+        store.list_topics("nope")
+
+
+def test_topic_being_deleted_is_hidden_and_blocks_recreation(with_topic: MetadataStore) -> None:
+    # Given a topic whose deletion started (its Kafka topics are being removed)
+    with_topic.mark_topic_deleting("p", "t")
+    # Then reads no longer see it, and re-creating it must wait for the delete to finish
+    assert with_topic.find_topic("p", "t") is None
+    assert with_topic.list_topics("p") == []
+    with pytest.raises(Conflict, match="being deleted"):
+        with_topic.create_topic(Topic("p", "t", True, 3, 5))
+    # When the delete is repeated and finished, the name is free again
+    with_topic.mark_topic_deleting("p", "t")
+    with_topic.delete_topic("p", "t")
+    assert with_topic.create_topic(Topic("p", "t"))[1] is True
+
+
+def test_topic_with_subscriptions_cannot_start_deleting(with_topic: MetadataStore) -> None:
+    with_topic.create_subscription(subscription())
+    with pytest.raises(Conflict, match="1 subscription"):
+        with_topic.mark_topic_deleting("p", "t")
+    assert with_topic.find_topic("p", "t") is not None
+
+
+def test_subscription_round_trips_every_field(with_topic: MetadataStore) -> None:
+    stored, created = with_topic.create_subscription(subscription())
+    assert created
+    assert stored.version == 1
+    assert stored.state is SubscriptionState.RUNNING
+    expected = dataclasses.replace(subscription(), created_at_ms=stored.created_at_ms)
+    assert stored == expected
+    assert with_topic.get_subscription("p", "s") == stored
+    assert with_topic.list_subscriptions("p") == [stored]
+    assert with_topic.list_subscriptions() == [stored]
+
+
+def test_subscription_create_is_idempotent_and_conflicts_on_a_difference(
+    with_topic: MetadataStore,
+) -> None:
+    with_topic.create_subscription(subscription())
+    # Given the subscription was paused since
+    with_topic.apply_lifecycle("p", "s", LifecycleAction.PAUSE)
+    # Then the same body again returns it as it is now, and a different body conflicts
+    again, created = with_topic.create_subscription(subscription())
+    assert not created
+    assert again.state is SubscriptionState.PAUSED
+    with pytest.raises(Conflict):
+        with_topic.create_subscription(subscription(max_in_flight=10))
+    with pytest.raises(Conflict):
+        with_topic.preflight_subscription(subscription(signing_secret=None))
+
+
+def test_subscription_needs_an_existing_topic(with_topic: MetadataStore) -> None:
+    with pytest.raises(NotFound, match="topic"):
+        with_topic.create_subscription(subscription(topic="missing"))
+
+
+def test_update_bumps_version_and_refuses_a_stale_one(with_topic: MetadataStore) -> None:
+    with_topic.create_subscription(subscription())
+    changed = subscription(endpoint=Endpoint("https://other/y"), retry=RetryPolicy((1, 2, 3, 4)))
+    updated = with_topic.update_subscription(changed, expected_version=1)
+    assert updated.version == 2
+    assert updated.endpoint.url == "https://other/y"
+    assert updated.retry.tiers == 4
+    with pytest.raises(Conflict, match="version 2"):
+        with_topic.update_subscription(subscription(), expected_version=1)
+    with pytest.raises(NotFound):
+        with_topic.update_subscription(subscription(name="nope"), expected_version=1)
+
+
+def test_concurrent_updates_with_one_version_let_exactly_one_win(
+    with_topic: MetadataStore,
+) -> None:
+    with_topic.create_subscription(subscription())
+
+    def update(n: int) -> str:
+        try:
+            with_topic.update_subscription(subscription(max_in_flight=n), expected_version=1)
+        except Conflict:
+            return "conflict"
+        return "ok"
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(update, range(1, 9)))
+    assert outcomes.count("ok") == 1
+    assert with_topic.get_subscription("p", "s").version == 2
+
+
+def test_concurrent_creates_of_one_project_all_succeed_once(store: MetadataStore) -> None:
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: store.create_project(Project("p", "d")), range(8)))
+    assert sum(created for _, created in results) == 1
+    assert len({project for project, _ in results}) == 1
+
+
+def test_lifecycle_changes_state_but_not_version(with_topic: MetadataStore) -> None:
+    with_topic.create_subscription(subscription())
+    assert (
+        with_topic.apply_lifecycle("p", "s", LifecycleAction.STOP).state
+        is SubscriptionState.STOPPED
+    )
+    with pytest.raises(Conflict):
+        with_topic.apply_lifecycle("p", "s", LifecycleAction.RESUME)
+    assert (
+        with_topic.apply_lifecycle("p", "s", LifecycleAction.START).state
+        is SubscriptionState.RUNNING
+    )
+    assert with_topic.get_subscription("p", "s").version == 1
+    with pytest.raises(NotFound):
+        with_topic.apply_lifecycle("p", "nope", LifecycleAction.START)
+
+
+def test_seek_needs_a_stopped_subscription_and_bumps_its_generation(
+    with_topic: MetadataStore,
+) -> None:
+    with_topic.create_subscription(subscription())
+    with pytest.raises(Conflict, match="stop"):
+        with_topic.request_seek("p", "s", 1_000)
+    with_topic.apply_lifecycle("p", "s", LifecycleAction.STOP)
+    first = with_topic.request_seek("p", "s", 1_000)
+    second = with_topic.request_seek("p", "s", 2_000)
+    assert (first.seek_to_ms, first.seek_generation) == (1_000, 1)
+    assert (second.seek_to_ms, second.seek_generation) == (2_000, 2)
+
+
+def test_subscription_being_deleted_vanishes_for_workers(with_topic: MetadataStore) -> None:
+    with_topic.create_subscription(subscription())
+    with_topic.mark_subscription_deleting("p", "s")
+    # Then workers polling the store stop seeing it, and so does every read
+    assert with_topic.list_subscriptions() == []
+    with pytest.raises(NotFound):
+        with_topic.get_subscription("p", "s")
+    with pytest.raises(Conflict, match="being deleted"):
+        with_topic.create_subscription(subscription())
+    # When the delete is repeated and finished, the name is free
+    with_topic.mark_subscription_deleting("p", "s")
+    with_topic.delete_subscription("p", "s")
+    with pytest.raises(NotFound):
+        with_topic.mark_subscription_deleting("p", "s")
+    assert with_topic.create_subscription(subscription())[1] is True
+
+
+def test_unreachable_database_is_503() -> None:
+    store = MetadataStore("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    try:
+        with pytest.raises(DependencyUnavailable):
+            store.ping()
+        with pytest.raises(DependencyUnavailable):
+            store.list_projects()
+    finally:
+        store.close()

@@ -1,0 +1,183 @@
+"""Produce requests to envelopes: header scan, single produce, batch documents."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import orjson
+import pytest
+
+from api.messages import (
+    MAX_FORWARDED_HEADER_BYTES,
+    batch_results,
+    batch_status,
+    decode_header_value,
+    parse_batch,
+    scan_headers,
+    single_envelope,
+)
+from setu.envelope import Envelope
+from setu.errors import InvalidInput, PayloadTooLarge
+
+
+def test_scan_keeps_x_headers_in_order_and_reads_content_length() -> None:
+    raw = [
+        (b"host", b"api"),
+        (b"content-length", b"5"),
+        (b"x_message_id", b"m1"),
+        (b"x-group-id", b"g1"),
+        (b"content-type", b"text/plain"),
+        (b"x-trace", b"t"),
+    ]
+    length, found = scan_headers(raw)
+    assert length == 5
+    assert found == [("x_message_id", "m1"), ("x-group-id", "g1"), ("x-trace", "t")]
+
+
+@pytest.mark.parametrize(("raw", "length"), [([], None), ([(b"content-length", b"abc")], None)])
+def test_missing_or_unreadable_content_length_is_none(
+    raw: list[tuple[bytes, bytes]], length: int | None
+) -> None:
+    assert scan_headers(raw)[0] == length
+
+
+@pytest.mark.parametrize(
+    ("raw", "text"),
+    [(b"plain", "plain"), ("café".encode(), "café"), (b"caf\xe9", "café")],
+)
+def test_header_values_decode_as_utf8_else_latin1(raw: bytes, text: str) -> None:
+    assert decode_header_value(raw) == text
+
+
+def test_single_envelope_carries_identity_headers_and_time() -> None:
+    env = single_envelope(
+        [("x_message_id", "m1"), ("x-group-id", "g1"), ("x-trace", "t")],
+        b"body",
+        grouped=True,
+        produced_at_ms=42,
+    )
+    assert env == Envelope(
+        message_id="m1", body=b"body", group_id="g1", headers=(("x-trace", "t"),), produced_at_ms=42
+    )
+    assert env.key == b"g1"
+
+
+def test_single_produce_on_a_grouped_topic_needs_a_group() -> None:
+    with pytest.raises(InvalidInput, match="X_GROUP_ID"):
+        single_envelope([("x-message-id", "m1")], b"", grouped=True, produced_at_ms=1)
+
+
+def test_oversized_forwarded_headers_are_refused() -> None:
+    big = "v" * MAX_FORWARDED_HEADER_BYTES
+    with pytest.raises(PayloadTooLarge, match="X_\\* headers"):
+        single_envelope(
+            [("x-message-id", "m1"), ("x-big", big)], b"", grouped=False, produced_at_ms=1
+        )
+
+
+def batch(
+    *messages: Any, max_bytes: int = 100, max_messages: int = 10, grouped: bool = False
+) -> list[Envelope]:
+    payload = orjson.dumps({"messages": list(messages)})
+    return parse_batch(
+        payload,
+        grouped=grouped,
+        produced_at_ms=7,
+        max_message_bytes=max_bytes,
+        max_messages=max_messages,
+    )
+
+
+def test_batch_messages_become_envelopes() -> None:
+    got = batch(
+        {"message_id": "m1", "group_id": "g", "body": "héllo", "headers": {"X-Trace": "t"}},
+        {"message_id": "m2", "producer_id": "p", "sequence_id": 3, "body_base64": "AAEC"},
+        {"message_id": "m3", "producer_id": "p", "sequence_id": "4", "body": ""},
+    )
+    assert got == [
+        Envelope(
+            "m1", "héllo".encode(), group_id="g", headers=(("X-Trace", "t"),), produced_at_ms=7
+        ),
+        Envelope("m2", b"\x00\x01\x02", producer_id="p", sequence_id=3, produced_at_ms=7),
+        Envelope("m3", b"", producer_id="p", sequence_id=4, produced_at_ms=7),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (b"not json", "not valid JSON"),
+        (b"[]", "must be a JSON object"),
+        (b'{"messages": {}}', "must be a JSON object"),
+        (b'{"messages": [], "extra": 1}', "unknown batch fields"),
+        (b'{"messages": []}', "at least one message"),
+    ],
+)
+def test_malformed_batch_documents_are_refused(payload: bytes, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        parse_batch(payload, grouped=False, produced_at_ms=1, max_message_bytes=10, max_messages=10)
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        ("m", "must be a JSON object"),
+        ({"body": "x"}, "X_MESSAGE_ID is required"),
+        ({"message_id": 5, "body": "x"}, "message_id must be a string"),
+        ({"message_id": "m" * 101, "body": "x"}, "at most 100"),
+        ({"message_id": "m"}, "exactly one of body and body_base64"),
+        ({"message_id": "m", "body": "x", "body_base64": "eA=="}, "exactly one"),
+        ({"message_id": "m", "body": 5}, "body must be a string"),
+        ({"message_id": "m", "body_base64": "not base64!"}, "not valid base64"),
+        ({"message_id": "m", "body": "x", "producer_id": "p"}, "go together"),
+        ({"message_id": "m", "body": "x", "producer_id": "p", "sequence_id": -1}, "0.."),
+        ({"message_id": "m", "body": "x", "producer_id": "p", "sequence_id": 1.5}, "integer"),
+        ({"message_id": "m", "body": "x", "producer_id": "p", "sequence_id": True}, "integer"),
+        ({"message_id": "m", "body": "x", "colour": "red"}, "unknown fields"),
+        ({"message_id": "m", "body": "x", "headers": ["a"]}, "object of strings"),
+        ({"message_id": "m", "body": "x", "headers": {"X-A": 1}}, "string value"),
+        ({"message_id": "m", "body": "x", "headers": {"Trace": "t"}}, "start with X_"),
+        ({"message_id": "m", "body": "x", "headers": {"X_GROUP_ID": "g"}}, "own field"),
+        ({"message_id": "m", "body": "x", "headers": {"X-Delivery-Attempt": "1"}}, "set by Setu"),
+        ({"message_id": "m", "body": "x", "headers": {"X-A": "a\nb"}}, "control characters"),
+        ({"message_id": "m", "body": "x", "headers": {"X A": "b"}}, "header name"),
+    ],
+)
+def test_bad_batch_messages_are_refused_by_index(message: Any, error: str) -> None:
+    good = {"message_id": "ok", "body": "x"}
+    with pytest.raises(InvalidInput, match=error) as raised:
+        batch(good, message)
+    assert raised.value.message.startswith("messages[1]: ")
+
+
+def test_grouped_batch_needs_a_group_per_message() -> None:
+    with pytest.raises(InvalidInput, match="messages\\[0\\]: X_GROUP_ID is required"):
+        batch({"message_id": "m", "body": "x"}, grouped=True)
+
+
+def test_body_over_the_limit_is_413_even_in_base64() -> None:
+    encoded = base64.b64encode(b"x" * 11).decode()
+    with pytest.raises(PayloadTooLarge, match="messages\\[0\\]"):
+        batch({"message_id": "m", "body_base64": encoded}, max_bytes=10)
+
+
+def test_too_many_messages_is_413() -> None:
+    with pytest.raises(PayloadTooLarge, match="at most 2"):
+        batch(*({"message_id": f"m{i}", "body": ""} for i in range(3)), max_messages=2)
+
+
+@pytest.mark.parametrize(
+    ("errors", "status"),
+    [([None, None], 200), ([None, "e"], 207), (["e", "e"], 503), (["e"], 503), ([None], 200)],
+)
+def test_batch_status(errors: list[str | None], status: int) -> None:
+    assert batch_status(errors) == status
+
+
+def test_batch_results_name_each_message() -> None:
+    envelopes = [Envelope("a", b""), Envelope("b", b"")]
+    assert batch_results(envelopes, [None, "timed out"]) == [
+        {"message_id": "a", "status": "ok"},
+        {"message_id": "b", "status": "error", "error": "timed out"},
+    ]

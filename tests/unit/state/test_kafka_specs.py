@@ -1,0 +1,48 @@
+"""Which Kafka topics a Setu topic and a subscription own, and how they are configured."""
+
+from __future__ import annotations
+
+import pytest
+
+from setu.model import Endpoint, RetryPolicy, Subscription, Topic
+from state.kafka_admin import (
+    RECORD_OVERHEAD_BYTES,
+    owned_by_subscription,
+    subscription_specs,
+    topic_config,
+    topic_specs,
+)
+
+
+def test_topic_owns_its_ingest_topic_and_main_log_with_its_partitions() -> None:
+    specs = topic_specs(
+        Topic("p", "orders", partitions=12), replication_factor=1, max_message_bytes=10
+    )
+    assert [(s.name, s.partitions) for s in specs] == [
+        ("setu.p.orders.ingest", 12),
+        ("setu.p.orders", 12),
+    ]
+
+
+@pytest.mark.parametrize("tiers", [0, 1, 3, 9])
+def test_subscription_owns_its_tiers_and_dlq_with_the_topic_partitions(tiers: int) -> None:
+    sub = Subscription("p", "s", "orders", Endpoint("https://h"), retry=RetryPolicy((5,) * tiers))
+    specs = subscription_specs(sub, Topic("p", "orders", partitions=7), 1, 10)
+    assert [s.name for s in specs] == [f"setu.p.s.rq.{n}" for n in range(1, tiers + 1)] + [
+        "setu.p.s.dlq"
+    ]
+    assert {s.partitions for s in specs} == {7}
+
+
+def test_deleting_a_subscription_covers_every_possible_tier() -> None:
+    owned = owned_by_subscription("p", "s")
+    assert owned[0] == "setu.p.s.rq.1"
+    assert owned[-2:] == ["setu.p.s.rq.9", "setu.p.s.dlq"]
+
+
+@pytest.mark.parametrize(("replicas", "min_isr"), [(1, "1"), (2, "1"), (3, "2"), (5, "2")])
+def test_topic_config(replicas: int, min_isr: str) -> None:
+    config = topic_config(retention_hours=2, replication_factor=replicas, max_message_bytes=1000)
+    assert config["retention.ms"] == str(2 * 3_600_000)
+    assert config["min.insync.replicas"] == min_isr
+    assert config["max.message.bytes"] == str(1000 + RECORD_OVERHEAD_BYTES)
