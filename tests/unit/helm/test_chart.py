@@ -1,0 +1,125 @@
+"""The Helm chart's static structure: what every template says once its directives are dropped.
+
+Rendering needs the `helm` binary, which Debian does not package; these tests read the parts
+of each template that are plain YAML, so probes, hooks and defaults are checked everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+CHART = Path(__file__).resolve().parents[3] / "helm" / "setu"
+TEMPLATES = sorted((CHART / "templates").glob("*.yaml"))
+
+_COMMENT = re.compile(r"\{\{-?\s*/\*.*?\*/\s*-?\}\}", re.DOTALL)
+_INLINE = re.compile(r"\{\{.*?\}\}")
+
+
+def static_yaml(template: str) -> list[dict[str, Any]]:
+    """The documents of a template with directive-only lines removed and values stubbed."""
+    text = _COMMENT.sub("", template)
+    lines = []
+    for line in text.splitlines():
+        if line.strip() and _INLINE.sub("", line).strip() == "":
+            continue  # a line of directives only
+        lines.append(_INLINE.sub("TEMPLATE", line))
+    return [doc for doc in yaml.safe_load_all("\n".join(lines)) if doc]
+
+
+def documents() -> list[dict[str, Any]]:
+    return [doc for path in TEMPLATES for doc in static_yaml(path.read_text())]
+
+
+def workload(suffix: str) -> dict[str, Any]:
+    (found,) = [
+        d
+        for d in documents()
+        if d["kind"] in ("Deployment", "Job") and d["metadata"]["name"].endswith(suffix)
+    ]
+    return found
+
+
+def container(doc: dict[str, Any]) -> dict[str, Any]:
+    (only,) = doc["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_every_template_is_yaml_with_kubernetes_objects(path: Path) -> None:
+    for doc in static_yaml(path.read_text()):
+        assert doc["apiVersion"]
+        assert doc["kind"]
+        assert doc["metadata"]["name"]
+
+
+def test_the_chart_has_api_delivery_ingest_and_migrations() -> None:
+    names = {d["metadata"]["name"] for d in documents()}
+    assert any(n.endswith("-api") for n in names)
+    assert any(n.endswith("-delivery") for n in names)
+    assert any(n.endswith("-ingest") for n in names)
+    assert any(n.endswith("-migrate") for n in names)
+
+
+def test_each_process_runs_its_setu_sub_command() -> None:
+    for suffix, command in (
+        ("-api", "api"),
+        ("-delivery", "deliver"),
+        ("-ingest", "ingest"),
+        ("-migrate", "migrate"),
+    ):
+        spec = container(workload(suffix))
+        assert spec["command"] == ["setu"]
+        assert spec["args"] == [command]
+
+
+def test_the_api_is_ready_only_when_healthy_and_scraped_by_prometheus() -> None:
+    api = workload("-api")
+    probe = container(api)["readinessProbe"]["httpGet"]
+    assert probe["path"] == "/v1/health"
+    annotations = api["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_delivery_workers_are_probed_through_their_heartbeat() -> None:
+    spec = container(workload("-delivery"))
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert spec[probe]["exec"]["command"] == ["setu", "deliver", "--check"]
+    worker_id = {e["name"]: e for e in spec["env"]}["SETU_WORKER_ID"]
+    assert worker_id["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_the_ingest_job_never_runs_twice_on_one_checkpoint() -> None:
+    ingest = workload("-ingest")
+    assert ingest["spec"]["replicas"] == 1
+    assert ingest["spec"]["strategy"]["type"] == "Recreate"
+    env = {e["name"] for e in container(ingest)["env"]}
+    assert {"SETU_SPARK_MASTER", "SETU_SPARK_CHECKPOINT_DIR"} <= env
+
+
+def test_migrations_run_before_install_and_upgrade() -> None:
+    job = workload("-migrate")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    # Its settings exist before it does: hook copies with a lower weight.
+    weights = {
+        d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"])
+        for d in documents()
+        if "helm.sh/hook" in d["metadata"].get("annotations", {})
+    }
+    assert weights["ConfigMap"] < weights["Job"]
+    assert weights["Secret"] < weights["Job"]
+
+
+def test_private_webhooks_are_refused_by_default() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["config"]["SETU_ALLOW_PRIVATE_ENDPOINTS"] == "false"
+
+
+def test_chart_metadata() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2"
+    assert chart["name"] == "setu"
