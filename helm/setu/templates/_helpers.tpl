@@ -31,17 +31,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.existingSecret | default (include "setu.fullname" .) -}}
 {{- end -}}
 
-{{/* The ConfigMap's data: the configured settings. */}}
+{{/* The ConfigMap's data: the configured settings (an empty value means "unset"). */}}
 {{- define "setu.configData" -}}
 {{- range $key, $value := .Values.config }}
+{{- if ne (toString $value) "" }}
 {{ $key }}: {{ $value | toString | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
-{{/* The Secret's data: the configured credentials. */}}
+{{/* The Secret's data: the configured credentials (an empty value means "unset"). */}}
 {{- define "setu.secretData" -}}
 {{- range $key, $value := .Values.secrets }}
+{{- if ne (toString $value) "" }}
 {{ $key }}: {{ $value | toString | b64enc | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
