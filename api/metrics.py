@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -27,6 +28,8 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+# Set by middleware that answers a request before routing, for the route label.
+ROUTE_KEY = "setu.route"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 UNMATCHED_ROUTE = "unmatched"
 
@@ -68,13 +71,39 @@ class ApiMetrics:
             registry=self.registry,
         )
         ProcessCollector(registry=self.registry)
+        # Labelled children by label values: labels() takes a lock and builds tuples on every
+        # call, which shows on the produce path.
+        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._produced_children: dict[tuple[str, str, str], Any] = {}
+        self._ack_children: dict[str, Any] = {}
 
     def watch_producer_queue(self, length: Callable[[], int]) -> None:
         self.producer_queue.set_function(length)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        self.requests.labels(method, route, str(status)).inc()
-        self.request_seconds.labels(method, route).observe(seconds)
+        key = (method, route, status)
+        children = self._request_children.get(key)
+        if children is None:
+            children = (
+                self.requests.labels(method, route, str(status)),
+                self.request_seconds.labels(method, route),
+            )
+            self._request_children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def count_produced(self, project: str, topic: str, outcome: str, amount: int = 1) -> None:
+        key = (project, topic, outcome)
+        child = self._produced_children.get(key)
+        if child is None:
+            child = self._produced_children[key] = self.produced.labels(project, topic, outcome)
+        child.inc(amount)
+
+    def observe_ack(self, kind: str, seconds: float) -> None:
+        child = self._ack_children.get(kind)
+        if child is None:
+            child = self._ack_children[kind] = self.produce_ack_seconds.labels(kind)
+        child.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -82,6 +111,8 @@ class ApiMetrics:
 
 def route_template(scope: Scope) -> str:
     """The matched route's path template, or ``unmatched`` for unknown paths."""
+    if ROUTE_KEY in scope:
+        return str(scope[ROUTE_KEY])
     route = scope.get("route")
     path = getattr(route, "path", None)
     return path if isinstance(path, str) else UNMATCHED_ROUTE

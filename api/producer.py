@@ -10,7 +10,9 @@ Contract:
 
 - :meth:`AckedProducer.send` returns only after the broker acknowledged the record, else raises
   DependencyUnavailable (Kafka error, or no report within the ack timeout: the record may or may
-  not have been written, which is what a non-2xx means to a producer).
+  not have been written, which is what a non-2xx means to a producer). The ack timeout is
+  librdkafka's ``message.timeout.ms``, which reports every record by then; a sweeper task
+  fails whatever is still waiting a little later, in case a report never comes.
 - :meth:`AckedProducer.send_many` enqueues every record, waits for all reports, and returns one
   error string (or None) per record, in order.
 - A full local queue (BufferError) is waited out in 5 ms steps until the ack deadline, then
@@ -28,7 +30,7 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -48,6 +50,7 @@ _POLL_S = 0.05
 # librdkafka reports every record within message.timeout.ms; this margin only guards against
 # a report that never comes (e.g. a record stranded in a replaced instance).
 _ACK_MARGIN_S = 2.0
+_SWEEP_S = 0.25
 
 
 def producer_config(
@@ -94,17 +97,21 @@ class _Batch:
             self.future.set_result(None)
 
 
+def _expire(target: asyncio.Future[Any] | _Batch) -> None:
+    """Gives up on a send whose reports did not all come in time."""
+    if isinstance(target, _Batch):
+        if not target.future.done():
+            target.future.set_result(None)  # unreported records keep their error
+    elif not target.done():
+        target.set_result(_NO_ACK)
+
+
 def _settle_all(reports: list[tuple[Any, int, str | None]]) -> None:
     for target, index, error in reports:
         if isinstance(target, _Batch):
             target.settle(index, error)
         elif not target.done():
             target.set_result(error)
-
-
-def _headers(headers: KafkaHeaders) -> list[tuple[str, str | bytes | None]]:
-    # The same list: the stubs want the wider element type, and lists are invariant.
-    return cast("list[tuple[str, str | bytes | None]]", headers)
 
 
 def _produce_error(exc: KafkaException) -> Exception:
@@ -127,6 +134,10 @@ class AckedProducer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Waiting sends by deadline slot (loop time / _SWEEP_S); a send leaves its slot when it
+        # completes, so only live waiters are held.
+        self._waiting: dict[int, set[Any]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
         self.last_error: str | None = None
 
     def __len__(self) -> int:
@@ -138,10 +149,13 @@ class AckedProducer:
         self._thread = threading.Thread(target=self._poll_forever, name="setu-producer-poll")
         self._thread.daemon = True
         self._thread.start()
+        self._sweeper = self._loop.create_task(self._sweep_forever())
 
     async def close(self, timeout_s: float = 10.0) -> None:
         """Stops polling, waits up to ``timeout_s`` for outstanding reports, resolves them."""
         self._stop.set()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
         await asyncio.to_thread(self._producer.flush, timeout_s)
@@ -156,8 +170,13 @@ class AckedProducer:
         callback = partial(self._on_single, future)
         while True:
             try:
+                # The stubs want list[tuple[str, str | bytes | None]]; lists are invariant.
                 self._producer.produce(
-                    topic, value, key, headers=_headers(headers), on_delivery=callback
+                    topic,
+                    value,
+                    key,
+                    headers=headers,  # type: ignore[arg-type]
+                    on_delivery=callback,
                 )
                 break
             except BufferError:
@@ -166,11 +185,12 @@ class AckedProducer:
                 await asyncio.sleep(_QUEUE_FULL_WAIT_S)
             except KafkaException as exc:
                 raise _produce_error(exc) from exc
+        waiting = self._waiting_set(deadline)
+        waiting.add(future)
         try:
-            async with asyncio.timeout_at(deadline):
-                error = await future
-        except TimeoutError:
-            raise DependencyUnavailable("Kafka did not acknowledge the record in time") from None
+            error = await future
+        finally:
+            waiting.discard(future)
         if error is not None:
             raise DependencyUnavailable(f"Kafka did not accept the record: {error}")
 
@@ -185,7 +205,7 @@ class AckedProducer:
             key, value, headers = records[index]
             callback = partial(self._on_batch, batch, index)
             try:
-                produce(topic, value, key, headers=_headers(headers), on_delivery=callback)
+                produce(topic, value, key, headers=headers, on_delivery=callback)  # type: ignore[arg-type]
             except BufferError:
                 if loop.time() > deadline:
                     break
@@ -200,12 +220,29 @@ class AckedProducer:
             batch.errors[rest] = _QUEUE_FULL
         batch.sealed = True
         batch.finish_if_complete()
+        waiting = self._waiting_set(deadline)
+        waiting.add(batch)
         try:
-            async with asyncio.timeout_at(deadline):
-                await batch.future
-        except TimeoutError:
-            pass  # records without a report keep their "no acknowledgement" error
+            await batch.future
+        finally:
+            waiting.discard(batch)
         return list(batch.errors)
+
+    def _waiting_set(self, deadline: float) -> set[Any]:
+        slot = int(deadline / _SWEEP_S) + 1
+        waiting = self._waiting.get(slot)
+        if waiting is None:
+            waiting = self._waiting[slot] = set()
+        return waiting
+
+    async def _sweep_forever(self) -> None:
+        loop = self._running_loop()
+        while True:
+            await asyncio.sleep(_SWEEP_S)
+            now_slot = int(loop.time() / _SWEEP_S)
+            for slot in [s for s in self._waiting if s <= now_slot]:
+                for target in self._waiting.pop(slot):
+                    _expire(target)
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:

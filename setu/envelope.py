@@ -57,13 +57,18 @@ class Envelope:
 
     def kafka_headers(self) -> KafkaHeaders:
         """All headers for a Kafka record of this message; producer headers first."""
+        # Called once per produced record, so plain appends rather than a generator.
         out: KafkaHeaders = [(name, value.encode()) for name, value in self.headers]
         out.append((H_MESSAGE_ID, self.message_id.encode()))
-        optional: list[tuple[str, object | None]] = [
-            (H_GROUP_ID, self.group_id),
-            (H_PRODUCER_ID, self.producer_id),
-            (H_SEQUENCE_ID, self.sequence_id),
-            (H_PRODUCED_AT, self.produced_at_ms or None),
+        if self.group_id is not None:
+            out.append((H_GROUP_ID, self.group_id.encode()))
+        if self.producer_id is not None:
+            out.append((H_PRODUCER_ID, self.producer_id.encode()))
+        if self.sequence_id is not None:
+            out.append((H_SEQUENCE_ID, str(self.sequence_id).encode()))
+        if self.produced_at_ms:
+            out.append((H_PRODUCED_AT, str(self.produced_at_ms).encode()))
+        optional: tuple[tuple[str, object | None], ...] = (
             (H_INGEST_PARTITION, self.ingest_partition),
             (H_INGEST_OFFSET, self.ingest_offset),
             (H_MAIN_OFFSET, self.main_offset),
@@ -71,8 +76,10 @@ class Envelope:
             (H_FAILURE_REASON, self.failure_reason),
             (H_LAST_STATUS, self.last_status),
             (H_FAILED_AT, self.failed_at_ms),
-        ]
-        out.extend((name, str(value).encode()) for name, value in optional if value is not None)
+        )
+        for name, value in optional:
+            if value is not None:
+                out.append((name, str(value).encode()))
         return out
 
     @classmethod

@@ -15,6 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 from fastapi import FastAPI
 
 from api.app import create_app
+from api.produce import ProduceFastPath
 from setu.settings import Settings
 from state import migrate
 
@@ -27,11 +28,16 @@ class Api:
 
 
 @asynccontextmanager
-async def running_api(data_dir: Path, **settings: Any) -> AsyncIterator[Api]:
-    """A migrated SQLite store in ``data_dir`` and the app's lifespan around a client."""
+async def running_api(
+    data_dir: Path, *, fast_path: bool = True, **settings: Any
+) -> AsyncIterator[Api]:
+    """A migrated SQLite store in ``data_dir`` and the app's lifespan around a client.
+    ``fast_path=False`` leaves produce to the FastAPI routes."""
     config = Settings(data_dir=data_dir, **settings)
     migrate.upgrade(config.resolved_database_url())
     app = create_app(config)
+    if not fast_path:
+        app.user_middleware = [m for m in app.user_middleware if m.cls is not ProduceFastPath]
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://setu") as client:

@@ -11,7 +11,16 @@ import pytest
 from setu.names import ingest_topic
 from setu.partitioner import partition_for
 from tests.integration.api.conftest import MAX_MESSAGE_BYTES
-from tests.integration.api.support import Api, assert_error, headers_of, read_records, record_count
+from tests.integration.api.support import (
+    Api,
+    assert_error,
+    drop_project,
+    headers_of,
+    read_records,
+    record_count,
+    running_api,
+    unique,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -228,3 +237,33 @@ async def test_produce_is_counted_in_metrics(api: Api, project: str) -> None:
     )
     assert 'route="/v1/projects/{project}/topics/{topic}/produce"' in text
     assert "setu_api_produce_ack_seconds_bucket" in text
+
+
+async def test_routed_produce_behaves_like_the_fast_path(
+    kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Given an app whose produce requests go through FastAPI's router
+    async with running_api(
+        tmp_path_factory.mktemp("routed"),
+        fast_path=False,
+        kafka_bootstrap=kafka_bootstrap,
+        redis_url=redis_url,
+    ) as routed:
+        project = unique()
+        await routed.client.post("/v1/projects", json={"name": project})
+        try:
+            url = await make_topic(routed, project)
+            headers = {"X-Message-Id": "m1", "X-Group-Id": "g"}
+            # Then single and batch produce answer as they do on the fast path
+            ok = await routed.client.post(url, content=b"body", headers=headers)
+            assert (ok.status_code, ok.json()) == (200, {"message_id": "m1"})
+            bad = await routed.client.post(url, content=b"body", headers={"X-Message-Id": "m"})
+            assert_error(bad, 400, "invalid_input")
+            batch = await routed.client.post(
+                url + "/batch",
+                json={"messages": [{"message_id": "m2", "group_id": "g", "body": "b"}]},
+            )
+            assert batch.json() == {"results": [{"message_id": "m2", "status": "ok"}]}
+            assert len(await records(routed, project, 2)) == 2
+        finally:
+            await drop_project(routed.client, project)

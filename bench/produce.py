@@ -1,0 +1,336 @@
+"""Produce benchmark: single and batch produce through the HTTP API, against the limit of a
+bare confluent-kafka producer on the same broker, in one run.
+
+    python -m bench.produce [--bootstrap 127.0.0.1:9092] [--redis redis://127.0.0.1:6379/0]
+                            [--duration 8] [--connections 64] [--rate 3000] [--batch-size 500]
+
+It starts the API in a process of its own (uvicorn with uvloop and httptools, no access log,
+a fresh SQLite store), creates a grouped 6-partition topic, and measures in turn:
+
+1. single produce, closed loop with ``--connections`` clients: saturation throughput and its
+   latency (with a closed loop, mean latency = clients / throughput, by Little's law);
+2. single produce, open loop at ``--rate`` requests/s over the same clients: latency at the
+   target load, counted from each request's scheduled time;
+3. batch produce: messages/s with ``--batch-connections`` clients posting ``--batch-size``;
+4. a bare producer (the API's librdkafka settings, the same keys, values and headers): the
+   broker-side limit the batch path is compared with.
+
+Figures are printed and written as JSON under bench/results/. Targets (2-core machine):
+single >= 3,000/s with p99 <= 20 ms, batch >= 50,000 messages/s, batch within 2x of bare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+from confluent_kafka import Producer
+
+from api.producer import producer_config
+from bench.http_load import Connection, closed_loop, open_loop, request_bytes
+from setu.envelope import Envelope
+from setu.names import ingest_topic
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PARTITIONS = 6
+GROUPS = 1000
+BODY = b'{"order": 12345, "items": [1, 2, 3], "note": "' + b"x" * 180 + b'"}'
+
+
+def serve(port: int) -> None:
+    """Runs the API in this process (the benchmark starts it as a child)."""
+    import uvicorn
+
+    from api.app import create_app
+    from setu.settings import Settings
+    from state import migrate
+
+    settings = Settings()
+    migrate.upgrade(settings.resolved_database_url())
+    uvicorn.run(
+        create_app(settings),
+        host="127.0.0.1",
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="warning",
+    )
+
+
+def start_api(args: argparse.Namespace, data_dir: str) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "SETU_DATA_DIR": data_dir,
+        "SETU_KAFKA_BOOTSTRAP": args.bootstrap,
+        "SETU_REDIS_URL": args.redis,
+    }
+    env.pop("SETU_DATABASE_URL", None)
+    command = [sys.executable, "-m", "bench.produce", "--serve", "--port", str(args.port)]
+    process = subprocess.Popen(command, env=env)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{args.port}/v1/health", timeout=2):
+                return process
+        except OSError:
+            if process.poll() is not None:
+                raise SystemExit("the API process exited during startup") from None
+            time.sleep(0.2)
+    process.terminate()
+    raise SystemExit("the API did not become healthy within 30 s")
+
+
+async def call(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    conn = await Connection.open("127.0.0.1", port)
+    try:
+        payload = b"" if body is None else orjson.dumps(body)
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        status, raw = await conn.send(request_bytes(method, path, headers, payload))
+        return status, orjson.loads(raw) if raw else None
+    finally:
+        conn.close()
+
+
+def single_request(path: str) -> Any:
+    def make(index: int, n: int) -> bytes:
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "X-Message-Id": f"c{index}-{n}",
+            "X-Group-Id": f"g{(index * 7919 + n) % GROUPS}",
+        }
+        return request_bytes("POST", path, headers, BODY)
+
+    return make
+
+
+def batch_request(path: str, size: int) -> Any:
+    text = BODY.decode()
+
+    def make(index: int, n: int) -> bytes:
+        messages = [
+            {
+                "message_id": f"b{index}-{n}-{i}",
+                "group_id": f"g{(n * size + i) % GROUPS}",
+                "body": text,
+            }
+            for i in range(size)
+        ]
+        headers = {"Content-Type": "application/json"}
+        return request_bytes("POST", path, headers, orjson.dumps({"messages": messages}))
+
+    return make
+
+
+def bare_producer(bootstrap: str, topic: str, count: int) -> dict[str, Any]:
+    """The same records as the API writes, from one producer at full speed, until all acked."""
+    producer = Producer(
+        producer_config(bootstrap, ack_timeout_ms=30_000, max_message_bytes=1 << 20)
+    )
+    records = []
+    for i in range(GROUPS):
+        env = Envelope(f"bare-{i}", BODY, group_id=f"g{i}", produced_at_ms=int(time.time() * 1000))
+        records.append((env.key, env.kafka_headers()))
+    acked = failed = 0
+
+    def on_delivery(error: Any, _: Any) -> None:
+        nonlocal acked, failed
+        if error is None:
+            acked += 1
+        else:
+            failed += 1
+
+    producer.produce(topic, BODY, b"warm", on_delivery=on_delivery)
+    producer.flush(10)
+    acked = 0
+    started = time.perf_counter()
+    for i in range(count):
+        key, headers = records[i % GROUPS]
+        while True:
+            try:
+                producer.produce(topic, BODY, key, headers=headers, on_delivery=on_delivery)  # type: ignore[arg-type]
+                break
+            except BufferError:
+                producer.poll(0.001)
+        if i % 1000 == 0:
+            producer.poll(0)
+    producer.flush(60)
+    seconds = time.perf_counter() - started
+    return {
+        "messages": count,
+        "acked": acked,
+        "failed": failed,
+        "seconds": round(seconds, 3),
+        "messages_per_s": round(acked / seconds, 1),
+    }
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    project, port = f"bench{uuid.uuid4().hex[:8]}", args.port
+    await call(port, "POST", "/v1/projects", {"name": project})
+    status, _ = await call(
+        port,
+        "POST",
+        f"/v1/projects/{project}/topics",
+        {"name": "orders", "grouped": True, "partitions": PARTITIONS, "retention_hours": 1},
+    )
+    assert status == 201, status
+    base = f"/v1/projects/{project}/topics/orders"
+    host = "127.0.0.1"
+    try:
+        print(f"single produce, closed loop, {args.connections} clients ...", flush=True)
+        saturated = await closed_loop(
+            host,
+            port,
+            single_request(base + "/produce"),
+            connections=args.connections,
+            duration_s=args.duration,
+            warmup_s=2,
+        )
+        print(
+            f"single produce, open loop at {args.rate}/s over {args.connections} clients ...",
+            flush=True,
+        )
+        paced = await open_loop(
+            host,
+            port,
+            single_request(base + "/produce"),
+            rate_per_s=args.rate,
+            connections=args.connections,
+            duration_s=args.duration,
+            warmup_s=2,
+        )
+        print(
+            f"batch produce, {args.batch_connections} clients x {args.batch_size} messages ...",
+            flush=True,
+        )
+        batches = await closed_loop(
+            host,
+            port,
+            batch_request(base + "/produce/batch", args.batch_size),
+            connections=args.batch_connections,
+            duration_s=args.duration,
+            warmup_s=2,
+        )
+        print("bare confluent-kafka producer ...", flush=True)
+        batch_messages = batches.ok * args.batch_size
+        bare = await asyncio.to_thread(
+            bare_producer,
+            args.bootstrap,
+            ingest_topic(project, "orders"),
+            max(batch_messages, 200_000),
+        )
+    finally:
+        await call(port, "DELETE", base)
+        await call(port, "DELETE", f"/v1/projects/{project}")
+    batch_rate = batch_messages / batches.seconds
+    return {
+        "single_closed_loop": saturated.summary(),
+        "single_open_loop": {"offered_per_s": args.rate, **paced.summary()},
+        "batch": {
+            "batch_size": args.batch_size,
+            "connections": args.batch_connections,
+            **batches.summary(),
+            "messages_per_s": round(batch_rate, 1),
+        },
+        "bare_producer": bare,
+    }
+
+
+def verdicts(figures: dict[str, Any]) -> dict[str, bool]:
+    single, paced = figures["single_closed_loop"], figures["single_open_loop"]
+    batch_rate = figures["batch"]["messages_per_s"]
+    bare_rate = figures["bare_producer"]["messages_per_s"]
+    return {
+        "single_at_least_3000_per_s": single["requests_per_s"] >= 3000,
+        "single_p99_at_most_20ms_at_target_rate": paced["p99_ms"] <= 20,
+        "batch_at_least_50000_per_s": batch_rate >= 50_000,
+        "batch_within_2x_of_bare": bare_rate <= 2 * batch_rate,
+    }
+
+
+def report(figures: dict[str, Any], checks: dict[str, bool]) -> None:
+    single, paced, batch, bare = (
+        figures[k] for k in ("single_closed_loop", "single_open_loop", "batch", "bare_producer")
+    )
+    print()
+    print(
+        f"single, closed loop : {single['requests_per_s']:>9.0f} req/s   "
+        f"p50 {single['p50_ms']} ms  p99 {single['p99_ms']} ms  statuses {single['statuses']}"
+    )
+    print(
+        f"single, {paced['offered_per_s']}/s paced: {paced['requests_per_s']:>8.0f} req/s   "
+        f"p50 {paced['p50_ms']} ms  p99 {paced['p99_ms']} ms  statuses {paced['statuses']}"
+    )
+    print(
+        f"batch of {batch['batch_size']:<5}     : {batch['messages_per_s']:>9.0f} msg/s   "
+        f"p50 {batch['p50_ms']} ms  p99 {batch['p99_ms']} ms a batch  {batch['statuses']}"
+    )
+    print(f"bare producer       : {bare['messages_per_s']:>9.0f} msg/s   ({bare['messages']} msgs)")
+    ratio = bare["messages_per_s"] / batch["messages_per_s"] if batch["messages_per_s"] else 0
+    print(f"bare / batch        : {ratio:.2f}x")
+    for name, passed in checks.items():
+        print(f"  {'PASS' if passed else 'MISS'}  {name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--bootstrap", default=os.environ.get("SETU_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    )
+    parser.add_argument(
+        "--redis", default=os.environ.get("SETU_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    parser.add_argument("--port", type=int, default=18080)
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds measured per phase")
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--rate", type=float, default=3000.0, help="paced single-produce rate")
+    parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument("--batch-connections", type=int, default=4)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.port)
+        return 0
+    import uvloop
+
+    with tempfile.TemporaryDirectory(prefix="setu-bench-") as data_dir:
+        api = start_api(args, data_dir)
+        try:
+            figures = uvloop.run(measure(args))
+        finally:
+            api.terminate()
+            api.wait(15)
+    checks = verdicts(figures)
+    report(figures, checks)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"produce-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    document = {
+        "benchmark": "produce",
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "settings": {k: v for k, v in vars(args).items() if k != "serve"},
+        "figures": figures,
+        "targets": checks,
+    }
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"\nwritten {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
