@@ -29,8 +29,35 @@ def failed_groups(project: str, subscription: str) -> str:
 
 
 def delivered(project: str, subscription: str, partition: int) -> str:
-    """Sorted set of message ids delivered (2xx recorded) above the committed offset, by offset."""
+    """Sorted set of the records of one partition index whose outcome is durable (delivered with
+    a recorded 2xx, moved, parked) above the committed offsets, so replays skip them. Member
+    ``{tier}:{offset}``, score ``tier * 2**48 + offset`` (see delivery.tiers)."""
     return f"{_sub(project, subscription)}:delivered:{partition}"
+
+
+def partition_failed(project: str, subscription: str, partition: int) -> str:
+    """Set of the failed group ids (those with a group_state key) on one partition index."""
+    return f"{_sub(project, subscription)}:failed:{partition}"
+
+
+def release_requests(project: str, subscription: str, partition: int) -> str:
+    """Set of group ids an operator unsidelined that the owning worker has not yet taken up."""
+    return f"{_sub(project, subscription)}:release:{partition}"
+
+
+def pending_releases(project: str, subscription: str, partition: int) -> str:
+    """Sorted set of DLQ offsets of single (unordered) dead letters to deliver again."""
+    return f"{_sub(project, subscription)}:pending:{partition}"
+
+
+def unsidelined(project: str, subscription: str, partition: int) -> str:
+    """Set of DLQ offsets delivered after an unsideline; DLQ browsing hides them."""
+    return f"{_sub(project, subscription)}:unsidelined:{partition}"
+
+
+def seeks_applied(project: str, subscription: str) -> str:
+    """Hash partition -> the subscription's seek_generation last applied to that partition."""
+    return f"{_sub(project, subscription)}:seeks"
 
 
 def counters(project: str, subscription: str) -> str:

@@ -1,0 +1,562 @@
+"""Delivery of one partition index of one subscription: the main log's partition and the same
+partition of every retry tier and of the DLQ, which the range assignor gives to one worker.
+
+The engine is synchronous and does no I/O. The runner feeds it records (in offset order per
+tier) and completions; it answers through its :class:`Effects` port. A state change always
+runs as: ``effects.move`` (Kafka write, acknowledged) → :meth:`PartitionEngine.moved` (computes
+the Redis write) → ``effects.persist`` → :meth:`PartitionEngine.persisted` (the change takes
+effect in memory, the source records finish, and the group goes on). So Redis never describes
+a Kafka write that did not happen, and an offset never finishes before its outcome is durable.
+
+Per group there is one *lane*: the group's records waiting in memory, at most one attempt in
+flight and at most one state change in progress. Lanes exist only while a group has something
+in memory, so memory follows activity, not the number of groups.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from delivery import groups
+from delivery.backoff import next_attempt_at
+from delivery.groups import Kind, Route
+from delivery.offsets import OffsetTracker
+from delivery.outcome import Outcome, Verdict
+from delivery.records import Record
+from delivery.tiers import DLQ, MAIN, is_retry, next_tier
+from setu.envelope import Envelope
+from setu.model import DeadLetterPolicy, Subscription
+from state.groups import GroupState, PartitionSnapshot, StateWrite
+
+# Parks and forwards of one group go out together, up to this many copies.
+MAX_MOVE_BATCH = 256
+# Tiers from the top down: a lane looks at its oldest messages' tiers first.
+_TIERS_DOWN = tuple(range(DLQ, MAIN - 1, -1))
+PARKED_REASON = "parked behind its failed group"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One webhook call to make. ``number`` is the 1-based X_DELIVERY_ATTEMPT; ``round``
+    counts in-place retries of a dead letter delivered again; ``not_before_ms`` delays it."""
+
+    partition: int
+    record: Record
+    number: int
+    independent: bool
+    round: int = 0
+    not_before_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """A copy of a message to write: ``envelope`` under delivery's own headers."""
+
+    envelope: Envelope
+    kind: Kind
+    origin: tuple[int, int]
+    due_at_ms: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Move:
+    """Copies of ``sources`` to write, in order, to partition ``partition`` of ``target``."""
+
+    partition: int
+    group: str | None
+    sources: tuple[Record, ...]
+    target: int
+    kind: Kind
+    copies: tuple[Copy, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Transition:
+    """A Redis write, and the records that finish once it is durable."""
+
+    write: StateWrite
+    sources: tuple[Record, ...] = ()
+    releases: bool = False  # the write releases the group: look at its dead letters again
+
+
+class Effects(Protocol):
+    """What the engine asks of the world. Each call starts work and returns at once; its
+    completion comes back as a call on the engine."""
+
+    def dispatch(self, attempt: Attempt) -> None:
+        """Call the webhook (not before ``attempt.not_before_ms``); then :meth:`on_result`."""
+
+    def move(self, move: Move) -> None:
+        """Write the copies, await the acks; then :meth:`moved` and persist what it returns."""
+
+    def persist(self, transition: Transition) -> None:
+        """Apply ``transition.write`` atomically; then :meth:`persisted`."""
+
+    def delivered(self, partition: int, tier: int, offset: int) -> None:
+        """Record a 2xx that changes no state (batched; no completion call)."""
+
+    def hold(self, partition: int, tier: int, offset: int, until_ms: int) -> None:
+        """Pause the tier's partition at ``offset`` until ``until_ms``; then :meth:`unblocked`."""
+
+    def seek(self, partition: int, tier: int, offset: int) -> None:
+        """Move the tier's consumer back to ``offset``; then :meth:`unblocked`."""
+
+
+@dataclass(slots=True, eq=False)
+class Lane:
+    """A group's records in memory and what is in progress for it."""
+
+    queues: dict[int, deque[Record]] = field(default_factory=dict)
+    delivering: Attempt | None = None
+    busy: Move | Transition | None = None
+    result: tuple[Attempt, Outcome] | None = None
+    release: bool = False
+
+    def idle(self) -> bool:
+        return (
+            self.delivering is None
+            and self.busy is None
+            and self.result is None
+            and not self.release
+            and not any(self.queues.values())
+        )
+
+
+class PartitionEngine:
+    """Decisions for one partition index of ``sub``; see the module doc."""
+
+    def __init__(
+        self,
+        sub: Subscription,
+        partition: int,
+        effects: Effects,
+        snapshot: PartitionSnapshot,
+        *,
+        clock: Callable[[], int],
+        rng: Callable[[], float],
+        positions: dict[int, int] | None = None,
+    ) -> None:
+        self.sub = sub
+        self.partition = partition
+        self.effects = effects
+        self.clock = clock
+        self.rng = rng
+        self.states: dict[str, GroupState] = dict(snapshot.states)
+        self.replayed: set[tuple[int, int]] = set(snapshot.outcomes)
+        self.pending: set[int] = set(snapshot.pending_releases)
+        self.lanes: dict[str, Lane] = {}
+        self.trackers: dict[int, OffsetTracker] = {
+            tier: OffsetTracker(offset) for tier, offset in (positions or {}).items()
+        }
+        self.blocked: dict[int, int] = {}  # tier -> holds/seeks whose marker is still to come
+        self.active = 0  # dispatches, moves and writes in progress
+        self.in_flight = 0  # webhook calls in progress
+        self._grouped = sub.grouped
+        self._tiers = sub.retry.tiers
+
+    # Input: records
+
+    def on_record(self, rec: Record) -> None:
+        """A record read from ``rec.tier``; records of a tier arrive in offset order."""
+        if rec.tier in self.blocked:
+            return  # fetched before a hold or seek took effect: it will be read again
+        tracker = self.trackers.get(rec.tier)
+        if tracker is None:
+            tracker = self.trackers[rec.tier] = OffsetTracker()
+        if tracker.is_open(rec.offset):
+            tracker.pass_over(rec.offset)  # a DLQ record read again while still in progress
+            return
+        if is_retry(rec.tier) and rec.due_at_ms > self.clock():
+            self.blocked[rec.tier] = 1
+            tracker.rewind(rec.offset)
+            self.effects.hold(self.partition, rec.tier, rec.offset, rec.due_at_ms)
+            return
+        tracker.read(rec.offset)
+        if (rec.tier, rec.offset) in self.replayed:
+            tracker.finish(rec.offset)  # its outcome was recorded before a restart
+            return
+        group = rec.group
+        if not self._grouped or group is None:
+            self._loose(rec)
+            return
+        lane = self.lanes.get(group)
+        if lane is None:
+            lane = self.lanes[group] = Lane()
+        queue = lane.queues.get(rec.tier)
+        if queue is None:
+            queue = lane.queues[rec.tier] = deque()
+        queue.append(rec)
+        if lane.busy is None:
+            self._pump(group, lane)
+
+    def unblocked(self, tier: int, offset: int) -> None:
+        """A hold or seek took effect: the tier's records come again from ``offset``."""
+        left = self.blocked.get(tier, 0) - 1
+        if left > 0:
+            self.blocked[tier] = left
+            return
+        self.blocked.pop(tier, None)
+        tracker = self.trackers.get(tier)
+        if tracker is None:
+            self.trackers[tier] = OffsetTracker(offset)
+        else:
+            tracker.rewind(offset)
+
+    # Input: operator requests
+
+    def release_groups(self, group_ids: Iterable[str]) -> None:
+        """Operators asked to deliver these groups' dead letters again (in order)."""
+        for group in group_ids:
+            lane = self.lanes.get(group)
+            if lane is None:
+                lane = self.lanes[group] = Lane()
+            lane.release = True
+            self._pump(group, lane)
+
+    def add_pending_releases(self, offsets: Iterable[int]) -> None:
+        """Operators asked to deliver these single dead letters again."""
+        new = set(offsets) - self.pending
+        if new:
+            self.pending |= new
+            self._revisit_dlq(min(new))
+
+    # Input: completions
+
+    def on_result(self, attempt: Attempt, outcome: Outcome) -> None:
+        """The webhook call of ``attempt`` ended with ``outcome``."""
+        self.active -= 1
+        self.in_flight -= 1
+        group = attempt.record.group
+        lane = self.lanes.get(group) if (self._grouped and group is not None) else None
+        if lane is not None and lane.delivering is attempt:
+            lane.delivering = None
+            lane.result = (attempt, outcome)
+            self._pump(group, lane)  # type: ignore[arg-type]
+        else:
+            self._settle(None, None, attempt, outcome)
+
+    def moved(self, move: Move, offsets: list[int]) -> Transition:
+        """The copies of ``move`` are acknowledged at ``offsets``: the write to persist next."""
+        group = move.group
+        state = self.states.get(group) if group is not None else None
+        n = len(move.sources)
+        outcomes = tuple((src.tier, src.offset) for src in move.sources)
+        retried = n if move.target != DLQ else 0
+        dead_lettered = n if move.target == DLQ else 0
+        if move.kind.changes_state and group is not None:
+            new = state
+            now = self.clock()
+            for src, offset in zip(move.sources, offsets, strict=True):
+                new = groups.apply_copy(
+                    new,
+                    move.kind,
+                    src.tier,
+                    move.target,
+                    src.message_id,
+                    copy_offset=offset,
+                    source_offset=src.offset,
+                    now_ms=now,
+                )
+            write = StateWrite(
+                self.partition,
+                group,
+                touches_group=True,
+                expected_version=state.version if state is not None else 0,
+                state=new,
+                outcomes=outcomes,
+                retried=retried,
+                dead_lettered=dead_lettered,
+            )
+        else:
+            write = StateWrite(
+                self.partition,
+                group,
+                outcomes=outcomes,
+                retried=retried,
+                dead_lettered=dead_lettered,
+            )
+        transition = Transition(write, move.sources)
+        lane = self.lanes.get(group) if group is not None else None
+        if lane is not None and lane.busy is move:
+            lane.busy = transition
+        return transition
+
+    def persisted(self, transition: Transition) -> None:
+        """``transition.write`` is durable: it takes effect here."""
+        self.active -= 1
+        write = transition.write
+        group = write.group
+        if write.touches_group and group is not None:
+            if write.state is None:
+                self.states.pop(group, None)
+            else:
+                self.states[group] = write.state
+        for src in transition.sources:
+            self.trackers[src.tier].finish(src.offset)
+        self.pending.difference_update(write.releases_done)
+        if transition.releases and write.state is not None:
+            self._revisit_dlq(write.state.dlq_from)
+        lane = self.lanes.get(group) if group is not None else None
+        if lane is not None and lane.busy is transition:
+            lane.busy = None
+            self._pump(group, lane)  # type: ignore[arg-type]
+
+    # Output: what the runner reads
+
+    def committable(self) -> dict[int, int]:
+        """Per tier, the offset that may be committed now."""
+        out = {}
+        for tier, tracker in self.trackers.items():
+            offset = tracker.committable()
+            if offset is not None:
+                out[tier] = offset
+        return out
+
+    def open_count(self, tier: int) -> int:
+        tracker = self.trackers.get(tier)
+        return 0 if tracker is None else tracker.open_count
+
+    def retry_backlog(self) -> int:
+        """Messages of failed groups waiting in retry tiers."""
+        return sum(sum(s.counts[1:DLQ]) for s in self.states.values())
+
+    # Decisions
+
+    def _is_loose(self, rec: Record) -> bool:
+        """Outside group order: ungrouped, no group, or a copy made outside it."""
+        return rec.kind is Kind.RETRY or rec.kind is Kind.DEAD or rec.kind is Kind.SKIP
+
+    def _route(self, state: GroupState | None, rec: Record) -> tuple[Route, bool]:
+        """The route of ``rec`` and whether it goes outside group order."""
+        if self._is_loose(rec):
+            if rec.tier == DLQ:
+                return (Route.DELIVER if rec.offset in self.pending else Route.SKIP), True
+            return Route.DELIVER, True
+        route = groups.route(state, rec.tier, rec.message_id, rec.offset)
+        return route, route is Route.STRAY
+
+    def _loose(self, rec: Record) -> None:
+        """A record of an ungrouped subscription (or without a group): no lane, no order."""
+        if rec.tier == DLQ and rec.offset not in self.pending:
+            self.trackers[DLQ].finish(rec.offset)
+            return
+        self._dispatch(rec, True, None)
+
+    def _pump(self, group: str, lane: Lane) -> None:
+        while lane.busy is None:
+            if lane.result is not None:
+                attempt, outcome = lane.result
+                lane.result = None
+                self._settle(group, lane, attempt, outcome)
+            elif lane.release:
+                lane.release = False
+                self._release(group, lane)
+            elif not self._step(group, lane):
+                break
+        if lane.idle():
+            del self.lanes[group]
+
+    def _step(self, group: str, lane: Lane) -> bool:
+        """Start the next thing the lane can do; False when it can do nothing now."""
+        state = self.states.get(group)
+        queues = lane.queues
+        for tier in _TIERS_DOWN if len(queues) > 1 else queues:
+            queue = queues.get(tier)
+            if not queue:
+                continue
+            rec = queue[0]
+            route, loose = self._route(state, rec)
+            if route is Route.SKIP:
+                queue.popleft()
+                self.trackers[tier].finish(rec.offset)
+                return True
+            if route is Route.WAIT:
+                continue
+            if route is Route.DELIVER or route is Route.STRAY:
+                if lane.delivering is not None:
+                    continue
+                queue.popleft()
+                self._dispatch(rec, loose, lane)
+                return True
+            assert state is not None
+            batch = [queue.popleft()]
+            while queue and len(batch) < MAX_MOVE_BATCH and not self._is_loose(queue[0]):
+                batch.append(queue.popleft())
+            kind = Kind.PARK if route is Route.PARK else Kind.FORWARD
+            self._move(lane, group, batch, groups.target(state, route, tier), kind, None, None)
+            return True
+        return False
+
+    def _dispatch(
+        self, rec: Record, loose: bool, lane: Lane | None, round_: int = 0, at: int = 0
+    ) -> None:
+        attempt = Attempt(self.partition, rec, rec.envelope.attempt + 1 + round_, loose, round_, at)
+        if lane is not None:
+            lane.delivering = attempt
+        self.active += 1
+        self.in_flight += 1
+        self.effects.dispatch(attempt)
+
+    def _settle(
+        self, group: str | None, lane: Lane | None, attempt: Attempt, outcome: Outcome
+    ) -> None:
+        rec = attempt.record
+        if rec.tier == DLQ:
+            self._settle_dead_letter(group, lane, attempt, outcome)
+            return
+        if outcome.verdict is Verdict.DELIVERED:
+            if attempt.independent or rec.tier == MAIN:
+                self.trackers[rec.tier].finish(rec.offset)
+                self.effects.delivered(self.partition, rec.tier, rec.offset)
+                return
+            assert group is not None
+            state = self.states[group]
+            write = StateWrite(
+                self.partition,
+                group,
+                touches_group=True,
+                expected_version=state.version,
+                state=groups.head_done(state, rec.tier, rec.offset),
+                outcomes=((rec.tier, rec.offset),),
+                delivered=1,
+            )
+            self._persist(lane, Transition(write, (rec,)))
+            return
+        ordered = not attempt.independent and group is not None
+        to = next_tier(rec.tier, self._tiers)
+        now = self.clock()
+        if outcome.verdict is Verdict.RETRY and to != DLQ:
+            due = next_attempt_at(
+                now, self._delay(to), rnd=self.rng(), retry_after_ms=outcome.retry_after_ms
+            )
+            kind = Kind.HEAD if ordered else Kind.RETRY
+            self._move(lane, group, [rec], to, kind, (attempt, outcome), due)
+        elif ordered and self.sub.dead_letter_policy is DeadLetterPolicy.PARK:
+            self._move(lane, group, [rec], DLQ, Kind.HEAD, (attempt, outcome), now)
+        elif ordered:
+            self._move(lane, group, [rec], DLQ, Kind.SKIP, (attempt, outcome), now)
+        else:
+            self._move(lane, group, [rec], DLQ, Kind.DEAD, (attempt, outcome), now)
+
+    def _settle_dead_letter(
+        self, group: str | None, lane: Lane | None, attempt: Attempt, outcome: Outcome
+    ) -> None:
+        """A dead letter delivered again: success settles it; failure retries in place with the
+        tier delays, then leaves it dead (a released group parks on it again)."""
+        rec = attempt.record
+        offset = rec.offset
+        if outcome.verdict is Verdict.RETRY and attempt.round < self._tiers:
+            at = next_attempt_at(
+                self.clock(),
+                self._delay(attempt.round + 1),
+                rnd=self.rng(),
+                retry_after_ms=outcome.retry_after_ms,
+            )
+            self._dispatch(rec, attempt.independent, lane, attempt.round + 1, at)
+            return
+        delivered = outcome.verdict is Verdict.DELIVERED
+        if attempt.independent:
+            write = StateWrite(
+                self.partition,
+                group,
+                releases_done=(offset,),
+                unsidelined=(offset,) if delivered else (),
+                delivered=1 if delivered else 0,
+            )
+        else:
+            assert group is not None
+            state = self.states[group]
+            new = (
+                groups.head_done(state, DLQ, offset)
+                if delivered
+                else groups.reparked(state, rec.message_id, offset, self.clock())
+            )
+            write = StateWrite(
+                self.partition,
+                group,
+                touches_group=True,
+                expected_version=state.version,
+                state=new,
+                unsidelined=(offset,) if delivered else (),
+                delivered=1 if delivered else 0,
+            )
+        self._persist(lane, Transition(write, (rec,)))
+
+    def _release(self, group: str, lane: Lane) -> None:
+        state = self.states.get(group)
+        if state is None or state.head_tier != DLQ or state.released:
+            write = StateWrite(self.partition, group, release_request_done=True)
+            self._persist(lane, Transition(write))
+            return
+        write = StateWrite(
+            self.partition,
+            group,
+            touches_group=True,
+            expected_version=state.version,
+            state=groups.released(state),
+            release_request_done=True,
+        )
+        self._persist(lane, Transition(write, releases=True))
+
+    def _move(
+        self,
+        lane: Lane | None,
+        group: str | None,
+        sources: list[Record],
+        target: int,
+        kind: Kind,
+        failure: tuple[Attempt, Outcome] | None,
+        due_at_ms: int | None,
+    ) -> None:
+        now = self.clock()
+        copies = []
+        for src in sources:
+            env = src.envelope
+            if failure is not None:
+                attempt, outcome = failure
+                env = env.evolve(
+                    attempt=attempt.number,
+                    failure_reason=outcome.reason,
+                    last_status=outcome.status,
+                    failed_at_ms=now,
+                )
+            elif target == DLQ:
+                env = env.evolve(failure_reason=PARKED_REASON, failed_at_ms=now)
+            if src.tier == MAIN and env.main_offset is None:
+                env = env.evolve(main_offset=src.offset)
+            copies.append(
+                Copy(env, kind, (src.tier, src.offset), now if due_at_ms is None else due_at_ms)
+            )
+        move = Move(self.partition, group, tuple(sources), target, kind, tuple(copies))
+        if lane is not None:
+            lane.busy = move
+        self.active += 1
+        self.effects.move(move)
+
+    def _persist(self, lane: Lane | None, transition: Transition) -> None:
+        if lane is not None:
+            lane.busy = transition
+        self.active += 1
+        self.effects.persist(transition)
+
+    def _revisit_dlq(self, offset: int) -> None:
+        """Read the DLQ again from ``offset`` if its consumer is already past it."""
+        tracker = self.trackers.get(DLQ)
+        if tracker is None or tracker.position is None or offset >= tracker.position:
+            return
+        self.blocked[DLQ] = self.blocked.get(DLQ, 0) + 1
+        tracker.rewind(offset)
+        # Letters queued from there on come again, in order: keeping them would put the
+        # re-read older ones behind them.
+        for lane in self.lanes.values():
+            queue = lane.queues.get(DLQ)
+            while queue and queue[-1].offset >= offset:
+                tracker.unread(queue.pop().offset)
+        self.effects.seek(self.partition, DLQ, offset)
+
+    def _delay(self, tier: int) -> int:
+        delays = self.sub.retry.delays_ms
+        return delays[min(tier, len(delays)) - 1] if delays else 0

@@ -1,0 +1,197 @@
+"""The state of a failed group and every change to it (DESIGN §4), as pure functions.
+
+A healthy group has no state. A failed group's state counts, per tier, how many of its messages
+sit there unfinished. The mechanism keeps one invariant, which is what makes order hold:
+
+    *the older a message of the group, the higher (or equal) the tier it sits in.*
+
+From it follows everything else:
+
+- The head (the oldest unfinished message) is in the highest non-empty tier; only the head is
+  ever attempted, and only once it is due.
+- A main message of a failed group parks in the group's *lowest* non-empty tier (it is the
+  newest), behind whatever is there.
+- When the head fails again it moves one tier up; messages left in lower tiers are forwarded,
+  when their tier's consumer reaches them, to the next non-empty tier above them (not straight
+  to the head's tier, which could overtake a message forwarded earlier).
+- When the head is delivered, the next head is the next unfinished message of the group in the
+  highest non-empty tier (``head`` is then None: "whichever comes first there").
+- Under the ``park`` policy the DLQ is the top tier: a dead-lettered head parks its group there
+  and nothing is attempted until an operator releases the group, which delivers its dead
+  letters in place, in order, from ``dlq_from`` on.
+
+Functions here only compute; the engine decides when, and the store persists the result after
+the Kafka writes it describes are acknowledged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from enum import StrEnum
+
+from delivery.tiers import DLQ, MAIN
+from state.groups import GroupState
+
+
+class Kind(StrEnum):
+    """Why a copy of a message was written to a retry tier or the DLQ."""
+
+    HEAD = "head"  # the group's head, after a failed attempt
+    PARK = "park"  # a main message parked behind its failed group
+    FORWARD = "forward"  # a group message following its group to a higher tier
+    SKIP = "skip"  # the group's head, dead-lettered on its own under the skip policy
+    RETRY = "retry"  # a message outside group order, after a failed attempt
+    DEAD = "dead"  # dead-lettered outside group order (ungrouped, or no state of its group)
+
+    @property
+    def ordered(self) -> bool:
+        """Whether the copy belongs to its group's ordered queue (counted in group state)."""
+        return self in (Kind.HEAD, Kind.PARK, Kind.FORWARD)
+
+    @property
+    def changes_state(self) -> bool:
+        """Whether writing the copy changes its group's state."""
+        return self is not Kind.RETRY and self is not Kind.DEAD
+
+
+class Route(StrEnum):
+    """What to do now with one message of a group."""
+
+    DELIVER = "deliver"  # attempt it (a healthy group's message, or the group's head)
+    WAIT = "wait"  # stay in memory behind the head
+    PARK = "park"  # main message of a failed group: append to the target tier
+    FORWARD = "forward"  # left behind in a lower tier: move up to the target tier
+    SKIP = "skip"  # nothing to do: a parked dead letter, or one already handled
+    STRAY = "stray"  # no state accounts for it: deliver it on its own (at-least-once)
+
+
+def _add(counts: tuple[int, ...], tier: int, n: int) -> tuple[int, ...]:
+    if counts[tier] + n < 0:
+        raise ValueError(f"tier {tier} would hold {counts[tier] + n} messages")
+    return (*counts[:tier], counts[tier] + n, *counts[tier + 1 :])
+
+
+def _settled(state: GroupState, counts: tuple[int, ...], dlq_from: int) -> GroupState | None:
+    """After the head finished: None (healthy) when nothing is left, else the state with the
+    next head unknown; leaving the DLQ clears the DLQ-only fields."""
+    if not any(counts):
+        return None
+    new = replace(state, counts=counts, head=None, dlq_from=dlq_from, version=state.version + 1)
+    if new.head_tier != DLQ:
+        new = replace(new, released=False, dlq_from=-1)
+    return new
+
+
+def route(state: GroupState | None, tier: int, message_id: str, offset: int) -> Route:
+    """What to do with an ordered message of the group in ``tier`` (see the module doc)."""
+    if tier == MAIN:
+        return Route.DELIVER if state is None else Route.PARK
+    if tier == DLQ:
+        if state is None or state.counts[DLQ] == 0 or offset < state.dlq_from:
+            return Route.SKIP
+        if not state.released:
+            return Route.SKIP
+        return Route.DELIVER if state.head in (None, message_id) else Route.WAIT
+    if state is None or state.counts[tier] == 0:
+        return Route.STRAY
+    if tier < state.head_tier:
+        return Route.FORWARD
+    return Route.DELIVER if state.head in (None, message_id) else Route.WAIT
+
+
+def target(state: GroupState, route_: Route, tier: int) -> int:
+    """The tier a PARK or FORWARD goes to."""
+    if route_ is Route.PARK:
+        return state.lowest_tier
+    if route_ is Route.FORWARD:
+        return state.tier_above(tier)
+    raise ValueError(f"{route_} has no target")
+
+
+def head_failed(
+    state: GroupState | None,
+    from_tier: int,
+    to_tier: int,
+    message_id: str,
+    *,
+    dlq_offset: int = -1,
+    now_ms: int = 0,
+) -> GroupState:
+    """The head (or a healthy group's main message) failed in ``from_tier`` and its copy is
+    now in ``to_tier``; under ``park`` a DLQ copy at ``dlq_offset`` parks the group."""
+    base = state if state is not None else GroupState()
+    counts = base.counts if from_tier == MAIN else _add(base.counts, from_tier, -1)
+    counts = _add(counts, to_tier, 1)
+    new = replace(
+        base, counts=counts, head=message_id, failed_at_ms=now_ms, version=base.version + 1
+    )
+    if to_tier == DLQ:
+        return replace(new, released=False, dlq_from=dlq_offset)
+    return replace(new, released=False, dlq_from=-1)
+
+
+def parked(state: GroupState, to_tier: int, n: int = 1) -> GroupState:
+    """``n`` main messages were appended to ``to_tier`` behind the group."""
+    return replace(state, counts=_add(state.counts, to_tier, n), version=state.version + 1)
+
+
+def forwarded(state: GroupState, from_tier: int, to_tier: int, n: int = 1) -> GroupState:
+    """``n`` messages moved from ``from_tier`` up to ``to_tier``."""
+    counts = _add(_add(state.counts, from_tier, -n), to_tier, n)
+    return replace(state, counts=counts, version=state.version + 1)
+
+
+def head_done(state: GroupState, tier: int, offset: int) -> GroupState | None:
+    """The head in ``tier`` (at ``offset``) is finished: delivered, or dead-lettered on its own
+    under ``skip``. The group is healthy again (None) when nothing of it is left."""
+    counts = _add(state.counts, tier, -1)
+    return _settled(state, counts, offset + 1 if tier == DLQ else state.dlq_from)
+
+
+def released(state: GroupState) -> GroupState:
+    """An operator released the group's dead letters; raises unless it is parked in the DLQ."""
+    if state.counts[DLQ] == 0 or state.head_tier != DLQ:
+        raise ValueError("only a group parked in the DLQ can be released")
+    return replace(state, released=True, version=state.version + 1)
+
+
+def reparked(state: GroupState, message_id: str, offset: int, now_ms: int) -> GroupState:
+    """A released dead letter failed again: the group parks on it, where it is."""
+    return replace(
+        state,
+        released=False,
+        head=message_id,
+        dlq_from=offset,
+        failed_at_ms=now_ms,
+        version=state.version + 1,
+    )
+
+
+def apply_copy(
+    state: GroupState | None,
+    kind: Kind,
+    from_tier: int,
+    to_tier: int,
+    message_id: str,
+    *,
+    copy_offset: int,
+    source_offset: int,
+    now_ms: int,
+) -> GroupState | None:
+    """The state change a copy of ``kind`` stands for; used both when the copy is written and
+    when recovery finds a copy whose state change never reached Redis."""
+    if kind is Kind.HEAD:
+        return head_failed(
+            state, from_tier, to_tier, message_id, dlq_offset=copy_offset, now_ms=now_ms
+        )
+    if kind is Kind.PARK:
+        if state is None:
+            raise ValueError("a park needs a failed group")
+        return parked(state, to_tier)
+    if kind is Kind.FORWARD:
+        if state is None:
+            raise ValueError("a forward needs a failed group")
+        return forwarded(state, from_tier, to_tier)
+    if kind is Kind.SKIP and state is not None and from_tier != MAIN:
+        return head_done(state, from_tier, source_offset)
+    return state

@@ -1,0 +1,115 @@
+"""An in-memory :class:`~state.groups.GroupStore` with the same contract as the Redis one.
+
+For unit tests and simulations of delivery; the contract tests run against both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from state.groups import (
+    COUNTERS,
+    GroupState,
+    PartitionSnapshot,
+    StaleGroupState,
+    StateWrite,
+)
+
+
+@dataclass(slots=True)
+class _Partition:
+    failed: set[str] = field(default_factory=set)
+    outcomes: set[tuple[int, int]] = field(default_factory=set)
+    pending: set[int] = field(default_factory=set)
+    requests: set[str] = field(default_factory=set)
+    unsidelined: set[int] = field(default_factory=set)
+    seek_generation: int = 0
+
+
+class StubGroupStore:
+    """Group state of one subscription, in dictionaries."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, tuple[int, GroupState]] = {}  # group -> (partition, state)
+        self.partitions: dict[int, _Partition] = {}
+        self.totals: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+
+    def _p(self, partition: int) -> _Partition:
+        return self.partitions.setdefault(partition, _Partition())
+
+    async def load(self, partition: int) -> PartitionSnapshot:
+        part = self._p(partition)
+        return PartitionSnapshot(
+            states={g: self.groups[g][1] for g in part.failed},
+            outcomes=set(part.outcomes),
+            pending_releases=set(part.pending),
+            release_requests=set(part.requests),
+            seek_generation=part.seek_generation,
+        )
+
+    async def apply(self, write: StateWrite) -> None:
+        part = self._p(write.partition)
+        group = write.group or ""
+        if write.touches_group:
+            stored = self.groups.get(group)
+            version = stored[1].version if stored else 0
+            if version != write.expected_version:
+                raise StaleGroupState(
+                    f"STALE stored version {version}, expected {write.expected_version}"
+                )
+            if write.state is None:
+                self.groups.pop(group, None)
+                part.failed.discard(group)
+            else:
+                self.groups[group] = (write.partition, write.state)
+                part.failed.add(group)
+        part.outcomes.update(write.outcomes)
+        self.totals["delivered_total"] += write.delivered
+        self.totals["dead_lettered"] += write.dead_lettered
+        self.totals["retried"] += write.retried
+        part.unsidelined.update(write.unsidelined)
+        part.pending.difference_update(write.releases_done)
+        if write.release_request_done:
+            part.requests.discard(group)
+
+    async def record_delivered(self, partition: int, outcomes: Sequence[tuple[int, int]]) -> None:
+        self._p(partition).outcomes.update(outcomes)
+        self.totals["delivered_total"] += len(outcomes)
+
+    async def trim(self, partition: int, committed: Mapping[int, int]) -> None:
+        part = self._p(partition)
+        part.outcomes = {
+            (t, o) for t, o in part.outcomes if t not in committed or o >= committed[t]
+        }
+
+    async def clear_outcomes(self, partition: int, tier: int) -> None:
+        part = self._p(partition)
+        part.outcomes = {(t, o) for t, o in part.outcomes if t != tier}
+
+    async def poll_releases(self, partition: int) -> tuple[set[str], set[int]]:
+        part = self._p(partition)
+        return set(part.requests), set(part.pending)
+
+    async def request_release(
+        self, partition: int, groups: Iterable[str], offsets: Iterable[int]
+    ) -> None:
+        part = self._p(partition)
+        part.requests.update(groups)
+        part.pending.update(offsets)
+
+    async def group(self, group_id: str) -> GroupState | None:
+        stored = self.groups.get(group_id)
+        return None if stored is None else stored[1]
+
+    async def failed_count(self) -> int:
+        return len(self.groups)
+
+    async def counters(self) -> dict[str, int]:
+        return dict(self.totals)
+
+    async def unsidelined(self, partition: int) -> set[int]:
+        return set(self._p(partition).unsidelined)
+
+    async def mark_seek_applied(self, partition: int, generation: int) -> None:
+        self._p(partition).seek_generation = generation

@@ -1,0 +1,141 @@
+"""Contract of the group-state store: the same tests on the in-memory stub and on real Redis."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from state import keys
+from state.groups import (
+    DLQ_TIER,
+    EMPTY_COUNTS,
+    GroupState,
+    GroupStore,
+    RedisGroupStore,
+    StaleGroupState,
+    StateWrite,
+)
+from state.groups_stub import StubGroupStore
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["stub", "redis"])
+async def store(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[GroupStore]:
+    if request.param == "stub":
+        yield StubGroupStore()
+        return
+    project = f"t{uuid.uuid4().hex[:10]}"
+    client: Redis[bytes] = Redis.from_url(redis_url)
+    try:
+        yield RedisGroupStore(client, project, "s")
+    finally:
+        found = [k async for k in client.scan_iter(match=keys.subscription_pattern(project, "s"))]
+        if found:
+            await client.delete(*found)
+        await client.aclose()  # type: ignore[attr-defined]
+
+
+def failed(tier: int, n: int = 1, head: str | None = "a", version: int = 1) -> GroupState:
+    counts = list(EMPTY_COUNTS)
+    counts[tier] = n
+    return GroupState(counts=tuple(counts), head=head, version=version, failed_at_ms=7)
+
+
+async def test_a_failed_group_round_trips_and_is_counted(store: GroupStore) -> None:
+    # Given a group written as failed on partition 2
+    state = failed(1, 3)
+    await store.apply(StateWrite(2, "g", touches_group=True, expected_version=0, state=state))
+    # Then it reads back equal, is counted, and loads with its partition only
+    assert await store.group("g") == state
+    assert await store.failed_count() == 1
+    assert (await store.load(2)).states == {"g": state}
+    assert (await store.load(1)).states == {}
+
+
+async def test_a_group_becoming_healthy_leaves_no_state(store: GroupStore) -> None:
+    await store.apply(StateWrite(0, "g", touches_group=True, expected_version=0, state=failed(1)))
+    await store.apply(StateWrite(0, "g", touches_group=True, expected_version=1, state=None))
+    assert await store.group("g") is None
+    assert await store.failed_count() == 0
+    assert (await store.load(0)).states == {}
+
+
+async def test_a_write_with_a_stale_version_changes_nothing(store: GroupStore) -> None:
+    # Given a group at version 1
+    await store.apply(StateWrite(0, "g", touches_group=True, expected_version=0, state=failed(1)))
+    # When a writer that expects version 0 writes again, with outcomes and counters
+    with pytest.raises(StaleGroupState):
+        await store.apply(
+            StateWrite(
+                0,
+                "g",
+                touches_group=True,
+                expected_version=0,
+                state=failed(2, version=2),
+                outcomes=((0, 5),),
+                retried=1,
+            )
+        )
+    # Then the state, the outcomes and the counters are as before
+    assert await store.group("g") == failed(1)
+    assert (await store.load(0)).outcomes == set()
+    assert (await store.counters())["retried"] == 0
+
+
+async def test_outcomes_and_counters_change_with_the_state(store: GroupStore) -> None:
+    await store.apply(
+        StateWrite(
+            3,
+            "g",
+            touches_group=True,
+            expected_version=0,
+            state=failed(1),
+            outcomes=((0, 10), (0, 11)),
+            retried=2,
+        )
+    )
+    await store.apply(StateWrite(3, None, outcomes=((1, 4),), dead_lettered=1))
+    await store.record_delivered(3, [(0, 12), (DLQ_TIER - 1, 2**40)])
+    snapshot = await store.load(3)
+    assert snapshot.outcomes == {(0, 10), (0, 11), (1, 4), (0, 12), (DLQ_TIER - 1, 2**40)}
+    assert await store.counters() == {"delivered_total": 2, "dead_lettered": 1, "retried": 2}
+
+
+async def test_trim_forgets_outcomes_below_each_committed_offset(store: GroupStore) -> None:
+    await store.record_delivered(0, [(0, 1), (0, 5), (0, 9), (1, 1), (1, 9), (2, 3)])
+    await store.trim(0, {0: 6, 1: 2})
+    assert (await store.load(0)).outcomes == {(0, 9), (1, 9), (2, 3)}
+    await store.clear_outcomes(0, 1)
+    assert (await store.load(0)).outcomes == {(0, 9), (2, 3)}
+
+
+async def test_release_requests_are_taken_up_once(store: GroupStore) -> None:
+    # Given an operator's request for group g and two single dead letters on partition 1
+    await store.request_release(1, ["g"], [40, 41])
+    assert await store.poll_releases(1) == ({"g"}, {40, 41})
+    snapshot = await store.load(1)
+    assert (snapshot.release_requests, snapshot.pending_releases) == ({"g"}, {40, 41})
+    # When the worker takes up the group and delivers letter 40 again
+    await store.apply(StateWrite(1, "g", release_request_done=True))
+    await store.apply(StateWrite(1, None, releases_done=(40,), unsidelined=(40,), delivered=1))
+    # Then only letter 41 is left pending, and 40 is marked as delivered again
+    assert await store.poll_releases(1) == (set(), {41})
+    assert await store.unsidelined(1) == {40}
+
+
+async def test_released_dlq_fields_round_trip(store: GroupStore) -> None:
+    state = GroupState(
+        counts=failed(DLQ_TIER, 2).counts, head=None, released=True, dlq_from=12, version=4
+    )
+    await store.apply(StateWrite(0, "g", touches_group=True, expected_version=0, state=state))
+    assert await store.group("g") == state
+
+
+async def test_seek_generations_are_remembered_per_partition(store: GroupStore) -> None:
+    await store.mark_seek_applied(2, 3)
+    assert (await store.load(2)).seek_generation == 3
+    assert (await store.load(1)).seek_generation == 0

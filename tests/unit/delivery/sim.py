@@ -1,0 +1,303 @@
+"""A deterministic world around one :class:`PartitionEngine`: Kafka logs as lists, the stub
+group store as Redis, a webhook whose answers the test chooses, and a clock that only moves
+when told. Every effect the engine asks for waits until the test completes it, so tests can
+interleave completions in any order and crash the worker between any two of them.
+
+A crash loses everything in memory: the engine, pending webhook calls, Kafka writes not yet
+acknowledged, Redis writes not yet applied and 2xx outcomes not yet flushed. A restart does
+what the runner does on assignment: read the tails, complete cut-short changes, reload.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from delivery.engine import Attempt, Move, PartitionEngine, Transition
+from delivery.groups import Kind
+from delivery.outcome import Outcome, classify_error, classify_status
+from delivery.records import Record, copy_headers, parse_record
+from delivery.recovery import missing_writes
+from delivery.tiers import DLQ, MAIN
+from setu.envelope import Envelope, KafkaHeaders
+from setu.model import DeadLetterPolicy, Endpoint, RetryPolicy, Subscription
+from state.groups_stub import StubGroupStore
+
+T = TypeVar("T")
+P = 0  # the one partition index simulated
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Runs a coroutine of the stub store, which never really awaits."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    raise RuntimeError("the stub store awaited something")
+
+
+def subscription(
+    grouped: bool = True,
+    policy: DeadLetterPolicy = DeadLetterPolicy.PARK,
+    delays: tuple[int, ...] = (100, 300),
+) -> Subscription:
+    return Subscription(
+        project="p",
+        name="s",
+        topic="t",
+        endpoint=Endpoint("http://hook.test/"),
+        grouped=grouped,
+        retry=RetryPolicy(delays_ms=delays),
+        dead_letter_policy=policy,
+    )
+
+
+class SimEffects:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.dispatches: list[Attempt] = []
+        self.moves: list[Move] = []
+        self.persists: list[Transition] = []
+        self.unflushed: list[tuple[int, int]] = []
+
+    def dispatch(self, attempt: Attempt) -> None:
+        self.dispatches.append(attempt)
+
+    def move(self, move: Move) -> None:
+        self.moves.append(move)
+
+    def persist(self, transition: Transition) -> None:
+        self.persists.append(transition)
+
+    def delivered(self, partition: int, tier: int, offset: int) -> None:
+        self.unflushed.append((tier, offset))
+
+    def hold(self, partition: int, tier: int, offset: int, until_ms: int) -> None:
+        self.world.positions[tier] = offset
+        self.world.paused[tier] = (until_ms, offset)
+
+    def seek(self, partition: int, tier: int, offset: int) -> None:
+        self.world.positions[tier] = offset
+        self.world.markers.append((tier, offset))
+
+
+class World:
+    def __init__(self, sub: Subscription) -> None:
+        self.sub = sub
+        self.tiers = [MAIN, *range(1, sub.retry.tiers + 1), DLQ]
+        self.logs: dict[int, list[tuple[KafkaHeaders, bytes]]] = {t: [] for t in self.tiers}
+        self.committed: dict[int, int] = {}
+        self.store = StubGroupStore()
+        self.now = 1_000_000
+        self.published: dict[str, list[str]] = defaultdict(list)
+        self.raw: list[tuple[str, str]] = []  # every 2xx call: (group, message id)
+        self.first: dict[str, list[str]] = defaultdict(list)  # first 2xx per group, in order
+        self.delivered_ids: set[str] = set()
+        self.crashes = 0
+        self.count = 0
+        self.start()
+
+    # The worker's life
+
+    def start(self) -> None:
+        snapshot = run(self.store.load(P))
+        tail = [
+            parse_record(t, o, *self.logs[t][o])
+            for t in self.tiers
+            if t != MAIN
+            for o in range(self.committed.get(t, 0), len(self.logs[t]))
+        ]
+        writes, _ = missing_writes(
+            P, snapshot.states, snapshot.outcomes, self.committed, tail, self.now
+        )
+        for write in writes:
+            run(self.store.apply(write))
+        snapshot = run(self.store.load(P))
+        positions = {t: self.committed.get(t, 0) for t in self.tiers}
+        revisit = [s.dlq_from for s in snapshot.states.values() if s.released]
+        positions[DLQ] = min([positions[DLQ], *revisit, *snapshot.pending_releases])
+        self.positions = dict(positions)
+        self.paused: dict[int, tuple[int, int]] = {}
+        self.markers: deque[tuple[int, int]] = deque()
+        self.effects = SimEffects(self)
+        self.engine = PartitionEngine(
+            self.sub,
+            P,
+            self.effects,
+            snapshot,
+            clock=lambda: self.now,
+            rng=lambda: 0.5,
+            positions=positions,
+        )
+        self.engine.release_groups(snapshot.release_requests)
+
+    def crash(self) -> None:
+        self.crashes += 1
+        self.start()
+
+    # Producers and operators
+
+    def publish(self, group: str | None) -> str:
+        self.count += 1
+        message_id = f"{group or 'm'}-{self.count}"
+        env = Envelope(message_id, message_id.encode(), group_id=group)
+        self.logs[MAIN].append((env.kafka_headers(), env.body))
+        self.published[group or ""].append(message_id)
+        return message_id
+
+    def release(self, group: str) -> None:
+        run(self.store.request_release(P, [group], []))
+        self.engine.release_groups([group])
+
+    def release_loose(self) -> None:
+        """Asks for every single dead letter not yet delivered again."""
+        done = run(self.store.unsidelined(P))
+        offsets = [
+            o
+            for o, rec in enumerate(self.dead_letters())
+            if rec.kind in (Kind.DEAD, Kind.SKIP) and o not in done
+        ]
+        if offsets:
+            run(self.store.request_release(P, [], offsets))
+            self.engine.add_pending_releases(offsets)
+
+    def dead_letters(self) -> list[Record]:
+        return [parse_record(DLQ, o, *raw) for o, raw in enumerate(self.logs[DLQ])]
+
+    # Consumer
+
+    def poll(self, tier: int) -> bool:
+        """Hands the engine pending seek markers, then the tier's next record."""
+        while self.markers:
+            self.engine.unblocked(*self.markers.popleft())
+        if tier in self.paused or self.positions[tier] >= len(self.logs[tier]):
+            return False
+        offset = self.positions[tier]
+        self.positions[tier] = offset + 1
+        self.engine.on_record(parse_record(tier, offset, *self.logs[tier][offset]))
+        return True
+
+    def tick(self, ms: int) -> None:
+        self.now += ms
+        for tier, (until, offset) in list(self.paused.items()):
+            if until <= self.now:
+                del self.paused[tier]
+                self.engine.unblocked(tier, offset)
+
+    # Completions
+
+    def answerable(self) -> list[int]:
+        return [i for i, a in enumerate(self.effects.dispatches) if a.not_before_ms <= self.now]
+
+    def respond(self, index: int, answer: int | str) -> None:
+        attempt = self.effects.dispatches.pop(index)
+        outcome: Outcome
+        if isinstance(answer, str):
+            outcome = classify_error(answer)
+        else:
+            outcome = classify_status(answer, self.sub.retry)
+        if 200 <= (outcome.status or 0) < 300:
+            self.on_2xx(attempt)
+        self.engine.on_result(attempt, outcome)
+
+    def on_2xx(self, attempt: Attempt) -> None:
+        rec = attempt.record
+        group = rec.group or ""
+        message_id = rec.message_id
+        self.raw.append((group, message_id))
+        if message_id in self.delivered_ids:
+            return
+        if self.sub.grouped and rec.tier != DLQ:
+            # Order: everything published before it is delivered already, or (skip policy)
+            # was dead-lettered on its own.
+            dead = set()
+            if self.sub.dead_letter_policy is DeadLetterPolicy.SKIP:
+                dead = {r.message_id for r in self.dead_letters() if r.kind is Kind.SKIP}
+            ids = self.published[group]
+            for earlier in ids[: ids.index(message_id)]:
+                assert earlier in self.delivered_ids or earlier in dead, (
+                    f"{message_id} delivered before {earlier}; first deliveries {self.first[group]}"
+                )
+        if self.sub.grouped and rec.tier == DLQ and rec.kind is not None and rec.kind.ordered:
+            ids = self.published[group]
+            for earlier in ids[: ids.index(message_id)]:
+                assert earlier in self.delivered_ids, f"{message_id} released before {earlier}"
+        self.delivered_ids.add(message_id)
+        self.first[group].append(message_id)
+
+    def finish_move(self, index: int) -> None:
+        move = self.effects.moves.pop(index)
+        log = self.logs[move.target]
+        offsets = []
+        for copy in move.copies:
+            offsets.append(len(log))
+            headers = copy_headers(copy.envelope, copy.kind, copy.origin, copy.due_at_ms)
+            log.append((headers, copy.envelope.body))
+        self.effects.persists.append(self.engine.moved(move, offsets))
+
+    def finish_persist(self, index: int) -> None:
+        transition = self.effects.persists.pop(index)
+        # As the runner does: 2xx outcomes before any state change, so a failed group's
+        # state implies its earlier deliveries are recorded.
+        self.flush()
+        run(self.store.apply(transition.write))
+        self.engine.persisted(transition)
+
+    def flush(self) -> None:
+        run(self.store.record_delivered(P, self.effects.unflushed))
+        self.effects.unflushed.clear()
+
+    def commit(self) -> None:
+        self.flush()
+        committable = self.engine.committable()
+        assert all(offset >= 0 for offset in committable.values())
+        self.committed.update(committable)
+        run(self.store.trim(P, committable))
+
+    # Running to the end
+
+    def busy(self) -> bool:
+        e = self.effects
+        return bool(e.dispatches or e.moves or e.persists or self.markers)
+
+    def drain(self, rounds: int = 400) -> None:
+        """Heals the webhook and runs until nothing is left to do, releasing every parked
+        group and dead letter on the way; fails if that does not converge."""
+        for _ in range(rounds):
+            progressed = False
+            for tier in self.tiers:
+                while self.poll(tier):
+                    progressed = True
+            while self.answerable():
+                self.respond(self.answerable()[0], 200)
+                progressed = True
+            while self.effects.moves:
+                self.finish_move(0)
+                progressed = True
+            while self.effects.persists:
+                self.finish_persist(0)
+                progressed = True
+            for group, state in list(self.store.groups.items()):
+                if state[1].head_tier == DLQ and not state[1].released:
+                    self.release(group)
+                    progressed = True
+            self.release_loose_if_any()
+            if not progressed and not self.busy():
+                if self.paused or self.effects.dispatches:
+                    self.tick(max(self.sub.retry.delays_ms) + 100)
+                    continue
+                self.commit()
+                return
+            if not progressed:
+                self.tick(50)
+        raise AssertionError("the world did not settle")
+
+    def release_loose_if_any(self) -> None:
+        done = run(self.store.unsidelined(P))
+        pending = run(self.store.poll_releases(P))[1]
+        if any(
+            r.kind in (Kind.DEAD, Kind.SKIP) and o not in done and o not in pending
+            for o, r in enumerate(self.dead_letters())
+        ):
+            self.release_loose()

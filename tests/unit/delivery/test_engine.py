@@ -1,0 +1,294 @@
+"""Scenarios of one partition's delivery, step by step (see sim.World for the rules)."""
+
+from __future__ import annotations
+
+from delivery.groups import Kind
+from delivery.records import parse_record
+from delivery.tiers import DLQ, MAIN
+from setu.model import DeadLetterPolicy
+from tests.unit.delivery.sim import World, run, subscription
+
+
+def kinds(world: World, tier: int) -> list[tuple[str, str]]:
+    """(message id, kind) of every copy in ``tier``."""
+    out = []
+    for offset, raw in enumerate(world.logs[tier]):
+        rec = parse_record(tier, offset, *raw)
+        out.append((rec.message_id, str(rec.kind)))
+    return out
+
+
+def in_flight(world: World) -> list[str]:
+    return [a.record.message_id for a in world.effects.dispatches]
+
+
+def settle(world: World) -> None:
+    """Completes every pending Kafka and Redis write."""
+    while world.effects.moves or world.effects.persists:
+        while world.effects.moves:
+            world.finish_move(0)
+        while world.effects.persists:
+            world.finish_persist(0)
+
+
+def poll_all(world: World) -> None:
+    for tier in world.tiers:
+        while world.poll(tier):
+            pass
+
+
+def answer_all(world: World, answers: dict[str, int]) -> None:
+    """Answers every due call by group (200 unless listed) and settles what follows."""
+    while world.answerable():
+        attempt = world.effects.dispatches[world.answerable()[0]]
+        world.respond(world.answerable()[0], answers.get(attempt.record.group or "", 200))
+        settle(world)
+
+
+def test_a_group_has_one_message_in_flight_and_groups_run_in_parallel() -> None:
+    # Given three messages of g1 and one of g2
+    world = World(subscription())
+    for group in ("g1", "g1", "g1", "g2"):
+        world.publish(group)
+    # When the main log is read
+    poll_all(world)
+    # Then only g1's first message and g2's message are in flight
+    assert in_flight(world) == ["g1-1", "g2-4"]
+    # And g1's next message goes out only after its first is delivered
+    world.respond(0, 200)
+    assert in_flight(world) == ["g2-4", "g1-2"]
+
+
+def test_a_failing_group_parks_its_later_messages_and_a_healthy_group_goes_on() -> None:
+    # Given g1 failing with 503 and g2 healthy
+    world = World(subscription())
+    for group in ("g1", "g1", "g2", "g1", "g2"):
+        world.publish(group)
+    poll_all(world)
+    answer_all(world, {"g1": 503})
+    poll_all(world)
+    answer_all(world, {"g1": 503})
+    # Then g2 is delivered in full while g1's head waits in rq.1 with the rest parked behind it
+    assert world.first["g2"] == ["g2-3", "g2-5"]
+    assert world.first["g1"] == []
+    assert kinds(world, 1) == [("g1-1", "head"), ("g1-2", "park"), ("g1-4", "park")]
+    state = world.store.groups["g1"][1]
+    assert (state.head, state.counts[1]) == ("g1-1", 3)
+    # And the main log is committable to its end (parked counts as finished)
+    assert world.engine.committable()[MAIN] == 5
+
+
+def test_a_retry_is_held_until_due_and_then_delivered_in_order() -> None:
+    # Given g1's first message failed once
+    world = World(subscription(delays=(100, 300)))
+    world.publish("g1")
+    world.publish("g1")
+    poll_all(world)
+    answer_all(world, {"g1": 500})
+    poll_all(world)
+    # When rq.1 is read before the delay has passed
+    assert world.paused == {1: (world.now + 105, 0)}  # 100 ms + 5% jitter (rnd 0.5)
+    assert in_flight(world) == []
+    # Then after the delay the head goes out, and the parked message right after it
+    world.tick(105)
+    poll_all(world)
+    answer_all(world, {})
+    poll_all(world)
+    answer_all(world, {})
+    assert world.first["g1"] == ["g1-1", "g1-2"]
+    assert not world.store.groups
+
+
+def test_retry_after_longer_than_the_tier_delay_is_honoured() -> None:
+    world = World(subscription(delays=(100, 300)))
+    world.publish("g1")
+    poll_all(world)
+    attempt = world.effects.dispatches.pop()
+    from delivery.outcome import classify_status
+
+    world.engine.on_result(attempt, classify_status(429, world.sub.retry, "2", world.now))
+    settle(world)
+    copy = parse_record(1, 0, *world.logs[1][0])
+    assert copy.due_at_ms == world.now + 2_000
+
+
+def test_a_new_message_of_a_group_whose_head_moved_up_queues_behind_the_leftovers() -> None:
+    # Given g1's head failed twice (now in rq.2) while its next message still sits in rq.1
+    world = World(subscription(delays=(100, 300)))
+    world.publish("g1")
+    world.publish("g1")
+    poll_all(world)
+    answer_all(world, {"g1": 500})  # g1-1 -> rq.1
+    world.poll(MAIN)  # g1-2 parks in rq.1
+    settle(world)
+    world.tick(200)
+    world.poll(1)  # g1-1 is due: attempted again
+    answer_all(world, {"g1": 500})  # g1-1 -> rq.2; g1-2 is still unread in rq.1
+    # When a third message arrives
+    world.publish("g1")
+    world.poll(MAIN)
+    settle(world)
+    # Then it parks in the lowest tier holding the group (rq.1, behind g1-2), not with the head
+    assert kinds(world, 1)[-1] == ("g1-3", "park")
+    assert [m for m, _ in kinds(world, 2)] == ["g1-1"]
+    # And healing the webhook delivers all three in published order
+    world.drain()
+    assert world.first["g1"] == ["g1-1", "g1-2", "g1-3"]
+
+
+def test_a_leftover_is_forwarded_to_the_next_tier_holding_its_group_not_to_the_head() -> None:
+    # Given three tiers, g1's head in rq.3, g1-2 forwarded to rq.2 and g1-3 still in rq.1
+    world = World(subscription(delays=(10, 10, 10)))
+    for _ in range(3):
+        world.publish("g1")
+    poll_all(world)
+    answer_all(world, {"g1": 500})  # g1-1 -> rq.1
+    world.poll(MAIN)
+    world.poll(MAIN)
+    settle(world)  # g1-2, g1-3 park in rq.1
+    world.tick(50)
+    world.poll(1)  # g1-1 attempted
+    answer_all(world, {"g1": 500})  # g1-1 -> rq.2
+    world.poll(1)  # g1-2 forwarded to rq.2
+    settle(world)
+    world.tick(50)
+    world.poll(2)  # g1-1 attempted
+    answer_all(world, {"g1": 500})  # g1-1 -> rq.3
+    # When rq.1 reaches g1-3
+    world.poll(1)
+    settle(world)
+    # Then it follows g1-2 into rq.2, so it cannot overtake it
+    assert [m for m, _ in kinds(world, 2)] == ["g1-1", "g1-2", "g1-3"]
+    assert [m for m, _ in kinds(world, 3)] == ["g1-1"]
+    world.drain()
+    assert world.first["g1"] == ["g1-1", "g1-2", "g1-3"]
+
+
+def test_a_4xx_dead_letters_at_once_and_parks_the_group_until_unsidelined() -> None:
+    # Given g1 answering 400 and two more messages behind it
+    world = World(subscription())
+    for _ in range(3):
+        world.publish("g1")
+    poll_all(world)
+    answer_all(world, {"g1": 400})
+    poll_all(world)
+    settle(world)
+    poll_all(world)
+    # Then the first goes straight to the DLQ and the rest are parked behind it, unattempted
+    assert kinds(world, DLQ) == [("g1-1", "head"), ("g1-2", "park"), ("g1-3", "park")]
+    assert kinds(world, 1) == []
+    assert world.raw == []
+    state = world.store.groups["g1"][1]
+    assert (state.head_tier, state.counts[DLQ], state.released) == (DLQ, 3, False)
+    # When an operator unsidelines the group and the endpoint answers again
+    world.release("g1")
+    settle(world)
+    poll_all(world)
+    answer_all(world, {})
+    poll_all(world)
+    answer_all(world, {})
+    poll_all(world)
+    answer_all(world, {})
+    # Then the dead letters are delivered in order and the group is healthy again
+    assert world.first["g1"] == ["g1-1", "g1-2", "g1-3"]
+    assert not world.store.groups
+    assert run(world.store.unsidelined(0)) == {0, 1, 2}
+
+
+def test_an_unsidelined_letter_failing_again_reparks_the_group_on_it() -> None:
+    world = World(subscription(delays=(10,)))
+    for _ in range(2):
+        world.publish("g1")
+    poll_all(world)
+    answer_all(world, {"g1": 400})
+    poll_all(world)
+    settle(world)
+    world.release("g1")
+    settle(world)
+    poll_all(world)
+    answer_all(world, {"g1": 400})  # the released head fails again
+    state = world.store.groups["g1"][1]
+    assert (state.released, state.head, state.counts[DLQ]) == (False, "g1-1", 2)
+
+
+def test_under_skip_a_dead_letter_does_not_hold_its_group() -> None:
+    # Given the skip policy and g1's first message answered with 400
+    world = World(subscription(policy=DeadLetterPolicy.SKIP))
+    for _ in range(3):
+        world.publish("g1")
+    poll_all(world)
+    world.respond(0, 400)
+    settle(world)
+    # Then the next messages are delivered and the dead letter stands on its own
+    answer_all(world, {})
+    poll_all(world)
+    answer_all(world, {})
+    poll_all(world)
+    answer_all(world, {})
+    assert world.first["g1"] == ["g1-2", "g1-3"]
+    assert kinds(world, DLQ) == [("g1-1", "skip")]
+    assert not world.store.groups
+
+
+def test_a_crash_between_the_kafka_ack_and_the_redis_write_is_completed_on_restart() -> None:
+    # Given g1's head moved to rq.1 in Kafka but the Redis write never happened
+    world = World(subscription())
+    world.publish("g1")
+    world.publish("g1")
+    poll_all(world)
+    answer_all_before_persist = world.effects.dispatches.pop()
+    from delivery.outcome import classify_status
+
+    world.engine.on_result(answer_all_before_persist, classify_status(500, world.sub.retry))
+    world.finish_move(0)
+    assert world.effects.persists  # not applied
+    # When the worker crashes and restarts
+    world.crash()
+    # Then recovery recorded the move, so the replayed main record is not copied again
+    assert world.store.groups["g1"][1].counts[1] == 1
+    poll_all(world)
+    settle(world)
+    assert [m for m, _ in kinds(world, 1)] == ["g1-1", "g1-2"]
+    world.drain()
+    assert world.first["g1"] == ["g1-1", "g1-2"]
+    assert len(world.raw) == 2
+
+
+def test_a_replay_after_a_crash_skips_recorded_deliveries() -> None:
+    # Given two messages delivered and recorded, but the offsets never committed
+    world = World(subscription())
+    world.publish("g1")
+    world.publish("g2")
+    poll_all(world)
+    answer_all(world, {})
+    world.flush()
+    # When the worker crashes and reads the main log again
+    world.crash()
+    poll_all(world)
+    # Then no webhook call is repeated
+    assert in_flight(world) == []
+    assert world.engine.committable()[MAIN] == 2
+
+
+def test_an_ungrouped_subscription_sends_everything_at_once() -> None:
+    world = World(subscription(grouped=False))
+    for group in ("g1", "g1", "g1"):
+        world.publish(group)
+    poll_all(world)
+    assert in_flight(world) == ["g1-1", "g1-2", "g1-3"]
+    answer_all(world, {"g1": 400})
+    assert kinds(world, DLQ) == [("g1-1", "dead"), ("g1-2", "dead"), ("g1-3", "dead")]
+
+
+def test_single_dead_letters_are_delivered_again_on_request() -> None:
+    world = World(subscription(grouped=False))
+    world.publish(None)
+    poll_all(world)
+    answer_all(world, {"": 400})
+    world.release_loose()
+    poll_all(world)
+    answer_all(world, {})
+    assert world.first[""] == ["m-1"]
+    assert run(world.store.unsidelined(0)) == {0}
+    assert run(world.store.poll_releases(0)) == (set(), set())
+    assert Kind.DEAD.value == kinds(world, DLQ)[0][1]

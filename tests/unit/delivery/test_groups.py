@@ -1,0 +1,167 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from delivery import groups
+from delivery.groups import Kind, Route
+from delivery.tiers import DLQ, MAIN, next_tier, parse_tier_name, tier_name
+from state.groups import EMPTY_COUNTS, GroupState
+
+
+def state(
+    head: str | None = None, released: bool = False, dlq_from: int = -1, **counts: int
+) -> GroupState:
+    """A state from counts given as t1=.., t2=.., dlq=.."""
+    c = list(EMPTY_COUNTS)
+    for name, n in counts.items():
+        c[DLQ if name == "dlq" else int(name[1:])] = n
+    return GroupState(counts=tuple(c), head=head, released=released, dlq_from=dlq_from)
+
+
+@pytest.mark.parametrize(
+    ("st", "tier", "message", "offset", "route"),
+    [
+        # Main log: a healthy group delivers, a failed one parks.
+        (None, MAIN, "m", 0, Route.DELIVER),
+        (state("a", t1=1), MAIN, "m", 0, Route.PARK),
+        # The head tier: the head (or the first reached, when unknown) delivers; others wait.
+        (state("a", t1=3), 1, "a", 0, Route.DELIVER),
+        (state("a", t1=3), 1, "b", 0, Route.WAIT),
+        (state(None, t1=3), 1, "b", 0, Route.DELIVER),
+        # Below the head tier: follow the group up.
+        (state("a", t1=2, t2=1), 1, "b", 0, Route.FORWARD),
+        # No state accounts for a retry copy: deliver it on its own.
+        (None, 1, "x", 0, Route.STRAY),
+        (state("a", t2=1), 1, "x", 0, Route.STRAY),
+        # The DLQ: parked letters wait for an operator; released ones deliver in order.
+        (state("a", dlq=2, dlq_from=10), DLQ, "a", 10, Route.SKIP),
+        (state("a", released=True, dlq=2, dlq_from=10), DLQ, "a", 10, Route.DELIVER),
+        (state("a", released=True, dlq=2, dlq_from=10), DLQ, "b", 11, Route.WAIT),
+        (state(None, released=True, dlq=2, dlq_from=11), DLQ, "b", 11, Route.DELIVER),
+        (state(None, released=True, dlq=2, dlq_from=11), DLQ, "a", 10, Route.SKIP),  # done
+        (None, DLQ, "a", 10, Route.SKIP),
+        (state("a", t1=1), DLQ, "a", 10, Route.SKIP),
+    ],
+)
+def test_route(st: GroupState | None, tier: int, message: str, offset: int, route: Route) -> None:
+    assert groups.route(st, tier, message, offset) is route
+
+
+@pytest.mark.parametrize(
+    ("st", "route", "tier", "to"),
+    [
+        (state("a", t1=1), Route.PARK, MAIN, 1),
+        (state("a", t1=1, t3=1), Route.PARK, MAIN, 1),  # the lowest non-empty tier
+        (state("a", t3=1), Route.PARK, MAIN, 3),
+        (state("a", dlq=1), Route.PARK, MAIN, DLQ),
+        (state("a", t1=1, t2=1, t3=1), Route.FORWARD, 1, 2),  # next non-empty above, not the head's
+        (state("a", t1=1, t3=1), Route.FORWARD, 1, 3),
+        (state("a", t2=1, dlq=1), Route.FORWARD, 2, DLQ),
+    ],
+)
+def test_target(st: GroupState, route: Route, tier: int, to: int) -> None:
+    assert groups.target(st, route, tier) == to
+
+
+def test_a_healthy_group_fails_into_the_first_tier() -> None:
+    new = groups.head_failed(None, MAIN, 1, "a", now_ms=5)
+    assert (new.head, new.head_tier, new.parked, new.failed_at_ms) == ("a", 1, 1, 5)
+
+
+def test_a_head_moving_up_keeps_the_group_count() -> None:
+    st = groups.parked(groups.head_failed(None, MAIN, 1, "a"), 1, 2)
+    moved = groups.head_failed(st, 1, 2, "a")
+    assert moved.counts[1:3] == (2, 1)
+    assert moved.head_tier == 2 and moved.parked == 3
+
+
+def test_a_head_dead_lettered_parks_the_group_at_its_dlq_offset() -> None:
+    st = groups.head_failed(state("a", t2=1, t1=1), 2, DLQ, "a", dlq_offset=77)
+    assert (st.head_tier, st.dlq_from, st.released) == (DLQ, 77, False)
+
+
+@pytest.mark.parametrize(
+    ("st", "tier", "offset", "expected"),
+    [
+        (state("a", t1=1), 1, 5, None),  # the last message: healthy again
+        (state("a", t1=3), 1, 5, state(None, t1=2)),  # the next in that tier is head now
+        (state("a", t1=1, t2=0, dlq=0), 1, 5, None),
+        (state("a", t2=1, t1=2), 2, 5, state(None, t1=2)),  # next head from the tier below
+        (
+            state("a", released=True, dlq=2, dlq_from=10),
+            DLQ,
+            10,
+            state(None, released=True, dlq=1, dlq_from=11),
+        ),
+        (state("a", released=True, dlq=1, t1=1, dlq_from=10), DLQ, 10, state(None, t1=1)),
+    ],
+)
+def test_head_done(st: GroupState, tier: int, offset: int, expected: GroupState | None) -> None:
+    new = groups.head_done(st, tier, offset)
+    if expected is None:
+        assert new is None
+    else:
+        assert new is not None
+        assert (new.counts, new.head, new.released, new.dlq_from) == (
+            expected.counts,
+            expected.head,
+            expected.released,
+            expected.dlq_from,
+        )
+
+
+def test_every_change_bumps_the_version() -> None:
+    first = groups.head_failed(None, MAIN, 1, "a")
+    assert first.version == 1
+    assert groups.parked(first, 1).version == 2
+    assert groups.forwarded(groups.parked(first, 1), 1, 2).version == 3
+    assert groups.head_done(groups.parked(first, 1), 1, 0) == replace(
+        groups.parked(first, 1), head=None, counts=first.counts, version=3
+    )
+
+
+def test_only_a_group_parked_in_the_dlq_can_be_released() -> None:
+    assert groups.released(state("a", dlq=1, dlq_from=3)).released
+    with pytest.raises(ValueError, match="parked in the DLQ"):
+        groups.released(state("a", t1=1))
+
+
+def test_a_released_letter_failing_again_reparks_the_group_on_it() -> None:
+    st = groups.reparked(state(None, released=True, dlq=2, dlq_from=11), "b", 11, 99)
+    assert (st.head, st.released, st.dlq_from, st.failed_at_ms) == ("b", False, 11, 99)
+
+
+def test_counts_never_go_negative() -> None:
+    with pytest.raises(ValueError, match="would hold -1"):
+        groups.forwarded(state("a", t2=1), 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("kind", "changes_state", "ordered"),
+    [
+        (Kind.HEAD, True, True),
+        (Kind.PARK, True, True),
+        (Kind.FORWARD, True, True),
+        (Kind.SKIP, True, False),
+        (Kind.RETRY, False, False),
+        (Kind.DEAD, False, False),
+    ],
+)
+def test_kinds(kind: Kind, changes_state: bool, ordered: bool) -> None:
+    assert (kind.changes_state, kind.ordered) == (changes_state, ordered)
+
+
+@pytest.mark.parametrize(
+    ("tier", "tiers", "expected"),
+    [(MAIN, 3, 1), (1, 3, 2), (3, 3, DLQ), (MAIN, 0, DLQ), (5, 3, DLQ)],
+)
+def test_next_tier(tier: int, tiers: int, expected: int) -> None:
+    assert next_tier(tier, tiers) == expected
+
+
+@pytest.mark.parametrize(("tier", "name"), [(MAIN, "main"), (1, "rq.1"), (9, "rq.9"), (DLQ, "dlq")])
+def test_tier_names_round_trip(tier: int, name: str) -> None:
+    assert tier_name(tier) == name
+    assert parse_tier_name(name) == tier
