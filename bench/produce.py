@@ -49,6 +49,32 @@ GROUPS = 1000
 BODY = b'{"order": 12345, "items": [1, 2, 3], "note": "' + b"x" * 180 + b'"}'
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU spent by the API process and by this client during one phase; on a shared machine
+    these per-request costs say more than throughput, which depends on what else runs."""
+
+    def __init__(self, api_pid: int) -> None:
+        self.api_pid = api_pid
+        self.api = cpu_seconds(api_pid)
+        self.client = time.process_time()
+        self.load = os.getloadavg()[0]
+
+    def per(self, units: int, unit: str) -> dict[str, float]:
+        api = cpu_seconds(self.api_pid) - self.api
+        client = time.process_time() - self.client
+        return {
+            f"api_cpu_us_per_{unit}": round(1e6 * api / units, 1) if units else 0.0,
+            f"client_cpu_us_per_{unit}": round(1e6 * client / units, 1) if units else 0.0,
+            "load_average_1m": round(max(self.load, os.getloadavg()[0]), 2),
+        }
+
+
 def serve(port: int) -> None:
     """Runs the API in this process (the benchmark starts it as a child)."""
     import uvicorn
@@ -177,7 +203,7 @@ def bare_producer(bootstrap: str, topic: str, count: int) -> dict[str, Any]:
     }
 
 
-async def measure(args: argparse.Namespace) -> dict[str, Any]:
+async def measure(args: argparse.Namespace, api_pid: int) -> dict[str, Any]:
     project, port = f"bench{uuid.uuid4().hex[:8]}", args.port
     await call(port, "POST", "/v1/projects", {"name": project})
     status, _ = await call(
@@ -191,6 +217,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     host = "127.0.0.1"
     try:
         print(f"single produce, closed loop, {args.connections} clients ...", flush=True)
+        meter = CpuMeter(api_pid)
         saturated = await closed_loop(
             host,
             port,
@@ -199,10 +226,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             duration_s=args.duration,
             warmup_s=2,
         )
+        saturated_cpu = meter.per(saturated.sent, "request")
         print(
             f"single produce, open loop at {args.rate}/s over {args.connections} clients ...",
             flush=True,
         )
+        meter = CpuMeter(api_pid)
         paced = await open_loop(
             host,
             port,
@@ -212,10 +241,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             duration_s=args.duration,
             warmup_s=2,
         )
+        paced_cpu = meter.per(paced.sent, "request")
         print(
             f"batch produce, {args.batch_connections} clients x {args.batch_size} messages ...",
             flush=True,
         )
+        meter = CpuMeter(api_pid)
         batches = await closed_loop(
             host,
             port,
@@ -224,6 +255,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             duration_s=args.duration,
             warmup_s=2,
         )
+        batch_cpu = meter.per(batches.sent * args.batch_size, "message")
         print("bare confluent-kafka producer ...", flush=True)
         batch_messages = batches.ok * args.batch_size
         bare = await asyncio.to_thread(
@@ -235,15 +267,17 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await call(port, "DELETE", base)
         await call(port, "DELETE", f"/v1/projects/{project}")
-    batch_rate = batch_messages / batches.seconds
+    ok_share = batches.ok / batches.completed if batches.completed else 0.0
+    batch_rate = batches.achieved_per_s * ok_share * args.batch_size
     return {
-        "single_closed_loop": saturated.summary(),
-        "single_open_loop": {"offered_per_s": args.rate, **paced.summary()},
+        "single_closed_loop": {**saturated.summary(), **saturated_cpu},
+        "single_open_loop": {"offered_per_s": args.rate, **paced.summary(), **paced_cpu},
         "batch": {
             "batch_size": args.batch_size,
             "connections": args.batch_connections,
             **batches.summary(),
             "messages_per_s": round(batch_rate, 1),
+            **batch_cpu,
         },
         "bare_producer": bare,
     }
@@ -279,6 +313,11 @@ def report(figures: dict[str, Any], checks: dict[str, bool]) -> None:
         f"p50 {batch['p50_ms']} ms  p99 {batch['p99_ms']} ms a batch  {batch['statuses']}"
     )
     print(f"bare producer       : {bare['messages_per_s']:>9.0f} msg/s   ({bare['messages']} msgs)")
+    print(
+        f"API CPU             : {single['api_cpu_us_per_request']} us/request single, "
+        f"{batch['api_cpu_us_per_message']} us/message batch "
+        f"(load average {single['load_average_1m']})"
+    )
     ratio = bare["messages_per_s"] / batch["messages_per_s"] if batch["messages_per_s"] else 0
     print(f"bare / batch        : {ratio:.2f}x")
     for name, passed in checks.items():
@@ -311,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="setu-bench-") as data_dir:
         api = start_api(args, data_dir)
         try:
-            figures = uvloop.run(measure(args))
+            figures = uvloop.run(measure(args, api.pid))
         finally:
             api.terminate()
             api.wait(15)
