@@ -131,7 +131,7 @@ async def produce_many(
     declared, _ = scan_headers(headers)
     try:
         payload = await read_body(receive, s.settings.max_batch_bytes, declared)
-        envelopes = parse_batch(
+        records = parse_batch(
             payload,
             grouped=entry.topic.grouped,
             produced_at_ms=now_ms(),
@@ -143,7 +143,7 @@ async def produce_many(
         raise
     started = time.perf_counter()
     failures = await s.producer.send_many(
-        entry.ingest_topic, [(e.key, e.body, e.kafka_headers()) for e in envelopes]
+        entry.ingest_topic, [(r.key, r.value, r.headers) for r in records]
     )
     s.metrics.observe_ack("batch", time.perf_counter() - started)
     failed = sum(f is not None for f in failures)
@@ -152,7 +152,7 @@ async def produce_many(
     if failed < len(failures):
         s.metrics.count_produced(project, topic, "ok", len(failures) - failed)
     status = batch_status(failures)
-    document: dict[str, object] = {"results": batch_results(envelopes, failures)}
+    document: dict[str, object] = {"results": batch_results(records, failures)}
     if status == 503:
         document.update(error_body(DependencyUnavailable.code, "Kafka acknowledged no message"))
     return status, orjson.dumps(document)

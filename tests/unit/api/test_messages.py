@@ -7,12 +7,16 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from api.messages import (
     MAX_FORWARDED_HEADER_BYTES,
+    IngestRecord,
     batch_results,
     batch_status,
     decode_header_value,
+    ingest_headers,
     parse_batch,
     scan_headers,
     single_envelope,
@@ -78,7 +82,7 @@ def test_oversized_forwarded_headers_are_refused() -> None:
 
 def batch(
     *messages: Any, max_bytes: int = 100, max_messages: int = 10, grouped: bool = False
-) -> list[Envelope]:
+) -> list[IngestRecord]:
     payload = orjson.dumps({"messages": list(messages)})
     return parse_batch(
         payload,
@@ -89,18 +93,26 @@ def batch(
     )
 
 
-def test_batch_messages_become_envelopes() -> None:
+def record_of(env: Envelope) -> IngestRecord:
+    return IngestRecord(env.message_id, env.key, env.body, env.kafka_headers())
+
+
+def test_batch_messages_become_the_records_of_their_envelopes() -> None:
     got = batch(
         {"message_id": "m1", "group_id": "g", "body": "héllo", "headers": {"X-Trace": "t"}},
         {"message_id": "m2", "producer_id": "p", "sequence_id": 3, "body_base64": "AAEC"},
         {"message_id": "m3", "producer_id": "p", "sequence_id": "4", "body": ""},
     )
     assert got == [
-        Envelope(
-            "m1", "héllo".encode(), group_id="g", headers=(("X-Trace", "t"),), produced_at_ms=7
+        record_of(
+            Envelope(
+                "m1", "héllo".encode(), group_id="g", headers=(("X-Trace", "t"),), produced_at_ms=7
+            )
         ),
-        Envelope("m2", b"\x00\x01\x02", producer_id="p", sequence_id=3, produced_at_ms=7),
-        Envelope("m3", b"", producer_id="p", sequence_id=4, produced_at_ms=7),
+        record_of(
+            Envelope("m2", b"\x00\x01\x02", producer_id="p", sequence_id=3, produced_at_ms=7)
+        ),
+        record_of(Envelope("m3", b"", producer_id="p", sequence_id=4, produced_at_ms=7)),
     ]
 
 
@@ -175,9 +187,40 @@ def test_batch_status(errors: list[str | None], status: int) -> None:
     assert batch_status(errors) == status
 
 
+ids = st.text(min_size=1, max_size=100)
+
+
+@given(
+    message_id=ids,
+    group_id=st.none() | ids,
+    producer=st.none() | st.tuples(ids, st.integers(0, 2**63 - 1)),
+    extra=st.lists(st.tuples(st.from_regex(r"X-[A-Za-z]{1,8}", fullmatch=True), st.text())),
+    produced_at_ms=st.integers(0, 2**45),
+)
+def test_ingest_headers_are_exactly_the_envelopes(
+    message_id: str,
+    group_id: str | None,
+    producer: tuple[str, int] | None,
+    extra: list[tuple[str, str]],
+    produced_at_ms: int,
+) -> None:
+    producer_id, sequence_id = producer or (None, None)
+    envelope = Envelope(
+        message_id,
+        b"",
+        group_id=group_id,
+        producer_id=producer_id,
+        sequence_id=sequence_id,
+        headers=tuple(extra),
+        produced_at_ms=produced_at_ms,
+    )
+    built = ingest_headers(message_id, group_id, producer_id, sequence_id, extra, produced_at_ms)
+    assert built == envelope.kafka_headers()
+
+
 def test_batch_results_name_each_message() -> None:
-    envelopes = [Envelope("a", b""), Envelope("b", b"")]
-    assert batch_results(envelopes, [None, "timed out"]) == [
+    records = [IngestRecord("a", b"a", b"", []), IngestRecord("b", b"b", b"", [])]
+    assert batch_results(records, [None, "timed out"]) == [
         {"message_id": "a", "status": "ok"},
         {"message_id": "b", "status": "error", "error": "timed out"},
     ]
