@@ -156,6 +156,7 @@ class PartitionEngine:
         self.in_flight = 0  # webhook calls in progress
         self._grouped = sub.grouped
         self._tiers = sub.retry.tiers
+        self._releasing: set[str] = set()  # group releases handed in and not yet persisted
 
     # Input: records
 
@@ -192,6 +193,17 @@ class PartitionEngine:
         if lane.busy is None:
             self._pump(group, lane)
 
+    def skip(self, tier: int, offset: int) -> None:
+        """A record that is not a Setu message: nothing to deliver, but its offset finishes."""
+        if tier in self.blocked:
+            return
+        tracker = self.trackers.get(tier)
+        if tracker is None:
+            tracker = self.trackers[tier] = OffsetTracker()
+        if not tracker.is_open(offset):
+            tracker.read(offset)
+            tracker.finish(offset)
+
     def unblocked(self, tier: int, offset: int) -> None:
         """A hold or seek took effect: the tier's records come again from ``offset``."""
         left = self.blocked.get(tier, 0) - 1
@@ -210,6 +222,9 @@ class PartitionEngine:
     def release_groups(self, group_ids: Iterable[str]) -> None:
         """Operators asked to deliver these groups' dead letters again (in order)."""
         for group in group_ids:
+            if group in self._releasing:
+                continue
+            self._releasing.add(group)
             lane = self.lanes.get(group)
             if lane is None:
                 lane = self.lanes[group] = Lane()
@@ -297,6 +312,8 @@ class PartitionEngine:
         for src in transition.sources:
             self.trackers[src.tier].finish(src.offset)
         self.pending.difference_update(write.releases_done)
+        if write.release_request_done and group is not None:
+            self._releasing.discard(group)
         if transition.releases and write.state is not None:
             self._revisit_dlq(write.state.dlq_from)
         lane = self.lanes.get(group) if group is not None else None

@@ -1,0 +1,292 @@
+"""A small HTTP/1.1 client for webhook calls: keep-alive connections per origin, no redirects.
+
+Why not httpx: on the 2-core machine Setu is measured on, httpx spent about 230 µs of CPU per
+request in its own layers, and its connection pool scans every connection on every request;
+the whole per-message budget of the delivery target (4,700 messages/s) is about 210 µs. This
+client writes the request in one ``write`` and parses the answer with ``httptools`` (the parser
+uvicorn uses), about 40 µs per call.
+
+Contract:
+
+- :meth:`HttpClient.request` returns the status and headers as soon as the response head has
+  arrived; the body is read and discarded in the background, and the connection goes back to
+  the pool only when the response is complete and the server allows keep-alive.
+- A timeout covers connecting, sending and waiting for the head; on timeout the connection is
+  closed. Errors are raised as :class:`HttpError` with a short reason
+  ("timeout", "connection refused", ...).
+- A request on a pooled connection that the server closed while idle is sent once more on a
+  new connection (nothing of it was answered, so the server never acted on it).
+- Redirects are returned as they are, never followed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import SplitResult, urlsplit
+
+import httptools
+
+# Idle connections kept per origin beyond this are closed.
+DEFAULT_MAX_IDLE = 512
+
+
+class HttpError(Exception):
+    """Raised when a call gets no HTTP answer: timeout, refused, reset, bad response."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Stale(Exception):
+    """A pooled connection was closed before any of the answer arrived."""
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    scheme: str
+    host: str
+    port: int
+
+    @classmethod
+    def of(cls, url: SplitResult) -> Origin:
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"not an http(s) URL: {url.geturl()!r}")
+        port = url.port or (443 if url.scheme == "https" else 80)
+        return cls(url.scheme, url.hostname, port)
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.scheme == "https" else 80
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == default else f"{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A parsed URL, ready to send to: its origin and the request-target."""
+
+    origin: Origin
+    path: str
+
+    @classmethod
+    def parse(cls, url: str) -> Target:
+        parts = urlsplit(url)
+        path = parts.path or "/"
+        if parts.query:
+            path = f"{path}?{parts.query}"
+        return cls(Origin.of(parts), path)
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    headers: dict[str, str]  # lower-case names; the last value wins
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; at most one request at a time."""
+
+    def __init__(self, pool: _Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.head: asyncio.Future[Response] | None = None
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.header_name = b""
+        self.answered = False  # any byte of the current answer arrived
+        self.complete = False
+        self.closed = False
+        self.used = False
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.answered = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(HttpError(f"bad response: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        if self.head is not None and not self.head.done():
+            if not self.answered and self.used:
+                self.head.set_exception(_Stale())
+            else:
+                self.head.set_exception(HttpError("connection closed"))
+
+    # httptools callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if self.head is not None and not self.head.done():
+            self.head.set_result(Response(self.status, self.headers))
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        keep = self.parser.should_keep_alive()
+        self.head = None
+        if keep and not self.closed:
+            self.pool.release(self)
+        else:
+            self.close()
+
+    # use
+
+    def send(self, request: bytes) -> asyncio.Future[Response]:
+        assert self.transport is not None
+        self.head = asyncio.get_running_loop().create_future()
+        self.headers = {}
+        self.answered = False
+        self.complete = False
+        self.transport.write(request)
+        return self.head
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def _fail(self, error: Exception) -> None:
+        if self.head is not None and not self.head.done():
+            self.head.set_exception(error)
+        self.close()
+
+
+class _Pool:
+    def __init__(self, origin: Origin, tls: ssl.SSLContext | None, max_idle: int) -> None:
+        self.origin = origin
+        self.tls = tls
+        self.max_idle = max_idle
+        self.idle: list[_Connection] = []
+
+    async def connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        o = self.origin
+        _, conn = await loop.create_connection(
+            lambda: _Connection(self),
+            o.host,
+            o.port,
+            ssl=self.tls,
+            server_hostname=o.host if self.tls else None,
+        )
+        return conn
+
+    def take(self) -> _Connection | None:
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.closed:
+                return conn
+        return None
+
+    def release(self, conn: _Connection) -> None:
+        if len(self.idle) < self.max_idle:
+            self.idle.append(conn)
+        else:
+            conn.close()
+
+    def forget(self, conn: _Connection) -> None:
+        if conn in self.idle:
+            self.idle.remove(conn)
+
+    def close(self) -> None:
+        for conn in self.idle:
+            conn.close()
+        self.idle.clear()
+
+
+def encode_request(
+    method: str, target: Target, headers: Sequence[tuple[str, str]], body: bytes
+) -> bytes:
+    """The bytes of one request. Header values were checked when they entered Setu."""
+    lines = [
+        f"{method} {target.path} HTTP/1.1",
+        f"host: {target.origin.host_header}",
+        f"content-length: {len(body)}",
+    ]
+    lines.extend(f"{name}: {value}" for name, value in headers)
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+class HttpClient:
+    """Webhook calls over pooled keep-alive connections (see the module doc)."""
+
+    def __init__(self, *, max_idle_per_origin: int = DEFAULT_MAX_IDLE) -> None:
+        self._pools: dict[Origin, _Pool] = {}
+        self._max_idle = max_idle_per_origin
+        self._tls: ssl.SSLContext | None = None
+
+    def _pool(self, origin: Origin) -> _Pool:
+        pool = self._pools.get(origin)
+        if pool is None:
+            tls = None
+            if origin.scheme == "https":
+                if self._tls is None:
+                    self._tls = ssl.create_default_context()
+                tls = self._tls
+            pool = self._pools[origin] = _Pool(origin, tls, self._max_idle)
+        return pool
+
+    async def request(
+        self,
+        method: str,
+        target: Target,
+        headers: Sequence[tuple[str, str]],
+        body: bytes,
+        timeout_s: float,
+    ) -> Response:
+        pool = self._pool(target.origin)
+        payload = encode_request(method, target, headers, body)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._exchange(pool, payload)
+        except TimeoutError:
+            raise HttpError("timeout") from None
+
+    async def _exchange(self, pool: _Pool, payload: bytes) -> Response:
+        conn = pool.take()
+        if conn is not None:
+            try:
+                return await self._send(conn, payload)
+            except _Stale:
+                pass  # closed while idle: the server saw nothing of this request
+        try:
+            conn = await pool.connect()
+        except ConnectionRefusedError:
+            raise HttpError("connection refused") from None
+        except ssl.SSLError as exc:
+            raise HttpError(f"TLS: {exc.reason or exc}") from None
+        except OSError as exc:
+            raise HttpError(f"connect: {exc.strerror or exc}") from None
+        try:
+            return await self._send(conn, payload)
+        except _Stale:
+            raise HttpError("connection closed") from None
+
+    @staticmethod
+    async def _send(conn: _Connection, payload: bytes) -> Response:
+        try:
+            response = await conn.send(payload)
+        except BaseException:
+            conn.close()
+            raise
+        conn.used = True
+        return response
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()

@@ -1,0 +1,381 @@
+"""Kafka at the edge of delivery: a consumer on its own thread, an awaitable producer, and the
+short reads a takeover needs (tails of retry tiers, offsets for a time).
+
+:class:`ConsumerThread` owns one ``confluent_kafka.Consumer``; nothing else touches it. The
+event loop sends it commands (pause, seek, commit, ...) that run between two polls, and it
+hands batches back with ``call_soon_threadsafe``. A command may carry a callback that is posted
+the same way right after it ran, so the loop sees "the seek happened" exactly between the
+batches fetched before it and those fetched after. Rebalance callbacks run on this thread and
+wait for the loop to prepare (assignment) or drain (revocation) the partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, cast
+
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from delivery.records import Record, parse_record
+from setu.envelope import KafkaHeaders
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+POLL_BATCH = 500
+POLL_TIMEOUT_S = 0.05
+
+
+def record_of(tier: int, msg: Message) -> Record:
+    """The delivery record of a consumed message; raises ValueError for a foreign one."""
+    headers = cast("list[tuple[str, bytes | None]] | None", msg.headers())
+    return parse_record(tier, msg.offset() or 0, headers, msg.value())
+
+
+class RebalanceListener(Protocol):
+    """What the consumer thread asks of its owner, on the event loop."""
+
+    def on_batch(self, messages: list[Message]) -> None: ...
+
+    async def assigned(self, committed: list[TopicPartition]) -> Assignment: ...
+
+    async def revoked(self, partitions: list[TopicPartition]) -> list[TopicPartition]: ...
+
+    def committed(self, offsets: list[TopicPartition]) -> None: ...
+
+    def lost(self, partitions: list[TopicPartition]) -> None: ...
+
+
+@dataclass(slots=True)
+class Assignment:
+    """Where to start each assigned partition (offset < 0: from the committed offset), and
+    offsets to commit at once (an operator's seek) followed by ``after_commit`` on the loop."""
+
+    starts: list[TopicPartition]
+    commit_now: list[TopicPartition]
+    after_commit: Callable[[], Awaitable[None]] | None = None
+
+
+def consumer_config(bootstrap: str, group: str, client_id: str) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "client.id": client_id,
+        # All tiers of a partition index land on one worker (DESIGN §1).
+        "partition.assignment.strategy": "range",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": 100,
+        # Bounded prefetch: memory stays flat however far behind the worker is.
+        "queued.max.messages.kbytes": 16384,
+        "session.timeout.ms": 30000,
+        "max.poll.interval.ms": 300000,
+    }
+
+
+def producer_config(bootstrap: str, client_id: str) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "client.id": client_id,
+        "acks": "all",
+        "enable.idempotence": True,
+        # The Java client's partitioner, as every producer in Setu (DESIGN §1).
+        "partitioner": "murmur2_random",
+        "linger.ms": 2,
+        "message.timeout.ms": 30000,
+    }
+
+
+class ConsumerThread:
+    """One consumer, polled on a dedicated thread (see the module doc)."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        topics: Sequence[str],
+        loop: asyncio.AbstractEventLoop,
+        listener: RebalanceListener,
+    ) -> None:
+        self._config = config
+        self._topics = list(topics)
+        self._loop = loop
+        self._listener = listener
+        # (command, callback, whether the callback takes the command's result and error)
+        self._commands: queue.SimpleQueue[
+            tuple[Callable[[Consumer], Any], Callable[..., None] | None, bool]
+        ] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._done: asyncio.Future[None] = loop.create_future()
+        self._thread = threading.Thread(target=self._run, name=f"consumer-{config['group.id']}")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def post(
+        self, command: Callable[[Consumer], Any], then: Callable[[], None] | None = None
+    ) -> None:
+        """Runs ``command`` on the consumer thread; then posts ``then`` to the loop."""
+        self._commands.put((command, then, False))
+
+    async def call(self, command: Callable[[Consumer], T]) -> T:
+        """Runs ``command`` on the consumer thread and returns its result."""
+        future: asyncio.Future[T] = self._loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        self._commands.put((command, settle, True))
+        return await future
+
+    async def close(self) -> None:
+        """Stops polling and closes the consumer (which revokes, drains and commits)."""
+        self._stop.set()
+        await self._done
+
+    @property
+    def running(self) -> bool:
+        return not self._done.done()
+
+    def _run(self) -> None:
+        consumer: Consumer | None = None
+        error: BaseException | None = None
+        try:
+            consumer = Consumer(self._config, logger=log)
+            consumer.subscribe(
+                self._topics, on_assign=self._assign, on_revoke=self._revoke, on_lost=self._lost
+            )
+            while not self._stop.is_set():
+                self._run_commands(consumer)
+                messages = consumer.consume(POLL_BATCH, POLL_TIMEOUT_S)
+                if messages:
+                    self._loop.call_soon_threadsafe(self._listener.on_batch, messages)
+            self._run_commands(consumer)
+        except BaseException as exc:
+            error = exc
+            log.exception("consumer of %s failed", self._config["group.id"])
+        finally:
+            if consumer is not None:
+                try:
+                    consumer.close()
+                except (KafkaException, RuntimeError):
+                    log.exception("closing consumer of %s", self._config["group.id"])
+            self._loop.call_soon_threadsafe(self._finish, error)
+
+    def _finish(self, error: BaseException | None) -> None:
+        if self._done.done():
+            return
+        if error is not None:
+            self._done.set_exception(error)
+        else:
+            self._done.set_result(None)
+
+    def _run_commands(self, consumer: Consumer) -> None:
+        while True:
+            try:
+                command, then, with_result = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = command(consumer)
+            except (KafkaException, RuntimeError, ValueError) as exc:
+                error = exc
+                log.warning("consumer command failed: %s", exc)
+            if then is None:
+                continue
+            if with_result:
+                self._loop.call_soon_threadsafe(then, result, error)
+            else:
+                self._loop.call_soon_threadsafe(then)
+
+    def _wait(self, coro: Awaitable[T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
+
+    def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        committed = consumer.committed(partitions, timeout=30)
+        plan = self._wait(self._listener.assigned(committed))
+        consumer.assign(plan.starts)
+        if plan.commit_now:
+            consumer.commit(offsets=plan.commit_now, asynchronous=False)
+            if plan.after_commit is not None:
+                self._wait(plan.after_commit())
+
+    def _revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        offsets = self._wait(self._listener.revoked(partitions))
+        if not offsets:
+            return
+        try:
+            consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            log.warning("commit on revocation failed: %s", exc)
+            return
+        self._loop.call_soon_threadsafe(self._listener.committed, offsets)
+
+    def _lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._loop.call_soon_threadsafe(self._listener.lost, partitions)
+
+
+class AsyncProducer:
+    """A ``confluent_kafka.Producer`` whose writes can be awaited until acknowledged."""
+
+    def __init__(self, config: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
+        self._producer = Producer(config, logger=log)
+        self._loop = loop
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="producer", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.05)
+
+    async def send(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes, KafkaHeaders]]
+    ) -> list[int]:
+        """Writes ``records`` (key, value, headers) in order to one partition; returns their
+        offsets once all are acknowledged, or raises KafkaException."""
+        futures: list[asyncio.Future[int]] = []
+        for key, value, headers in records:
+            future: asyncio.Future[int] = self._loop.create_future()
+            futures.append(future)
+            while True:
+                try:
+                    self._producer.produce(
+                        topic,
+                        value=value,
+                        key=key,
+                        partition=partition,
+                        headers=list(headers),
+                        on_delivery=self._settler(future),
+                    )
+                    break
+                except BufferError:
+                    await asyncio.sleep(0.01)
+        return [await f for f in futures]
+
+    def _settler(self, future: asyncio.Future[int]) -> Callable[[KafkaError | None, Message], None]:
+        loop = self._loop
+
+        def on_delivery(error: KafkaError | None, message: Message) -> None:
+            loop.call_soon_threadsafe(_settle, future, error, message.offset() or 0)
+
+        return on_delivery
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        await asyncio.to_thread(self._producer.flush, timeout_s)
+        self._stop.set()
+        await asyncio.to_thread(self._thread.join, 1.0)
+
+
+def _settle(future: asyncio.Future[int], error: KafkaError | None, offset: int) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(KafkaException(error))
+    else:
+        future.set_result(offset)
+
+
+class KafkaReader:
+    """Short reads outside the consumer group: tails and offsets for a time. Blocking; call
+    the methods in a worker thread."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._config = {
+            "bootstrap.servers": bootstrap,
+            # Never joins or commits: it only assigns partitions.
+            "group.id": "setu-delivery-reader",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
+
+    def tails(
+        self, starts: Sequence[TopicPartition], timeout_s: float = 60.0
+    ) -> dict[tuple[str, int], list[Message]]:
+        """Every record from each start offset (OFFSET_BEGINNING for none) to the end."""
+        out: dict[tuple[str, int], list[Message]] = {}
+        consumer = Consumer(self._config, logger=log)
+        try:
+            ends: dict[tuple[str, int], int] = {}
+            todo = []
+            for tp in starts:
+                low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+                start = tp.offset if tp.offset >= 0 else low
+                out[(tp.topic, tp.partition)] = []
+                if max(start, low) < high:
+                    ends[(tp.topic, tp.partition)] = high
+                    todo.append(TopicPartition(tp.topic, tp.partition, max(start, low)))
+            if not todo:
+                return out
+            consumer.assign(todo)
+            deadline = time.monotonic() + timeout_s
+            while ends:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"reading the tails of {sorted(ends)} took too long")
+                for msg in consumer.consume(POLL_BATCH, 0.2):
+                    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+                    if msg.error() or topic is None or partition is None or offset is None:
+                        continue
+                    key = (topic, partition)
+                    end = ends.get(key)
+                    if end is None or offset >= end:
+                        continue
+                    out[key].append(msg)
+                    if offset >= end - 1:
+                        del ends[key]
+            return out
+        finally:
+            consumer.close()
+
+    def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int:
+        """The first offset at or after ``timestamp_ms``, or the end when there is none."""
+        consumer = Consumer(self._config, logger=log)
+        try:
+            found = consumer.offsets_for_times(
+                [TopicPartition(topic, partition, timestamp_ms)], timeout=10
+            )[0]
+            if found.offset >= 0:
+                return int(found.offset)
+            _, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=10, cached=False
+            )
+            return int(high)
+        finally:
+            consumer.close()
+
+    def lag(self, group: str, topics: dict[str, int], timeout_s: float = 10.0) -> dict[str, int]:
+        """Per topic, records between the group's committed offsets and the end."""
+        consumer = Consumer({**self._config, "group.id": group}, logger=log)
+        try:
+            partitions = [
+                TopicPartition(topic, p) for topic, count in topics.items() for p in range(count)
+            ]
+            committed = consumer.committed(partitions, timeout=timeout_s)
+            out = dict.fromkeys(topics, 0)
+            for tp in committed:
+                low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+                start = tp.offset if tp.offset >= 0 else low
+                out[tp.topic] += max(0, high - max(start, low))
+            return out
+        finally:
+            consumer.close()

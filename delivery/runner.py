@@ -1,0 +1,513 @@
+"""One subscription on one worker: its consumer, one engine per assigned partition index, and
+the I/O each engine asks for (webhook calls, Kafka copies, Redis writes, pauses and seeks).
+
+Lifecycle: :meth:`SubscriptionRunner.run` joins the subscription's consumer group and returns
+when :meth:`stop` is called (or raises when something it cannot repair failed: the worker then
+starts a new runner, which recovers from Kafka and Redis). On revocation and on stop it stops
+starting calls, lets calls and writes in progress finish, flushes recorded 2xx outcomes and
+commits what is safe ("flush, then commit", as quix-streams checkpoints).
+
+Back-pressure: a tier partition with too many records in memory is paused until the engine
+has worked them down; the memory a worker needs is bounded per partition, not per group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import defaultdict
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from confluent_kafka import Message, TopicPartition
+from redis.asyncio import Redis
+
+from delivery.engine import Attempt, Move, PartitionEngine, Transition
+from delivery.http import HttpClient
+from delivery.kafka_io import (
+    Assignment,
+    AsyncProducer,
+    ConsumerThread,
+    KafkaReader,
+    consumer_config,
+    record_of,
+)
+from delivery.outcome import Outcome
+from delivery.records import copy_headers
+from delivery.takeover import take_over
+from delivery.tiers import MAIN, topics_by_tier
+from delivery.webhook import WebhookSender
+from setu import names
+from setu.clock import now_ms
+from setu.model import Subscription, SubscriptionState
+from state import keys
+from state.groups import RedisGroupStore
+
+log = logging.getLogger(__name__)
+
+_HOLD = "hold"
+_PRESSURE = "pressure"
+_PAUSED = "paused"
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    bootstrap: str
+    worker_id: str
+    commit_interval_ms: int = 1000
+    release_poll_ms: int = 1000
+    stats_interval_ms: int = 2000
+    drain_timeout_s: float = 20.0
+    # Records one tier partition may hold in memory before it is paused.
+    max_buffered: int = 2000
+
+
+class _Port:
+    """The :class:`~delivery.engine.Effects` of one engine: its I/O, on the event loop."""
+
+    def __init__(self, runner: SubscriptionRunner, partition: int) -> None:
+        self.runner = runner
+        self.partition = partition
+        self.engine: PartitionEngine
+        self.alive = True
+        self.draining = False
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.calls: set[asyncio.Task[None]] = set()  # webhook calls, sent or not yet
+        self.calling: set[asyncio.Task[None]] = set()  # webhook calls being sent
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.calls.discard(task)
+        if not task.cancelled():
+            error = task.exception()
+            if error is not None:
+                self.runner.fail(error)
+
+    # Effects
+
+    def dispatch(self, attempt: Attempt) -> None:
+        self.calls.add(self._spawn(self._call(attempt)))
+
+    def move(self, move: Move) -> None:
+        self._spawn(self._move(move))
+
+    def persist(self, transition: Transition) -> None:
+        self._spawn(self._apply(transition))
+
+    def delivered(self, partition: int, tier: int, offset: int) -> None:
+        self.runner.unflushed[partition].append((tier, offset))
+
+    def hold(self, partition: int, tier: int, offset: int, until_ms: int) -> None:
+        self.runner.hold(self, tier, offset, until_ms)
+
+    def seek(self, partition: int, tier: int, offset: int) -> None:
+        self.runner.seek(self, tier, offset)
+
+    # I/O
+
+    async def _call(self, attempt: Attempt) -> None:
+        runner = self.runner
+        if attempt.not_before_ms:
+            await asyncio.sleep(max(0.0, (attempt.not_before_ms - now_ms()) / 1000))
+        await runner.gate.wait()
+        sender = runner.sender
+        async with sender.slot():
+            if self.draining or not self.alive:
+                return  # never sent: the record stays unfinished and is read again
+            task = asyncio.current_task()
+            assert task is not None
+            self.calling.add(task)
+            try:
+                outcome: Outcome = await sender.send(attempt.record.envelope, attempt.number)
+            finally:
+                self.calling.discard(task)
+        if self.alive:
+            self.engine.on_result(attempt, outcome)
+
+    async def _move(self, move: Move) -> None:
+        runner = self.runner
+        records = [
+            (
+                copy.envelope.key,
+                copy.envelope.body,
+                copy_headers(copy.envelope, copy.kind, copy.origin, copy.due_at_ms),
+            )
+            for copy in move.copies
+        ]
+        offsets = await runner.producer.send(runner.topics[move.target], self.partition, records)
+        if self.alive:
+            await self._apply(self.engine.moved(move, offsets))
+
+    async def _apply(self, transition: Transition) -> None:
+        # 2xx outcomes first: a group's failed state must never be durable while an earlier
+        # delivery of it is not, or a replay would deliver that one again after the failure.
+        await self.runner.flush_delivered()
+        await self.runner.store.apply(transition.write)
+        if self.alive:
+            self.engine.persisted(transition)
+
+
+class SubscriptionRunner:
+    """Runs ``sub`` on this worker (see the module doc)."""
+
+    def __init__(
+        self,
+        sub: Subscription,
+        config: RunnerConfig,
+        redis: Redis[bytes],
+        producer: AsyncProducer,
+        client: HttpClient,
+    ) -> None:
+        self.sub = sub
+        self.config = config
+        self.redis = redis
+        self.producer = producer
+        self.store = RedisGroupStore(redis, sub.project, sub.name)
+        self.sender = WebhookSender(sub, client)
+        self.reader = KafkaReader(config.bootstrap)
+        self.tiers = topics_by_tier(sub)  # topic -> tier
+        self.topics = {tier: topic for topic, tier in self.tiers.items()}
+        self.ports: dict[int, _Port] = {}
+        self.unflushed: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self._reasons: dict[tuple[int, int], set[str]] = defaultdict(set)
+        self._committed: dict[tuple[int, int], int] = {}
+        self._flushing: asyncio.Lock = asyncio.Lock()
+        self._stopped = asyncio.Event()
+        self._fatal: BaseException | None = None
+        self._consumer: ConsumerThread | None = None
+        self._housekeeping: set[asyncio.Task[None]] = set()
+
+    # Control
+
+    async def run(self) -> None:
+        """Consumes until :meth:`stop`; raises what made it give up, if anything did."""
+        loop = asyncio.get_running_loop()
+        group = names.consumer_group(self.sub.project, self.sub.name)
+        consumer = ConsumerThread(
+            consumer_config(self.config.bootstrap, group, self.config.worker_id),
+            list(self.tiers),
+            loop,
+            self,
+        )
+        self._consumer = consumer
+        consumer.start()
+        background = [
+            loop.create_task(self._every(self.config.commit_interval_ms, self.commit)),
+            loop.create_task(self._every(self.config.release_poll_ms, self._poll_releases)),
+            loop.create_task(self._every(self.config.stats_interval_ms, self._report)),
+            loop.create_task(self._every(50, self._balance)),
+        ]
+        try:
+            await self._stopped.wait()
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await consumer.close()
+            await self._forget_stats()
+        if self._fatal is not None:
+            raise self._fatal
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def fail(self, error: BaseException) -> None:
+        """Something this runner cannot repair in place: give up; the worker starts anew."""
+        if self._fatal is None:
+            log.error("subscription %s/%s: %s", self.sub.project, self.sub.name, error)
+            self._fatal = error
+        self._stopped.set()
+
+    def set_paused(self, paused: bool) -> None:
+        """Paused: no new calls and no reading; the partitions stay assigned."""
+        if paused == (not self.gate.is_set()):
+            return
+        if paused:
+            self.gate.clear()
+        else:
+            self.gate.set()
+        for port in self.ports.values():
+            for tier in self.topics:
+                self._reason(port.partition, tier, _PAUSED, paused)
+
+    def update(self, sub: Subscription) -> bool:
+        """Takes a changed subscription in place when only its endpoint, limits or secret
+        changed; False when the runner must be restarted for it."""
+
+        def shape(s: Subscription) -> tuple[object, ...]:
+            return (s.topic, s.grouped, s.retry, s.dead_letter_policy, s.seek_generation)
+
+        if shape(sub) != shape(self.sub):
+            return False
+        self.sub = sub
+        self.sender.update(sub)
+        self.set_paused(sub.state is SubscriptionState.PAUSED)
+        return True
+
+    # Consumer thread callbacks (on the loop)
+
+    def on_batch(self, messages: list[Message]) -> None:
+        tiers, ports = self.tiers, self.ports
+        for msg in messages:
+            if msg.error() is not None:
+                log.warning("consume error: %s", msg.error())
+                continue
+            tier = tiers.get(msg.topic() or "")
+            port = ports.get(msg.partition() or 0)
+            if tier is None or port is None:
+                continue
+            try:
+                rec = record_of(tier, msg)
+            except ValueError:
+                log.warning("skipping a record without a message id at %s", msg.offset())
+                port.engine.skip(tier, msg.offset() or 0)
+                continue
+            port.engine.on_record(rec)
+
+    async def assigned(self, committed: list[TopicPartition]) -> Assignment:
+        by_index: dict[int, dict[int, int | None]] = defaultdict(dict)
+        for tp in committed:
+            tier = self.tiers[tp.topic]
+            by_index[tp.partition][tier] = tp.offset if tp.offset >= 0 else None
+        starts: list[TopicPartition] = []
+        commit_now: list[TopicPartition] = []
+        seeks: dict[int, int] = {}
+        for partition, offsets in sorted(by_index.items()):
+            plan = await take_over(
+                self.sub, partition, offsets, self.topics, self.store, self.reader, now_ms()
+            )
+            port = _Port(self, partition)
+            port.engine = PartitionEngine(
+                self.sub,
+                partition,
+                port,
+                plan.snapshot,
+                clock=now_ms,
+                rng=random.random,
+                positions=plan.positions,
+            )
+            self.ports[partition] = port
+            for tier in offsets:
+                start = plan.starts.get(tier, -1001)  # OFFSET_INVALID: from the commit
+                starts.append(TopicPartition(self.topics[tier], partition, start))
+                self._committed.pop((tier, partition), None)
+            if plan.seek_generation is not None:
+                commit_now.append(TopicPartition(self.topics[MAIN], partition, plan.starts[MAIN]))
+                seeks[partition] = plan.seek_generation
+            port.engine.release_groups(plan.snapshot.release_requests)
+            if not self.gate.is_set():
+                for tier in offsets:
+                    self._reasons[(partition, tier)].add(_PAUSED)
+        log.info(
+            "subscription %s/%s: took over partitions %s",
+            self.sub.project,
+            self.sub.name,
+            sorted(by_index),
+        )
+
+        async def mark_seeks() -> None:
+            for partition, generation in seeks.items():
+                await self.store.mark_seek_applied(partition, generation)
+
+        paused = [
+            TopicPartition(self.topics[tier], partition)
+            for (partition, tier), reasons in self._reasons.items()
+            if reasons and partition in by_index
+        ]
+        if paused:
+            self.post(lambda c: c.pause(paused))
+        return Assignment(starts, commit_now, mark_seeks if seeks else None)
+
+    async def revoked(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        indices = sorted({tp.partition for tp in partitions})
+        ports = [self.ports[p] for p in indices if p in self.ports]
+        await asyncio.gather(*(self._drain(port) for port in ports))
+        with contextlib.suppress(Exception):
+            await self.flush_delivered()
+        offsets = []
+        for port in ports:
+            for tier, offset in port.engine.committable().items():
+                offsets.append(TopicPartition(self.topics[tier], port.partition, offset))
+            port.alive = False
+            self.ports.pop(port.partition, None)
+            for tier in self.topics:
+                self._reasons.pop((port.partition, tier), None)
+        return offsets
+
+    def committed(self, offsets: list[TopicPartition]) -> None:
+        by_index: dict[int, dict[int, int]] = defaultdict(dict)
+        for tp in offsets:
+            by_index[tp.partition][self.tiers[tp.topic]] = tp.offset
+        for partition, committed in by_index.items():
+            task = asyncio.get_running_loop().create_task(self._trim(partition, committed))
+            self._housekeeping.add(task)
+            task.add_done_callback(self._housekeeping.discard)
+
+    def lost(self, partitions: list[TopicPartition]) -> None:
+        for partition in {tp.partition for tp in partitions}:
+            port = self.ports.pop(partition, None)
+            if port is not None:
+                port.alive = False
+                for task in port.tasks:
+                    task.cancel()
+        log.warning("subscription %s/%s lost partitions", self.sub.project, self.sub.name)
+
+    # Pauses and seeks
+
+    def post(self, command: Any, then: Any = None) -> None:
+        if self._consumer is not None:
+            self._consumer.post(command, then)
+
+    def _reason(self, partition: int, tier: int, reason: str, on: bool) -> None:
+        """Adds or removes a reason to pause one tier partition; pauses on the first and
+        resumes when none is left."""
+        reasons = self._reasons[(partition, tier)]
+        before = bool(reasons)
+        if on:
+            reasons.add(reason)
+        else:
+            reasons.discard(reason)
+        if before == bool(reasons):
+            return
+        tp = [TopicPartition(self.topics[tier], partition)]
+        if reasons:
+            self.post(lambda c: c.pause(tp))
+        else:
+            self.post(lambda c: c.resume(tp))
+
+    def hold(self, port: _Port, tier: int, offset: int, until_ms: int) -> None:
+        tp = TopicPartition(self.topics[tier], port.partition, offset)
+        self._reason(port.partition, tier, _HOLD, True)
+        self.post(lambda c: c.seek(tp))
+        delay = max(0.0, (until_ms - now_ms()) / 1000)
+        asyncio.get_running_loop().call_later(delay, self._unhold, port, tier, offset)
+
+    def _unhold(self, port: _Port, tier: int, offset: int) -> None:
+        if not port.alive:
+            return
+        self._reason(port.partition, tier, _HOLD, False)
+
+        def unblocked() -> None:
+            if port.alive:
+                port.engine.unblocked(tier, offset)
+
+        self.post(lambda c: None, unblocked)
+
+    def seek(self, port: _Port, tier: int, offset: int) -> None:
+        tp = TopicPartition(self.topics[tier], port.partition, offset)
+
+        def unblocked() -> None:
+            if port.alive:
+                port.engine.unblocked(tier, offset)
+
+        self.post(lambda c: c.seek(tp), unblocked)
+
+    def _balance(self) -> None:
+        limit = self.config.max_buffered
+        for port in list(self.ports.values()):
+            for tier in self.topics:
+                held = _PRESSURE in self._reasons.get((port.partition, tier), ())
+                count = port.engine.open_count(tier)
+                if not held and count > limit:
+                    self._reason(port.partition, tier, _PRESSURE, True)
+                elif held and count < limit // 2:
+                    self._reason(port.partition, tier, _PRESSURE, False)
+
+    # Periodic work
+
+    async def _every(self, interval_ms: int, work: Any) -> None:
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                result = work()
+                if asyncio.iscoroutine(result):
+                    await result
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.fail(exc)
+                return
+
+    async def flush_delivered(self) -> None:
+        """Records every 2xx reported so far (one pipeline per partition)."""
+        async with self._flushing:
+            batches = {p: entries for p, entries in self.unflushed.items() if entries}
+            for partition in batches:
+                self.unflushed[partition] = []
+            for partition, entries in batches.items():
+                await self.store.record_delivered(partition, entries)
+
+    async def commit(self) -> None:
+        """Flush, then commit what every engine says is safe, then forget older outcomes."""
+        await self.flush_delivered()
+        consumer = self._consumer
+        if consumer is None or not consumer.running:
+            return
+        offsets: list[TopicPartition] = []
+        for port in list(self.ports.values()):
+            for tier, offset in port.engine.committable().items():
+                if self._committed.get((tier, port.partition)) != offset:
+                    offsets.append(TopicPartition(self.topics[tier], port.partition, offset))
+        if not offsets:
+            return
+        await consumer.call(lambda c: c.commit(offsets=offsets, asynchronous=False))
+        for tp in offsets:
+            self._committed[(self.tiers[tp.topic], tp.partition)] = tp.offset
+        self.committed(offsets)
+
+    async def _trim(self, partition: int, committed: dict[int, int]) -> None:
+        try:
+            await self.store.trim(partition, committed)
+        except Exception as exc:  # trimming is housekeeping; the next commit trims again
+            log.warning("trimming outcomes of partition %d failed: %s", partition, exc)
+
+    async def _poll_releases(self) -> None:
+        for port in list(self.ports.values()):
+            groups, offsets = await self.store.poll_releases(port.partition)
+            if port.alive and (groups or offsets):
+                port.engine.release_groups(groups)
+                port.engine.add_pending_releases(offsets)
+
+    async def _report(self) -> None:
+        figures = {
+            "in_flight": sum(p.engine.in_flight for p in self.ports.values()),
+            "retry_backlog": sum(p.engine.retry_backlog() for p in self.ports.values()),
+            "partitions": sorted(self.ports),
+            "at": now_ms(),
+        }
+        key = keys.worker_stats(self.sub.project, self.sub.name)
+        await self.redis.hset(key, self.config.worker_id, orjson.dumps(figures))
+
+    async def _forget_stats(self) -> None:
+        with contextlib.suppress(Exception):
+            key = keys.worker_stats(self.sub.project, self.sub.name)
+            await self.redis.hdel(key, self.config.worker_id)
+
+    async def _drain(self, port: _Port) -> None:
+        """Lets calls and writes in progress finish; calls not yet sent are dropped."""
+        port.draining = True
+        deadline = asyncio.get_running_loop().time() + self.config.drain_timeout_s
+        while port.tasks:
+            for task in port.calls - port.calling:
+                task.cancel()
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                log.warning(
+                    "partition %d: %d tasks outlived the drain", port.partition, len(port.tasks)
+                )
+                for task in port.tasks:
+                    task.cancel()
+                break
+            await asyncio.wait(list(port.tasks), timeout=min(left, 0.5))

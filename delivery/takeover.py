@@ -1,0 +1,90 @@
+"""Taking over one partition index of a subscription: everything that happens between Kafka
+assigning it and the first record being read.
+
+1. Read the retry tiers' and the DLQ's tails (committed offset to end) and complete the state
+   changes a crash cut short (:mod:`delivery.recovery`), so no source is copied twice.
+2. Load the partition's group state, recorded outcomes and release requests.
+3. Apply an operator's seek once per seek generation: the main log starts at the first offset
+   at or after the requested time, and outcomes recorded for the old main offsets are dropped
+   (the operator asked for those messages again).
+4. Start the DLQ early enough to reach the dead letters of released groups and of single
+   letters waiting to be delivered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from delivery.kafka_io import KafkaReader, record_of
+from delivery.records import Record
+from delivery.recovery import missing_writes
+from delivery.tiers import DLQ, MAIN, is_retry
+from setu.model import Subscription
+from state.groups import GroupStore, PartitionSnapshot
+
+
+@dataclass(slots=True)
+class Takeover:
+    """What a worker needs to start on one partition index."""
+
+    snapshot: PartitionSnapshot
+    positions: dict[int, int]  # tier -> where its reading starts (known ones only)
+    starts: dict[int, int] = field(default_factory=dict)  # tiers not starting at the commit
+    seek_generation: int | None = None  # to record once the seek offset is committed
+
+
+async def take_over(
+    sub: Subscription,
+    partition: int,
+    committed: dict[int, int | None],
+    topics: dict[int, str],
+    store: GroupStore,
+    reader: KafkaReader,
+    now_ms: int,
+) -> Takeover:
+    """Prepares ``partition`` of ``sub`` (see the module doc). ``committed`` maps each tier to
+    its committed offset, None when the group never committed there."""
+    tail_tiers = [t for t in committed if is_retry(t) or t == DLQ]
+    starts = []
+    for tier in tail_tiers:
+        offset = committed[tier]
+        starts.append(
+            TopicPartition(topics[tier], partition, OFFSET_BEGINNING if offset is None else offset)
+        )
+    tails = await asyncio.to_thread(reader.tails, starts)
+    tail: list[Record] = []
+    for tier in tail_tiers:
+        for msg in tails.get((topics[tier], partition), []):
+            try:
+                tail.append(record_of(tier, msg))
+            except ValueError:
+                continue
+    snapshot = await store.load(partition)
+    known = {t: o for t, o in committed.items() if o is not None}
+    writes, _ = missing_writes(partition, snapshot.states, snapshot.outcomes, known, tail, now_ms)
+    for write in writes:
+        await store.apply(write)
+    if writes:
+        snapshot = await store.load(partition)
+
+    plan = Takeover(snapshot, dict(known))
+    if sub.seek_to_ms is not None and sub.seek_generation > snapshot.seek_generation:
+        offset = await asyncio.to_thread(
+            reader.offset_for_time, topics[MAIN], partition, sub.seek_to_ms
+        )
+        await store.clear_outcomes(partition, MAIN)
+        snapshot.outcomes = {(t, o) for t, o in snapshot.outcomes if t != MAIN}
+        plan.starts[MAIN] = offset
+        plan.positions[MAIN] = offset
+        plan.seek_generation = sub.seek_generation
+
+    revisit = [s.dlq_from for s in snapshot.states.values() if s.released and s.dlq_from >= 0]
+    revisit.extend(snapshot.pending_releases)
+    dlq_committed = committed.get(DLQ)
+    if revisit and dlq_committed is not None and min(revisit) < dlq_committed:
+        plan.starts[DLQ] = min(revisit)
+        plan.positions[DLQ] = min(revisit)
+    return plan

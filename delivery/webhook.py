@@ -1,0 +1,97 @@
+"""One webhook call per attempt: the request (DESIGN §5), the subscription's limits, the outcome.
+
+Every call carries the body as published, the producer's ``X_*`` headers, ``X_MESSAGE_ID``,
+``X_GROUP_ID`` (when the message has one), ``X_DELIVERY_ATTEMPT`` (1-based), the endpoint's own
+fixed headers and the Standard Webhooks headers. :func:`request_headers` builds them, purely.
+
+:class:`WebhookSender` enforces the endpoint timeout, ``max_in_flight`` (a semaphore) and
+``rate_limit_per_second`` (a token bucket), and classifies the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from delivery.http import HttpClient, HttpError, Target
+from delivery.outcome import Outcome, classify_error, classify_status
+from delivery.ratelimit import TokenBucket
+from delivery.signing import signing_key, webhook_headers
+from setu import headers as produce_headers
+from setu.clock import now_ms
+from setu.envelope import Envelope
+from setu.model import Subscription
+
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+
+
+def request_headers(
+    sub: Subscription, envelope: Envelope, attempt: int, timestamp_s: int, key: bytes | None
+) -> list[tuple[str, str]]:
+    """The headers of one call, in a fixed order: endpoint, producer, Setu, Standard Webhooks."""
+    out = list(sub.endpoint.headers)
+    if not any(name.lower() == "content-type" for name, _ in out):
+        out.append(("content-type", DEFAULT_CONTENT_TYPE))
+    out.extend(envelope.headers)
+    out.append((produce_headers.MESSAGE_ID, envelope.message_id))
+    if envelope.group_id is not None:
+        out.append((produce_headers.GROUP_ID, envelope.group_id))
+    out.append((produce_headers.DELIVERY_ATTEMPT, str(attempt)))
+    out.extend(webhook_headers(envelope.message_id, timestamp_s, envelope.body, key))
+    return out
+
+
+class WebhookSender:
+    """Calls one subscription's endpoint within its limits. Reconfigure with :meth:`update`."""
+
+    def __init__(
+        self,
+        sub: Subscription,
+        client: HttpClient,
+        *,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self._client = client
+        self._clock = clock
+        self._limit = 0
+        self.update(sub)
+
+    def update(self, sub: Subscription) -> None:
+        """Takes a subscription's new endpoint and limits; calls in flight finish as they are."""
+        self.sub = sub
+        self._target = Target.parse(sub.endpoint.url)
+        self._method = sub.endpoint.method.upper()
+        self._timeout_s = sub.endpoint.timeout_ms / 1000
+        self._key = signing_key(sub.signing_secret) if sub.signing_secret else None
+        rate = sub.rate_limit_per_second
+        self._bucket = TokenBucket(rate, now=time.monotonic()) if rate else None
+        if sub.max_in_flight != self._limit:
+            # Calls holding a slot of the old semaphore release it there when they finish.
+            self._slots = asyncio.Semaphore(sub.max_in_flight)
+            self._limit = sub.max_in_flight
+
+    def slot(self) -> asyncio.Semaphore:
+        """Hold one of ``max_in_flight`` slots around :meth:`send`."""
+        return self._slots
+
+    async def send(self, envelope: Envelope, attempt: int) -> Outcome:
+        """Calls the endpoint once (after the rate limit allows) and classifies the answer."""
+        if self._bucket is not None:
+            wait = self._bucket.reserve(time.monotonic())
+            if wait > 0:
+                await asyncio.sleep(wait)
+        return await self._call(envelope, attempt)
+
+    async def _call(self, envelope: Envelope, attempt: int) -> Outcome:
+        now = self._clock()
+        headers = request_headers(self.sub, envelope, attempt, now // 1000, self._key)
+        try:
+            response = await self._client.request(
+                self._method, self._target, headers, envelope.body, self._timeout_s
+            )
+        except HttpError as exc:
+            return classify_error(exc.reason)
+        return classify_status(
+            response.status, self.sub.retry, response.headers.get("retry-after"), self._clock()
+        )

@@ -1,0 +1,213 @@
+"""``setu deliver``: runs the delivery of every subscription on this worker, or this worker's
+share when several run (they join the same consumer groups and Kafka balances partitions).
+
+Orchestration only. Every ``subscription_refresh_ms`` the worker lists subscriptions and makes
+its runners match: a new running or paused subscription gets a runner, a stopped or deleted
+one has its runner stopped (partitions drained, committed and released), a changed one is
+updated in place or restarted, pause and resume pause and resume dispatch. A runner that fails
+is started again after a short wait. SIGTERM or SIGINT stops everything gracefully.
+
+A Redis heartbeat key with a TTL says the worker is alive; :func:`check` reads it for
+``setu deliver --check`` (Kubernetes probes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import redis
+from redis.asyncio import Redis
+
+from delivery.http import HttpClient
+from delivery.kafka_io import AsyncProducer, producer_config
+from delivery.runner import RunnerConfig, SubscriptionRunner
+from setu.model import Subscription, SubscriptionState
+from setu.settings import Settings
+from state import keys
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 5.0
+HEARTBEAT_TTL_MS = 15_000
+RESTART_DELAY_S = 2.0
+STOP_TIMEOUT_S = 60.0
+
+
+class SubscriptionSource(Protocol):
+    """Where subscriptions come from (the metadata store, or a fixed list in tests)."""
+
+    def list_subscriptions(self) -> list[Subscription]: ...
+
+
+def worker_id(settings: Settings) -> str:
+    """The heartbeat name: ``SETU_WORKER_ID``, else the host name (as the CLI's probe reads)."""
+    return settings.worker_id or socket.gethostname()
+
+
+def run(settings: Settings) -> None:
+    """The ``setu deliver`` entry point: blocks until SIGTERM or SIGINT, then stops cleanly."""
+    from state.metadata import MetadataStore
+
+    store = MetadataStore(settings.resolved_database_url())
+    try:
+        _run_loop(serve(settings, store))
+    finally:
+        store.close()
+
+
+def check(settings: Settings) -> bool:
+    """Whether this machine's worker keeps its heartbeat alive (``setu deliver --check``)."""
+    if not settings.redis_url:
+        return False
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        return bool(client.exists(keys.worker_heartbeat(worker_id(settings))))
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+def _run_loop(main: object) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(main)  # type: ignore[arg-type]
+    except ImportError:
+        asyncio.run(main)  # type: ignore[arg-type]
+
+
+async def serve(
+    settings: Settings, source: SubscriptionSource, stop: asyncio.Event | None = None
+) -> None:
+    """Runs the worker until ``stop`` is set (or a signal arrives when ``stop`` is None)."""
+    if not settings.kafka_bootstrap or not settings.redis_url:
+        raise RuntimeError("SETU_KAFKA_BOOTSTRAP and SETU_REDIS_URL must be set for delivery")
+    loop = asyncio.get_running_loop()
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    name = worker_id(settings)
+    instance = f"{name}:{os.getpid()}"
+    client: Redis[bytes] = Redis.from_url(settings.redis_url, socket_timeout=10)
+    producer = AsyncProducer(producer_config(settings.kafka_bootstrap, instance), loop)
+    http = HttpClient()
+    config = RunnerConfig(bootstrap=settings.kafka_bootstrap, worker_id=instance)
+    worker = Worker(
+        source,
+        lambda sub: SubscriptionRunner(sub, config, client, producer, http),
+    )
+    heartbeat = loop.create_task(_heartbeat(client, name, stop))
+    try:
+        await worker.run(stop, settings.subscription_refresh_ms / 1000)
+    finally:
+        heartbeat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await heartbeat
+        await producer.close()
+        http.close()
+        with contextlib.suppress(Exception):
+            await client.delete(keys.worker_heartbeat(name))
+        await client.aclose()  # type: ignore[attr-defined]
+
+
+async def _heartbeat(client: Redis[bytes], name: str, stop: asyncio.Event) -> None:
+    key = keys.worker_heartbeat(name)
+    while not stop.is_set():
+        try:
+            await client.set(key, b"alive", px=HEARTBEAT_TTL_MS)
+        except redis.RedisError as exc:
+            log.warning("heartbeat: %s", exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), HEARTBEAT_INTERVAL_S)
+
+
+@dataclass(eq=False)
+class _Slot:
+    sub: Subscription
+    runner: SubscriptionRunner
+    task: asyncio.Task[None] | None = None
+    retired: bool = False
+
+
+class Worker:
+    """Keeps one runner per running or paused subscription (see the module doc)."""
+
+    def __init__(
+        self,
+        source: SubscriptionSource,
+        make_runner: Callable[[Subscription], SubscriptionRunner],
+    ) -> None:
+        self._source = source
+        self._make_runner = make_runner
+        self.slots: dict[tuple[str, str], _Slot] = {}
+
+    async def run(self, stop: asyncio.Event, refresh_s: float) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    subs = await asyncio.to_thread(self._source.list_subscriptions)
+                except Exception as exc:  # the store may be briefly away; keep what runs
+                    log.warning("listing subscriptions failed: %s", exc)
+                else:
+                    await self.reconcile(subs)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), refresh_s)
+        finally:
+            await asyncio.gather(*(self._retire(key) for key in list(self.slots)))
+
+    async def reconcile(self, subs: list[Subscription]) -> None:
+        wanted = {(s.project, s.name): s for s in subs if s.state is not SubscriptionState.STOPPED}
+        for key in [k for k in self.slots if k not in wanted]:
+            await self._retire(key)
+        for key, sub in wanted.items():
+            slot = self.slots.get(key)
+            if slot is None:
+                self._launch(sub)
+            elif slot.sub != sub:
+                if slot.runner.update(sub):
+                    slot.sub = sub
+                else:
+                    await self._retire(key)
+                    self._launch(sub)
+
+    def _launch(self, sub: Subscription) -> None:
+        slot = _Slot(sub, self._make_runner(sub))
+        slot.runner.set_paused(sub.state is SubscriptionState.PAUSED)
+        self.slots[(sub.project, sub.name)] = slot
+        slot.task = asyncio.get_running_loop().create_task(self._supervise(slot))
+        log.info("running subscription %s/%s", sub.project, sub.name)
+
+    async def _supervise(self, slot: _Slot) -> None:
+        while not slot.retired:
+            try:
+                await slot.runner.run()
+                return
+            except Exception as exc:
+                log.error("subscription %s/%s stopped: %s", slot.sub.project, slot.sub.name, exc)
+            await asyncio.sleep(RESTART_DELAY_S)
+            if not slot.retired:
+                slot.runner = self._make_runner(slot.sub)
+                slot.runner.set_paused(slot.sub.state is SubscriptionState.PAUSED)
+
+    async def _retire(self, key: tuple[str, str]) -> None:
+        slot = self.slots.pop(key, None)
+        if slot is None:
+            return
+        slot.retired = True
+        slot.runner.stop()
+        if slot.task is not None:
+            try:
+                await asyncio.wait_for(slot.task, STOP_TIMEOUT_S)
+            except (TimeoutError, asyncio.CancelledError):
+                log.warning("subscription %s/%s did not stop in time", *key)
+        log.info("stopped subscription %s/%s", *key)

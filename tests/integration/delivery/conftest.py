@@ -1,0 +1,344 @@
+"""A real world for delivery tests: Kafka topics on the shared broker, a SQLite metadata store,
+Redis, a webhook receiver on 127.0.0.1 whose answers each test chooses, and a delivery worker
+(in a thread, or as a ``setu deliver`` process that a test may kill)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from confluent_kafka import Producer
+
+from delivery.worker import serve
+from setu import names
+from setu.envelope import Envelope
+from setu.model import DeadLetterPolicy, Endpoint, Project, RetryPolicy, Subscription, Topic
+from setu.settings import Settings
+from state import keys, migrate
+from state.kafka_admin import KafkaTopics
+from state.metadata import MetadataStore
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Polls ``condition`` until it holds; fails naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@dataclass(frozen=True)
+class Call:
+    message_id: str
+    group: str | None
+    attempt: int
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+
+@dataclass
+class Receiver:
+    """Records every call; answers 200 unless a rule for the call's group says otherwise. A
+    rule is a list of statuses used one per call (the last one repeats), or a callable."""
+
+    calls: list[Call] = field(default_factory=list)
+    rules: dict[str, Any] = field(default_factory=dict)
+    delay_s: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    url: str = ""
+
+    def answer(self, group: str, *statuses: int) -> None:
+        with self.lock:
+            self.rules[group] = list(statuses)
+
+    def heal(self) -> None:
+        with self.lock:
+            self.rules.clear()
+
+    def _status(self, group: str | None) -> int:
+        with self.lock:
+            rule = self.rules.get(group or "")
+            if rule is None:
+                return 200
+            if callable(rule):
+                return int(rule())
+            return int(rule.pop(0) if len(rule) > 1 else rule[0])
+
+    def record(self, call: Call) -> None:
+        with self.lock:
+            self.calls.append(call)
+
+    def delivered(self, group: str | None = None) -> list[str]:
+        """Message ids answered 2xx, in the order they arrived (repeats included)."""
+        with self.lock:
+            return [
+                c.message_id
+                for c in self.calls
+                if 200 <= c.status < 300 and (group is None or c.group == group)
+            ]
+
+    def attempts(self, message_id: str) -> list[Call]:
+        with self.lock:
+            return [c for c in self.calls if c.message_id == message_id]
+
+
+def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            group = headers.get("x_group_id")
+            if receiver.delay_s:
+                time.sleep(receiver.delay_s)
+            status = receiver._status(group)
+            receiver.record(
+                Call(
+                    headers.get("x_message_id", ""),
+                    group,
+                    int(headers.get("x_delivery_attempt", "0")),
+                    status,
+                    headers,
+                    body,
+                    time.monotonic(),
+                )
+            )
+            self.send_response(status)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    rec = Receiver()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(rec))
+    server.daemon_threads = True
+    rec.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield rec
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass
+class World:
+    """One project with helpers to create topics and subscriptions and to publish."""
+
+    project: str
+    bootstrap: str
+    redis_url: str
+    database_url: str
+    store: MetadataStore
+    topics: KafkaTopics
+    producer: Producer
+
+    def topic(self, name: str = "t", grouped: bool = True, partitions: int = 2) -> Topic:
+        topic = Topic(self.project, name, grouped=grouped, partitions=partitions)
+        self.topics.ensure_topic(topic)
+        stored, _ = self.store.create_topic(topic)
+        return stored
+
+    def subscription(
+        self,
+        url: str,
+        name: str = "s",
+        topic: str = "t",
+        grouped: bool = True,
+        delays_ms: tuple[int, ...] = (200, 400),
+        policy: DeadLetterPolicy = DeadLetterPolicy.PARK,
+        **extra: Any,
+    ) -> Subscription:
+        sub = Subscription(
+            project=self.project,
+            name=name,
+            topic=topic,
+            endpoint=Endpoint(url, timeout_ms=extra.pop("timeout_ms", 5000)),
+            grouped=grouped,
+            retry=RetryPolicy(delays_ms=delays_ms),
+            dead_letter_policy=policy,
+            **extra,
+        )
+        self.topics.ensure_subscription(sub, self.store.get_topic(self.project, topic))
+        stored, _ = self.store.create_subscription(sub)
+        return stored
+
+    def publish(self, topic: str, group: str | None, count: int = 1, **env: Any) -> list[str]:
+        """Writes ``count`` messages to the main log as the ingest job would; returns ids."""
+        ids = []
+        for _ in range(count):
+            message_id = f"{group or 'm'}-{uuid.uuid4().hex[:8]}"
+            envelope = Envelope(message_id, message_id.encode(), group_id=group, **env)
+            self.producer.produce(
+                names.main_topic(self.project, topic),
+                value=envelope.body,
+                key=envelope.key,
+                headers=list[tuple[str, str | bytes | None]](envelope.kafka_headers()),
+            )
+            ids.append(message_id)
+        self.producer.flush(10)
+        return ids
+
+    def settings(self, **overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "kafka_bootstrap": self.bootstrap,
+            "redis_url": self.redis_url,
+            "database_url": self.database_url,
+            "subscription_refresh_ms": 200,
+            "worker_id": f"test-{self.project}",
+        }
+        values.update(overrides)
+        return Settings(**values)
+
+    def redis(self) -> redis.Redis[bytes]:
+        return redis.Redis.from_url(self.redis_url)
+
+
+@pytest.fixture
+def world(tmp_path: Path, kafka_bootstrap: str, redis_url: str) -> Iterator[World]:
+    database_url = f"sqlite:///{tmp_path / 'setu.db'}"
+    migrate.upgrade(database_url)
+    project = f"d{uuid.uuid4().hex[:10]}"
+    store = MetadataStore(database_url)
+    store.create_project(Project(project))
+    topics = KafkaTopics(kafka_bootstrap)
+    producer = Producer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "partitioner": "murmur2_random",
+        }
+    )
+    w = World(project, kafka_bootstrap, redis_url, database_url, store, topics, producer)
+    try:
+        yield w
+    finally:
+        client = w.redis()
+        for sub in store.list_subscriptions(project):
+            found = list(client.scan_iter(match=keys.subscription_pattern(project, sub.name)))
+            if found:
+                client.delete(*found)
+            topics.delete_subscription(project, sub.name)
+        for topic in store.list_topics(project):
+            topics.delete_topic(topic)
+        client.close()
+        store.close()
+
+
+class ThreadWorker:
+    """A delivery worker on its own event loop in a thread."""
+
+    def __init__(self, settings: Settings, store: MetadataStore) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._main, args=(settings, store), name="delivery-worker", daemon=True
+        )
+        self._thread.start()
+
+    def _main(self, settings: Settings, store: MetadataStore) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(serve(settings, store, self._stop))
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._loop.close()
+
+    def stop(self, timeout_s: float = 90.0) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the worker did not stop"
+        if self._error is not None:
+            raise self._error
+
+
+@pytest.fixture
+def start_worker(world: World) -> Iterator[Callable[..., ThreadWorker]]:
+    workers: list[ThreadWorker] = []
+
+    def start(**overrides: Any) -> ThreadWorker:
+        worker = ThreadWorker(world.settings(**overrides), world.store)
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop()
+
+
+class ProcessWorker:
+    """``setu deliver`` as a real process, for tests that kill it."""
+
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        env = dict(os.environ)
+        for name, value in settings.model_dump().items():
+            if value is not None:
+                env[f"SETU_{name.upper()}"] = str(value)
+        self._log = log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "deliver"],
+            cwd=REPO,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+        self._log.close()
+
+    def terminate(self) -> int:
+        self.process.terminate()
+        code = self.process.wait(90)
+        self._log.close()
+        return code
+
+
+@pytest.fixture
+def start_process(world: World, tmp_path: Path) -> Iterator[Callable[..., ProcessWorker]]:
+    processes: list[ProcessWorker] = []
+
+    def start(**overrides: Any) -> ProcessWorker:
+        proc = ProcessWorker(world.settings(**overrides), tmp_path / "worker.log")
+        processes.append(proc)
+        return proc
+
+    yield start
+    for proc in processes:
+        if proc.process.poll() is None:
+            proc.kill()
+
+
+def replace_sub(sub: Subscription, **changes: Any) -> Subscription:
+    return dataclasses.replace(sub, **changes)
