@@ -25,6 +25,7 @@ import asyncio
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import SplitResult, urlsplit
 
 import httptools
@@ -106,8 +107,8 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not subclasses of asyncio.Transport, but behave as one.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.answered = True

@@ -82,7 +82,8 @@ def consumer_config(bootstrap: str, group: str, client_id: str) -> dict[str, Any
         "fetch.wait.max.ms": 100,
         # Bounded prefetch: memory stays flat however far behind the worker is.
         "queued.max.messages.kbytes": 16384,
-        "session.timeout.ms": 30000,
+        # A worker that died gives its partitions up after this long.
+        "session.timeout.ms": 10000,
         "max.poll.interval.ms": 300000,
     }
 

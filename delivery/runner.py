@@ -226,7 +226,13 @@ class SubscriptionRunner:
     def fail(self, error: BaseException) -> None:
         """Something this runner cannot repair in place: give up; the worker starts anew."""
         if self._fatal is None:
-            log.error("subscription %s/%s: %s", self.sub.project, self.sub.name, error)
+            log.error(
+                "subscription %s/%s failed: %r",
+                self.sub.project,
+                self.sub.name,
+                error,
+                exc_info=error,
+            )
             self._fatal = error
         self._stopped.set()
 

@@ -193,7 +193,7 @@ class Worker:
                 await slot.runner.run()
                 return
             except Exception as exc:
-                log.error("subscription %s/%s stopped: %s", slot.sub.project, slot.sub.name, exc)
+                log.error("subscription %s/%s stopped: %r", slot.sub.project, slot.sub.name, exc)
             await asyncio.sleep(RESTART_DELAY_S)
             if not slot.retired:
                 slot.runner = self._make_runner(slot.sub)

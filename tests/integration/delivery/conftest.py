@@ -64,6 +64,9 @@ class Receiver:
     delay_s: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
     url: str = ""
+    active: int = 0  # calls being answered right now
+    most_active: int = 0
+    peers: set[int] = field(default_factory=set)  # client ports seen (one per connection)
 
     def answer(self, group: str, *statuses: int) -> None:
         with self.lock:
@@ -108,8 +111,14 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
             body = self.rfile.read(int(self.headers.get("content-length", "0")))
             headers = {k.lower(): v for k, v in self.headers.items()}
             group = headers.get("x_group_id")
+            with receiver.lock:
+                receiver.active += 1
+                receiver.most_active = max(receiver.most_active, receiver.active)
+                receiver.peers.add(self.client_address[1])
             if receiver.delay_s:
                 time.sleep(receiver.delay_s)
+            with receiver.lock:
+                receiver.active -= 1
             status = receiver._status(group)
             receiver.record(
                 Call(

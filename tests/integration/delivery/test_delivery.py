@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
 
 from setu.model import DeadLetterPolicy
-from tests.integration.delivery.conftest import Receiver, ThreadWorker, World, wait_for
+from tests.integration.delivery.conftest import (
+    ProcessWorker,
+    Receiver,
+    ThreadWorker,
+    World,
+    replace_sub,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -134,6 +142,215 @@ def test_a_healthy_group_is_not_slowed_by_a_failing_one(
     wait_for("good delivered", lambda: receiver.delivered("good") == good, 20)
     assert receiver.delivered("bad") == []
     assert len(receiver.attempts(bad[0])) == 1
-    state = group_state(world, "bad")
-    assert state["head"] == bad[0]
-    assert state["counts"].split(",")[1] == "20"  # all parked behind the head in rq.1
+    # And all of the bad group is parked behind its head in rq.1
+    wait_for(
+        "bad group parked",
+        lambda: group_state(world, "bad").get("counts", "").split(",")[1:2] == ["20"],
+    )
+    assert group_state(world, "bad")["head"] == bad[0]
+
+
+def test_a_worker_killed_mid_retry_loses_nothing_and_keeps_order(
+    world: World, receiver: Receiver, start_process: Callable[..., ProcessWorker]
+) -> None:
+    # Given three groups failing with 503 for a while, and one healthy group
+    world.topic("t", partitions=3)
+    world.subscription(receiver.url, delays_ms=(300, 600, 900))
+    failing = ("f1", "f2", "f3")
+    for group in failing:
+        receiver.answer(group, 503)
+    ids = {g: world.publish("t", g, 15) for g in (*failing, "ok")}
+    first = start_process()
+    # When the worker is killed while the failing groups sit in retry tiers
+    wait_for("healthy group delivered", lambda: receiver.delivered("ok") == ids["ok"])
+    wait_for(
+        "failing groups in a retry tier",
+        lambda: all(len(receiver.attempts(ids[g][0])) >= 2 for g in failing),
+    )
+    first.kill()
+    # And more messages arrive while no worker runs, then a new worker starts and the
+    # endpoint recovers
+    for group in ids:
+        ids[group] += world.publish("t", group, 5)
+    receiver.heal()
+    second = start_process()
+
+    # Then every message is delivered, each group in published order (repeats of the call
+    # cut short by the kill aside), and no group state is left behind
+    def complete() -> bool:
+        return all(set(receiver.delivered(g)) == set(ids[g]) for g in ids)
+
+    wait_for("everything delivered after the restart", complete, 60)
+    for group, published in ids.items():
+        assert first_occurrences(receiver.delivered(group)) == published
+    wait_for("no failed group left", lambda: all(group_state(world, g) == {} for g in ids))
+    assert second.terminate() == 0
+
+
+def first_occurrences(ids: list[str]) -> list[str]:
+    seen: set[str] = set()
+    return [m for m in ids if not (m in seen or seen.add(m))]  # type: ignore[func-returns-value]
+
+
+def test_calls_carry_standard_webhooks_headers_and_a_valid_signature(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    import base64
+    import hashlib
+    import hmac
+
+    # Given a signing secret, a fixed endpoint header and a producer header
+    world.topic("t")
+    sub = world.subscription(receiver.url, signing_secret="whsec_c2VjcmV0LWtleQ==")
+    world.store.update_subscription(
+        replace_sub(
+            sub, endpoint=dataclasses.replace(sub.endpoint, headers=(("x-team", "payments"),))
+        ),
+        sub.version,
+    )
+    [message] = world.publish("t", "g1", 1, headers=(("X_TENANT", "acme"),))
+    start_worker()
+    wait_for("delivered", lambda: receiver.delivered("g1") == [message])
+    [call] = receiver.attempts(message)
+    h = call.headers
+    # Then the call names the message, its group and attempt, keeps the producer's header,
+    # adds the endpoint's, and is signed as Standard Webhooks specifies
+    assert (h["webhook-id"], h["x_message_id"], h["x_group_id"]) == (message, message, "g1")
+    assert h["x_delivery_attempt"] == "1"
+    assert (h["x_tenant"], h["x-team"]) == ("acme", "payments")
+    assert call.body == message.encode()
+    signed = f"{message}.{h['webhook-timestamp']}.".encode() + call.body
+    digest = hmac.new(b"secret-key", signed, hashlib.sha256).digest()
+    assert h["webhook-signature"] == "v1," + base64.b64encode(digest).decode()
+
+
+def test_a_slow_endpoint_times_out_and_is_retried(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    # Given an endpoint slower than the subscription's timeout
+    world.topic("t")
+    world.subscription(receiver.url, delays_ms=(100, 100), timeout_ms=300)
+    receiver.delay_s = 1.0
+    [message] = world.publish("t", "g1", 1)
+    start_worker()
+    wait_for("first call", lambda: len(receiver.attempts(message)) >= 1)
+    # When it speeds up again
+    receiver.delay_s = 0.0
+    # Then the message is delivered by a later attempt
+    wait_for("delivered", lambda: any(c.attempt >= 2 for c in receiver.attempts(message)))
+
+
+def test_ungrouped_calls_run_in_parallel_up_to_max_in_flight_on_reused_connections(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    world.topic("t", grouped=False, partitions=1)
+    world.subscription(receiver.url, grouped=False, max_in_flight=3)
+    receiver.delay_s = 0.1
+    ids = world.publish("t", None, 30)
+    start_worker()
+    wait_for("all delivered", lambda: sorted(receiver.delivered()) == sorted(ids))
+    assert receiver.most_active == 3
+    assert len(receiver.peers) <= 3
+
+
+def test_the_rate_limit_spaces_calls(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    world.topic("t", grouped=False, partitions=1)
+    world.subscription(receiver.url, grouped=False, rate_limit_per_second=20.0)
+    ids = world.publish("t", None, 30)
+    start_worker()
+    wait_for("all delivered", lambda: sorted(receiver.delivered()) == sorted(ids))
+    times = sorted(c.at for c in receiver.calls)
+    # 30 calls at 20/s with a burst of 2: at least 1.4 s from the first to the last
+    assert times[-1] - times[0] >= 1.3
+
+
+def test_lifecycle_changes_and_new_subscriptions_apply_without_a_restart(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    from state.lifecycle import LifecycleAction
+
+    world.topic("t")
+    world.subscription(receiver.url)
+    start_worker()
+    first = world.publish("t", "g1", 2)
+    wait_for("delivered while running", lambda: receiver.delivered("g1") == first)
+    # When paused, nothing is delivered
+    world.store.apply_lifecycle(world.project, "s", LifecycleAction.PAUSE)
+    time.sleep(0.6)  # longer than the worker's refresh interval
+    paused = world.publish("t", "g1", 2)
+    time.sleep(1.0)
+    assert receiver.delivered("g1") == first
+    # When resumed, what waited is delivered
+    world.store.apply_lifecycle(world.project, "s", LifecycleAction.RESUME)
+    wait_for("delivered after resume", lambda: receiver.delivered("g1") == first + paused)
+    # When stopped and started again, messages published meanwhile are delivered after start
+    world.store.apply_lifecycle(world.project, "s", LifecycleAction.STOP)
+    wait_for("consumer group empty", lambda: group_is_empty(world, "s"))
+    stopped = world.publish("t", "g1", 2)
+    world.store.apply_lifecycle(world.project, "s", LifecycleAction.START)
+    wait_for("delivered after start", lambda: receiver.delivered("g1") == first + paused + stopped)
+    # And a subscription created while the worker runs is picked up
+    world.subscription(receiver.url + "?second", name="s2")
+    later = world.publish("t", "g2", 1)
+    wait_for("both subscriptions deliver", lambda: receiver.delivered("g2") == later * 2)
+
+
+def test_seek_replays_the_main_log_from_a_time(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    from state.lifecycle import LifecycleAction
+
+    world.topic("t")
+    world.subscription(receiver.url)
+    start_worker()
+    before = world.publish("t", "g1", 2)
+    wait_for("first delivery", lambda: receiver.delivered("g1") == before)
+    mark = int(time.time() * 1000)
+    time.sleep(0.05)
+    after = world.publish("t", "g1", 2)
+    wait_for("second delivery", lambda: receiver.delivered("g1") == before + after)
+    # When the subscription is stopped, sought back to the mark and started again
+    world.store.apply_lifecycle(world.project, "s", LifecycleAction.STOP)
+    wait_for("consumer group empty", lambda: group_is_empty(world, "s"))
+    world.store.request_seek(world.project, "s", mark)
+    world.store.apply_lifecycle(world.project, "s", LifecycleAction.START)
+    # Then the messages from the mark on are delivered again, once
+    wait_for("replayed", lambda: receiver.delivered("g1") == before + after + after)
+    time.sleep(1.5)
+    assert receiver.delivered("g1") == before + after + after
+
+
+def test_two_workers_share_a_subscription_and_keep_order_through_rebalances(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    world.topic("t", partitions=4)
+    world.subscription(receiver.url)
+    groups = [f"g{i}" for i in range(8)]
+    ids = {g: world.publish("t", g, 10) for g in groups}
+    start_worker(worker_id=f"a-{world.project}")
+    wait_for("some delivered", lambda: len(receiver.delivered()) >= 10)
+    # When a second worker joins (a rebalance) while messages keep coming
+    start_worker(worker_id=f"b-{world.project}")
+    for g in groups:
+        ids[g] += world.publish("t", g, 10)
+    # Then everything is delivered once, each group in order
+    wait_for(
+        "all delivered",
+        lambda: all(set(receiver.delivered(g)) == set(ids[g]) for g in groups),
+        60,
+    )
+    for g in groups:
+        assert receiver.delivered(g) == ids[g]
+
+
+def group_is_empty(world: World, sub: str) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    from setu import names
+
+    admin = AdminClient({"bootstrap.servers": world.bootstrap})
+    group = names.consumer_group(world.project, sub)
+    [description] = admin.describe_consumer_groups([group]).values()
+    return len(description.result(10).members) == 0
