@@ -1,0 +1,203 @@
+"""The webhook HTTP client against a real server on 127.0.0.1 (asyncio streams)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from delivery.http import HttpClient, HttpError, Target, encode_request
+
+Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]
+
+
+class Server:
+    """Answers each request with what ``handler`` writes; counts connections and requests."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.port = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                request = head + await reader.readexactly(length)
+                self.requests.append(request)
+                if not await self.handler(request, writer):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def ok(_: bytes, writer: asyncio.StreamWriter) -> bool:
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+    return True
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[Server]]]:
+    servers: list[asyncio.Server] = []
+
+    async def start(handler: Handler) -> Server:
+        server = Server(handler)
+        srv = await asyncio.start_server(server.serve, "127.0.0.1", 0)
+        server.port = srv.sockets[0].getsockname()[1]
+        servers.append(srv)
+        return server
+
+    yield start
+    for srv in servers:
+        srv.close()
+
+
+def target(server: Server, path: str = "/hook") -> Target:
+    return Target.parse(f"http://127.0.0.1:{server.port}{path}")
+
+
+async def test_sequential_calls_reuse_one_connection(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    server = await serve(ok)
+    client = HttpClient()
+    for _ in range(5):
+        response = await client.request("POST", target(server), [], b"x", 2.0)
+        assert response.status == 200
+        await asyncio.sleep(0)  # let the body finish so the connection returns to the pool
+    assert server.connections == 1
+    client.close()
+
+
+async def test_a_chunked_body_is_read_to_the_end_and_the_connection_reused(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    async def chunked(_: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(
+            b"HTTP/1.1 202 Accepted\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        )
+        return True
+
+    server = await serve(chunked)
+    client = HttpClient()
+    for _ in range(3):
+        assert (await client.request("POST", target(server), [], b"", 2.0)).status == 202
+        await asyncio.sleep(0.01)
+    assert server.connections == 1
+    client.close()
+
+
+async def test_connection_close_answers_get_a_new_connection_each(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    async def closing(_: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+        return False
+
+    server = await serve(closing)
+    client = HttpClient()
+    for _ in range(3):
+        assert (await client.request("POST", target(server), [], b"", 2.0)).status == 200
+        await asyncio.sleep(0.01)
+    assert server.connections == 3
+    client.close()
+
+
+async def test_a_pooled_connection_closed_by_the_server_is_replaced_transparently(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    # Given a server that closes each connection right after its first answer, but says
+    # keep-alive (as a server with a short idle timeout does)
+    async def once(_: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        return False
+
+    server = await serve(once)
+    client = HttpClient()
+    assert (await client.request("POST", target(server), [], b"a", 2.0)).status == 200
+    await asyncio.sleep(0.05)
+    # When the next call takes that dead connection from the pool
+    response = await client.request("POST", target(server), [], b"b", 2.0)
+    # Then it goes out again on a new connection, and the server saw it once
+    assert response.status == 200
+    assert [r.endswith(b"b") for r in server.requests] == [False, True]
+    client.close()
+
+
+async def test_a_slow_answer_times_out(serve: Callable[..., Awaitable[Server]]) -> None:
+    async def slow(_: bytes, writer: asyncio.StreamWriter) -> bool:
+        await asyncio.sleep(1.0)
+        return await ok(_, writer)
+
+    server = await serve(slow)
+    client = HttpClient()
+    with pytest.raises(HttpError, match="timeout"):
+        await client.request("POST", target(server), [], b"", 0.1)
+    client.close()
+
+
+async def test_nobody_listening_is_a_refused_connection() -> None:
+    client = HttpClient()
+    with pytest.raises(HttpError, match="refused"):
+        await client.request("POST", Target.parse("http://127.0.0.1:9/x"), [], b"", 1.0)
+
+
+async def test_redirects_are_returned_not_followed(serve: Callable[..., Awaitable[Server]]) -> None:
+    async def redirect(_: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 302 Found\r\nlocation: /else\r\ncontent-length: 0\r\n\r\n")
+        return True
+
+    server = await serve(redirect)
+    client = HttpClient()
+    response = await client.request("POST", target(server), [], b"", 1.0)
+    assert (response.status, response.headers["location"]) == (302, "/else")
+    assert len(server.requests) == 1
+    client.close()
+
+
+async def test_retry_after_and_other_headers_are_readable(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    async def busy(_: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 429 Too Many\r\nRetry-After: 7\r\ncontent-length: 0\r\n\r\n")
+        return True
+
+    server = await serve(busy)
+    client = HttpClient()
+    response = await client.request("POST", target(server), [], b"", 1.0)
+    assert (response.status, response.headers["retry-after"]) == (429, "7")
+    client.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "first_lines"),
+    [
+        ("http://h.test/a/b?x=1&y=2", [b"PUT /a/b?x=1&y=2 HTTP/1.1", b"host: h.test"]),
+        ("http://h.test:8080", [b"PUT / HTTP/1.1", b"host: h.test:8080"]),
+        ("https://h.test:443/x", [b"PUT /x HTTP/1.1", b"host: h.test"]),
+        ("http://[::1]:81/x", [b"PUT /x HTTP/1.1", b"host: [::1]:81"]),
+    ],
+)
+def test_request_line_and_host(url: str, first_lines: list[bytes]) -> None:
+    raw = encode_request("PUT", Target.parse(url), [("a", "1")], b"body")
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[:2] == first_lines
+    assert b"content-length: 4" in lines and b"a: 1" in lines
+    assert body == b"body"
+
+
+@pytest.mark.parametrize("url", ["ftp://h.test/x", "http:///nohost", "not a url"])
+def test_only_http_urls_are_accepted(url: str) -> None:
+    with pytest.raises(ValueError, match="not an http"):
+        Target.parse(url)
