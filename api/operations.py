@@ -1,10 +1,373 @@
-"""Operator endpoints of a subscription's delivery: status, groups, dead letters, seek.
+"""Operator endpoints of a subscription's delivery (DESIGN §5): status, group state, dead
+letters (browse and unsideline) and seek.
 
-Routes are added by the delivery work; the app factory includes this router.
+- ``status``: ``lag`` is the records between the consumer group's committed offsets and the
+  end of the main log, the retry tiers and the DLQ; ``retry_backlog`` the part of it in retry
+  tiers; ``in_flight`` the webhook calls the live workers report; the counters are lifetime
+  totals kept in Redis.
+- ``dlq/unsideline`` records requests that the worker owning each partition carries out (one
+  writer per group): a parked group is delivered again as a whole, in order; a letter
+  dead-lettered on its own is delivered again on its own. See :mod:`delivery.dead_letters`.
+- ``seek`` works on stopped subscriptions only: it records the time in the metadata store
+  (bumping ``seek_generation``); when the subscription starts, each worker taking over a
+  partition starts the main log at the first offset at or after that time, once per
+  generation (see :mod:`delivery.takeover`).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import asyncio
+from typing import Annotated, Any, Literal
 
-router = APIRouter()
+import orjson
+from confluent_kafka import KafkaException
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from starlette.responses import Response
+
+from api.context import blocking
+from api.responses import JSON
+from api.schemas import errors
+from delivery.dead_letters import MAX_SCAN, DeadLetter, Selector, choose, parse_cursor
+from delivery.kafka_io import KafkaReader, record_of
+from delivery.tiers import DLQ, MAIN, is_retry, tier_name, topic_of
+from setu import names
+from setu.clock import now_ms
+from setu.errors import DependencyUnavailable, InvalidInput
+from setu.model import Subscription
+from setu.partitioner import partition_for
+from state import keys
+from state.groups import GroupState, RedisGroupStore
+from state.metadata import MetadataStore
+
+router = APIRouter(
+    prefix="/v1/projects/{project}/subscriptions/{subscription}", tags=["operations"]
+)
+
+# A worker's figures older than this are ignored (it reports every 2 s).
+STATS_FRESH_MS = 10_000
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class UnsidelineBody(_Body):
+    group_ids: list[Annotated[str, Field(min_length=1, max_length=100)]] | None = Field(
+        None, max_length=10_000
+    )
+    message_ids: list[Annotated[str, Field(min_length=1, max_length=100)]] | None = Field(
+        None, max_length=10_000
+    )
+    failed_before: int | None = Field(None, ge=0, description="epoch ms")
+
+
+class SeekBody(_Body):
+    timestamp_ms: int = Field(ge=0)
+
+
+class StatusOut(BaseModel):
+    state: Literal["running", "paused", "stopped"]
+    lag: int
+    in_flight: int
+    failed_groups: int
+    retry_backlog: int
+    dead_lettered: int
+    delivered_total: int
+
+
+class GroupOut(BaseModel):
+    group_id: str
+    state: Literal["healthy", "retrying", "dead_lettered"]
+    tier: str | None
+    parked: int
+    head_message_id: str | None
+
+
+class DeadLetterOut(BaseModel):
+    message_id: str
+    group_id: str | None
+    partition: int
+    offset: int
+    cursor: str
+    failed_at: int | None
+    attempts: int
+    last_status: int | None
+    error: str | None
+    parked: bool
+    headers: list[list[str]]
+    body: str
+    body_encoding: Literal["base64"]
+
+
+class DeadLettersOut(BaseModel):
+    messages: list[DeadLetterOut]
+    next: str | None
+
+
+class RequeuedOut(BaseModel):
+    requeued: int
+
+
+class SeekOut(BaseModel):
+    state: Literal["running", "paused", "stopped"]
+    seek_to_ms: int
+    seek_generation: int
+
+
+def _store(request: Request) -> MetadataStore:
+    store: MetadataStore = request.app.state.store
+    return store
+
+
+def _redis(request: Request) -> Redis[bytes]:
+    client: Redis[bytes] = request.app.state.redis
+    return client
+
+
+def _reader(request: Request) -> KafkaReader:
+    bootstrap = request.app.state.settings.kafka_bootstrap
+    if not bootstrap:
+        raise DependencyUnavailable("SETU_KAFKA_BOOTSTRAP is not set")
+    return KafkaReader(bootstrap)
+
+
+async def _subscription(request: Request, project: str, name: str) -> tuple[Subscription, int]:
+    """The subscription and its topic's partition count; NotFound when either is unknown."""
+    store = _store(request)
+    sub = await blocking(store.get_subscription, project, name)
+    topic = await blocking(store.get_topic, project, sub.topic)
+    return sub, topic.partitions
+
+
+async def _kafka(call: Any, *args: Any) -> Any:
+    try:
+        return await blocking(call, *args)
+    except (KafkaException, TimeoutError) as exc:
+        raise DependencyUnavailable(f"Kafka: {exc}") from exc
+
+
+def _tier_topics(sub: Subscription, partitions: int) -> dict[str, int]:
+    tiers = [MAIN, *range(1, sub.retry.tiers + 1), DLQ]
+    return {topic_of(sub, tier): partitions for tier in tiers}
+
+
+@router.get(
+    "/status",
+    summary="Lag, calls in flight, failed groups, retry backlog and lifetime counters",
+    response_model=None,
+    responses={200: {"model": StatusOut}, **errors(404, 503)},
+)
+async def status(request: Request, project: str, subscription: str) -> Response:
+    sub, partitions = await _subscription(request, project, subscription)
+    topics = _tier_topics(sub, partitions)
+    group = names.consumer_group(project, subscription)
+    lag_by_topic: dict[str, int] = await _kafka(_reader(request).lag, group, topics)
+    retry_topics = {topic_of(sub, t) for t in range(1, sub.retry.tiers + 1)}
+    groups = RedisGroupStore(_redis(request), project, subscription)
+    try:
+        failed = await groups.failed_count()
+        counters = await groups.counters()
+        stats = await _redis(request).hvals(keys.worker_stats(project, subscription))
+    except RedisError as exc:
+        raise DependencyUnavailable(f"Redis: {exc}") from exc
+    fresh = [s for s in map(orjson.loads, stats) if now_ms() - s.get("at", 0) < STATS_FRESH_MS]
+    return JSON(
+        {
+            "state": sub.state.value,
+            "lag": sum(lag_by_topic.values()),
+            "in_flight": sum(int(s.get("in_flight", 0)) for s in fresh),
+            "failed_groups": failed,
+            "retry_backlog": sum(n for t, n in lag_by_topic.items() if t in retry_topics),
+            "dead_lettered": counters["dead_lettered"],
+            "delivered_total": counters["delivered_total"],
+        }
+    )
+
+
+def group_view(group_id: str, state: GroupState | None) -> dict[str, Any]:
+    """The API's view of one group's state."""
+    if state is None:
+        return {
+            "group_id": group_id,
+            "state": "healthy",
+            "tier": None,
+            "parked": 0,
+            "head_message_id": None,
+        }
+    tier = state.head_tier
+    return {
+        "group_id": group_id,
+        "state": "dead_lettered" if tier == DLQ else "retrying",
+        "tier": tier_name(tier) if tier == DLQ or is_retry(tier) else None,
+        "parked": state.parked,
+        "head_message_id": state.head,
+    }
+
+
+@router.get(
+    "/groups/{group_id}",
+    summary="Where a group stands: healthy, retrying in a tier, or parked in the DLQ",
+    response_model=None,
+    responses={200: {"model": GroupOut}, **errors(404, 503)},
+)
+async def group(request: Request, project: str, subscription: str, group_id: str) -> Response:
+    await _subscription(request, project, subscription)
+    try:
+        state = await RedisGroupStore(_redis(request), project, subscription).group(group_id)
+    except RedisError as exc:
+        raise DependencyUnavailable(f"Redis: {exc}") from exc
+    return JSON(group_view(group_id, state))
+
+
+async def _live_letters(
+    request: Request,
+    sub: Subscription,
+    partition: int,
+    start: int,
+    budget: int,
+    keep: Any,
+) -> tuple[list[DeadLetter], int, bool]:
+    """Live dead letters of one partition from ``start``, reading at most ``budget``
+    records; with the offset to continue from and whether the end was reached."""
+    groups = RedisGroupStore(_redis(request), sub.project, sub.name)
+    try:
+        done = await groups.unsidelined(partition)
+    except RedisError as exc:
+        raise DependencyUnavailable(f"Redis: {exc}") from exc
+    topic = topic_of(sub, DLQ)
+    messages, position, end = await _kafka(_reader(request).read, topic, partition, start, budget)
+    letters = []
+    for msg in messages:
+        try:
+            record = record_of(DLQ, msg)
+        except ValueError:
+            continue
+        letter = DeadLetter(partition, record)
+        if record.offset not in done and keep(letter):
+            letters.append(letter)
+    return letters, position, end
+
+
+@router.get(
+    "/dlq/messages",
+    summary="Browse dead letters (oldest first per partition; cursor in 'next')",
+    response_model=None,
+    responses={200: {"model": DeadLettersOut}, **errors(400, 404, 503)},
+)
+async def dead_letters(
+    request: Request,
+    project: str,
+    subscription: str,
+    group_id: Annotated[str | None, Query(max_length=100)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: Annotated[str | None, Query(max_length=64)] = None,
+) -> Response:
+    sub, partitions = await _subscription(request, project, subscription)
+    try:
+        first, start = parse_cursor(after)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    if group_id is not None:
+        order = [partition_for(group_id.encode(), partitions)]
+    else:
+        order = list(range(partitions))
+    out: list[DeadLetter] = []
+    scanned = 0
+    next_cursor: str | None = None
+    for partition in (p for p in order if p >= first):
+        position = start if partition == first else 0
+        while len(out) < limit and scanned < MAX_SCAN:
+            letters, position, end = await _live_letters(
+                request,
+                sub,
+                partition,
+                position,
+                min(1000, MAX_SCAN - scanned),
+                lambda letter: group_id is None or letter.record.group == group_id,
+            )
+            scanned += 1000
+            for letter in letters:
+                if len(out) < limit:
+                    out.append(letter)
+            if end:
+                break
+        if len(out) >= limit:
+            next_cursor = out[-1].cursor
+            break
+        if scanned >= MAX_SCAN:
+            next_cursor = f"{partition}:{max(position - 1, 0)}"
+            break
+    return JSON({"messages": [letter.view() for letter in out], "next": next_cursor})
+
+
+@router.post(
+    "/dlq/unsideline",
+    summary="Deliver dead letters again, in order (by group ids, message ids or failed_before)",
+    response_model=None,
+    responses={200: {"model": RequeuedOut}, **errors(400, 404, 503)},
+)
+async def unsideline(
+    request: Request, project: str, subscription: str, body: UnsidelineBody
+) -> Response:
+    given = [x for x in (body.group_ids, body.message_ids, body.failed_before) if x is not None]
+    if len(given) != 1:
+        raise InvalidInput("give exactly one of group_ids, message_ids or failed_before")
+    sub, partitions = await _subscription(request, project, subscription)
+    selector = Selector(
+        group_ids=frozenset(body.group_ids) if body.group_ids is not None else None,
+        message_ids=frozenset(body.message_ids) if body.message_ids is not None else None,
+        failed_before=body.failed_before,
+    )
+    groups = RedisGroupStore(_redis(request), project, subscription)
+    try:
+        if body.group_ids is not None:
+            names_ = sorted(set(body.group_ids))
+        else:
+            members = await _redis(request).smembers(keys.failed_groups(project, subscription))
+            names_ = sorted(m.decode() for m in members)
+        found = await asyncio.gather(*(groups.group(g) for g in names_))
+    except RedisError as exc:
+        raise DependencyUnavailable(f"Redis: {exc}") from exc
+    states = {g: s for g, s in zip(names_, found, strict=True) if s is not None}
+    partition_of = {g: partition_for(g.encode(), partitions) for g in states}
+    if body.group_ids is not None:
+        scan = sorted({partition_for(g.encode(), partitions) for g in body.group_ids})
+    else:
+        scan = list(range(partitions))
+    letters: list[DeadLetter] = []
+    for partition in scan:
+        position, end = 0, False
+        while not end:
+            found_letters, position, end = await _live_letters(
+                request, sub, partition, position, 5000, lambda _: True
+            )
+            letters.extend(found_letters)
+    releases = choose(letters, states, partition_of, selector)
+    try:
+        for partition in sorted(set(releases.groups) | set(releases.letters)):
+            await groups.request_release(
+                partition, releases.groups.get(partition, ()), releases.letters.get(partition, ())
+            )
+    except RedisError as exc:
+        raise DependencyUnavailable(f"Redis: {exc}") from exc
+    return JSON({"requeued": releases.requeued})
+
+
+@router.post(
+    "/seek",
+    summary="Start the main log at a time when the stopped subscription starts again",
+    response_model=None,
+    responses={200: {"model": SeekOut}, **errors(400, 404, 409)},
+)
+async def seek(request: Request, project: str, subscription: str, body: SeekBody) -> Response:
+    sub = await blocking(_store(request).request_seek, project, subscription, body.timestamp_ms)
+    return JSON(
+        {
+            "state": sub.state.value,
+            "seek_to_ms": sub.seek_to_ms,
+            "seek_generation": sub.seek_generation,
+        }
+    )

@@ -348,6 +348,35 @@ class KafkaReader:
         finally:
             consumer.close()
 
+    def read(
+        self, topic: str, partition: int, start: int, budget: int
+    ) -> tuple[list[Message], int, bool]:
+        """Up to ``budget`` records of one partition from ``start`` (clamped to the log start):
+        the records, the offset to continue from, and whether the end was reached."""
+        consumer = Consumer(self._config, logger=log)
+        try:
+            tp = TopicPartition(topic, partition)
+            low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+            start = max(start, low)
+            if start >= high:
+                return [], start, True
+            consumer.assign([TopicPartition(topic, partition, start)])
+            out: list[Message] = []
+            position = start
+            deadline = time.monotonic() + 30
+            while position < high and len(out) < budget:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"reading {topic}/{partition} took too long")
+                for msg in consumer.consume(min(POLL_BATCH, budget - len(out)), 0.2):
+                    offset = msg.offset()
+                    if msg.error() or offset is None or offset < position:
+                        continue
+                    out.append(msg)
+                    position = offset + 1
+            return out, position, position >= high
+        finally:
+            consumer.close()
+
     def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int:
         """The first offset at or after ``timestamp_ms``, or the end when there is none."""
         consumer = Consumer(self._config, logger=log)

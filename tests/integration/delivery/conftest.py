@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from confluent_kafka import Producer
@@ -351,3 +352,29 @@ def start_process(world: World, tmp_path: Path) -> Iterator[Callable[..., Proces
 
 def replace_sub(sub: Subscription, **changes: Any) -> Subscription:
     return dataclasses.replace(sub, **changes)
+
+
+@pytest.fixture
+def api(world: World) -> Iterator[httpx.Client]:
+    """The HTTP API on the test's database, Kafka and Redis, served by uvicorn in a thread."""
+    import socket
+
+    import uvicorn
+
+    from api.app import create_app
+
+    app = create_app(world.settings(allow_private_endpoints=True))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait_for("the API to start", lambda: server.started, 30)
+    port = sock.getsockname()[1]
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()

@@ -1,0 +1,155 @@
+"""The operator endpoints of delivery (DESIGN §5) against a running worker."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from setu.model import DeadLetterPolicy
+from tests.integration.delivery.conftest import Receiver, ThreadWorker, World, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def path(world: World, tail: str, sub: str = "s") -> str:
+    return f"/v1/projects/{world.project}/subscriptions/{sub}/{tail}"
+
+
+def parked(api: httpx.Client, world: World, group: str, count: int) -> bool:
+    body = api.get(path(world, f"groups/{group}")).json()
+    return bool(body["state"] == "dead_lettered" and body["parked"] == count)
+
+
+def test_status_and_group_state_follow_delivery(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], api: httpx.Client
+) -> None:
+    # Given g1 rejected (400), g2 failing with long retries, g3 healthy
+    world.topic("t")
+    world.subscription(receiver.url, delays_ms=(60_000,))
+    receiver.answer("g1", 400)
+    receiver.answer("g2", 503)
+    g1 = world.publish("t", "g1", 3)
+    g2 = world.publish("t", "g2", 2)
+    world.publish("t", "g3", 4)
+    start_worker()
+    wait_for("g1 parked", lambda: parked(api, world, "g1", 3))
+    # Then the groups read as parked, retrying and healthy
+    assert api.get(path(world, "groups/g1")).json() == {
+        "group_id": "g1",
+        "state": "dead_lettered",
+        "tier": "dlq",
+        "parked": 3,
+        "head_message_id": g1[0],
+    }
+    wait_for("g2 retrying", lambda: api.get(path(world, "groups/g2")).json()["parked"] == 2)
+    assert api.get(path(world, "groups/g2")).json() == {
+        "group_id": "g2",
+        "state": "retrying",
+        "tier": "rq.1",
+        "parked": 2,
+        "head_message_id": g2[0],
+    }
+    assert api.get(path(world, "groups/g3")).json()["state"] == "healthy"
+
+    # And the status counts them; g2's two messages wait in rq.1 (the retry backlog)
+    def settled() -> bool:
+        s = api.get(path(world, "status")).json()
+        return bool(s["delivered_total"] == 4 and s["lag"] == 2)
+
+    wait_for("status settled", settled)
+    status = api.get(path(world, "status")).json()
+    assert status == {
+        "state": "running",
+        "lag": 2,
+        "in_flight": status["in_flight"],
+        "failed_groups": 2,
+        "retry_backlog": 2,
+        "dead_lettered": 3,
+        "delivered_total": 4,
+    }
+
+
+def test_dead_letters_are_browsed_then_unsidelined_in_order(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], api: httpx.Client
+) -> None:
+    # Given two groups parked in the DLQ
+    world.topic("t", partitions=1)
+    world.subscription(receiver.url, delays_ms=(100,))
+    receiver.answer("a", 400)
+    receiver.answer("b", 422)
+    a = world.publish("t", "a", 3)
+    b = world.publish("t", "b", 2)
+    start_worker()
+    wait_for("parked", lambda: parked(api, world, "a", 3) and parked(api, world, "b", 2))
+    # When browsing with a page size of 2
+    page = api.get(path(world, "dlq/messages"), params={"limit": 2}).json()
+    rest = api.get(path(world, "dlq/messages"), params={"after": page["next"]}).json()
+    letters = page["messages"] + rest["messages"]
+    # Then every dead letter is listed once, in DLQ order (each group's in published order),
+    # with its failure and body
+    listed = [m["message_id"] for m in letters]
+    assert sorted(listed) == sorted(a + b)
+    assert [m["offset"] for m in letters] == sorted(m["offset"] for m in letters)
+    assert [m for m in listed if m in a] == a and [m for m in listed if m in b] == b
+    assert rest["next"] is None
+    head = next(m for m in letters if m["message_id"] == a[0])
+    assert (head["last_status"], head["attempts"], head["parked"]) == (400, 1, True)
+    assert base64.b64decode(head["body"]) == a[0].encode()
+    only_b = api.get(path(world, "dlq/messages"), params={"group_id": "b"}).json()["messages"]
+    assert [m["message_id"] for m in only_b] == b
+    # When the endpoint recovers and an operator unsidelines group a by one of its message ids
+    receiver.heal()
+    answer = api.post(path(world, "dlq/unsideline"), json={"message_ids": [a[2]]})
+    assert answer.status_code == 200 and answer.json() == {"requeued": 3}
+    # Then a is delivered in published order and leaves the DLQ listing; b stays parked
+    wait_for("a delivered", lambda: receiver.delivered("a") == a)
+    wait_for("a healthy", lambda: api.get(path(world, "groups/a")).json()["state"] == "healthy")
+    listed = api.get(path(world, "dlq/messages")).json()["messages"]
+    assert [m["message_id"] for m in listed] == b
+    # And unsidelining by failed_before picks up b
+    answer = api.post(path(world, "dlq/unsideline"), json={"failed_before": 2**62})
+    assert answer.json() == {"requeued": 2}
+    wait_for("b delivered", lambda: receiver.delivered("b") == b)
+    assert api.get(path(world, "dlq/messages")).json()["messages"] == []
+
+
+def test_single_dead_letters_are_unsidelined_by_group(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], api: httpx.Client
+) -> None:
+    # Given the skip policy: rejected messages are dead letters of their own
+    world.topic("t")
+    world.subscription(receiver.url, delays_ms=(100,), policy=DeadLetterPolicy.SKIP)
+    receiver.answer("g", 400)
+    ids = world.publish("t", "g", 3)
+    start_worker()
+    wait_for(
+        "all dead",
+        lambda: len(api.get(path(world, "dlq/messages")).json()["messages"]) == 3,
+    )
+    receiver.heal()
+    answer = api.post(path(world, "dlq/unsideline"), json={"group_ids": ["g"]})
+    assert answer.json() == {"requeued": 3}
+    # Then they are delivered again, one at a time, in order
+    wait_for("redelivered", lambda: receiver.delivered("g") == ids)
+    wait_for("listing empty", lambda: api.get(path(world, "dlq/messages")).json()["messages"] == [])
+
+
+def test_seek_needs_a_stopped_subscription_and_operations_check_their_input(
+    world: World, receiver: Receiver, api: httpx.Client
+) -> None:
+    world.topic("t")
+    world.subscription(receiver.url)
+    busy = api.post(path(world, "seek"), json={"timestamp_ms": 0})
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "conflict"
+    api.post(path(world, "stop"))
+    done = api.post(path(world, "seek"), json={"timestamp_ms": 5})
+    assert done.json() == {"state": "stopped", "seek_to_ms": 5, "seek_generation": 1}
+    both = api.post(path(world, "dlq/unsideline"), json={"group_ids": ["a"], "failed_before": 1})
+    assert both.status_code == 400 and both.json()["error"]["code"] == "invalid_input"
+    bad_cursor = api.get(path(world, "dlq/messages"), params={"after": "x"})
+    assert bad_cursor.status_code == 400
+    missing = api.get(path(world, "status", sub="nope"))
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import pytest
+
+from delivery.dead_letters import DeadLetter, Selector, choose, parse_cursor
+from delivery.groups import Kind
+from delivery.records import Record
+from delivery.tiers import DLQ
+from setu.envelope import Envelope
+from state.groups import EMPTY_COUNTS, GroupState
+
+
+def letter(
+    offset: int, message: str, group: str | None, kind: Kind, failed_at: int = 10
+) -> DeadLetter:
+    env = Envelope(message, b"", group_id=group, failed_at_ms=failed_at)
+    return DeadLetter(0, Record(DLQ, offset, env, kind))
+
+
+def parked_group(n: int, failed_at: int = 10, released: bool = False) -> GroupState:
+    counts = list(EMPTY_COUNTS)
+    counts[DLQ] = n
+    return GroupState(counts=tuple(counts), head="a1", released=released, failed_at_ms=failed_at)
+
+
+# Group a parked with three letters; b1, b2 dead on their own (skip policy); c's letter stray.
+LETTERS = [
+    letter(0, "a1", "a", Kind.HEAD, failed_at=10),
+    letter(1, "b1", "b", Kind.SKIP, failed_at=20),
+    letter(2, "a2", "a", Kind.PARK, failed_at=30),
+    letter(3, "b2", "b", Kind.SKIP, failed_at=40),
+    letter(4, "a3", "a", Kind.PARK, failed_at=50),
+    letter(5, "u1", None, Kind.DEAD, failed_at=60),
+]
+STATES = {"a": parked_group(3, failed_at=10)}
+PARTITIONS = {"a": 0}
+
+
+@pytest.mark.parametrize(
+    ("selector", "groups", "letters", "requeued"),
+    [
+        (Selector(group_ids=frozenset({"a"})), {"a"}, set(), 3),
+        (Selector(group_ids=frozenset({"b"})), set(), {1, 3}, 2),
+        (Selector(group_ids=frozenset({"a", "b"})), {"a"}, {1, 3}, 5),
+        # Any letter of a parked group releases the whole group, in order.
+        (Selector(message_ids=frozenset({"a3"})), {"a"}, set(), 3),
+        (Selector(message_ids=frozenset({"b2", "u1"})), set(), {3, 5}, 2),
+        # failed_before: a group by its head's failure, single letters by their own.
+        (Selector(failed_before=15), {"a"}, set(), 3),
+        (Selector(failed_before=45), {"a"}, {1, 3}, 5),
+        (Selector(failed_before=5), set(), set(), 0),
+        (Selector(group_ids=frozenset({"nobody"})), set(), set(), 0),
+    ],
+)
+def test_choose(selector: Selector, groups: set[str], letters: set[int], requeued: int) -> None:
+    out = choose(LETTERS, STATES, PARTITIONS, selector)
+    assert set().union(*out.groups.values()) == groups
+    assert set().union(*out.letters.values()) == letters
+    assert out.requeued == requeued
+
+
+def test_a_group_already_released_is_not_counted_again() -> None:
+    out = choose(
+        LETTERS,
+        {"a": parked_group(3, released=True)},
+        PARTITIONS,
+        Selector(group_ids=frozenset({"a"})),
+    )
+    assert (out.groups, out.requeued) == ({}, 0)
+
+
+@pytest.mark.parametrize(
+    ("after", "expected"),
+    [(None, (0, -1)), ("", (0, -1)), ("2:40", (2, 41)), ("0:0", (0, 1))],
+)
+def test_cursor(after: str | None, expected: tuple[int, int]) -> None:
+    assert parse_cursor(after) == expected
+
+
+@pytest.mark.parametrize("after", ["x", "1", "1:", ":3", "-1:3", "1:a"])
+def test_a_malformed_cursor_is_refused(after: str) -> None:
+    with pytest.raises(ValueError, match="cursor"):
+        parse_cursor(after)
