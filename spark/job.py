@@ -1,0 +1,304 @@
+"""The ingest job: every ``setu.*.ingest`` topic -> de-duplicated, ordered main logs.
+
+One Structured Streaming query, Spark's own Kafka source and sink:
+
+1. Read every ingest topic by pattern (``setu.names.INGEST_PATTERN``); a topic created later is
+   picked up at the next trigger, from its first offset.
+2. De-duplicate per (topic, producer) in :class:`spark.processor.DedupProcessor`
+   (``transformWithStateInPandas``, RocksDB state store, checkpointed). Rows without a producer
+   pass through.
+3. In each micro-batch (``foreachBatch``): hash-partition by (main topic, key) so every group's
+   rows are in one task, sort each task's rows by ingest (partition, offset), and write them with
+   the Kafka sink. One task writes its rows in order through one idempotent producer
+   (``acks=all``, ``enable.idempotence``), so retries cannot reorder a partition; the sink's
+   default partitioner is murmur2 on the key, as DESIGN §1 requires. Key = GroupId, else
+   MessageId; headers are carried over plus ``setu-ingest-partition`` / ``setu-ingest-offset``.
+4. After the write returns (every record acknowledged), raise the producers' high marks in Redis
+   (:mod:`spark.marks`); the dedup step gathers them in an accumulator during the same pass.
+
+Crash safety. Spark commits a batch (source offsets + state version) only after
+``foreachBatch`` returns. A kill before that commit replays the batch from the same offsets,
+with the same state version and the same batch timestamp (TTL is measured in batch time), so
+the dedup decisions, the rows and their order are exactly those of the first attempt: the main
+log may hold the batch twice, as an exact replay (same message ids, same order) that the
+delivery side drops by message id. Nothing accepted is lost, because a batch is committed only
+after its write succeeded; marks are max-guarded, so replays never lower them.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+
+import redis
+from pyspark.accumulators import Accumulator
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as fn
+from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.types import StructType
+
+from setu.envelope import (
+    H_GROUP_ID,
+    H_INGEST_OFFSET,
+    H_INGEST_PARTITION,
+    H_MESSAGE_ID,
+    H_PRODUCER_ID,
+    H_SEQUENCE_ID,
+)
+from setu.names import INGEST_PATTERN
+from setu.settings import Settings
+from spark.marks import HighsParam, MarkPublisher, ProducerHighs, by_topic
+from spark.processor import (
+    BUCKET,
+    BUCKETS,
+    OFFSET,
+    PARTITION,
+    PRODUCER,
+    SEQUENCE,
+    TIMESTAMP,
+    TOPIC,
+    DedupProcessor,
+)
+
+log = logging.getLogger(__name__)
+
+QUERY_NAME = "setu-ingest"
+HEADERS_TYPE = "array<struct<key:string,value:binary>>"
+# Anchored: the Kafka source matches the pattern anywhere in a topic name.
+SUBSCRIBE_PATTERN = f"^{INGEST_PATTERN}$"
+RAW_HEADERS, KEY, VALUE, MAIN_TOPIC = "headers", "key", "value", "main_topic"
+
+DEDUP_COLUMNS = [TOPIC, PARTITION, OFFSET, TIMESTAMP, VALUE, RAW_HEADERS, KEY, PRODUCER, SEQUENCE]
+
+
+def sink_options(settings: Settings) -> dict[str, str]:
+    """Kafka producer settings of the sink: durable, and ordered under retries."""
+    return {
+        "kafka.bootstrap.servers": _bootstrap(settings),
+        "kafka.acks": "all",
+        "kafka.enable.idempotence": "true",
+        # Idempotence keeps order across retries for up to 5 requests in flight.
+        "kafka.max.in.flight.requests.per.connection": "5",
+        "kafka.linger.ms": "5",
+        "kafka.batch.size": str(256 * 1024),
+    }
+
+
+def project_pattern(project: str) -> str:
+    """A subscribe pattern for the ingest topics of one project only (tests, benchmarks)."""
+    return f"^setu\\.{project}\\.[a-z0-9-]+\\.ingest$"
+
+
+def source_options(settings: Settings, pattern: str = SUBSCRIBE_PATTERN) -> dict[str, str]:
+    return {
+        "kafka.bootstrap.servers": _bootstrap(settings),
+        "subscribePattern": pattern,
+        "startingOffsets": "earliest",
+        "includeHeaders": "true",
+        "maxOffsetsPerTrigger": str(settings.spark_max_offsets_per_trigger),
+        "kafka.metadata.max.age.ms": str(settings.spark_topic_refresh_ms),
+        # A deleted topic must not stop every other topic's ingest.
+        "failOnDataLoss": "false",
+    }
+
+
+def session_config(settings: Settings) -> dict[str, str]:
+    conf = {
+        "spark.master": settings.spark_master,
+        "spark.app.name": QUERY_NAME,
+        "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        # RocksDB keeps state on disk; bound what it may hold in memory.
+        "spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage": "true",
+        "spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": "128",
+        "spark.ui.showConsoleProgress": "false",
+        # Batches only when data arrives: TTL expiry is lazy, so empty batches buy nothing.
+        "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+    }
+    if settings.spark_jars:
+        conf["spark.jars"] = settings.spark_jars
+    if settings.spark_master.startswith("local"):
+        conf["spark.ui.enabled"] = "false"
+    return conf
+
+
+def build_session(settings: Settings) -> SparkSession:
+    builder = SparkSession.builder
+    for key, value in session_config(settings).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _bootstrap(settings: Settings) -> str:
+    if not settings.kafka_bootstrap:
+        raise ValueError("SETU_KAFKA_BOOTSTRAP is required by the ingest job")
+    return settings.kafka_bootstrap
+
+
+def _header(name: str) -> Column:
+    """The value (binary) of the first header called ``name``, or null."""
+    matching = fn.filter(RAW_HEADERS, lambda h: h["key"] == fn.lit(name))
+    return fn.try_element_at(matching, fn.lit(1))["value"]
+
+
+def with_identity(raw: DataFrame) -> DataFrame:
+    """Source rows -> the columns the job works on, headers packed as JSON for the processor.
+
+    The producer column is null unless both producer id and a valid sequence are present.
+    """
+    sequence = _header(H_SEQUENCE_ID).cast("string").try_cast("bigint")
+    producer = fn.when(sequence.isNotNull(), _header(H_PRODUCER_ID).cast("string"))
+    key = fn.coalesce(_header(H_GROUP_ID), _header(H_MESSAGE_ID), fn.col(KEY))
+    rows = raw.select(
+        fn.col(TOPIC),
+        fn.col(PARTITION),
+        fn.col(OFFSET),
+        fn.unix_millis(fn.col("timestamp")).alias(TIMESTAMP),
+        fn.col(VALUE),
+        # Pandas turns arrays of structs into Python objects row by row; a JSON string is cheap.
+        fn.to_json(fn.col(RAW_HEADERS)).alias(RAW_HEADERS),
+        key.alias(KEY),
+        producer.alias(PRODUCER),
+        sequence.alias(SEQUENCE),
+    )
+    by_producer = fn.pmod(fn.xxhash64(TOPIC, PRODUCER), fn.lit(BUCKETS))
+    by_partition = -1 - fn.pmod(fn.xxhash64(TOPIC, PARTITION), fn.lit(BUCKETS))
+    bucket = fn.when(fn.col(PRODUCER).isNotNull(), by_producer).otherwise(by_partition)
+    return rows.withColumn(BUCKET, bucket.cast("int"))
+
+
+def dedup_schema(rows: DataFrame) -> StructType:
+    fields = {f.name: f for f in rows.schema.fields}
+    return StructType([fields[name] for name in DEDUP_COLUMNS])
+
+
+def deduplicated(
+    spark: SparkSession,
+    settings: Settings,
+    highs: Accumulator[ProducerHighs],
+    pattern: str = SUBSCRIBE_PATTERN,
+) -> DataFrame:
+    """The streaming frame of accepted rows (the job's stateful part).
+
+    Each batch adds its producers' highest accepted sequences to ``highs``.
+    """
+    raw = spark.readStream.format("kafka").options(**source_options(settings, pattern)).load()
+    rows = with_identity(raw)
+    processor = DedupProcessor(
+        ttl_ms=settings.dedup_ttl_seconds * 1000,
+        max_producers=settings.dedup_max_producers,
+        output_columns=DEDUP_COLUMNS,
+        highs=highs,
+    )
+    return rows.groupBy(BUCKET).transformWithStateInPandas(
+        statefulProcessor=processor,
+        outputStructType=dedup_schema(rows),
+        outputMode="Append",
+        timeMode="ProcessingTime",
+    )
+
+
+def main_log_rows(accepted: DataFrame, partitions: int) -> DataFrame:
+    """Accepted rows as Kafka sink rows, each group in ingest order within one task."""
+    ingest_headers = fn.array(
+        fn.struct(
+            fn.lit(H_INGEST_PARTITION).alias("key"),
+            fn.col(PARTITION).cast("string").cast("binary").alias("value"),
+        ),
+        fn.struct(
+            fn.lit(H_INGEST_OFFSET).alias("key"),
+            fn.col(OFFSET).cast("string").cast("binary").alias("value"),
+        ),
+    )
+    headers = fn.concat(fn.from_json(fn.col(RAW_HEADERS), HEADERS_TYPE), ingest_headers)
+    return (
+        accepted.withColumn(MAIN_TOPIC, fn.regexp_replace(TOPIC, r"\.ingest$", ""))
+        .repartition(partitions, MAIN_TOPIC, KEY)
+        .sortWithinPartitions(PARTITION, OFFSET)
+        .select(
+            fn.col(MAIN_TOPIC).alias("topic"),
+            fn.col(KEY).alias("key"),
+            fn.col(VALUE).alias("value"),
+            headers.alias("headers"),
+        )
+    )
+
+
+class BatchWriter:
+    """The ``foreachBatch`` function: write the main logs, then raise the producer marks."""
+
+    def __init__(
+        self, settings: Settings, highs: Accumulator[ProducerHighs], publisher: MarkPublisher
+    ) -> None:
+        self._options = sink_options(settings)
+        self._partitions = settings.spark_shuffle_partitions
+        self._highs = highs
+        self._publisher = publisher
+
+    def __call__(self, accepted: DataFrame, batch_id: int) -> None:
+        self._highs.value = {}
+        rows = main_log_rows(accepted, self._partitions)
+        rows.write.format("kafka").options(**self._options).save()
+        self._publisher.publish(by_topic(self._highs.value.items()))
+
+
+def start(
+    spark: SparkSession,
+    settings: Settings,
+    publisher: MarkPublisher,
+    pattern: str = SUBSCRIBE_PATTERN,
+) -> StreamingQuery:
+    """Start the query; it resumes from the checkpoint if one exists."""
+    highs = spark.sparkContext.accumulator({}, HighsParam())
+    return (
+        deduplicated(spark, settings, highs, pattern)
+        .writeStream.queryName(QUERY_NAME)
+        .foreachBatch(BatchWriter(settings, highs, publisher))
+        .option("checkpointLocation", settings.resolved_checkpoint_dir())
+        .trigger(processingTime=f"{settings.spark_trigger_ms} milliseconds")
+        .start()
+    )
+
+
+def stop_between_batches(query: StreamingQuery, patience_s: float = 30.0) -> None:
+    """Stop ``query``, letting a running batch finish first (a stop interrupts it otherwise)."""
+    deadline = time.monotonic() + patience_s
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if query.isActive:
+        query.stop()
+
+
+def run(settings: Settings) -> None:
+    """Run the job until SIGTERM/SIGINT (stops the query cleanly) or until the query fails."""
+    if not settings.redis_url:
+        raise ValueError("SETU_REDIS_URL is required by the ingest job")
+    stopping = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+
+    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    spark = build_session(settings)
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        query = start(spark, settings, MarkPublisher(client))
+        log.info("ingest query %s started (%s)", query.id, settings.resolved_checkpoint_dir())
+        while not stopping.is_set() and query.isActive:
+            query.awaitTermination(1)
+        stop_between_batches(query)
+        failure = query.exception()
+        if failure is not None and not stopping.is_set():
+            raise RuntimeError(f"ingest query failed: {failure}")
+    finally:
+        client.close()
+        spark.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

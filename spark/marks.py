@@ -1,0 +1,83 @@
+"""Producer high marks in Redis: what ``GET .../producers/{producer_id}`` answers.
+
+After a batch is in the main log the job raises, per (topic, producer), the hash field
+``state.keys.producer_marks(project, topic)[producer]`` to the highest sequence the batch
+accepted. The raise is a max-guarded Lua script, so a replayed batch or a late writer never
+moves a mark backwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import redis
+from pyspark.accumulators import AccumulatorParam
+
+from setu.names import parse_ingest_topic
+from state import keys
+
+# KEYS[1] = marks hash; ARGV = producer, sequence, producer, sequence, ...
+_RAISE = """
+for i = 1, #ARGV, 2 do
+  local current = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
+  if tonumber(ARGV[i + 1]) > current then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+return 0
+"""
+
+TopicMarks = dict[str, dict[str, int]]
+"""Ingest topic -> producer id -> highest accepted sequence."""
+
+
+def by_topic(highs: Iterable[tuple[tuple[str, str], int]]) -> TopicMarks:
+    """Group ((ingest topic, producer), sequence) pairs by topic, keeping each producer's max."""
+    out: TopicMarks = {}
+    for (topic, producer), sequence in highs:
+        per_topic = out.setdefault(topic, {})
+        if sequence > per_topic.get(producer, -1):
+            per_topic[producer] = sequence
+    return out
+
+
+ProducerHighs = dict[tuple[str, str], int]
+"""(ingest topic, producer) -> highest accepted sequence, as gathered in one batch."""
+
+
+def merge_highs(into: ProducerHighs, other: Mapping[tuple[str, str], int]) -> ProducerHighs:
+    """Raise ``into`` to ``other``, in place. Order and repetition do not matter (max)."""
+    for producer, sequence in other.items():
+        if sequence > into.get(producer, -1):
+            into[producer] = sequence
+    return into
+
+
+class HighsParam(AccumulatorParam[ProducerHighs]):
+    """A Spark accumulator of :data:`ProducerHighs`; a retried task adding twice is harmless."""
+
+    def zero(self, value: ProducerHighs) -> ProducerHighs:
+        return {}
+
+    def addInPlace(  # noqa: N802 (Spark's name)
+        self, value1: ProducerHighs, value2: ProducerHighs
+    ) -> ProducerHighs:
+        return merge_highs(value1, value2)
+
+
+class MarkPublisher:
+    """Raises producer marks in Redis; one instance per job."""
+
+    def __init__(self, client: redis.Redis[bytes]) -> None:
+        self._client = client
+        self._raise = client.register_script(_RAISE)
+
+    def publish(self, marks: Mapping[str, Mapping[str, int]]) -> None:
+        """Raise every mark; raises redis errors (the batch then fails and is replayed)."""
+        for ingest_topic, producers in marks.items():
+            project, topic = parse_ingest_topic(ingest_topic)
+            args: list[str | int] = []
+            for producer, sequence in producers.items():
+                args += [producer, sequence]
+            if args:
+                self._raise(keys=[keys.producer_marks(project, topic)], args=args)
