@@ -1,0 +1,196 @@
+"""The ingest job against the real broker, Redis and Spark (local[2]).
+
+One SparkSession serves every test here (starting one costs seconds on two cores). Each test
+uses its own project, and its query subscribes to that project's ingest topics only, so tests
+never read or write topics of anyone else on the shared broker.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from cli.jars import resolve_spark_jars
+from setu import names
+from setu.envelope import Envelope
+from setu.settings import Settings
+from spark import job
+from spark.marks import MarkPublisher
+from state import keys
+
+
+def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 90.0) -> None:
+    """Polls ``condition`` until it holds; fails naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def spark_session(kafka_bootstrap: str, redis_url: str) -> Iterator[SparkSession]:
+    jars = resolve_spark_jars(Settings())
+    settings = Settings(
+        kafka_bootstrap=kafka_bootstrap,
+        redis_url=redis_url,
+        spark_jars=",".join(map(str, jars)),
+        spark_shuffle_partitions=2,
+    )
+    spark = job.build_session(settings)
+    spark.sparkContext.setLogLevel("ERROR")
+    yield spark
+    spark.stop()
+
+
+@dataclass
+class MainLog:
+    """Everything read so far from one main topic, in per-partition log order."""
+
+    consumer: Consumer
+    records: list[tuple[int, bytes, Envelope]] = field(default_factory=list)
+
+    def poll(self) -> None:
+        for message in self.consumer.consume(1000, timeout=0.2):
+            if message.error() is None:
+                envelope = Envelope.from_kafka(message.headers(), message.value())
+                self.records.append((message.partition(), message.key(), envelope))
+
+    def ids(self) -> list[str]:
+        return [e.message_id for _, _, e in self.records]
+
+    def wait_for_ids(self, wanted: set[str], timeout_s: float = 120.0) -> None:
+        def arrived() -> bool:
+            self.poll()
+            return wanted <= set(self.ids())
+
+        wait_for(f"{len(wanted)} messages in the main log", arrived, timeout_s)
+
+
+@dataclass
+class IngestWorld:
+    """One project on the shared broker, with helpers to produce and to run the job."""
+
+    spark: SparkSession
+    bootstrap: str
+    redis_url: str
+    checkpoints: Path
+    project: str = field(default_factory=lambda: f"ing-{uuid.uuid4().hex[:10]}")
+
+    def __post_init__(self) -> None:
+        self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        self.producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "partitioner": "murmur2_random",
+                "enable.idempotence": True,
+                "linger.ms": 5,
+            }
+        )
+        self.redis = redis.Redis.from_url(self.redis_url)
+        self.topics: list[str] = []
+        self.consumers: list[Consumer] = []
+
+    def settings(self, **overrides: object) -> Settings:
+        values: dict[str, object] = {
+            "kafka_bootstrap": self.bootstrap,
+            "redis_url": self.redis_url,
+            "spark_checkpoint_dir": str(self.checkpoints / self.project),
+            "spark_trigger_ms": 200,
+            "spark_shuffle_partitions": 2,
+        }
+        values.update(overrides)
+        return Settings(**values)  # type: ignore[arg-type]
+
+    def create_topic(self, topic: str, partitions: int = 3) -> None:
+        """The ingest topic and its main log, as the API creates them."""
+        created = [names.main_topic(self.project, topic), names.ingest_topic(self.project, topic)]
+        futures = self.admin.create_topics([NewTopic(t, partitions, 1) for t in created])
+        for future in futures.values():
+            future.result(timeout=30)
+        self.topics.extend(created)
+
+    def send(
+        self,
+        topic: str,
+        message_id: str,
+        group_id: str | None = None,
+        producer_id: str | None = None,
+        sequence_id: int | None = None,
+    ) -> None:
+        envelope = Envelope(
+            message_id=message_id,
+            body=f"body of {message_id}".encode(),
+            group_id=group_id,
+            producer_id=producer_id,
+            sequence_id=sequence_id,
+            headers=(("X_TRACE", message_id),),
+        )
+        self.producer.produce(
+            names.ingest_topic(self.project, topic),
+            envelope.body,
+            key=envelope.key,
+            headers=envelope.kafka_headers(),
+        )
+        self.producer.poll(0)
+
+    def flush(self) -> None:
+        assert self.producer.flush(30) == 0
+
+    def main_log(self, topic: str) -> MainLog:
+        main = names.main_topic(self.project, topic)
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"reader-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+            }
+        )
+        partitions = consumer.list_topics(main, timeout=10).topics[main].partitions
+        consumer.assign([TopicPartition(main, p, 0) for p in partitions])
+        self.consumers.append(consumer)
+        return MainLog(consumer)
+
+    def mark(self, topic: str, producer_id: str) -> int | None:
+        raw = self.redis.hget(keys.producer_marks(self.project, topic), producer_id)
+        return None if raw is None else int(raw)
+
+    @contextmanager
+    def running_job(self, settings: Settings) -> Iterator[StreamingQuery]:
+        query = self.start_job(settings)
+        try:
+            yield query
+        finally:
+            job.stop_between_batches(query)
+
+    def start_job(self, settings: Settings) -> StreamingQuery:
+        publisher = MarkPublisher(self.redis)
+        return job.start(self.spark, settings, publisher, job.project_pattern(self.project))
+
+    def close(self) -> None:
+        for consumer in self.consumers:
+            consumer.close()
+        self.admin.delete_topics(self.topics)
+        for name in self.redis.scan_iter(f"{keys.PREFIX}:producers:{{{self.project}.*"):
+            self.redis.delete(name)
+        self.redis.close()
+
+
+@pytest.fixture
+def world(
+    spark_session: SparkSession, kafka_bootstrap: str, redis_url: str, tmp_path: Path
+) -> Iterator[IngestWorld]:
+    w = IngestWorld(spark_session, kafka_bootstrap, redis_url, tmp_path)
+    yield w
+    w.close()

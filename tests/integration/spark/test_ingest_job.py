@@ -1,0 +1,197 @@
+"""The ingest job end to end: ingest topic -> Spark -> main log (+ producer marks in Redis)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+from pyspark.sql import functions as fn
+
+from setu.envelope import H_INGEST_OFFSET, H_INGEST_PARTITION
+from spark.processor import BUCKETS
+
+from .conftest import IngestWorld, MainLog, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+def per_group(log: MainLog) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = defaultdict(list)
+    for _, _, envelope in log.records:
+        groups[envelope.group_id or envelope.message_id].append(envelope.message_id)
+    return groups
+
+
+def test_retries_and_older_sequences_are_dropped_and_marks_published(world: IngestWorld) -> None:
+    # Given a running job and a producer that sends 0..9, retries seq 3, plus an anonymous message
+    world.create_topic("t")
+    log = world.main_log("t")
+    with world.running_job(world.settings()):
+        for seq in range(10):
+            world.send("t", f"m{seq}", f"g{seq % 3}", "p1", seq)
+        world.send("t", "m3", "g0", "p1", 3)
+        world.send("t", "free")
+        world.flush()
+        # Then each message is in the main log once and the mark says 9
+        log.wait_for_ids({f"m{s}" for s in range(10)} | {"free"})
+        wait_for("mark 9", lambda: world.mark("t", "p1") == 9)
+
+        # When the producer resends its last message, sends an older sequence, then seq 10
+        world.send("t", "m9", "g0", "p1", 9)
+        world.send("t", "stale", "g1", "p1", 4)
+        world.send("t", "m10", "g1", "p1", 10)
+        world.flush()
+        log.wait_for_ids({"m10"})
+        wait_for("mark 10", lambda: world.mark("t", "p1") == 10)
+
+    # Then neither the retry nor the older sequence reached the main log
+    ids = log.ids()
+    assert sorted(ids) == sorted([f"m{s}" for s in range(11)] + ["free"])
+    for _partition, key, envelope in log.records:
+        # Key = GroupId else MessageId; producer headers kept; ingest position added
+        assert key == (envelope.group_id or envelope.message_id).encode()
+        assert envelope.headers == (("X_TRACE", envelope.message_id),)
+        assert envelope.ingest_partition is not None and envelope.ingest_offset is not None
+        assert envelope.body == f"body of {envelope.message_id}".encode()
+    header_names = {name for name, _ in log.records[0][2].kafka_headers()}
+    assert {H_INGEST_PARTITION, H_INGEST_OFFSET} <= header_names
+
+
+def test_each_group_keeps_ingest_order_with_many_interleaved_producers(
+    world: IngestWorld,
+) -> None:
+    # Given 6 producers writing 12 interleaved groups, every 10th message retried at once
+    world.create_topic("orders", partitions=3)
+    expected: dict[str, list[str]] = defaultdict(list)
+    for i in range(1200):
+        producer, group, seq = f"p{i % 6}", f"g{(i * 7) % 12}", i // 6
+        world.send("orders", f"m{i}", group, producer, seq)
+        expected[group].append(f"m{i}")
+        if i % 10 == 0:
+            world.send("orders", f"m{i}", group, producer, seq)
+    world.flush()
+    log = world.main_log("orders")
+
+    # When the job reads them in many small batches
+    with world.running_job(world.settings(spark_max_offsets_per_trigger=300)):
+        log.wait_for_ids({m for ids in expected.values() for m in ids})
+
+    # Then every group is in the main log exactly once per message, in produce order
+    assert per_group(log) == expected
+    for p in range(6):
+        assert world.mark("orders", f"p{p}") == 199
+
+
+def test_restarted_query_loses_nothing_and_replays_exactly(world: IngestWorld) -> None:
+    # Given a job that is stopped mid-stream while producers keep writing
+    world.create_topic("k", partitions=3)
+    expected: dict[str, list[str]] = defaultdict(list)
+    for i in range(3000):
+        expected[f"g{(i * 11) % 30}"].append(f"m{i}")
+
+    def produce() -> None:
+        for i in range(3000):
+            world.send("k", f"m{i}", f"g{(i * 11) % 30}", f"p{i % 5}", i // 5)
+            if i % 100 == 99:
+                world.flush()
+                time.sleep(0.05)
+        world.flush()
+
+    log = world.main_log("k")
+    settings = world.settings(spark_max_offsets_per_trigger=150)
+    writer = threading.Thread(target=produce)
+    query = world.start_job(settings)
+    writer.start()
+
+    def some_written() -> bool:
+        log.poll()
+        return len(log.records) >= 300
+
+    wait_for("a first part of the stream", some_written)
+    query.stop()  # interrupts the running batch: it is replayed after the restart
+
+    # When the job restarts from its checkpoint
+    with world.running_job(settings):
+        writer.join()
+        log.wait_for_ids({m for ids in expected.values() for m in ids})
+        # And a producer retries a message accepted before the restart, then sends a new one
+        world.send("k", "m0", "g0", "p0", 0)
+        world.send("k", "fresh", "g0", "p0", 600)
+        world.flush()
+        log.wait_for_ids({"fresh"})
+
+    # Then nothing is lost, and within each group the log only ever moves one step forward or
+    # goes back to replay a stretch in the same order (never skips, never reorders)
+    expected["g0"].append("fresh")
+    raw = per_group(log)
+    assert {g: sorted(set(ids)) for g, ids in raw.items()} == {
+        g: sorted(ids) for g, ids in expected.items()
+    }
+    for group, ids in raw.items():
+        position = {m: n for n, m in enumerate(expected[group])}
+        steps = [position[b] - position[a] for a, b in itertools.pairwise(ids)]
+        assert all(step <= 1 for step in steps), group
+        assert ids[0] == expected[group][0]
+    # (Had the retry of m0 been kept, g0 would step from m0 straight to "fresh".)
+
+
+def test_idle_producers_expire_and_the_tracked_number_is_bounded(world: IngestWorld) -> None:
+    # Given a job with a 3 s TTL and room for one producer per bucket
+    world.create_topic("ttl")
+    log = world.main_log("ttl")
+    a, b = same_bucket_producers(world, "ttl")
+    settings = world.settings(dedup_ttl_seconds=3, dedup_max_producers=BUCKETS)
+    with world.running_job(settings):
+        # When producer a goes idle for longer than the TTL
+        world.send("ttl", "a5", "g", a, 5)
+        world.flush()
+        log.wait_for_ids({"a5"})
+        time.sleep(4)  # the TTL itself: batch time has to pass it
+        world.send("ttl", "a2", "g", a, 2)
+        world.flush()
+        # Then its state is gone and an older sequence is accepted as new
+        log.wait_for_ids({"a2"})
+
+        # When producer b takes the only place in a's bucket
+        world.send("ttl", "b1", "g", b, 1)
+        world.flush()
+        log.wait_for_ids({"b1"})
+        world.send("ttl", "a1", "g", a, 1)
+        world.flush()
+        # Then a was forgotten (least recently seen) and its older sequence passes again
+        log.wait_for_ids({"a1"})
+    assert log.ids() == ["a5", "a2", "b1", "a1"]
+
+
+def test_topic_created_while_the_job_runs_is_picked_up(world: IngestWorld) -> None:
+    # Given a job running before the project has any topic
+    settings = world.settings(spark_topic_refresh_ms=1000)
+    with world.running_job(settings) as query:
+        wait_for("the first trigger", lambda: query.lastProgress is not None)
+        # When a topic is created and written to
+        world.create_topic("late")
+        log = world.main_log("late")
+        world.send("late", "x1", "g", "p", 0)
+        world.flush()
+        # Then its messages reach the main log without a restart
+        log.wait_for_ids({"x1"})
+        wait_for("mark 0", lambda: world.mark("late", "p") == 0)
+
+
+def same_bucket_producers(world: IngestWorld, topic: str) -> tuple[str, str]:
+    """Two producer ids whose marks share one bucket (as the job computes buckets)."""
+    ingest = f"setu.{world.project}.{topic}.ingest"
+    candidates = world.spark.createDataFrame(
+        [(f"prod-{i}",) for i in range(200)], "producer string"
+    )
+    rows = candidates.select(
+        "producer", fn.pmod(fn.xxhash64(fn.lit(ingest), "producer"), fn.lit(BUCKETS)).alias("b")
+    ).collect()
+    by_bucket: dict[int, list[str]] = defaultdict(list)
+    for row in rows:
+        by_bucket[row["b"]].append(row["producer"])
+    pair = next(ids for ids in by_bucket.values() if len(ids) >= 2)
+    return pair[0], pair[1]
