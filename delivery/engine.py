@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from delivery import groups
@@ -105,15 +105,17 @@ class Effects(Protocol):
         """Move the tier's consumer back to ``offset``; then :meth:`unblocked`."""
 
 
-@dataclass(slots=True, eq=False)
 class Lane:
     """A group's records in memory and what is in progress for it."""
 
-    queues: dict[int, deque[Record]] = field(default_factory=dict)
-    delivering: Attempt | None = None
-    busy: Move | Transition | None = None
-    result: tuple[Attempt, Outcome] | None = None
-    release: bool = False
+    __slots__ = ("busy", "delivering", "queues", "release", "result")
+
+    def __init__(self) -> None:
+        self.queues: dict[int, deque[Record]] = {}
+        self.delivering: Attempt | None = None
+        self.busy: Move | Transition | None = None
+        self.result: tuple[Attempt, Outcome] | None = None
+        self.release = False
 
     def idle(self) -> bool:
         return (
@@ -186,6 +188,9 @@ class PartitionEngine:
         lane = self.lanes.get(group)
         if lane is None:
             lane = self.lanes[group] = Lane()
+            if rec.tier == MAIN and group not in self.states:
+                self._dispatch(rec, False, lane)  # the common case: a healthy, idle group
+                return
         queue = lane.queues.get(rec.tier)
         if queue is None:
             queue = lane.queues[rec.tier] = deque()
@@ -248,6 +253,19 @@ class PartitionEngine:
         lane = self.lanes.get(group) if (self._grouped and group is not None) else None
         if lane is not None and lane.delivering is attempt:
             lane.delivering = None
+            rec = attempt.record
+            if (
+                rec.tier == MAIN
+                and outcome.verdict is Verdict.DELIVERED
+                and lane.busy is None
+                and not lane.release
+                and not any(lane.queues.values())
+            ):
+                # The common case: a healthy group's message delivered, nothing waiting.
+                del self.lanes[group]  # type: ignore[arg-type]
+                self.trackers[MAIN].finish(rec.offset)
+                self.effects.delivered(self.partition, MAIN, rec.offset)
+                return
             lane.result = (attempt, outcome)
             self._pump(group, lane)  # type: ignore[arg-type]
         else:

@@ -37,6 +37,9 @@ T = TypeVar("T")
 
 POLL_BATCH = 500
 POLL_TIMEOUT_S = 0.05
+# Batches handed to the loop and not yet processed; the thread waits beyond this, so a loop
+# that falls behind slows the consumer instead of piling batches up in memory.
+MAX_OUTSTANDING_BATCHES = 2
 
 
 def record_of(tier: int, msg: Message) -> Record:
@@ -81,7 +84,8 @@ def consumer_config(bootstrap: str, group: str, client_id: str) -> dict[str, Any
         "auto.offset.reset": "earliest",
         "fetch.wait.max.ms": 100,
         # Bounded prefetch: memory stays flat however far behind the worker is.
-        "queued.max.messages.kbytes": 16384,
+        "queued.max.messages.kbytes": 8192,
+        "queued.min.messages": 5000,
         # A worker that died gives its partitions up after this long.
         "session.timeout.ms": 10000,
         "max.poll.interval.ms": 300000,
@@ -120,6 +124,13 @@ class ConsumerThread:
             tuple[Callable[[Consumer], Any], Callable[..., None] | None, bool]
         ] = queue.SimpleQueue()
         self._stop = threading.Event()
+        self._outstanding = threading.Semaphore(MAX_OUTSTANDING_BATCHES)
+        # Cleared by the owner while it holds as many records as it wants: the thread stops
+        # consuming, librdkafka's bounded prefetch fills up, and fetching stops by itself.
+        # Not polling also means not serving rebalances, so the owner clears it only briefly
+        # (it pauses its partitions when it stays full).
+        self.flowing = threading.Event()
+        self.flowing.set()
         self._done: asyncio.Future[None] = loop.create_future()
         self._thread = threading.Thread(target=self._run, name=f"consumer-{config['group.id']}")
 
@@ -166,9 +177,15 @@ class ConsumerThread:
             )
             while not self._stop.is_set():
                 self._run_commands(consumer)
+                if not self.flowing.wait(POLL_TIMEOUT_S):
+                    continue
+                if not self._outstanding.acquire(timeout=POLL_TIMEOUT_S):
+                    continue
                 messages = consumer.consume(POLL_BATCH, POLL_TIMEOUT_S)
                 if messages:
-                    self._loop.call_soon_threadsafe(self._listener.on_batch, messages)
+                    self._loop.call_soon_threadsafe(self._hand_over, messages)
+                else:
+                    self._outstanding.release()
             self._run_commands(consumer)
         except BaseException as exc:
             error = exc
@@ -180,6 +197,12 @@ class ConsumerThread:
                 except (KafkaException, RuntimeError):
                     log.exception("closing consumer of %s", self._config["group.id"])
             self._loop.call_soon_threadsafe(self._finish, error)
+
+    def _hand_over(self, messages: list[Message]) -> None:
+        try:
+            self._listener.on_batch(messages)
+        finally:
+            self._outstanding.release()
 
     def _finish(self, error: BaseException | None) -> None:
         if self._done.done():

@@ -26,6 +26,7 @@ import orjson
 from confluent_kafka import Message, TopicPartition
 from redis.asyncio import Redis
 
+from delivery.dispatcher import Dispatcher
 from delivery.engine import Attempt, Move, PartitionEngine, Transition
 from delivery.http import HttpClient
 from delivery.kafka_io import (
@@ -36,7 +37,6 @@ from delivery.kafka_io import (
     consumer_config,
     record_of,
 )
-from delivery.outcome import Outcome
 from delivery.records import copy_headers
 from delivery.takeover import take_over
 from delivery.tiers import MAIN, topics_by_tier
@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 _HOLD = "hold"
 _PRESSURE = "pressure"
 _PAUSED = "paused"
+_FULL = "full"
+# Consuming stops for at most this long when the worker is full; then partitions are paused
+# instead, so the consumer keeps polling (and serving rebalances).
+FULL_STOP_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +66,9 @@ class RunnerConfig:
     release_poll_ms: int = 1000
     stats_interval_ms: int = 2000
     drain_timeout_s: float = 20.0
-    # Records one tier partition may hold in memory before it is paused.
-    max_buffered: int = 2000
+    # Records the subscription may hold in memory before it stops consuming (at least this,
+    # and at least 8 x max_in_flight).
+    max_buffered: int = 2048
 
 
 class _Port:
@@ -75,19 +80,16 @@ class _Port:
         self.engine: PartitionEngine
         self.alive = True
         self.draining = False
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.calls: set[asyncio.Task[None]] = set()  # webhook calls, sent or not yet
-        self.calling: set[asyncio.Task[None]] = set()  # webhook calls being sent
+        self.tasks: set[asyncio.Task[None]] = set()  # Kafka and Redis writes in progress
+        self.calling = 0  # webhook calls being made
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self._done)
-        return task
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
-        self.calls.discard(task)
         if not task.cancelled():
             error = task.exception()
             if error is not None:
@@ -96,7 +98,9 @@ class _Port:
     # Effects
 
     def dispatch(self, attempt: Attempt) -> None:
-        self.calls.add(self._spawn(self._call(attempt)))
+        dispatcher = self.runner.dispatcher
+        assert dispatcher is not None  # created before the consumer can assign partitions
+        dispatcher.submit(self, attempt)
 
     def move(self, move: Move) -> None:
         self._spawn(self._move(move))
@@ -114,25 +118,6 @@ class _Port:
         self.runner.seek(self, tier, offset)
 
     # I/O
-
-    async def _call(self, attempt: Attempt) -> None:
-        runner = self.runner
-        if attempt.not_before_ms:
-            await asyncio.sleep(max(0.0, (attempt.not_before_ms - now_ms()) / 1000))
-        await runner.gate.wait()
-        sender = runner.sender
-        async with sender.slot():
-            if self.draining or not self.alive:
-                return  # never sent: the record stays unfinished and is read again
-            task = asyncio.current_task()
-            assert task is not None
-            self.calling.add(task)
-            try:
-                outcome: Outcome = await sender.send(attempt.record.envelope, attempt.number)
-            finally:
-                self.calling.discard(task)
-        if self.alive:
-            self.engine.on_result(attempt, outcome)
 
     async def _move(self, move: Move) -> None:
         runner = self.runner
@@ -187,7 +172,9 @@ class SubscriptionRunner:
         self._stopped = asyncio.Event()
         self._fatal: BaseException | None = None
         self._consumer: ConsumerThread | None = None
+        self.dispatcher: Dispatcher | None = None
         self._housekeeping: set[asyncio.Task[None]] = set()
+        self._full_since: float | None = None
 
     # Control
 
@@ -202,6 +189,7 @@ class SubscriptionRunner:
             self,
         )
         self._consumer = consumer
+        self.dispatcher = Dispatcher(self.sender, self.gate, self.sub.max_in_flight, self.fail)
         consumer.start()
         background = [
             loop.create_task(self._every(self.config.commit_interval_ms, self.commit)),
@@ -216,6 +204,7 @@ class SubscriptionRunner:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await consumer.close()
+            await self.dispatcher.close()
             await self._forget_stats()
         if self._fatal is not None:
             raise self._fatal
@@ -259,6 +248,8 @@ class SubscriptionRunner:
             return False
         self.sub = sub
         self.sender.update(sub)
+        if self.dispatcher is not None:
+            self.dispatcher.resize(sub.max_in_flight)
         self.set_paused(sub.state is SubscriptionState.PAUSED)
         return True
 
@@ -281,6 +272,7 @@ class SubscriptionRunner:
                 port.engine.skip(tier, msg.offset() or 0)
                 continue
             port.engine.on_record(rec)
+        self._regulate()
 
     async def assigned(self, committed: list[TopicPartition]) -> Assignment:
         by_index: dict[int, dict[int, int | None]] = defaultdict(dict)
@@ -420,16 +412,52 @@ class SubscriptionRunner:
 
         self.post(lambda c: c.seek(tp), unblocked)
 
+    def _buffered(self) -> dict[tuple[int, int], int]:
+        return {
+            (port.partition, tier): port.engine.open_count(tier)
+            for port in self.ports.values()
+            for tier in self.topics
+        }
+
+    def _regulate(self) -> None:
+        """Stops consuming while too many records are in memory, and starts again below 3/4.
+        Stopping is cheap (nothing fetched is thrown away) but must stay short; when the
+        worker stays full, its partitions are paused instead."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        limit = max(self.config.max_buffered, 8 * self.sub.max_in_flight)
+        total = sum(self._buffered().values())
+        loop_time = asyncio.get_running_loop().time()
+        if total > limit:
+            if self._full_since is None:
+                self._full_since = loop_time
+                consumer.flowing.clear()
+            elif loop_time - self._full_since > FULL_STOP_S and consumer.flowing.is_set() is False:
+                for port in self.ports.values():
+                    for tier in self.topics:
+                        self._reason(port.partition, tier, _FULL, True)
+                consumer.flowing.set()
+        elif total < limit * 3 // 4 and self._full_since is not None:
+            self._full_since = None
+            for port in self.ports.values():
+                for tier in self.topics:
+                    self._reason(port.partition, tier, _FULL, False)
+            consumer.flowing.set()
+
     def _balance(self) -> None:
-        limit = self.config.max_buffered
-        for port in list(self.ports.values()):
-            for tier in self.topics:
-                held = _PRESSURE in self._reasons.get((port.partition, tier), ())
-                count = port.engine.open_count(tier)
-                if not held and count > limit:
-                    self._reason(port.partition, tier, _PRESSURE, True)
-                elif held and count < limit // 2:
-                    self._reason(port.partition, tier, _PRESSURE, False)
+        """Back-pressure. Consuming stops and starts with the total; beyond that, with more
+        than one partition index, a tier partition holding most of the budget is paused (its
+        groups are slow) so the other partitions keep flowing."""
+        self._regulate()
+        limit = max(self.config.max_buffered, 8 * self.sub.max_in_flight)
+        several = len(self.ports) > 1
+        for (partition, tier), count in self._buffered().items():
+            held = _PRESSURE in self._reasons.get((partition, tier), ())
+            if not held and several and count > limit * 3 // 4:
+                self._reason(partition, tier, _PRESSURE, True)
+            elif held and (count < limit // 4 or not several):
+                self._reason(partition, tier, _PRESSURE, False)
 
     # Periodic work
 
@@ -502,18 +530,17 @@ class SubscriptionRunner:
             await self.redis.hdel(key, self.config.worker_id)
 
     async def _drain(self, port: _Port) -> None:
-        """Lets calls and writes in progress finish; calls not yet sent are dropped."""
+        """Lets calls and writes in progress finish; calls not yet made are dropped."""
         port.draining = True
         deadline = asyncio.get_running_loop().time() + self.config.drain_timeout_s
-        while port.tasks:
-            for task in port.calls - port.calling:
-                task.cancel()
+        while port.tasks or port.calling:
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
-                log.warning(
-                    "partition %d: %d tasks outlived the drain", port.partition, len(port.tasks)
-                )
+                log.warning("partition %d: work outlived the drain", port.partition)
                 for task in port.tasks:
                     task.cancel()
                 break
-            await asyncio.wait(list(port.tasks), timeout=min(left, 0.5))
+            if port.tasks:
+                await asyncio.wait(list(port.tasks), timeout=min(left, 0.1))
+            else:
+                await asyncio.sleep(0.01)

@@ -1,0 +1,414 @@
+"""Delivery benchmark, modelled on Confluent Parallel Consumer's published table: 10,000
+messages on one partition to a webhook that answers after a random 0-5 ms, for 1, 10, 100 and
+10,000 groups and ungrouped; then a failure-isolation run and a memory run.
+
+    python -m bench.delivery [--bootstrap 127.0.0.1:9092] [--redis redis://127.0.0.1:6379/0]
+                             [--messages 10000] [--memory-messages 1000000]
+                             [--rows 1,10,100,10000,ungrouped,isolation,memory]
+
+Each row gets its own topic (one partition) and subscription. Messages are written to the main
+log first, as the ingest job would; then a ``setu deliver`` worker (a process of its own, with a
+fixed subscription list) starts, and the webhook (another process, uvloop) timestamps every
+call. A row's rate is messages / (last call - first call), so group-join time is not counted.
+
+- isolation: 10,000 groups, 10% of them always answer 500 (their messages park in a 60 s retry
+  tier); the healthy groups' rate is compared with the all-healthy 10,000-group row.
+- memory: one message per group for ``--memory-messages`` distinct groups, webhook answering at
+  once; the worker's peak RSS (VmHWM) is reported.
+
+Figures are printed and written as JSON under bench/results/. Targets (2-core machine):
+10,000 groups >= 4,700 messages/s and within 1.25x of the ungrouped time; healthy groups keep
+>= 90% of their all-healthy rate while 10% fail; worker RSS <= 300 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+from confluent_kafka import Producer
+
+from setu.envelope import Envelope
+from setu.model import Endpoint, RetryPolicy, Subscription, Topic
+from state import keys
+from state.kafka_admin import KafkaTopics
+
+RESULTS = Path(__file__).resolve().parent / "results"
+BODY = b'{"order": 12345, "items": [1, 2, 3], "note": "' + b"x" * 180 + b'"}'
+ROWS = ("1", "10", "100", "10000", "ungrouped", "isolation", "memory")
+
+
+# The webhook: a process of its own, timestamping every call.
+
+
+class _Webhook(asyncio.Protocol):
+    """Minimal HTTP/1.1 server: answers after a random 0..max_delay ms, 500 for failing
+    groups (every tenth, when asked), and keeps counts for GET /stats."""
+
+    stats: dict[str, Any] = {}
+    max_delay_s = 0.005
+    fail_tenth = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport: Any = transport
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buffer[:end]
+            length = 0
+            at = head.find(b"content-length: ")
+            if at >= 0:
+                length = int(head[at + 16 : head.find(b"\r\n", at)])
+            if len(self.buffer) < end + 4 + length:
+                return
+            self.buffer = self.buffer[end + 4 + length :]
+            if head.startswith(b"GET /stats"):
+                body = orjson.dumps(self.stats)
+                self.transport.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                continue
+            self._call(head)
+
+    def _call(self, head: bytes) -> None:
+        group = b""
+        at = head.find(b"\r\nX_GROUP_ID: ")
+        if at >= 0:
+            group = head[at + 14 : head.find(b"\r\n", at + 2)]
+        failing = bool(self.fail_tenth and group and int(group[1:]) % 10 == 0)
+        status = b"500 Internal Server Error" if failing else b"200 OK"
+        delay = random.random() * self.max_delay_s
+        loop = asyncio.get_running_loop()
+        loop.call_later(delay, self._answer, status, failing)
+
+    def _answer(self, status: bytes, failing: bool) -> None:
+        now = time.monotonic()
+        s = self.stats
+        if failing:
+            s["failed"] += 1
+        else:
+            s["ok"] += 1
+            s["first"] = s["first"] or now
+            s["last"] = now
+        self.transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\n\r\n")
+
+
+def serve_webhook(port: int, max_delay_ms: float, fail_tenth: bool) -> None:
+    import uvloop
+
+    _Webhook.stats = {"ok": 0, "failed": 0, "first": 0.0, "last": 0.0}
+    _Webhook.max_delay_s = max_delay_ms / 1000
+    _Webhook.fail_tenth = fail_tenth
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(_Webhook, "127.0.0.1", port)
+        print("ready", flush=True)
+        await server.serve_forever()
+
+    uvloop.run(main())
+
+
+# The worker: ``serve`` with a fixed subscription list.
+
+
+class _Fixed:
+    def __init__(self, subs: list[Subscription]) -> None:
+        self._subs = subs
+
+    def list_subscriptions(self) -> list[Subscription]:
+        return self._subs
+
+
+def serve_worker(config: dict[str, Any]) -> None:
+    from delivery.worker import _run_loop, serve
+    from setu.settings import Settings
+
+    sub = Subscription(
+        project=config["project"],
+        name=config["subscription"],
+        topic=config["topic"],
+        endpoint=Endpoint(config["url"], timeout_ms=10_000),
+        grouped=config["grouped"],
+        retry=RetryPolicy(delays_ms=(60_000,)),
+        max_in_flight=config["max_in_flight"],
+    )
+    settings = Settings(
+        kafka_bootstrap=config["bootstrap"],
+        redis_url=config["redis"],
+        worker_id=f"bench-{config['project']}",
+    )
+    profile_to = os.environ.get("SETU_BENCH_PROFILE")
+    if not profile_to:
+        _run_loop(serve(settings, _Fixed([sub])))
+        return
+    import cProfile
+
+    with cProfile.Profile() as profile:
+        _run_loop(serve(settings, _Fixed([sub])))
+    profile.dump_stats(profile_to)
+
+
+# The driver.
+
+
+def get_stats(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as response:
+        stats: dict[str, Any] = orjson.loads(response.read())
+        return stats
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (peak) in kB, and CPU seconds, of a process (Linux /proc)."""
+    out: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            out[name] = int(value.split()[0])
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    out["cpu_ms"] = (int(fields[11]) + int(fields[12])) * 1000 // os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def produce(bootstrap: str, topic: str, messages: int, groups: int | None) -> float:
+    """Writes ``messages`` to partition 0 of ``topic`` (group i % groups, or none); seconds."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 2_000_000,
+        }
+    )
+    started = time.monotonic()
+    for i in range(messages):
+        group = None if groups is None else f"g{i % groups}"
+        env = Envelope(f"m{i}", BODY, group_id=group, produced_at_ms=1)
+        headers: list[tuple[str, str | bytes | None]] = list(env.kafka_headers())
+        while True:
+            try:
+                producer.produce(topic, value=BODY, key=env.key, partition=0, headers=headers)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    producer.flush(120)
+    return time.monotonic() - started
+
+
+def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
+    project = f"bench{uuid.uuid4().hex[:8]}"
+    messages = args.memory_messages if row == "memory" else args.messages
+    groups: int | None
+    if row == "ungrouped":
+        groups = None
+    elif row == "isolation":
+        groups = 10_000
+    elif row == "memory":
+        groups = messages
+    else:
+        groups = int(row)
+    admin = KafkaTopics(args.bootstrap)
+    topic = Topic(project, "t", grouped=groups is not None, partitions=1, retention_hours=1)
+    sub_name = "s"
+    admin.ensure_topic(topic)
+    sub = Subscription(
+        project,
+        sub_name,
+        "t",
+        Endpoint("http://x/"),
+        grouped=groups is not None,
+        retry=RetryPolicy(delays_ms=(60_000,)),
+    )
+    admin.ensure_subscription(sub, topic)
+    port = free_port()
+    hook = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.delivery",
+            "--serve-webhook",
+            str(port),
+            "--max-delay-ms",
+            "0" if row == "memory" else "5",
+            *(["--fail-tenth"] if row == "isolation" else []),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        assert hook.stdout is not None
+        hook.stdout.readline()
+        main = f"setu.{project}.t"
+        produce_s = produce(args.bootstrap, main, messages, groups)
+        config = {
+            "project": project,
+            "subscription": sub_name,
+            "topic": "t",
+            "grouped": groups is not None,
+            "url": f"http://127.0.0.1:{port}/hook",
+            "bootstrap": args.bootstrap,
+            "redis": args.redis,
+            "max_in_flight": args.max_in_flight,
+        }
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "bench.delivery", "--serve-worker", json.dumps(config)]
+        )
+        expected = messages - (messages // 10 if row == "isolation" else 0)
+        deadline = time.monotonic() + args.timeout
+        peak = {"VmRSS": 0, "VmHWM": 0, "cpu_ms": 0}
+        cpu_at_start: int | None = None  # worker CPU when the first call came in
+        while True:
+            stats = get_stats(port)
+            peak = proc_status(worker.pid)
+            if cpu_at_start is None and stats["ok"]:
+                cpu_at_start = peak["cpu_ms"]
+            if stats["ok"] >= expected:
+                break
+            if time.monotonic() > deadline or worker.poll() is not None:
+                raise RuntimeError(f"row {row}: {stats['ok']} of {expected} after the deadline")
+            time.sleep(0.05)
+        elapsed = stats["last"] - stats["first"]
+        busy_ms = peak["cpu_ms"] - (cpu_at_start or 0)
+        result = {
+            "row": row,
+            "messages": messages,
+            "groups": groups,
+            "delivered": stats["ok"],
+            "failed_calls": stats["failed"],
+            "seconds": round(elapsed, 3),
+            "messages_per_s": round(stats["ok"] / elapsed) if elapsed > 0 else None,
+            "worker_rss_mb": round(peak["VmRSS"] / 1024, 1),
+            "worker_peak_rss_mb": round(peak["VmHWM"] / 1024, 1),
+            "worker_cpu_s": round(peak["cpu_ms"] / 1000, 2),
+            # CPU per delivered message once delivery had started (startup not counted).
+            "worker_cpu_us_per_msg": round(busy_ms * 1000 / max(stats["ok"], 1)),
+            "produce_s": round(produce_s, 2),
+            "load_average_1m": round(os.getloadavg()[0], 2),
+        }
+        return result
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(60)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        hook.kill()
+        hook.wait()
+        admin.delete_subscription(project, sub_name)
+        admin.delete_topic(topic)
+        client = redis.Redis.from_url(args.redis)
+        found = list(client.scan_iter(match=keys.subscription_pattern(project, sub_name)))
+        if found:
+            client.delete(*found)
+        client.close()
+
+
+def verdicts(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    many = rows.get("10000")
+    loose = rows.get("ungrouped")
+    if many:
+        out["10000_groups_at_least_4700_per_s"] = many["messages_per_s"] >= 4700
+    if many and loose:
+        ratio = many["seconds"] / loose["seconds"]
+        out["10000_groups_time_over_ungrouped"] = round(ratio, 3)
+        out["10000_groups_within_1.25x_of_ungrouped"] = ratio <= 1.25
+    iso = rows.get("isolation")
+    if iso and many:
+        share = iso["messages_per_s"] / many["messages_per_s"]
+        out["healthy_share_of_all_healthy_rate"] = round(share, 3)
+        out["healthy_groups_keep_90_percent"] = share >= 0.9
+    mem = rows.get("memory")
+    if mem:
+        out["worker_peak_rss_at_most_300_mb"] = mem["worker_peak_rss_mb"] <= 300
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--bootstrap", default=os.environ.get("SETU_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    )
+    parser.add_argument(
+        "--redis", default=os.environ.get("SETU_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    parser.add_argument("--messages", type=int, default=10_000)
+    parser.add_argument("--memory-messages", type=int, default=1_000_000)
+    parser.add_argument("--max-in-flight", type=int, default=256)
+    parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--serve-webhook", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--max-delay-ms", type=float, default=5.0, help=argparse.SUPPRESS)
+    parser.add_argument("--fail-tenth", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_webhook:
+        serve_webhook(args.serve_webhook, args.max_delay_ms, args.fail_tenth)
+        return 0
+    if args.serve_worker:
+        serve_worker(json.loads(args.serve_worker))
+        return 0
+
+    rows: dict[str, dict[str, Any]] = {}
+    for row in args.rows.split(","):
+        result = run_row(args, row)
+        rows[row] = result
+        print(
+            f"{row:>10}  {result['messages']:>8} msgs  {result['seconds']:>8.2f} s  "
+            f"{result['messages_per_s'] or 0:>7} msg/s  peak RSS {result['worker_peak_rss_mb']} MB"
+            f"  worker CPU {result['worker_cpu_us_per_msg']} us/msg"
+            f"  load {result['load_average_1m']}",
+            flush=True,
+        )
+    document = {
+        "benchmark": "delivery",
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "load_average": os.getloadavg(),
+        "rows": rows,
+        "verdicts": verdicts(rows),
+    }
+    print(json.dumps(document["verdicts"], indent=2))
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"delivery-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""Webhook calls of one subscription, made by a fixed pool of ``max_in_flight`` coroutines.
+
+A pool rather than a task per message: creating a task and queueing on a semaphore for every
+message cost more CPU than the call itself on the target machine. Attempts go into one FIFO
+queue; each pool coroutine takes the next, waits while the subscription is paused, skips it
+when its partition is being drained or was given up (the record stays unfinished and is read
+again by whoever owns the partition next), and hands the outcome to the partition's engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from delivery.engine import Attempt, PartitionEngine
+from delivery.outcome import Outcome
+from delivery.webhook import WebhookSender
+from setu.clock import now_ms
+
+log = logging.getLogger(__name__)
+
+
+class Caller(Protocol):
+    """What the pool needs of a partition: its engine and whether calls may still start."""
+
+    engine: PartitionEngine
+    alive: bool
+    draining: bool
+    calling: int
+
+
+class Dispatcher:
+    """``size`` coroutines calling through ``sender``; see the module doc."""
+
+    def __init__(
+        self,
+        sender: WebhookSender,
+        gate: asyncio.Event,
+        size: int,
+        on_error: Callable[[BaseException], None],
+    ) -> None:
+        self._sender = sender
+        self._gate = gate
+        self._on_error = on_error
+        self._queue: asyncio.Queue[tuple[Caller, Attempt]] = asyncio.Queue()
+        self._workers: set[asyncio.Task[None]] = set()
+        self._excess = 0  # coroutines to retire after their current call
+        self.resize(size)
+
+    def submit(self, caller: Caller, attempt: Attempt) -> None:
+        """Queues a call; one with ``not_before_ms`` in the future is queued at that time."""
+        wait_ms = attempt.not_before_ms - now_ms() if attempt.not_before_ms else 0
+        if wait_ms > 0:
+            asyncio.get_running_loop().call_later(
+                wait_ms / 1000, self._queue.put_nowait, (caller, attempt)
+            )
+        else:
+            self._queue.put_nowait((caller, attempt))
+
+    def resize(self, size: int) -> None:
+        """Grows the pool at once; shrinking happens as coroutines finish their calls."""
+        current = len(self._workers) - self._excess
+        if size < current:
+            self._excess += current - size
+            return
+        kept = min(self._excess, size - current)
+        self._excess -= kept
+        loop = asyncio.get_running_loop()
+        for _ in range(size - current - kept):
+            task = loop.create_task(self._work())
+            self._workers.add(task)
+            task.add_done_callback(self._workers.discard)
+
+    async def close(self) -> None:
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+
+    async def _work(self) -> None:
+        queue, gate, sender = self._queue, self._gate, self._sender
+        while True:
+            if self._excess:
+                self._excess -= 1
+                return
+            caller, attempt = await queue.get()
+            if not gate.is_set():
+                await gate.wait()
+            if caller.draining or not caller.alive:
+                continue
+            caller.calling += 1
+            try:
+                outcome: Outcome = await sender.send(attempt.record.envelope, attempt.number)
+            except Exception as exc:  # a bug, not a failed call: those are outcomes
+                self._on_error(exc)
+                raise
+            finally:
+                caller.calling -= 1
+            if caller.alive:
+                try:
+                    caller.engine.on_result(attempt, outcome)
+                except Exception as exc:
+                    self._on_error(exc)
+                    raise
