@@ -400,6 +400,15 @@ class KafkaReader:
         finally:
             consumer.close()
 
+    def existing(self, topics: Sequence[str]) -> set[str]:
+        """Which of ``topics`` exist now."""
+        consumer = Consumer(self._config, logger=log)
+        try:
+            known = consumer.list_topics(timeout=10).topics
+            return {t for t in topics if t in known and known[t].error is None}
+        finally:
+            consumer.close()
+
     def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int:
         """The first offset at or after ``timestamp_ms``, or the end when there is none."""
         consumer = Consumer(self._config, logger=log)

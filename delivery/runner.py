@@ -181,6 +181,7 @@ class SubscriptionRunner:
     async def run(self) -> None:
         """Consumes until :meth:`stop`; raises what made it give up, if anything did."""
         loop = asyncio.get_running_loop()
+        await self._adopt_dropped_tiers()
         group = names.consumer_group(self.sub.project, self.sub.name)
         consumer = ConsumerThread(
             consumer_config(self.config.bootstrap, group, self.config.worker_id),
@@ -208,6 +209,17 @@ class SubscriptionRunner:
             await self._forget_stats()
         if self._fatal is not None:
             raise self._fatal
+
+    async def _adopt_dropped_tiers(self) -> None:
+        """Also consumes retry tiers beyond the subscription's current count that still exist
+        (an update removed them): their messages are delivered, or dead-lettered, not lost."""
+        extra = {
+            names.retry_topic(self.sub.project, self.sub.name, tier): tier
+            for tier in range(self.sub.retry.tiers + 1, names.MAX_RETRY_TIERS + 1)
+        }
+        for topic in await asyncio.to_thread(self.reader.existing, list(extra)):
+            self.tiers[topic] = extra[topic]
+            self.topics[extra[topic]] = topic
 
     def stop(self) -> None:
         self._stopped.set()

@@ -355,3 +355,21 @@ def group_is_empty(world: World, sub: str) -> bool:
     group = names.consumer_group(world.project, sub)
     [description] = admin.describe_consumer_groups([group]).values()
     return len(description.result(10).members) == 0
+
+
+def test_messages_in_a_retry_tier_removed_by_an_update_are_still_delivered(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    # Given g1's head waiting in rq.2 of a two-tier subscription, with two messages behind it
+    world.topic("t")
+    sub = world.subscription(receiver.url, delays_ms=(100, 1500))
+    receiver.answer("g1", 503, 503, 200)
+    ids = world.publish("t", "g1", 3)
+    start_worker()
+    wait_for("head in rq.2", lambda: len(receiver.attempts(ids[0])) == 2)
+    # When an update leaves the subscription with one tier
+    world.store.update_subscription(
+        replace_sub(sub, retry=dataclasses.replace(sub.retry, delays_ms=(100,))), sub.version
+    )
+    # Then the worker still reads rq.2, and the group is delivered in order
+    wait_for("delivered", lambda: receiver.delivered("g1") == ids)
