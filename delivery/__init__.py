@@ -1,1 +1,41 @@
-"""Delivery workers: per-group ordered webhook dispatch, retry tiers and dead letters."""
+"""Delivery workers: per-group ordered webhook dispatch, retry tiers and dead letters.
+
+How the modules fit (outside in):
+
+- ``worker``: ``setu deliver``. Lists subscriptions every ``subscription_refresh_ms`` and keeps
+  one ``runner`` per running or paused subscription; heartbeat for ``--check``; SIGTERM.
+- ``runner``: one subscription on this worker. A consumer (``kafka_io.ConsumerThread``, range
+  assignor) reads the main log, the retry tiers and the DLQ; each assigned partition index gets
+  an ``engine``; the runner carries out what engines ask (calls via ``dispatcher``/``webhook``/
+  ``http``, copies via ``kafka_io.AsyncProducer``, state via ``state.groups``), commits what is
+  safe, applies back-pressure, and drains on revocation.
+- ``takeover``: what happens when a partition index is assigned: ``recovery`` of cut-short
+  state changes, loading state, an operator's seek, revisiting released dead letters.
+- ``engine``: the synchronous decision core of one partition index, pure apart from its
+  ``Effects`` port; ``groups`` (the group state machine), ``offsets``, ``outcome``,
+  ``backoff``, ``signing``, ``ratelimit`` are pure functions and small objects.
+- ``dead_letters``: browsing and choosing what an unsideline delivers again.
+
+Where the mechanism goes beyond DESIGN §4's suggestion, and why:
+
+1. *Per-tier counts instead of one parked count.* A group's state counts its unfinished
+   messages per tier. With a single count and "park in the head's tier", a main message that
+   arrives after the head moved up would overtake messages still left in the lower tier. The
+   rule that keeps order is "older messages sit in higher (or equal) tiers": new messages park
+   in the group's lowest non-empty tier, leftovers move up to the next non-empty tier.
+2. *Recovery by reading tails.* Kafka is written before Redis, so a crash can leave a copy
+   whose state change is missing. Every copy names its origin (tier, offset); on takeover the
+   worker reads each retry tier and the DLQ from its committed offset and completes changes
+   whose origin has no recorded outcome. Without this, the replayed source would be copied a
+   second time (a duplicate call, and a count that no longer matches).
+3. *A recorded outcome for every finished record, not only 2xx.* Replays skip a record whose
+   (tier, offset) is in the partition's outcome set; moves record it atomically with the state
+   change, 2xx outcomes are batched and always flushed before any state change (so a failed
+   group's state never outlives an earlier delivery's record).
+4. *Unsideline in place.* A released group's dead letters are delivered from the DLQ where they
+   are, in order, by the worker that owns the partition (one writer per group). Copying them
+   back to a retry tier would put old messages below newer ones still on their way up.
+5. *Retry tiers held by pause-and-seek.* A record not yet due pauses its tier partition and
+   seeks back to itself; a marker posted after the seek tells the engine when records of that
+   partition are current again (records fetched before the seek are ignored).
+"""
