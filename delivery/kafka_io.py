@@ -159,13 +159,21 @@ class ConsumerThread:
         return await future
 
     async def close(self) -> None:
-        """Stops polling and closes the consumer (which revokes, drains and commits)."""
+        """Stops polling and closes the consumer (which revokes, drains and commits). An error
+        that ended the thread was logged there and is in :attr:`done`; it is not raised."""
         self._stop.set()
-        await self._done
+        await asyncio.wait([self._done])
+        if not self._done.cancelled():
+            self._done.exception()  # retrieved: the owner reads it from ``done``
 
     @property
     def running(self) -> bool:
         return not self._done.done()
+
+    @property
+    def done(self) -> asyncio.Future[None]:
+        """Resolves when the thread ends: with the error that ended it, if any."""
+        return self._done
 
     def _run(self) -> None:
         consumer: Consumer | None = None

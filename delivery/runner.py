@@ -199,7 +199,13 @@ class SubscriptionRunner:
             loop.create_task(self._every(50, self._balance)),
         ]
         try:
-            await self._stopped.wait()
+            stopped: asyncio.Future[Any] = loop.create_task(self._stopped.wait())
+            ended: asyncio.Future[Any] = consumer.done
+            await asyncio.wait([stopped, ended], return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if consumer.done.done() and not self._stopped.is_set():
+                error = consumer.done.exception()
+                self.fail(error or RuntimeError("the consumer stopped"))
         finally:
             for task in background:
                 task.cancel()
