@@ -8,12 +8,13 @@ PIP-6). "Accepted before" is judged in produce order, not in the order Spark hap
   is not above the highest accepted in its own partition is always a duplicate. A retried
   message has the same key as the original, hence the same partition, so every retry is caught
   here, however late it is read.
-* Across partitions a micro-batch is not a consistent cut (``maxOffsetsPerTrigger`` reads more of
-  one partition than of another), so seq 7 on partition 1 may be read before seq 6 on
-  partition 0 although 6 was produced first. The record timestamp (set when the API produced
-  it) tells the two cases apart: a message produced no later than the newest accepted one is
-  judged by its partition alone (it was written before the producer moved on); a message produced
-  after it must also be above the producer's overall highest sequence, or it is a stale resend.
+* Across partitions neither the log nor a micro-batch orders a producer's messages: a producer
+  that pipelines (the batch produce API) has seq 6 and 7 in flight to two partitions at once, and
+  ``maxOffsetsPerTrigger`` reads more of one partition than of another, so seq 7 may be read
+  first. Dropping seq 6 then would lose a message. So a message is judged against the producer's
+  overall highest sequence only if it was produced (record timestamp) more than
+  :data:`REORDER_WINDOW_MS` after the newest accepted message: then it is a stale resend of an
+  old sequence. Inside the window it is judged by its partition alone.
 
 Within a batch the messages of one producer are visited in :func:`merge_order`: offset order
 inside each partition, partitions interleaved by produce time. The decisions depend only on the
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 NO_SEQUENCE = -1
+REORDER_WINDOW_MS = 10_000
+"""How far apart in time one producer's messages may reach different partitions out of order."""
 K = TypeVar("K", bound=Hashable)
 """A producer's identity; the job uses (ingest topic, producer id)."""
 
@@ -59,8 +62,8 @@ def admit(mark: ProducerMark, message: Incoming) -> bool:
     """True if ``message`` is new; then ``mark`` is advanced past it (in place)."""
     if message.sequence <= mark.partitions.get(message.partition, NO_SEQUENCE):
         return False
-    produced_after_newest = message.timestamp_ms > mark.high_ts
-    if produced_after_newest and message.sequence <= mark.high:
+    produced_well_after_newest = message.timestamp_ms > mark.high_ts + REORDER_WINDOW_MS
+    if produced_well_after_newest and message.sequence <= mark.high:
         return False
     mark.partitions[message.partition] = message.sequence
     mark.high = max(mark.high, message.sequence)

@@ -121,6 +121,10 @@ def session_config(settings: Settings) -> dict[str, str]:
         # Batches only when data arrives: TTL expiry is lazy, so empty batches buy nothing.
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         "spark.sql.session.timeZone": "UTC",
+        # Each micro-batch is small: planning it adaptively costs more than it saves, and
+        # waiting for a "better" executor only adds latency (state stores load fast locally).
+        "spark.sql.adaptive.enabled": "false",
+        "spark.locality.wait": "0s",
     }
     if settings.spark_jars:
         conf["spark.jars"] = settings.spark_jars

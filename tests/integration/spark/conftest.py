@@ -128,7 +128,9 @@ class IngestWorld:
         group_id: str | None = None,
         producer_id: str | None = None,
         sequence_id: int | None = None,
+        timestamp_ms: int = 0,
     ) -> None:
+        """Produce like the API does; ``timestamp_ms`` (0 = now) is the record's CreateTime."""
         envelope = Envelope(
             message_id=message_id,
             body=f"body of {message_id}".encode(),
@@ -142,6 +144,7 @@ class IngestWorld:
             envelope.body,
             key=envelope.key,
             headers=envelope.kafka_headers(),
+            timestamp=timestamp_ms,
         )
         self.producer.poll(0)
 

@@ -11,6 +11,7 @@ import pytest
 from pyspark.sql import functions as fn
 
 from setu.envelope import H_INGEST_OFFSET, H_INGEST_PARTITION
+from spark.dedup import REORDER_WINDOW_MS
 from spark.processor import BUCKETS
 
 from .conftest import IngestWorld, MainLog, wait_for
@@ -39,9 +40,10 @@ def test_retries_and_older_sequences_are_dropped_and_marks_published(world: Inge
         log.wait_for_ids({f"m{s}" for s in range(10)} | {"free"})
         wait_for("mark 9", lambda: world.mark("t", "p1") == 9)
 
-        # When the producer resends its last message, sends an older sequence, then seq 10
+        # When the producer resends its last message, later sends an older sequence, then seq 10
         world.send("t", "m9", "g0", "p1", 9)
-        world.send("t", "stale", "g1", "p1", 4)
+        later = int(time.time() * 1000) + REORDER_WINDOW_MS + 5000
+        world.send("t", "stale", "g1", "p1", 4, timestamp_ms=later)
         world.send("t", "m10", "g1", "p1", 10)
         world.flush()
         log.wait_for_ids({"m10"})

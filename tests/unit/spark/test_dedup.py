@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spark.dedup import (
+    REORDER_WINDOW_MS,
     Incoming,
     ProducerMark,
     admit,
@@ -14,6 +15,8 @@ from spark.dedup import (
     least_recently_seen,
     merge_order,
 )
+
+LATER = 100 + REORDER_WINDOW_MS + 1
 
 
 def msg(partition: int, offset: int, ts: int, seq: int) -> Incoming:
@@ -28,9 +31,10 @@ def msg(partition: int, offset: int, ts: int, seq: int) -> Incoming:
         (ProducerMark(5, 100, {0: 5}), msg(0, 1, 200, 9), True, "gaps are allowed"),
         (ProducerMark(5, 100, {0: 5}), msg(0, 1, 200, 5), False, "retry of the last message"),
         (ProducerMark(5, 100, {0: 5}), msg(0, 1, 50, 5), False, "retry read late, same partition"),
-        (ProducerMark(5, 100, {0: 5}), msg(1, 0, 200, 3), False, "older sequence sent later"),
+        (ProducerMark(5, 100, {0: 5}), msg(1, 0, LATER, 3), False, "older sequence sent later"),
         (ProducerMark(5, 100, {0: 5}), msg(1, 0, 90, 4), True, "produced earlier, read later"),
         (ProducerMark(5, 100, {0: 5}), msg(1, 0, 100, 4), True, "produced in the same ms"),
+        (ProducerMark(5, 100, {0: 5}), msg(1, 0, 300, 4), True, "pipelined to two partitions"),
         (ProducerMark(5, 100, {0: 5, 1: 4}), msg(1, 1, 90, 4), False, "late, but a duplicate"),
     ],
 )
@@ -50,6 +54,17 @@ def test_admit_advances_the_mark_only_for_kept_messages() -> None:
     assert mark == ProducerMark(8, 300, {0: 5, 1: 8})
 
 
+def test_pipelined_producer_loses_nothing_whatever_the_read_order() -> None:
+    # Given seq 0..5 sent at once round-robin over three partitions, appended a little out of
+    # order in time (seq 5 got the earliest timestamp)
+    rows = [msg(s % 3, s // 3, ts, s) for s, ts in enumerate([103, 101, 104, 102, 105, 100])]
+    # When a batch reads partition 2 entirely and the others only later
+    first = decide_batch(["p"] * 2, [rows[2], rows[5]], {}, now_ms=1)
+    second = decide_batch(["p"] * 4, [rows[i] for i in (0, 1, 3, 4)], first.marks, now_ms=2)
+    # Then every message is kept
+    assert first.accepted + second.accepted == [True] * 6
+
+
 def test_merge_order_keeps_offsets_in_order_within_a_partition() -> None:
     # Given partition 0 whose second message carries an earlier clock (skewed API host)
     messages = [msg(0, 0, 100, 1), msg(0, 1, 90, 2), msg(1, 0, 95, 3)]
@@ -61,7 +76,7 @@ def test_batch_drops_retries_and_flags_each_producers_high() -> None:
     # Given two producers; p1 retries seq 1 and p2 sends an older sequence later
     producers = ["p1", "p1", "p1", "p2", "p2"]
     messages = [msg(0, 0, 10, 0), msg(0, 1, 11, 1), msg(0, 2, 12, 1), msg(1, 0, 10, 7)]
-    messages.append(msg(1, 1, 20, 6))
+    messages.append(msg(2, 0, 10 + REORDER_WINDOW_MS + 1, 6))
     # When the batch is decided
     decision = decide_batch(producers, messages, {}, now_ms=1000)
     # Then the retry and the stale message are dropped
