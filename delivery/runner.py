@@ -41,6 +41,7 @@ from delivery.records import copy_headers
 from delivery.takeover import take_over
 from delivery.tiers import MAIN, topics_by_tier
 from delivery.webhook import WebhookSender
+from delivery.writer import StateWriter
 from setu import names
 from setu.clock import now_ms
 from setu.model import Subscription, SubscriptionState
@@ -80,8 +81,9 @@ class _Port:
         self.engine: PartitionEngine
         self.alive = True
         self.draining = False
-        self.tasks: set[asyncio.Task[None]] = set()  # Kafka and Redis writes in progress
+        self.tasks: set[asyncio.Task[None]] = set()  # Kafka writes in progress
         self.calling = 0  # webhook calls being made
+        self.writing = 0  # Redis writes handed to the writer and not yet applied
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -106,10 +108,10 @@ class _Port:
         self._spawn(self._move(move))
 
     def persist(self, transition: Transition) -> None:
-        self._spawn(self._apply(transition))
+        self.runner.writer.write(self, transition)
 
     def delivered(self, partition: int, tier: int, offset: int) -> None:
-        self.runner.unflushed[partition].append((tier, offset))
+        self.runner.writer.delivered(partition, tier, offset)
 
     def hold(self, partition: int, tier: int, offset: int, until_ms: int) -> None:
         self.runner.hold(self, tier, offset, until_ms)
@@ -131,15 +133,7 @@ class _Port:
         ]
         offsets = await runner.producer.send(runner.topics[move.target], self.partition, records)
         if self.alive:
-            await self._apply(self.engine.moved(move, offsets))
-
-    async def _apply(self, transition: Transition) -> None:
-        # 2xx outcomes first: a group's failed state must never be durable while an earlier
-        # delivery of it is not, or a replay would deliver that one again after the failure.
-        await self.runner.flush_delivered()
-        await self.runner.store.apply(transition.write)
-        if self.alive:
-            self.engine.persisted(transition)
+            runner.writer.write(self, self.engine.moved(move, offsets))
 
 
 class SubscriptionRunner:
@@ -163,12 +157,11 @@ class SubscriptionRunner:
         self.tiers = topics_by_tier(sub)  # topic -> tier
         self.topics = {tier: topic for topic, tier in self.tiers.items()}
         self.ports: dict[int, _Port] = {}
-        self.unflushed: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        self.writer = StateWriter(self.store, self.fail)
         self.gate = asyncio.Event()
         self.gate.set()
         self._reasons: dict[tuple[int, int], set[str]] = defaultdict(set)
         self._committed: dict[tuple[int, int], int] = {}
-        self._flushing: asyncio.Lock = asyncio.Lock()
         self._stopped = asyncio.Event()
         self._fatal: BaseException | None = None
         self._consumer: ConsumerThread | None = None
@@ -468,6 +461,7 @@ class SubscriptionRunner:
         than one partition index, a tier partition holding most of the budget is paused (its
         groups are slow) so the other partitions keep flowing."""
         self._regulate()
+        self.writer.nudge()
         limit = max(self.config.max_buffered, 8 * self.sub.max_in_flight)
         several = len(self.ports) > 1
         for (partition, tier), count in self._buffered().items():
@@ -493,13 +487,8 @@ class SubscriptionRunner:
                 return
 
     async def flush_delivered(self) -> None:
-        """Records every 2xx reported so far (one pipeline per partition)."""
-        async with self._flushing:
-            batches = {p: entries for p, entries in self.unflushed.items() if entries}
-            for partition in batches:
-                self.unflushed[partition] = []
-            for partition, entries in batches.items():
-                await self.store.record_delivered(partition, entries)
+        """Records every 2xx reported so far (and whatever state changes go with them)."""
+        await self.writer.flush()
 
     async def commit(self) -> None:
         """Flush, then commit what every engine says is safe, then forget older outcomes."""
@@ -551,7 +540,7 @@ class SubscriptionRunner:
         """Lets calls and writes in progress finish; calls not yet made are dropped."""
         port.draining = True
         deadline = asyncio.get_running_loop().time() + self.config.drain_timeout_s
-        while port.tasks or port.calling:
+        while port.tasks or port.calling or port.writing:
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
                 log.warning("partition %d: work outlived the drain", port.partition)

@@ -7,9 +7,11 @@ them), and the operator's unsideline requests; per subscription, lifetime counte
 Contract (both :class:`RedisGroupStore` and :class:`state.groups_stub.StubGroupStore`):
 
 - :meth:`GroupStore.apply` is atomic: a group's new state, the outcomes it settles, counters and
-  release bookkeeping change together or not at all. With ``touches_group`` it first checks the
-  stored version against ``expected_version`` and raises :class:`StaleGroupState` on a
+  release bookkeeping change together or not at all. With ``touches_group`` it first checks
+  the stored version against ``expected_version`` and raises :class:`StaleGroupState` on a
   mismatch, so a worker that lost its partition cannot overwrite its successor's state.
+- :meth:`GroupStore.apply_batch` carries 2xx outcomes and many writes in one round trip:
+  outcomes first, then each write as :meth:`GroupStore.apply` would.
 - Callers apply a write only after the Kafka writes it describes are acknowledged.
 - Everything of one subscription lives in one Redis Cluster slot (keys share a hash tag).
 """
@@ -137,6 +139,13 @@ class GroupStore(Protocol):
     async def record_delivered(self, partition: int, outcomes: Sequence[tuple[int, int]]) -> None:
         """Records 2xx outcomes and counts them in ``delivered_total``."""
 
+    async def apply_batch(
+        self, delivered: Mapping[int, Sequence[tuple[int, int]]], writes: Sequence[StateWrite]
+    ) -> None:
+        """In one round trip: records ``delivered`` 2xx outcomes (per partition), then applies
+        ``writes`` in order, each atomically. A stale write raises StaleGroupState; the writes
+        before it stay applied, it and those after it do not."""
+
     async def trim(self, partition: int, committed: Mapping[int, int]) -> None:
         """Forgets outcomes below the committed offset of each tier."""
 
@@ -161,37 +170,46 @@ class GroupStore(Protocol):
 
 
 _APPLY = """
-local w = cjson.decode(ARGV[1])
-if w.touch then
-  local v = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
-  if v ~= w.expect then
-    return redis.error_reply('STALE stored version ' .. v .. ', expected ' .. w.expect)
-  end
-  if w.fields then
-    redis.call('DEL', KEYS[1])
-    redis.call('HSET', KEYS[1], unpack(w.fields))
-    redis.call('SADD', KEYS[2], w.group)
-    redis.call('SADD', KEYS[3], w.group)
-  else
-    redis.call('DEL', KEYS[1])
-    redis.call('SREM', KEYS[2], w.group)
-    redis.call('SREM', KEYS[3], w.group)
+local b = cjson.decode(ARGV[1])
+local function each(cmd, key, items, step)
+  for i = 1, #items, step do
+    redis.call(cmd, key, unpack(items, i, math.min(i + step - 1, #items)))
   end
 end
-if #w.outcomes > 0 then
-  redis.call('ZADD', KEYS[4], unpack(w.outcomes))
+local total = 0
+for _, d in ipairs(b.delivered) do
+  each('ZADD', KEYS[d.z], d.m, 1000)
+  total = total + d.n
 end
-for name, n in pairs(w.counters) do
-  redis.call('HINCRBY', KEYS[5], name, n)
+if total > 0 then
+  redis.call('HINCRBY', KEYS[b.counters], 'delivered_total', total)
 end
-if #w.unsidelined > 0 then
-  redis.call('SADD', KEYS[6], unpack(w.unsidelined))
-end
-if #w.releases_done > 0 then
-  redis.call('ZREM', KEYS[7], unpack(w.releases_done))
-end
-if w.release_done then
-  redis.call('SREM', KEYS[8], w.group)
+for _, w in ipairs(b.writes) do
+  if w.touch then
+    local v = tonumber(redis.call('HGET', KEYS[w.g], 'v') or '0')
+    if v ~= w.expect then
+      return redis.error_reply(
+        'STALE ' .. w.group .. ': stored version ' .. v .. ', expected ' .. w.expect)
+    end
+    redis.call('DEL', KEYS[w.g])
+    if w.fields then
+      redis.call('HSET', KEYS[w.g], unpack(w.fields))
+      redis.call('SADD', KEYS[w.f], w.group)
+      redis.call('SADD', KEYS[w.pf], w.group)
+    else
+      redis.call('SREM', KEYS[w.f], w.group)
+      redis.call('SREM', KEYS[w.pf], w.group)
+    end
+  end
+  each('ZADD', KEYS[w.z], w.outcomes, 1000)
+  for name, n in pairs(w.counters) do
+    redis.call('HINCRBY', KEYS[b.counters], name, n)
+  end
+  each('SADD', KEYS[w.u], w.unsidelined, 1000)
+  each('ZREM', KEYS[w.pr], w.releases_done, 1000)
+  if w.release_done then
+    redis.call('SREM', KEYS[w.rr], w.group)
+  end
 end
 return 1
 """
@@ -200,6 +218,16 @@ return 1
 def outcome_entry(tier: int, offset: int) -> tuple[int, str]:
     """Score and member of one outcome in the delivered sorted set."""
     return tier * TIER_SCORE + offset, f"{tier}:{offset}"
+
+
+def _members(outcomes: Sequence[tuple[int, int]]) -> list[str]:
+    """score, member, score, member... as strings: Lua would print a large number with 14
+    digits and lose the offset."""
+    out: list[str] = []
+    for tier, offset in outcomes:
+        score, member = outcome_entry(tier, offset)
+        out += [str(score), member]
+    return out
 
 
 def parse_outcome(member: bytes | str) -> tuple[int, int]:
@@ -212,6 +240,22 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+class _KeyList:
+    """KEYS of one script call: each name once, referred to by its 1-based index, so the
+    script declares every key it touches (all in the subscription's hash slot)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._index: dict[str, int] = {}
+
+    def __call__(self, name: str) -> int:
+        index = self._index.get(name)
+        if index is None:
+            self.names.append(name)
+            index = self._index[name] = len(self.names)
+        return index
+
+
 class RedisGroupStore:
     """:class:`GroupStore` on Redis; one instance per subscription."""
 
@@ -220,19 +264,6 @@ class RedisGroupStore:
         self._project = project
         self._sub = subscription
         self._apply_script = redis.register_script(_APPLY)
-
-    def _k(self, partition: int) -> list[str]:
-        p, s = self._project, self._sub
-        return [
-            "",  # the group key, filled per write
-            keys.failed_groups(p, s),
-            keys.partition_failed(p, s, partition),
-            keys.delivered(p, s, partition),
-            keys.counters(p, s),
-            keys.unsidelined(p, s, partition),
-            keys.pending_releases(p, s, partition),
-            keys.release_requests(p, s, partition),
-        ]
 
     async def load(self, partition: int) -> PartitionSnapshot:
         p, s = self._project, self._sub
@@ -261,14 +292,37 @@ class RedisGroupStore:
         return snap
 
     async def apply(self, write: StateWrite) -> None:
-        ks = self._k(write.partition)
+        await self.apply_batch({}, [write])
+
+    async def record_delivered(self, partition: int, outcomes: Sequence[tuple[int, int]]) -> None:
+        await self.apply_batch({partition: outcomes}, [])
+
+    async def apply_batch(
+        self, delivered: Mapping[int, Sequence[tuple[int, int]]], writes: Sequence[StateWrite]
+    ) -> None:
+        if not writes and not any(delivered.values()):
+            return
+        p, s = self._project, self._sub
+        key = _KeyList()
+        payload = {
+            "counters": key(keys.counters(p, s)),
+            "delivered": [
+                {"z": key(keys.delivered(p, s, part)), "m": _members(entries), "n": len(entries)}
+                for part, entries in delivered.items()
+                if entries
+            ],
+            "writes": [self._write(write, key) for write in writes],
+        }
+        try:
+            await self._apply_script(keys=key.names, args=[orjson.dumps(payload)])
+        except Exception as exc:
+            if "STALE" in str(exc):
+                raise StaleGroupState(str(exc)) from exc
+            raise
+
+    def _write(self, write: StateWrite, key: _KeyList) -> dict[str, object]:
+        p, s, partition = self._project, self._sub, write.partition
         group = write.group or ""
-        ks[0] = keys.group_state(self._project, self._sub, group)
-        outcomes: list[str] = []
-        for tier, offset in write.outcomes:
-            score, member = outcome_entry(tier, offset)
-            # Strings: Lua would print a large number with 14 digits and lose the offset.
-            outcomes += [str(score), member]
         counters = {
             name: n
             for name, n in (
@@ -278,38 +332,27 @@ class RedisGroupStore:
             )
             if n
         }
-        payload: dict[str, object] = {
+        out: dict[str, object] = {
+            "group": group,
+            "g": key(keys.group_state(p, s, group)),
+            "f": key(keys.failed_groups(p, s)),
+            "pf": key(keys.partition_failed(p, s, partition)),
+            "z": key(keys.delivered(p, s, partition)),
+            "u": key(keys.unsidelined(p, s, partition)),
+            "pr": key(keys.pending_releases(p, s, partition)),
+            "rr": key(keys.release_requests(p, s, partition)),
             "touch": write.touches_group,
             "expect": write.expected_version,
-            "group": group,
-            "outcomes": outcomes,
+            "outcomes": _members(write.outcomes),
             "counters": counters,
             "unsidelined": [str(o) for o in write.unsidelined],
             "releases_done": [str(o) for o in write.releases_done],
             "release_done": write.release_request_done,
         }
         if write.touches_group and write.state is not None:
-            fields = write.state.to_fields(write.partition)
-            payload["fields"] = [x for kv in fields.items() for x in kv]
-        try:
-            await self._apply_script(keys=ks, args=[orjson.dumps(payload)])
-        except Exception as exc:
-            if "STALE" in str(exc):
-                raise StaleGroupState(str(exc)) from exc
-            raise
-
-    async def record_delivered(self, partition: int, outcomes: Sequence[tuple[int, int]]) -> None:
-        if not outcomes:
-            return
-        mapping: dict[str | bytes, bytes | float | int | str] = {}
-        for tier, offset in outcomes:
-            score, member = outcome_entry(tier, offset)
-            mapping[member] = score
-        p, s = self._project, self._sub
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.zadd(keys.delivered(p, s, partition), mapping)
-        pipe.hincrby(keys.counters(p, s), "delivered_total", len(outcomes))
-        await pipe.execute()
+            fields = write.state.to_fields(partition)
+            out["fields"] = [x for kv in fields.items() for x in kv]
+        return out
 
     async def trim(self, partition: int, committed: Mapping[int, int]) -> None:
         if not committed:

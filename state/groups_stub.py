@@ -48,6 +48,14 @@ class StubGroupStore:
             seek_generation=part.seek_generation,
         )
 
+    async def apply_batch(
+        self, delivered: Mapping[int, Sequence[tuple[int, int]]], writes: Sequence[StateWrite]
+    ) -> None:
+        for partition, entries in delivered.items():
+            await self.record_delivered(partition, entries)
+        for write in writes:
+            await self.apply(write)
+
     async def apply(self, write: StateWrite) -> None:
         part = self._p(write.partition)
         group = write.group or ""

@@ -139,3 +139,36 @@ async def test_seek_generations_are_remembered_per_partition(store: GroupStore) 
     await store.mark_seek_applied(2, 3)
     assert (await store.load(2)).seek_generation == 3
     assert (await store.load(1)).seek_generation == 0
+
+
+async def test_a_batch_records_outcomes_then_applies_writes_in_order(store: GroupStore) -> None:
+    # Given group b already at version 1
+    await store.apply(StateWrite(0, "b", touches_group=True, expected_version=0, state=failed(1)))
+    # When one batch carries 2xx outcomes of two partitions and writes for a, b (stale), c
+    with pytest.raises(StaleGroupState):
+        await store.apply_batch(
+            {0: [(0, 1), (0, 2)], 1: [(0, 7)]},
+            [
+                StateWrite(0, "a", touches_group=True, expected_version=0, state=failed(1)),
+                StateWrite(0, "b", touches_group=True, expected_version=0, state=failed(2)),
+                StateWrite(1, "c", touches_group=True, expected_version=0, state=failed(1)),
+            ],
+        )
+    # Then the outcomes and the write before the stale one are applied, the rest are not
+    assert (await store.load(0)).outcomes == {(0, 1), (0, 2)}
+    assert (await store.load(1)).outcomes == {(0, 7)}
+    assert await store.group("a") == failed(1)
+    assert await store.group("b") == failed(1)
+    assert await store.group("c") is None
+    assert (await store.counters())["delivered_total"] == 3
+
+
+async def test_a_large_batch_goes_through_in_one_call(store: GroupStore) -> None:
+    outcomes = [(0, n) for n in range(5000)]
+    writes = [
+        StateWrite(0, f"g{n}", touches_group=True, expected_version=0, state=failed(1))
+        for n in range(300)
+    ]
+    await store.apply_batch({0: outcomes}, writes)
+    assert len((await store.load(0)).outcomes) == 5000
+    assert await store.failed_count() == 300
