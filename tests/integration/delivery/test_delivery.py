@@ -373,3 +373,27 @@ def test_messages_in_a_retry_tier_removed_by_an_update_are_still_delivered(
     )
     # Then the worker still reads rq.2, and the group is delivered in order
     wait_for("delivered", lambda: receiver.delivered("g1") == ids)
+
+
+def test_a_gracefully_stopped_worker_commits_so_its_successor_repeats_no_call(
+    world: World, receiver: Receiver, start_process: Callable[..., ProcessWorker]
+) -> None:
+    # Given a steady flow of calls that take a while each
+    world.topic("t", partitions=2)
+    world.subscription(receiver.url)
+    receiver.delay_s = 0.02
+    ids = {g: world.publish("t", g, 15) for g in (f"g{i}" for i in range(10))}
+    first = start_process()
+    wait_for("some delivered", lambda: len(receiver.delivered()) >= 40)
+    # When the worker gets SIGTERM with calls in flight, and another worker takes over
+    assert first.terminate() == 0
+    start_process()
+    # Then everything is delivered in order, and no message was called twice
+    wait_for(
+        "all delivered",
+        lambda: all(set(receiver.delivered(g)) == set(m) for g, m in ids.items()),
+        60,
+    )
+    for group, published in ids.items():
+        assert receiver.delivered(group) == published
+    assert len(receiver.calls) == sum(len(m) for m in ids.values())
