@@ -56,6 +56,11 @@ def run(settings: Settings) -> None:
     """The ``setu deliver`` entry point: blocks until SIGTERM or SIGINT, then stops cleanly."""
     from state.metadata import MetadataStore
 
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=settings.log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
     store = MetadataStore(settings.resolved_database_url())
     try:
         _run_loop(serve(settings, store))
