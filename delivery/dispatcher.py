@@ -85,6 +85,11 @@ class Dispatcher:
                 self._excess -= 1
                 return
             caller, attempt = await queue.get()
+            if self._excess:
+                # The pool shrank while this coroutine waited: leave the call to another.
+                self._excess -= 1
+                queue.put_nowait((caller, attempt))
+                return
             if not gate.is_set():
                 await gate.wait()
             if caller.draining or not caller.alive:

@@ -1,0 +1,119 @@
+"""The dispatcher pool: how many calls run at once, pausing, and partitions being drained."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from delivery.dispatcher import Dispatcher
+from delivery.engine import Attempt
+from delivery.outcome import Outcome, Verdict
+from delivery.records import Record
+from setu.envelope import Envelope
+
+
+class Sender:
+    """Counts concurrent calls; each takes ``delay`` seconds."""
+
+    def __init__(self, delay: float = 0.01) -> None:
+        self.delay = delay
+        self.active = 0
+        self.most = 0
+        self.sent: list[str] = []
+
+    async def send(self, envelope: Envelope, attempt: int) -> Outcome:
+        self.active += 1
+        self.most = max(self.most, self.active)
+        await asyncio.sleep(self.delay)
+        self.active -= 1
+        self.sent.append(envelope.message_id)
+        return Outcome(Verdict.DELIVERED, status=200)
+
+
+class Caller:
+    def __init__(self) -> None:
+        self.alive = True
+        self.draining = False
+        self.calling = 0
+        self.results: list[str] = []
+        self.engine: Any = self
+
+    def on_result(self, attempt: Attempt, outcome: Outcome) -> None:
+        self.results.append(attempt.record.message_id)
+
+
+def attempt(n: int, not_before_ms: int = 0) -> Attempt:
+    return Attempt(0, Record(0, n, Envelope(f"m{n}", b"")), 1, False, 0, not_before_ms)
+
+
+async def settle(predicate: Any) -> None:
+    """Polls ``predicate`` until it holds, for at most two seconds."""
+    async with asyncio.timeout(2.0):
+        while not predicate():  # noqa: ASYNC110 (a deadline-bound poll of plain state)
+            await asyncio.sleep(0.005)
+
+
+async def test_at_most_size_calls_run_at_once_and_all_outcomes_come_back() -> None:
+    sender, caller, gate = Sender(), Caller(), asyncio.Event()
+    gate.set()
+    pool = Dispatcher(sender, gate, 3, lambda exc: None)  # type: ignore[arg-type]
+    for n in range(12):
+        pool.submit(caller, attempt(n))
+    await settle(lambda: len(caller.results) == 12)
+    assert sender.most == 3
+    assert sorted(caller.results) == sorted(f"m{n}" for n in range(12))
+    await pool.close()
+
+
+async def test_a_closed_gate_holds_calls_until_it_opens() -> None:
+    sender, caller, gate = Sender(), Caller(), asyncio.Event()
+    pool = Dispatcher(sender, gate, 2, lambda exc: None)  # type: ignore[arg-type]
+    pool.submit(caller, attempt(1))
+    await asyncio.sleep(0.05)
+    assert sender.sent == []
+    gate.set()
+    await settle(lambda: caller.results == ["m1"])
+    await pool.close()
+
+
+async def test_calls_of_a_draining_partition_are_dropped_unsent() -> None:
+    sender, caller, gate = Sender(), Caller(), asyncio.Event()
+    gate.set()
+    caller.draining = True
+    pool = Dispatcher(sender, gate, 2, lambda exc: None)  # type: ignore[arg-type]
+    pool.submit(caller, attempt(1))
+    await asyncio.sleep(0.05)
+    assert (sender.sent, caller.results, caller.calling) == ([], [], 0)
+    await pool.close()
+
+
+async def test_the_pool_grows_and_shrinks() -> None:
+    sender, caller, gate = Sender(0.02), Caller(), asyncio.Event()
+    gate.set()
+    pool = Dispatcher(sender, gate, 1, lambda exc: None)  # type: ignore[arg-type]
+    pool.resize(4)
+    for n in range(8):
+        pool.submit(caller, attempt(n))
+    await settle(lambda: len(caller.results) == 8)
+    assert sender.most == 4
+    pool.resize(2)
+    sender.most = 0
+    for n in range(8, 16):
+        pool.submit(caller, attempt(n))
+    await settle(lambda: len(caller.results) == 16)
+    assert sender.most <= 3  # coroutines retire after their current call
+    await settle(lambda: len(pool._workers) == 2)
+    await pool.close()
+
+
+async def test_a_call_with_a_future_start_waits_for_it() -> None:
+    from setu.clock import now_ms
+
+    sender, caller, gate = Sender(0.0), Caller(), asyncio.Event()
+    gate.set()
+    pool = Dispatcher(sender, gate, 2, lambda exc: None)  # type: ignore[arg-type]
+    started = now_ms()
+    pool.submit(caller, attempt(1, not_before_ms=started + 100))
+    await settle(lambda: caller.results == ["m1"])
+    assert now_ms() - started >= 90
+    await pool.close()
