@@ -33,7 +33,8 @@ from typing import Any
 
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
@@ -73,9 +74,8 @@ def new_producer(bootstrap: str, **extra: Any) -> Producer:
 def produce(producer: Producer, topic: str, envelope: Envelope) -> None:
     while True:
         try:
-            producer.produce(
-                topic, envelope.body, key=envelope.key, headers=envelope.kafka_headers()
-            )
+            headers: list[tuple[str, str | bytes | None]] = list(envelope.kafka_headers())
+            producer.produce(topic, envelope.body, key=envelope.key, headers=headers)
             return
         except BufferError:
             producer.poll(0.05)

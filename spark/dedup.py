@@ -1,24 +1,21 @@
 """De-duplication by producer sequence (DESIGN §3), as pure functions over plain data.
 
-Per (ingest topic, producer id) the job keeps a :class:`ProducerMark`. A message is a duplicate
-when its sequence is not greater than the highest sequence accepted for its producer (Pulsar's
-PIP-6). "Accepted before" is judged in produce order, not in the order Spark happens to read:
+Pulsar's PIP-6, per ingest partition: per (topic, producer id, ingest partition) the job keeps
+the highest sequence accepted, and a message whose sequence is not greater is a duplicate.
 
-* Within one ingest partition the log order is the produce order, so a message whose sequence
-  is not above the highest accepted in its own partition is always a duplicate. A retried
-  message has the same key as the original, hence the same partition, so every retry is caught
-  here, however late it is read.
-* Across partitions neither the log nor a micro-batch orders a producer's messages: a producer
-  that pipelines (the batch produce API) has seq 6 and 7 in flight to two partitions at once, and
-  ``maxOffsetsPerTrigger`` reads more of one partition than of another, so seq 7 may be read
-  first. Dropping seq 6 then would lose a message. So a message is judged against the producer's
-  overall highest sequence only if it was produced (record timestamp) more than
-  :data:`REORDER_WINDOW_MS` after the newest accepted message: then it is a stale resend of an
-  old sequence. Inside the window it is judged by its partition alone.
+Why per partition. The API keys every record by GroupId, else MessageId, so a retried message
+(same ids) always lands on the partition of its first copy and is always caught. Across
+partitions neither Kafka nor a micro-batch orders one producer's messages: a producer that
+pipelines (the batch produce API) has seq 6 and 7 in flight to two partitions at once, and
+``maxOffsetsPerTrigger`` reads further into one partition than another, so seq 7 may be read
+first; a producer-wide rule would then drop seq 6 and lose it. Within a partition the log order
+is the produce order, so the rule is exact there. The producer's highest sequence over all
+partitions (what ``GET .../producers/{id}`` answers) is the max of its partition marks. An older
+sequence under a *new* message id is dropped when the producer already went past it in that
+message's partition, and passes otherwise.
 
-Within a batch the messages of one producer are visited in :func:`merge_order`: offset order
-inside each partition, partitions interleaved by produce time. The decisions depend only on the
-marks and the rows, so a replayed batch decides exactly as before.
+The decisions depend only on the marks and the rows, so a replayed batch decides exactly as
+before.
 """
 
 from __future__ import annotations
@@ -28,8 +25,6 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 NO_SEQUENCE = -1
-REORDER_WINDOW_MS = 10_000
-"""How far apart in time one producer's messages may reach different partitions out of order."""
 K = TypeVar("K", bound=Hashable)
 """A producer's identity; the job uses (ingest topic, producer id)."""
 
@@ -38,14 +33,15 @@ K = TypeVar("K", bound=Hashable)
 class ProducerMark:
     """What the job remembers about one producer of one topic."""
 
-    high: int = NO_SEQUENCE
-    """Highest sequence accepted from the producer, in any partition."""
-    high_ts: int = -1
-    """Newest produce timestamp (ms) among the producer's accepted messages."""
     partitions: dict[int, int] = field(default_factory=dict)
     """Ingest partition -> highest sequence accepted there."""
     last_seen_ms: int = 0
     """Batch time at which the producer last sent a message (for least-recently-seen eviction)."""
+
+    @property
+    def high(self) -> int:
+        """Highest sequence accepted from the producer in any partition."""
+        return max(self.partitions.values(), default=NO_SEQUENCE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,38 +50,18 @@ class Incoming:
 
     partition: int
     offset: int
-    timestamp_ms: int
     sequence: int
 
 
 def admit(mark: ProducerMark, message: Incoming) -> bool:
-    """True if ``message`` is new; then ``mark`` is advanced past it (in place)."""
+    """True if ``message`` is new; then ``mark`` is advanced past it (in place).
+
+    Messages of one partition must be offered in offset order.
+    """
     if message.sequence <= mark.partitions.get(message.partition, NO_SEQUENCE):
         return False
-    produced_well_after_newest = message.timestamp_ms > mark.high_ts + REORDER_WINDOW_MS
-    if produced_well_after_newest and message.sequence <= mark.high:
-        return False
     mark.partitions[message.partition] = message.sequence
-    mark.high = max(mark.high, message.sequence)
-    mark.high_ts = max(mark.high_ts, message.timestamp_ms)
     return True
-
-
-def merge_order(messages: Sequence[Incoming]) -> list[int]:
-    """Indexes of ``messages`` (one producer) in the order :func:`admit` must see them.
-
-    Offsets stay in order within a partition even if a timestamp goes backwards there (two API
-    hosts with skewed clocks): each message sorts by the newest timestamp seen so far in its
-    partition.
-    """
-    by_log = sorted(range(len(messages)), key=lambda i: (messages[i].partition, messages[i].offset))
-    effective: dict[int, int] = {}
-    newest: dict[int, int] = {}
-    for i in by_log:
-        m = messages[i]
-        newest[m.partition] = max(newest.get(m.partition, m.timestamp_ms), m.timestamp_ms)
-        effective[i] = newest[m.partition]
-    return sorted(by_log, key=lambda i: (effective[i], messages[i].partition, messages[i].offset))
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,45 +70,46 @@ class BatchDecision(Generic[K]):
 
     accepted: list[bool]
     """Per input row: keep it (True) or drop it as a duplicate."""
-    high_rows: list[int]
-    """Per producer with an accepted row: the index of its highest accepted sequence."""
+    highs: dict[K, int]
+    """Per producer with an accepted row: its highest accepted sequence in the batch."""
     marks: dict[K, ProducerMark]
     """The updated mark of every producer that sent something in the batch."""
 
 
 def decide_batch(
-    producers: Sequence[K],
+    producers: Sequence[K | None],
     messages: Sequence[Incoming],
     known: Mapping[K, ProducerMark],
     now_ms: int,
 ) -> BatchDecision[K]:
-    """Decide every row of a batch; row i came from ``producers[i]``. ``known`` is not modified."""
-    rows_of: dict[K, list[int]] = {}
-    for i, producer in enumerate(producers):
-        rows_of.setdefault(producer, []).append(i)
-    accepted = [False] * len(messages)
-    high_rows: list[int] = []
+    """Decide every row; row i came from ``producers[i]`` (None: no producer id, always kept).
+
+    Rows are visited in (partition, offset) order whatever their order here. ``known`` is not
+    modified.
+    """
+    accepted = [True] * len(messages)
+    highs: dict[K, int] = {}
     marks: dict[K, ProducerMark] = {}
-    for producer, rows in rows_of.items():
-        mark = copy_mark(known.get(producer))
-        mark.last_seen_ms = max(mark.last_seen_ms, now_ms)
-        own = [messages[i] for i in rows]
-        best = -1
-        for j in merge_order(own):
-            if admit(mark, own[j]):
-                accepted[rows[j]] = True
-                if best < 0 or own[j].sequence > messages[best].sequence:
-                    best = rows[j]
-        if best >= 0:
-            high_rows.append(best)
-        marks[producer] = mark
-    return BatchDecision(accepted, sorted(high_rows), marks)
+    for i in sorted(
+        range(len(messages)), key=lambda i: (messages[i].partition, messages[i].offset)
+    ):
+        producer = producers[i]
+        if producer is None:
+            continue
+        mark = marks.get(producer)
+        if mark is None:
+            mark = marks[producer] = copy_mark(known.get(producer))
+            mark.last_seen_ms = max(mark.last_seen_ms, now_ms)
+        accepted[i] = admit(mark, messages[i])
+        if accepted[i] and messages[i].sequence > highs.get(producer, NO_SEQUENCE):
+            highs[producer] = messages[i].sequence
+    return BatchDecision(accepted, highs, marks)
 
 
 def copy_mark(mark: ProducerMark | None) -> ProducerMark:
     if mark is None:
         return ProducerMark()
-    return ProducerMark(mark.high, mark.high_ts, dict(mark.partitions), mark.last_seen_ms)
+    return ProducerMark(dict(mark.partitions), mark.last_seen_ms)
 
 
 def least_recently_seen(marks: Mapping[K, ProducerMark], keep: int) -> list[K]:

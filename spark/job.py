@@ -4,15 +4,17 @@ One Structured Streaming query, Spark's own Kafka source and sink:
 
 1. Read every ingest topic by pattern (``setu.names.INGEST_PATTERN``); a topic created later is
    picked up at the next trigger, from its first offset.
-2. De-duplicate per (topic, producer) in :class:`spark.processor.DedupProcessor`
-   (``transformWithStateInPandas``, RocksDB state store, checkpointed). Rows without a producer
-   pass through.
-3. In each micro-batch (``foreachBatch``): hash-partition by (main topic, key) so every group's
-   rows are in one task, sort each task's rows by ingest (partition, offset), and write them with
-   the Kafka sink. One task writes its rows in order through one idempotent producer
-   (``acks=all``, ``enable.idempotence``), so retries cannot reorder a partition; the sink's
-   default partitioner is murmur2 on the key, as DESIGN §1 requires. Key = GroupId, else
-   MessageId; headers are carried over plus ``setu-ingest-partition`` / ``setu-ingest-offset``.
+2. De-duplicate (:mod:`spark.dedup`) in :class:`spark.processor.DedupProcessor`
+   (``transformWithStateInPandas``, RocksDB state store, checkpointed). Rows are grouped by
+   ingest partition, so all rows of a group (one key, one ingest partition) meet in one task,
+   and the processor emits them sorted by ingest (partition, offset). Rows without a producer
+   pass through in the same order.
+3. In each micro-batch (``foreachBatch``) write the kept rows with the Kafka sink as they come
+   out of that task (a projection only: no shuffle that could reorder them). One task writes its
+   rows in order through one idempotent producer (``acks=all``, ``enable.idempotence``, at most
+   5 requests in flight), so retries cannot reorder a partition; the sink's default partitioner
+   is murmur2 on the key, as DESIGN §1 requires. Key = GroupId, else MessageId; headers are
+   carried over plus ``setu-ingest-partition`` / ``setu-ingest-offset``.
 4. After the write returns (every record acknowledged), raise the producers' high marks in Redis
    (:mod:`spark.marks`); the dedup step gathers them in an accumulator during the same pass.
 
@@ -58,7 +60,6 @@ from spark.processor import (
     PARTITION,
     PRODUCER,
     SEQUENCE,
-    TIMESTAMP,
     TOPIC,
     DedupProcessor,
 )
@@ -69,9 +70,9 @@ QUERY_NAME = "setu-ingest"
 HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 # Anchored: the Kafka source matches the pattern anywhere in a topic name.
 SUBSCRIBE_PATTERN = f"^{INGEST_PATTERN}$"
-RAW_HEADERS, KEY, VALUE, MAIN_TOPIC = "headers", "key", "value", "main_topic"
+RAW_HEADERS, KEY, VALUE = "headers", "key", "value"
 
-DEDUP_COLUMNS = [TOPIC, PARTITION, OFFSET, TIMESTAMP, VALUE, RAW_HEADERS, KEY, PRODUCER, SEQUENCE]
+DEDUP_COLUMNS = [TOPIC, PARTITION, OFFSET, VALUE, RAW_HEADERS, KEY, PRODUCER, SEQUENCE]
 
 
 def sink_options(settings: Settings) -> dict[str, str]:
@@ -164,7 +165,6 @@ def with_identity(raw: DataFrame) -> DataFrame:
         fn.col(TOPIC),
         fn.col(PARTITION),
         fn.col(OFFSET),
-        fn.unix_millis(fn.col("timestamp")).alias(TIMESTAMP),
         fn.col(VALUE),
         # Pandas turns arrays of structs into Python objects row by row; a JSON string is cheap.
         fn.to_json(fn.col(RAW_HEADERS)).alias(RAW_HEADERS),
@@ -172,10 +172,8 @@ def with_identity(raw: DataFrame) -> DataFrame:
         producer.alias(PRODUCER),
         sequence.alias(SEQUENCE),
     )
-    by_producer = fn.pmod(fn.xxhash64(TOPIC, PRODUCER), fn.lit(BUCKETS))
-    by_partition = -1 - fn.pmod(fn.xxhash64(TOPIC, PARTITION), fn.lit(BUCKETS))
-    bucket = fn.when(fn.col(PRODUCER).isNotNull(), by_producer).otherwise(by_partition)
-    return rows.withColumn(BUCKET, bucket.cast("int"))
+    bucket = fn.pmod(fn.xxhash64(TOPIC, PARTITION), fn.lit(BUCKETS)).cast("int")
+    return rows.withColumn(BUCKET, bucket)
 
 
 def dedup_schema(rows: DataFrame) -> StructType:
@@ -209,8 +207,8 @@ def deduplicated(
     )
 
 
-def main_log_rows(accepted: DataFrame, partitions: int) -> DataFrame:
-    """Accepted rows as Kafka sink rows, each group in ingest order within one task."""
+def main_log_rows(accepted: DataFrame) -> DataFrame:
+    """Accepted rows as Kafka sink rows; a projection only, so each task keeps its row order."""
     ingest_headers = fn.array(
         fn.struct(
             fn.lit(H_INGEST_PARTITION).alias("key"),
@@ -222,16 +220,11 @@ def main_log_rows(accepted: DataFrame, partitions: int) -> DataFrame:
         ),
     )
     headers = fn.concat(fn.from_json(fn.col(RAW_HEADERS), HEADERS_TYPE), ingest_headers)
-    return (
-        accepted.withColumn(MAIN_TOPIC, fn.regexp_replace(TOPIC, r"\.ingest$", ""))
-        .repartition(partitions, MAIN_TOPIC, KEY)
-        .sortWithinPartitions(PARTITION, OFFSET)
-        .select(
-            fn.col(MAIN_TOPIC).alias("topic"),
-            fn.col(KEY).alias("key"),
-            fn.col(VALUE).alias("value"),
-            headers.alias("headers"),
-        )
+    return accepted.select(
+        fn.regexp_replace(TOPIC, r"\.ingest$", "").alias("topic"),
+        fn.col(KEY).alias("key"),
+        fn.col(VALUE).alias("value"),
+        headers.alias("headers"),
     )
 
 
@@ -242,13 +235,12 @@ class BatchWriter:
         self, settings: Settings, highs: Accumulator[ProducerHighs], publisher: MarkPublisher
     ) -> None:
         self._options = sink_options(settings)
-        self._partitions = settings.spark_shuffle_partitions
         self._highs = highs
         self._publisher = publisher
 
     def __call__(self, accepted: DataFrame, batch_id: int) -> None:
         self._highs.value = {}
-        rows = main_log_rows(accepted, self._partitions)
+        rows = main_log_rows(accepted)
         rows.write.format("kafka").options(**self._options).save()
         self._publisher.publish(by_topic(self._highs.value.items()))
 

@@ -1,14 +1,19 @@
 """The stateful step of the ingest job: a ``transformWithStateInPandas`` processor.
 
-Rows are grouped by a *bucket*, not by producer: ``bucket = hash(topic, producer) mod BUCKETS``
-for rows with a producer id, a negative number for rows without one (those pass through and
-touch no state). One bucket holds many producers, which lets the processor bound how many it
-tracks: each bucket keeps at most ``ceil(dedup_max_producers / BUCKETS)`` marks and forgets the
-least recently seen beyond that. Idle marks also expire on their own through the map state's
-TTL (``dedup_ttl_seconds``), measured in batch time, so a replayed batch sees the same marks.
+Rows are grouped by *bucket* = hash(ingest topic, ingest partition) mod ``BUCKETS``: every
+record of one ingest partition, with or without a producer id, goes through one bucket, and the
+processor emits a bucket's kept rows in (topic, partition, offset) order. Since a group lives on
+one ingest partition, the rows of each group leave this step in ingest order, in one task, and
+the Kafka sink can write them as they come: no second shuffle, no sort.
+
+One bucket holds many producers, which lets the processor bound how many it tracks: each bucket
+keeps at most ``ceil(dedup_max_producers / BUCKETS)`` marks and forgets the least recently seen
+beyond that (a producer writing to partitions in k buckets counts k times). Idle marks also
+expire on their own through the map state's TTL (``dedup_ttl_seconds``), measured in batch
+time, so a replayed batch sees the same marks.
 
 State per bucket (RocksDB state store, checkpointed with the query):
-  ``marks``   map (topic, producer) -> (high, high_ts, last_seen_ms, partitions), with TTL
+  ``marks``   map (topic, producer) -> (last_seen_ms, partition marks), with TTL
   ``tracked`` how many marks the bucket holds at most (expired marks make it an over-count,
               which only triggers an exact recount sooner)
 """
@@ -41,11 +46,11 @@ BUCKETS = 32
 
 MARK_KEY_SCHEMA = "topic string, producer string"
 ProducerKey = tuple[str, str]
-MARK_VALUE_SCHEMA = "high bigint, high_ts bigint, last_seen_ms bigint, partitions string"
+MARK_VALUE_SCHEMA = "last_seen_ms bigint, partitions string"
 TRACKED_SCHEMA = "n bigint"
 
 # Columns the processor reads besides the payload it passes through.
-TOPIC, PARTITION, OFFSET, TIMESTAMP = "topic", "partition", "offset", "ts"
+TOPIC, PARTITION, OFFSET = "topic", "partition", "offset"
 PRODUCER, SEQUENCE, BUCKET = "producer", "seq", "bucket"
 
 
@@ -54,13 +59,13 @@ def bucket_cap(max_producers: int) -> int:
     return max(1, -(-max_producers // BUCKETS))
 
 
-def mark_to_state(mark: ProducerMark) -> tuple[int, int, int, str]:
-    return (mark.high, mark.high_ts, mark.last_seen_ms, encode_partitions(mark.partitions))
+def mark_to_state(mark: ProducerMark) -> tuple[int, str]:
+    return (mark.last_seen_ms, encode_partitions(mark.partitions))
 
 
 def mark_from_state(value: tuple[Any, ...]) -> ProducerMark:
-    high, high_ts, last_seen_ms, partitions = value
-    return ProducerMark(int(high), int(high_ts), decode_partitions(partitions), int(last_seen_ms))
+    last_seen_ms, partitions = value
+    return ProducerMark(decode_partitions(partitions), int(last_seen_ms))
 
 
 class DedupProcessor(StatefulProcessor):
@@ -91,24 +96,26 @@ class DedupProcessor(StatefulProcessor):
         timerValues: TimerValues,  # noqa: N803
     ) -> Iterator[pd.DataFrame]:
         frame = pd.concat(list(rows), ignore_index=True)
-        if int(key[0]) < 0:
+        # The output order is the main log's order for every group of this bucket.
+        frame = frame.sort_values([TOPIC, PARTITION, OFFSET], ignore_index=True)
+        if not frame[PRODUCER].notna().any():
             yield frame[self.output_columns]
             return
         now_ms = int(timerValues.getCurrentProcessingTimeInMs())
-        producers: list[ProducerKey] = list(
-            zip(frame[TOPIC].tolist(), frame[PRODUCER].tolist(), strict=True)
-        )
-        # Nullable columns may arrive as floats; the decision works on ints.
-        columns = (
-            frame[c].astype("int64").tolist() for c in (PARTITION, OFFSET, TIMESTAMP, SEQUENCE)
-        )
-        messages = [Incoming(p, o, t, s) for p, o, t, s in zip(*columns, strict=True)]
-        known = self._load(set(producers))
+        producers: list[ProducerKey | None] = [
+            None if producer is None else (topic, producer)
+            for topic, producer in zip(frame[TOPIC].tolist(), frame[PRODUCER].tolist(), strict=True)
+        ]
+        # Rows without a producer carry no sequence; any number serves, they are always kept.
+        columns = [frame[PARTITION], frame[OFFSET], frame[SEQUENCE].fillna(-1)]
+        ints = (c.astype("int64").tolist() for c in columns)
+        messages = [Incoming(p, o, s) for p, o, s in zip(*ints, strict=True)]
+        known = self._load({p for p in producers if p is not None})
         decision = decide_batch(producers, messages, known, now_ms)
         for producer, mark in decision.marks.items():
             self.marks.updateValue(producer, mark_to_state(mark))
         self._bound(added=sum(1 for p in decision.marks if p not in known))
-        self.highs.add({producers[i]: messages[i].sequence for i in decision.high_rows})
+        self.highs.add(decision.highs)
         yield frame.loc[decision.accepted, self.output_columns]
 
     def _load(self, producers: set[ProducerKey]) -> dict[ProducerKey, ProducerMark]:
