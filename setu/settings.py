@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     spark_max_offsets_per_trigger: int = 200_000
     spark_shuffle_partitions: int = 2
     spark_topic_refresh_ms: int = 5_000
+    # Regex of the ingest topics the job reads; unset = every ``setu.*.ingest`` topic. Lets
+    # tests and stacks that share one broker keep to their own projects.
+    spark_ingest_pattern: str | None = None
     dedup_ttl_seconds: int = 24 * 3600
     dedup_max_producers: int = 100_000
 

@@ -37,7 +37,7 @@ from types import FrameType
 
 import redis
 from pyspark.accumulators import Accumulator
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as fn
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructType
@@ -122,6 +122,8 @@ def session_config(settings: Settings) -> dict[str, str]:
         # Batches only when data arrives: TTL expiry is lazy, so empty batches buy nothing.
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         "spark.sql.session.timeZone": "UTC",
+        # Kafka allows a header name twice; building the lookup map must not fail on that.
+        "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
         # Each micro-batch is small: planning it adaptively costs more than it saves, and
         # waiting for a "better" executor only adds latency (state stores load fast locally).
         "spark.sql.adaptive.enabled": "false",
@@ -147,20 +149,16 @@ def _bootstrap(settings: Settings) -> str:
     return settings.kafka_bootstrap
 
 
-def _header(name: str) -> Column:
-    """The value (binary) of the first header called ``name``, or null."""
-    matching = fn.filter(RAW_HEADERS, lambda h: h["key"] == fn.lit(name))
-    return fn.try_element_at(matching, fn.lit(1))["value"]
-
-
 def with_identity(raw: DataFrame) -> DataFrame:
     """Source rows -> the columns the job works on, headers packed as JSON for the processor.
 
     The producer column is null unless both producer id and a valid sequence are present.
     """
-    sequence = _header(H_SEQUENCE_ID).cast("string").try_cast("bigint")
-    producer = fn.when(sequence.isNotNull(), _header(H_PRODUCER_ID).cast("string"))
-    key = fn.coalesce(_header(H_GROUP_ID), _header(H_MESSAGE_ID), fn.col(KEY))
+    # One map per row, then plain lookups: far cheaper than a filter lambda per header name.
+    header = fn.map_from_entries(fn.col(RAW_HEADERS))
+    sequence = header[H_SEQUENCE_ID].cast("string").try_cast("bigint")
+    producer = fn.when(sequence.isNotNull(), header[H_PRODUCER_ID].cast("string"))
+    key = fn.coalesce(header[H_GROUP_ID], header[H_MESSAGE_ID], fn.col(KEY))
     rows = raw.select(
         fn.col(TOPIC),
         fn.col(PARTITION),
@@ -249,9 +247,14 @@ def start(
     spark: SparkSession,
     settings: Settings,
     publisher: MarkPublisher,
-    pattern: str = SUBSCRIBE_PATTERN,
+    pattern: str | None = None,
 ) -> StreamingQuery:
-    """Start the query; it resumes from the checkpoint if one exists."""
+    """Start the query; it resumes from the checkpoint if one exists.
+
+    It reads the topics matching ``pattern``, else ``settings.spark_ingest_pattern``, else
+    every ingest topic.
+    """
+    pattern = pattern or settings.spark_ingest_pattern or SUBSCRIBE_PATTERN
     highs = spark.sparkContext.accumulator({}, HighsParam())
     return (
         deduplicated(spark, settings, highs, pattern)

@@ -109,7 +109,7 @@ class DedupProcessor(StatefulProcessor):
         # Rows without a producer carry no sequence; any number serves, they are always kept.
         columns = [frame[PARTITION], frame[OFFSET], frame[SEQUENCE].fillna(-1)]
         ints = (c.astype("int64").tolist() for c in columns)
-        messages = [Incoming(p, o, s) for p, o, s in zip(*ints, strict=True)]
+        messages = list(map(Incoming, *ints))
         known = self._load({p for p in producers if p is not None})
         decision = decide_batch(producers, messages, known, now_ms)
         for producer, mark in decision.marks.items():
