@@ -56,6 +56,7 @@ def run_api(settings: Settings) -> int:
         host=settings.api_host,
         port=settings.api_port,
         log_level=settings.log_level.lower(),
+        access_log=settings.api_access_log,
         timeout_graceful_shutdown=10,
     )
     return 0
