@@ -6,6 +6,12 @@ subscription's retry tiers run out, so the group recovers in a retry tier; long 
 them, so the group is dead-lettered and parked. A rejected message is dead-lettered at once and
 parks its group (DESIGN §3, ``park`` policy).
 
+A window opens at the group's first call at or after its planned start and lasts its planned
+length from there (:class:`FailureSchedule`). Fixed wall-clock windows would mostly fall between
+calls: a group gets a call every few seconds, and deliveries come in bursts whenever a killed
+ingest job catches up, so a run could end without a single 503 and never exercise the retry
+tiers.
+
 When the harness switches the receiver to the ``drain`` phase it answers 2xx to everything, then
 unsidelines the dead-lettered groups. So in the end every accepted message has a 2xx, and each
 group's first-2xx order must equal its full published order: nothing is "minus dead-lettered"
@@ -54,17 +60,47 @@ class FailurePlan:
         return cls(windows=windows, rejected=frozenset(data.get("rejected", ())))
 
 
+class FailureSchedule:
+    """The plan's windows as they actually open: window *i* of a group opens at the group's
+    first call at or after both its planned start and the close of window *i - 1*, and stays
+    open for its planned length."""
+
+    def __init__(self, plan: FailurePlan) -> None:
+        self.plan = plan
+        self._opened: dict[str, list[int]] = {}
+
+    def failing(self, group_id: str, now_ms: int) -> bool:
+        """Whether a call of ``group_id`` at ``now_ms`` falls in an open window (it may open
+        one). Calls must come in time order."""
+        windows = self.plan.windows.get(group_id, ())
+        if not windows:
+            return False
+        opened = self._opened.setdefault(group_id, [])
+        for index, (start, end) in enumerate(windows):
+            if index == len(opened):
+                previous_close = opened[-1] + _length(windows[index - 1]) if opened else 0
+                if now_ms < max(start, previous_close):
+                    return False
+                opened.append(now_ms)
+            if now_ms < opened[index] + _length((start, end)):
+                return True
+        return False
+
+
+def _length(window: tuple[int, int]) -> int:
+    return window[1] - window[0]
+
+
 def decide_status(
-    plan: FailurePlan, phase: Phase, group_id: str, message_id: str, now_ms: int
+    schedule: FailureSchedule, phase: Phase, group_id: str, message_id: str, now_ms: int
 ) -> int:
-    """The status the receiver answers to one call."""
+    """The status the receiver answers to one call (calls in time order)."""
     if phase is Phase.DRAIN:
         return 200
-    if message_id in plan.rejected:
+    if message_id in schedule.plan.rejected:
         return REJECT_STATUS
-    for start, end in plan.windows.get(group_id, ()):
-        if start <= now_ms < end:
-            return FAIL_STATUS
+    if schedule.failing(group_id, now_ms):
+        return FAIL_STATUS
     return 200
 
 

@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bench.crash.journal import Journal
-from bench.crash.plan import FailurePlan, Phase, decide_status
+from bench.crash.plan import FailurePlan, FailureSchedule, Phase, decide_status
 from bench.crash.records import payload_hash
 from setu.clock import now_ms
 from setu.headers import DELIVERY_ATTEMPT, GROUP_ID, MESSAGE_ID, canonical
@@ -71,6 +71,7 @@ class Receiver:
 
     def __init__(self, plan: FailurePlan, journal_path: Path, secret: str | None = None) -> None:
         self.plan = plan
+        self.schedule = FailureSchedule(plan)
         self.phase = Phase.RUN
         self.secret = secret
         self.journal = Journal(journal_path)
@@ -92,7 +93,7 @@ class Receiver:
         webhook_id = headers.get("webhook-id", "")
         timestamp = headers.get("webhook-timestamp", "")
         now = now_ms()
-        status = decide_status(self.plan, self.phase, group_id, message_id, now)
+        status = decide_status(self.schedule, self.phase, group_id, message_id, now)
         sig = None
         if self.secret is not None:
             sig = signature_valid(

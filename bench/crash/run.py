@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import subprocess
 import time
 import uuid
@@ -44,6 +45,7 @@ from bench.crash.stack import (
     setu_env,
     setu_specs,
 )
+from setu import names
 
 Say = Callable[[str], None]
 DEFAULT_SECRET = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
@@ -164,8 +166,15 @@ class CrashRun:
             redis_url=redis_url,
             database_url=database,
             workers=config.workers,
-            extra_env=config.extra_env,
+            extra_env={**self._ingest_scope(), **config.extra_env},
         )
+
+    def _ingest_scope(self) -> dict[str, str]:
+        """Keeps the ingest job to this run's topic: on a shared broker, reading every other
+        test's ingest topics from their first offset makes its batches slow and its restarts
+        long."""
+        topic = re.escape(names.ingest_topic(self.project, self.topic))
+        return {"SETU_SPARK_INGEST_PATTERN": f"^{topic}$"}
 
     async def _set_up(self, layout: StackLayout, api: SetuApi) -> None:
         config = self.config

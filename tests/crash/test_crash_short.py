@@ -54,5 +54,6 @@ def test_nothing_accepted_is_lost_reordered_corrupted_or_duplicated_under_kills(
     for kind in ("api", "ingest", "deliver", "producer"):
         assert sum(n for name, n in kills.items() if name.startswith(kind)) >= 1, kind
     assert report["accepted"] >= 2_500
+    assert report["messages_failed_5xx"] >= 1
     assert report["messages_rejected_4xx"] >= 1
     assert report["drain"]["unsidelined_groups"] >= 1

@@ -8,6 +8,7 @@ from bench.crash.plan import (
     FAIL_STATUS,
     REJECT_STATUS,
     FailurePlan,
+    FailureSchedule,
     Phase,
     PlanShape,
     decide_status,
@@ -23,9 +24,6 @@ PLAN = FailurePlan(windows={"g1": ((1_000, 2_000), (5_000, 5_500))}, rejected=fr
     [
         (Phase.RUN, "g1", "m1", 999, 200),
         (Phase.RUN, "g1", "m1", 1_000, FAIL_STATUS),
-        (Phase.RUN, "g1", "m1", 1_999, FAIL_STATUS),
-        (Phase.RUN, "g1", "m1", 2_000, 200),
-        (Phase.RUN, "g1", "m1", 5_200, FAIL_STATUS),
         (Phase.RUN, "g2", "m1", 1_500, 200),
         (Phase.RUN, "g2", "m-bad", 0, REJECT_STATUS),
         (Phase.RUN, "g1", "m-bad", 1_500, REJECT_STATUS),
@@ -34,7 +32,35 @@ PLAN = FailurePlan(windows={"g1": ((1_000, 2_000), (5_000, 5_500))}, rejected=fr
     ],
 )
 def test_decide_status(phase: Phase, group: str, message: str, now: int, status: int) -> None:
-    assert decide_status(PLAN, phase, group, message, now) == status
+    assert decide_status(FailureSchedule(PLAN), phase, group, message, now) == status
+
+
+def statuses(schedule: FailureSchedule, group: str, times: list[int]) -> list[int]:
+    return [decide_status(schedule, Phase.RUN, group, "m", t) for t in times]
+
+
+def test_a_window_opens_at_the_groups_first_call_after_its_planned_start() -> None:
+    # Given windows planned at [1000, 2000) and [5000, 5500)
+    schedule = FailureSchedule(PLAN)
+    # When the group's calls come before, long after and during the planned windows
+    got = statuses(schedule, "g1", [500, 3_000, 3_999, 4_000, 5_000, 5_600, 6_000])
+    # Then the first window opens at 3000 and lasts its 1000 ms; the second opens at 5000 and
+    # lasts 500 ms
+    assert got == [200, FAIL_STATUS, FAIL_STATUS, 200, FAIL_STATUS, 200, 200]
+
+
+def test_a_window_waits_for_the_previous_one_to_close() -> None:
+    # Given windows planned at [1000, 2000) and [1500, 1600)
+    schedule = FailureSchedule(FailurePlan(windows={"g": ((1_000, 2_000), (1_500, 1_600))}))
+    # When the first window opens late, at 1800
+    got = statuses(schedule, "g", [1_800, 2_700, 2_800, 2_850, 2_900])
+    # Then the second opens only at the first call after the first closed (2800), for 100 ms
+    assert got == [FAIL_STATUS, FAIL_STATUS, FAIL_STATUS, FAIL_STATUS, 200]
+
+
+def test_other_groups_are_never_failed() -> None:
+    schedule = FailureSchedule(PLAN)
+    assert statuses(schedule, "g2", [0, 1_000, 1_500, 5_000]) == [200] * 4
 
 
 def test_plan_survives_json() -> None:
