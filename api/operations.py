@@ -30,7 +30,14 @@ from starlette.responses import Response
 from api.context import blocking
 from api.responses import JSON
 from api.schemas import errors
-from delivery.dead_letters import MAX_SCAN, DeadLetter, Selector, choose, parse_cursor
+from delivery.dead_letters import (
+    MAX_SCAN,
+    DeadLetter,
+    Selector,
+    choose,
+    is_live,
+    parse_cursor,
+)
 from delivery.kafka_io import KafkaReader, record_of
 from delivery.tiers import DLQ, MAIN, is_retry, tier_name, topic_of
 from setu import names
@@ -197,7 +204,8 @@ def group_view(group_id: str, state: GroupState | None) -> dict[str, Any]:
             "parked": 0,
             "head_message_id": None,
         }
-    tier = state.head_tier
+    # A group on a lap is retrying its released head in that tier (see delivery.groups).
+    tier = state.lap or state.head_tier
     return {
         "group_id": group_id,
         "state": "dead_lettered" if tier == DLQ else "retrying",
@@ -229,26 +237,34 @@ async def _live_letters(
     start: int,
     budget: int,
     keep: Any,
-) -> tuple[list[DeadLetter], int, bool]:
-    """Live dead letters of one partition from ``start``, reading at most ``budget``
-    records; with the offset to continue from and whether the end was reached."""
-    groups = RedisGroupStore(_redis(request), sub.project, sub.name)
-    try:
-        done = await groups.unsidelined(partition)
-    except RedisError as exc:
-        raise DependencyUnavailable(f"Redis: {exc}") from exc
+) -> tuple[list[tuple[DeadLetter, GroupState | None]], int, bool]:
+    """Live dead letters of one partition from ``start`` (see
+    :func:`delivery.dead_letters.is_live`), each with its group's state, reading at most
+    ``budget`` records; with the offset to continue from and whether the end was reached."""
     topic = topic_of(sub, DLQ)
     messages, position, end = await _kafka(_reader(request).read, topic, partition, start, budget)
     letters = []
     for msg in messages:
         try:
-            record = record_of(DLQ, msg)
+            letters.append(DeadLetter(partition, record_of(DLQ, msg)))
         except ValueError:
             continue
-        letter = DeadLetter(partition, record)
-        if record.offset not in done and keep(letter):
-            letters.append(letter)
-    return letters, position, end
+    groups = RedisGroupStore(_redis(request), sub.project, sub.name)
+    try:
+        done = await groups.redelivered(partition)
+        states = await groups.states_of(
+            letter.record.group
+            for letter in letters
+            if not letter.single and letter.record.group is not None
+        )
+    except RedisError as exc:
+        raise DependencyUnavailable(f"Redis: {exc}") from exc
+    live = []
+    for letter in letters:
+        state = states.get(letter.record.group or "")
+        if is_live(letter, state, done) and keep(letter):
+            live.append((letter, state))
+    return live, position, end
 
 
 @router.get(
@@ -274,7 +290,7 @@ async def dead_letters(
         order = [partition_for(group_id.encode(), partitions)]
     else:
         order = list(range(partitions))
-    out: list[DeadLetter] = []
+    out: list[tuple[DeadLetter, GroupState | None]] = []
     scanned = 0
     next_cursor: str | None = None
     for partition in (p for p in order if p >= first):
@@ -289,18 +305,18 @@ async def dead_letters(
                 lambda letter: group_id is None or letter.record.group == group_id,
             )
             scanned += 1000
-            for letter in letters:
+            for found in letters:
                 if len(out) < limit:
-                    out.append(letter)
+                    out.append(found)
             if end:
                 break
         if len(out) >= limit:
-            next_cursor = out[-1].cursor
+            next_cursor = out[-1][0].cursor
             break
         if scanned >= MAX_SCAN:
             next_cursor = f"{partition}:{max(position - 1, 0)}"
             break
-    return JSON({"messages": [letter.view() for letter in out], "next": next_cursor})
+    return JSON({"messages": [letter.view(state) for letter, state in out], "next": next_cursor})
 
 
 @router.post(
@@ -344,7 +360,7 @@ async def unsideline(
             found_letters, position, end = await _live_letters(
                 request, sub, partition, position, 5000, lambda _: True
             )
-            letters.extend(found_letters)
+            letters.extend(letter for letter, _ in found_letters)
     releases = choose(letters, states, partition_of, selector)
     try:
         for partition in sorted(set(releases.groups) | set(releases.letters)):

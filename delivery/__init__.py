@@ -9,8 +9,9 @@ How the modules fit (outside in):
   an ``engine``; the runner carries out what engines ask (calls via ``dispatcher``/``webhook``/
   ``http``, copies via ``kafka_io.AsyncProducer``, state via ``state.groups``), commits what is
   safe, applies back-pressure, and drains on revocation.
-- ``takeover``: what happens when a partition index is assigned: ``recovery`` of cut-short
-  state changes, loading state, an operator's seek, revisiting released dead letters.
+- ``takeover``: what happens when a partition index is assigned: claiming it (``fencing``),
+  ``recovery`` of cut-short state changes, loading state, an operator's seek, revisiting
+  released dead letters.
 - ``engine``: the synchronous decision core of one partition index, pure apart from its
   ``Effects`` port; ``groups`` (the group state machine), ``offsets``, ``outcome``,
   ``backoff``, ``signing``, ``ratelimit`` are pure functions and small objects.
@@ -32,10 +33,38 @@ Where the mechanism goes beyond DESIGN §4's suggestion, and why:
    (tier, offset) is in the partition's outcome set; moves record it atomically with the state
    change, 2xx outcomes are batched and always flushed before any state change (so a failed
    group's state never outlives an earlier delivery's record).
-4. *Unsideline in place.* A released group's dead letters are delivered from the DLQ where they
-   are, in order, by the worker that owns the partition (one writer per group). Copying them
-   back to a retry tier would put old messages below newer ones still on their way up.
+4. *Unsideline in place, failures on a lap.* A released group's dead letters are delivered
+   from the DLQ where they are, in order, by the worker that owns the partition (one writer
+   per group). Copying them all back to a retry tier would put old messages below newer ones
+   still on their way up. A released letter that fails again with a retryable status goes
+   through the retry tiers again as an operator expects, with its attempt count going on: a
+   single letter as a loose copy that ends up a new dead letter, a group's head on a *lap*
+   (``groups``): only its copy travels, the letter and everything behind it stay counted in
+   the DLQ, so delivered it releases the rest, failed in the last tier it parks the group on
+   the same letter again (the latest attempts, status and reason are kept in the group's
+   state, shown by DLQ browsing and ``GET .../groups/{g}`` says ``retrying`` in the lap's
+   tier meanwhile).
 5. *Retry tiers held by pause-and-seek.* A record not yet due pauses its tier partition and
    seeks back to itself; a marker posted after the seek tells the engine when records of that
    partition are current again (records fetched before the seek are ignored).
+6. *Fencing a stalled worker* (``fencing``). Kafka gives a partition to one consumer at a
+   time, but a worker that stalled past its session timeout carries on until its next poll.
+   Each takeover bumps a per-(subscription, partition) owner epoch in Redis; every Redis
+   write names its epoch and the Lua script refuses the whole call once the epoch moved on
+   (the runner then starts afresh). Copies in Kafka carry their epoch, and each takeover
+   records where the tiers ended after bumping it: a copy of an older epoch beyond a later
+   fence is a stale worker's and is skipped. A runner also stops calling, copying and
+   writing for a partition as soon as it is revoked or lost. A webhook call cannot be
+   fenced: one the stale worker makes before it notices is at most a repeat, since each
+   worker calls a group's message only after the earlier ones were delivered.
+   (Transactional producers with a transactional id per partition would fence Kafka writes
+   at the broker instead, at the price of a producer per partition, a transaction per batch
+   of copies and read_committed bookkeeping around transaction markers in lag and tail
+   reads.)
+7. *Dead letters delivered again are not remembered one by one.* Which of a group's letters
+   are live follows from its state (parked in the DLQ from ``dlq_from`` on); only single
+   letters delivered again need an entry, kept in a sorted set by offset and forgotten once
+   retention removed the letter (below the DLQ's first offset). Forgetting them any earlier,
+   say at the commit, would show delivered letters again and let an unsideline deliver them
+   twice.
 """

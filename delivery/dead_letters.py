@@ -2,8 +2,8 @@
 unsideline request delivers again.
 
 Browsing reads the DLQ topic with a short-lived consumer (no consumer group), partition by
-partition, in offset order, skipping letters already delivered again. The cursor ``after`` is
-``"{partition}:{offset}"`` of the last letter returned.
+partition, in offset order, showing only live letters (:func:`is_live`). The cursor ``after``
+is ``"{partition}:{offset}"`` of the last letter returned.
 
 Unsideline (:func:`choose`) never moves messages itself; it records requests that the worker
 owning each partition carries out, so a group's state has one writer:
@@ -15,16 +15,20 @@ owning each partition carries out, so a group's state has one writer:
 - A letter dead-lettered on its own (``skip`` policy, ungrouped, or without a group) is
   delivered again on its own; letters of one group go one at a time, in DLQ order.
 
-A released letter that fails again is retried in place with the tier delays; if it still
-fails, the group parks on it again (or the single letter stays dead).
+A released letter that fails again goes through the retry tiers again, its attempt count
+going on from where it was. A single letter is copied to the first retry tier (its old letter
+is finished) and, failing in the last tier, becomes a new dead letter. A group's head goes on
+a lap (:mod:`delivery.groups`) and, failing in the last tier, parks the group on the same
+letter again, which then shows the latest attempt count, status and reason.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
+from delivery.groups import releasable
 from delivery.records import Record
 from delivery.tiers import DLQ
 from state.groups import GroupState
@@ -47,23 +51,49 @@ class DeadLetter:
         """Dead-lettered on its own, outside any group's ordered queue."""
         return self.record.kind is None or not self.record.kind.ordered
 
-    def view(self) -> dict[str, object]:
+    def view(self, state: GroupState | None = None) -> dict[str, object]:
+        """The API's view; ``state`` is the group's, whose record of the head's latest failure
+        (after a lap) is newer than the letter's own headers."""
         env = self.record.envelope
+        failed_at, attempts, status, error = (
+            env.failed_at_ms,
+            env.attempt,
+            env.last_status,
+            env.failure_reason,
+        )
+        if (
+            state is not None
+            and not self.single
+            and state.head == env.message_id
+            and state.dlq_from == self.record.offset
+            and state.attempts > env.attempt
+        ):
+            failed_at, attempts = state.failed_at_ms, state.attempts
+            status, error = state.last_status, state.reason or error
         return {
             "message_id": env.message_id,
             "group_id": env.group_id,
             "partition": self.partition,
             "offset": self.record.offset,
             "cursor": self.cursor,
-            "failed_at": env.failed_at_ms,
-            "attempts": env.attempt,
-            "last_status": env.last_status,
-            "error": env.failure_reason,
+            "failed_at": failed_at,
+            "attempts": attempts,
+            "last_status": status,
+            "error": error,
             "parked": not self.single,
             "headers": [[name, value] for name, value in env.headers],
             "body": base64.b64encode(env.body).decode(),
             "body_encoding": "base64",
         }
+
+
+def is_live(letter: DeadLetter, state: GroupState | None, redelivered: Set[int]) -> bool:
+    """Whether a dead letter still waits for an operator. A single letter is, until it is
+    delivered again (``redelivered``); a group's letter while its group is parked in the DLQ
+    from that letter or an earlier one on (``state`` is its group's)."""
+    if letter.single:
+        return letter.record.offset not in redelivered
+    return state is not None and state.counts[DLQ] > 0 and letter.record.offset >= state.dlq_from
 
 
 def parse_cursor(after: str | None) -> tuple[int, int]:
@@ -83,10 +113,6 @@ class Releases:
     groups: dict[int, set[str]] = field(default_factory=dict)  # partition -> group ids
     letters: dict[int, set[int]] = field(default_factory=dict)  # partition -> DLQ offsets
     requeued: int = 0
-
-
-def _parked_in_dlq(state: GroupState | None) -> bool:
-    return state is not None and state.counts[DLQ] > 0 and state.head_tier == DLQ
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +153,7 @@ def choose(
 
     def release_group(group: str) -> None:
         state = states.get(group)
-        if group in released or state is None or not _parked_in_dlq(state) or state.released:
+        if group in released or state is None or not releasable(state):
             return
         released.add(group)
         out.groups.setdefault(partition_of[group], set()).add(group)
@@ -136,7 +162,7 @@ def choose(
     for group in sorted(selector.group_ids or ()):
         release_group(group)
     for group, state in sorted(states.items()):
-        if _parked_in_dlq(state) and selector.picks_group(state):
+        if releasable(state) and selector.picks_group(state):
             release_group(group)
     for letter in letters:
         if not selector.picks(letter):

@@ -22,7 +22,8 @@ from typing import Protocol
 
 from delivery import groups
 from delivery.backoff import next_attempt_at
-from delivery.groups import Kind, Route
+from delivery.fencing import is_stale_copy
+from delivery.groups import Failure, Kind, Route
 from delivery.offsets import OffsetTracker
 from delivery.outcome import Outcome, Verdict
 from delivery.records import Record
@@ -40,14 +41,13 @@ PARKED_REASON = "parked behind its failed group"
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    """One webhook call to make. ``number`` is the 1-based X_DELIVERY_ATTEMPT; ``round``
-    counts in-place retries of a dead letter delivered again; ``not_before_ms`` delays it."""
+    """One webhook call to make. ``number`` is the 1-based X_DELIVERY_ATTEMPT;
+    ``not_before_ms`` delays it."""
 
     partition: int
     record: Record
     number: int
     independent: bool
-    round: int = 0
     not_before_ms: int = 0
 
 
@@ -140,6 +140,7 @@ class PartitionEngine:
         clock: Callable[[], int],
         rng: Callable[[], float],
         positions: dict[int, int] | None = None,
+        epoch: int = 0,
     ) -> None:
         self.sub = sub
         self.partition = partition
@@ -154,6 +155,9 @@ class PartitionEngine:
             tier: OffsetTracker(offset) for tier, offset in (positions or {}).items()
         }
         self.blocked: dict[int, int] = {}  # tier -> holds/seeks whose marker is still to come
+        self.epoch = epoch  # this owner's epoch of the partition (0: unfenced)
+        self.fences = snapshot.fences
+        self.stale_copies = 0  # copies of a worker that had lost the partition, skipped
         self.active = 0  # dispatches, moves and writes in progress
         self.in_flight = 0  # webhook calls in progress
         self._grouped = sub.grouped
@@ -171,6 +175,8 @@ class PartitionEngine:
             tracker = self.trackers[rec.tier] = OffsetTracker()
         if tracker.is_open(rec.offset):
             tracker.pass_over(rec.offset)  # a DLQ record read again while still in progress
+            return
+        if rec.epoch is not None and rec.epoch < self.epoch and self._stale(rec):
             return
         if is_retry(rec.tier) and rec.due_at_ms > self.clock():
             self.blocked[rec.tier] = 1
@@ -197,6 +203,17 @@ class PartitionEngine:
         queue.append(rec)
         if lane.busy is None:
             self._pump(group, lane)
+
+    def _stale(self, rec: Record) -> bool:
+        """Skips a copy written by a worker that had lost the partition (see
+        :mod:`delivery.fencing`): its source is this owner's to handle."""
+        if not is_stale_copy(self.fences, rec.tier, rec.offset, rec.epoch):
+            return False
+        tracker = self.trackers[rec.tier]
+        tracker.read(rec.offset)
+        tracker.finish(rec.offset)
+        self.stale_copies += 1
+        return True
 
     def skip(self, tier: int, offset: int) -> None:
         """A record that is not a Setu message: nothing to deliver, but its offset finishes."""
@@ -276,13 +293,22 @@ class PartitionEngine:
         group = move.group
         state = self.states.get(group) if group is not None else None
         n = len(move.sources)
-        outcomes = tuple((src.tier, src.offset) for src in move.sources)
+        # A lap leaves its dead letter in place (the group parks on it again if the lap fails),
+        # so the letter gets no outcome; a single letter sent round again is finished.
+        outcomes = tuple(
+            (src.tier, src.offset)
+            for src in move.sources
+            if not (src.tier == DLQ and move.kind is Kind.LAP)
+        )
+        again = tuple(
+            src.offset for src in move.sources if src.tier == DLQ and not move.kind.ordered
+        )
         retried = n if move.target != DLQ else 0
         dead_lettered = n if move.target == DLQ else 0
         if move.kind.changes_state and group is not None:
             new = state
             now = self.clock()
-            for src, offset in zip(move.sources, offsets, strict=True):
+            for src, copy, offset in zip(move.sources, move.copies, offsets, strict=True):
                 new = groups.apply_copy(
                     new,
                     move.kind,
@@ -292,6 +318,9 @@ class PartitionEngine:
                     copy_offset=offset,
                     source_offset=src.offset,
                     now_ms=now,
+                    attempts=copy.envelope.attempt,
+                    status=copy.envelope.last_status,
+                    reason=copy.envelope.failure_reason or "",
                 )
             write = StateWrite(
                 self.partition,
@@ -310,6 +339,8 @@ class PartitionEngine:
                 outcomes=outcomes,
                 retried=retried,
                 dead_lettered=dead_lettered,
+                releases_done=again,
+                redelivered=again,
             )
         transition = Transition(write, move.sources)
         lane = self.lanes.get(group) if group is not None else None
@@ -366,6 +397,8 @@ class PartitionEngine:
 
     def _route(self, state: GroupState | None, rec: Record) -> tuple[Route, bool]:
         """The route of ``rec`` and whether it goes outside group order."""
+        if rec.kind is Kind.LAP:
+            return groups.route_lap(state, rec.tier, rec.message_id), False
         if self._is_loose(rec):
             if rec.tier == DLQ:
                 return (Route.DELIVER if rec.offset in self.pending else Route.SKIP), True
@@ -414,7 +447,8 @@ class PartitionEngine:
                 if lane.delivering is not None:
                     continue
                 queue.popleft()
-                self._dispatch(rec, loose, lane)
+                before = state.attempts if state is not None and state.head == rec.message_id else 0
+                self._dispatch(rec, loose, lane, before)
                 return True
             assert state is not None
             batch = [queue.popleft()]
@@ -425,10 +459,10 @@ class PartitionEngine:
             return True
         return False
 
-    def _dispatch(
-        self, rec: Record, loose: bool, lane: Lane | None, round_: int = 0, at: int = 0
-    ) -> None:
-        attempt = Attempt(self.partition, rec, rec.envelope.attempt + 1 + round_, loose, round_, at)
+    def _dispatch(self, rec: Record, loose: bool, lane: Lane | None, before: int = 0) -> None:
+        """Calls the webhook for ``rec``; ``before`` is how many attempts its group's state
+        knows of, when more than the record itself says (a dead letter that went on a lap)."""
+        attempt = Attempt(self.partition, rec, max(rec.envelope.attempt, before) + 1, loose)
         if lane is not None:
             lane.delivering = attempt
         self.active += 1
@@ -441,6 +475,9 @@ class PartitionEngine:
         rec = attempt.record
         if rec.tier == DLQ:
             self._settle_dead_letter(group, lane, attempt, outcome)
+            return
+        if rec.kind is Kind.LAP and group is not None:
+            self._settle_lap(group, lane, attempt, outcome)
             return
         if outcome.verdict is Verdict.DELIVERED:
             if attempt.independent or rec.tier == MAIN:
@@ -479,50 +516,98 @@ class PartitionEngine:
     def _settle_dead_letter(
         self, group: str | None, lane: Lane | None, attempt: Attempt, outcome: Outcome
     ) -> None:
-        """A dead letter delivered again: success settles it; failure retries in place with the
-        tier delays, then leaves it dead (a released group parks on it again)."""
+        """A dead letter delivered again. Success finishes it. A failure that is retried sends
+        it through the retry tiers again: a single letter as a loose copy (which ends in the
+        DLQ as a new letter if it keeps failing), a group's head on a lap (see
+        :mod:`delivery.groups`). A failure that is not retried, or no retry tiers, leaves it
+        dead: a single letter as a new letter with its latest attempt, a group parked on it."""
         rec = attempt.record
         offset = rec.offset
-        if outcome.verdict is Verdict.RETRY and attempt.round < self._tiers:
-            at = next_attempt_at(
-                self.clock(),
-                self._delay(attempt.round + 1),
-                rnd=self.rng(),
-                retry_after_ms=outcome.retry_after_ms,
-            )
-            self._dispatch(rec, attempt.independent, lane, attempt.round + 1, at)
-            return
-        delivered = outcome.verdict is Verdict.DELIVERED
-        if attempt.independent:
-            write = StateWrite(
-                self.partition,
-                group,
-                releases_done=(offset,),
-                unsidelined=(offset,) if delivered else (),
-                delivered=1 if delivered else 0,
-            )
+        now = self.clock()
+        retry = outcome.verdict is Verdict.RETRY and self._tiers > 0
+        if outcome.verdict is Verdict.DELIVERED:
+            if attempt.independent:
+                write = StateWrite(
+                    self.partition,
+                    group,
+                    releases_done=(offset,),
+                    redelivered=(offset,),
+                    delivered=1,
+                )
+            else:
+                assert group is not None
+                state = self.states[group]
+                write = StateWrite(
+                    self.partition,
+                    group,
+                    touches_group=True,
+                    expected_version=state.version,
+                    state=groups.head_done(state, DLQ, offset),
+                    delivered=1,
+                )
+            self._persist(lane, Transition(write, (rec,)))
+        elif attempt.independent:
+            due = self._due(1, outcome) if retry else now
+            kind = Kind.RETRY if retry else Kind.DEAD
+            self._move(lane, group, [rec], 1 if retry else DLQ, kind, (attempt, outcome), due)
+        elif retry:
+            self._move(lane, group, [rec], 1, Kind.LAP, (attempt, outcome), self._due(1, outcome))
         else:
-            assert group is not None
-            state = self.states[group]
-            new = (
-                groups.head_done(state, DLQ, offset)
-                if delivered
-                else groups.reparked(state, rec.message_id, offset, self.clock())
-            )
+            self._repark(group, lane, attempt, outcome)
+
+    def _settle_lap(
+        self, group: str, lane: Lane | None, attempt: Attempt, outcome: Outcome
+    ) -> None:
+        """The lap's copy of a released head was attempted (see :mod:`delivery.groups`)."""
+        rec = attempt.record
+        state = self.states[group]
+        to = next_tier(rec.tier, self._tiers)
+        if outcome.verdict is Verdict.DELIVERED:
             write = StateWrite(
                 self.partition,
                 group,
                 touches_group=True,
                 expected_version=state.version,
-                state=new,
-                unsidelined=(offset,) if delivered else (),
-                delivered=1 if delivered else 0,
+                state=groups.lap_done(state),
+                outcomes=((rec.tier, rec.offset),),
+                delivered=1,
             )
+            self._persist(lane, Transition(write, (rec,), releases=True))
+        elif outcome.verdict is Verdict.RETRY and to != DLQ:
+            self._move(lane, group, [rec], to, Kind.LAP, (attempt, outcome), self._due(to, outcome))
+        else:
+            self._repark(group, lane, attempt, outcome)
+
+    def _repark(
+        self, group: str | None, lane: Lane | None, attempt: Attempt, outcome: Outcome
+    ) -> None:
+        """A released head failed for good: its group parks on its letter again."""
+        assert group is not None
+        rec = attempt.record
+        state = self.states[group]
+        failure = Failure(attempt.number, outcome.status, outcome.reason, self.clock())
+        write = StateWrite(
+            self.partition,
+            group,
+            touches_group=True,
+            expected_version=state.version,
+            state=groups.reparked(
+                state, rec.message_id, state.dlq_from if rec.tier != DLQ else rec.offset, failure
+            ),
+            outcomes=((rec.tier, rec.offset),) if rec.tier != DLQ else (),
+            dead_lettered=1,
+        )
         self._persist(lane, Transition(write, (rec,)))
+
+    def _due(self, tier: int, outcome: Outcome) -> int:
+        """When a copy moved to retry tier ``tier`` after ``outcome`` is due."""
+        return next_attempt_at(
+            self.clock(), self._delay(tier), rnd=self.rng(), retry_after_ms=outcome.retry_after_ms
+        )
 
     def _release(self, group: str, lane: Lane) -> None:
         state = self.states.get(group)
-        if state is None or state.head_tier != DLQ or state.released:
+        if state is None or not groups.releasable(state):
             write = StateWrite(self.partition, group, release_request_done=True)
             self._persist(lane, Transition(write))
             return

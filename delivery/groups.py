@@ -19,6 +19,13 @@ From it follows everything else:
 - Under the ``park`` policy the DLQ is the top tier: a dead-lettered head parks its group there
   and nothing is attempted until an operator releases the group, which delivers its dead
   letters in place, in order, from ``dlq_from`` on.
+- A released head that fails again goes on a *lap*: its copy goes through the retry tiers
+  again (``lap`` says which one holds it) while the letter itself, and every later message of
+  the group, stays counted in the DLQ, unreleased. The lap's copy is the only thing of the
+  group attempted. Delivered, the group is released again from the next letter on; failed in
+  the last tier (or with a status that is not retried), the group parks on the same letter
+  again, its latest attempt count, status and reason kept in the state. The letter never
+  leaves its place in the DLQ, so the group's letters stay in published order.
 
 Functions here only compute; the engine decides when, and the store persists the result after
 the Kafka writes it describes are acknowledged.
@@ -26,7 +33,7 @@ the Kafka writes it describes are acknowledged.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from delivery.tiers import DLQ, MAIN
@@ -42,11 +49,12 @@ class Kind(StrEnum):
     SKIP = "skip"  # the group's head, dead-lettered on its own under the skip policy
     RETRY = "retry"  # a message outside group order, after a failed attempt
     DEAD = "dead"  # dead-lettered outside group order (ungrouped, or no state of its group)
+    LAP = "lap"  # a released dead letter that failed again, retried through the tiers
 
     @property
     def ordered(self) -> bool:
         """Whether the copy belongs to its group's ordered queue (counted in group state)."""
-        return self in (Kind.HEAD, Kind.PARK, Kind.FORWARD)
+        return self in (Kind.HEAD, Kind.PARK, Kind.FORWARD, Kind.LAP)
 
     @property
     def changes_state(self) -> bool:
@@ -76,7 +84,17 @@ def _settled(state: GroupState, counts: tuple[int, ...], dlq_from: int) -> Group
     next head unknown; leaving the DLQ clears the DLQ-only fields."""
     if not any(counts):
         return None
-    new = replace(state, counts=counts, head=None, dlq_from=dlq_from, version=state.version + 1)
+    new = replace(
+        state,
+        counts=counts,
+        head=None,
+        dlq_from=dlq_from,
+        lap=0,
+        attempts=0,
+        last_status=None,
+        reason="",
+        version=state.version + 1,
+    )
     if new.head_tier != DLQ:
         new = replace(new, released=False, dlq_from=-1)
     return new
@@ -97,6 +115,14 @@ def route(state: GroupState | None, tier: int, message_id: str, offset: int) -> 
     if tier < state.head_tier:
         return Route.FORWARD
     return Route.DELIVER if state.head in (None, message_id) else Route.WAIT
+
+
+def route_lap(state: GroupState | None, tier: int, message_id: str) -> Route:
+    """What to do with a lap copy: attempt it if it is the one the group waits for, else it
+    is left over from a lap that already moved on (a copy written twice across a crash)."""
+    if state is not None and state.lap == tier and state.head == message_id:
+        return Route.DELIVER
+    return Route.SKIP
 
 
 def target(state: GroupState, route_: Route, tier: int) -> int:
@@ -123,7 +149,15 @@ def head_failed(
     counts = base.counts if from_tier == MAIN else _add(base.counts, from_tier, -1)
     counts = _add(counts, to_tier, 1)
     new = replace(
-        base, counts=counts, head=message_id, failed_at_ms=now_ms, version=base.version + 1
+        base,
+        counts=counts,
+        head=message_id,
+        failed_at_ms=now_ms,
+        lap=0,
+        attempts=0,
+        last_status=None,
+        reason="",
+        version=base.version + 1,
     )
     if to_tier == DLQ:
         return replace(new, released=False, dlq_from=dlq_offset)
@@ -148,23 +182,89 @@ def head_done(state: GroupState, tier: int, offset: int) -> GroupState | None:
     return _settled(state, counts, offset + 1 if tier == DLQ else state.dlq_from)
 
 
+def releasable(state: GroupState | None) -> bool:
+    """Whether an operator's release means something now: the group is parked in the DLQ,
+    not released already and not on a lap."""
+    return (
+        state is not None
+        and state.counts[DLQ] > 0
+        and state.head_tier == DLQ
+        and not state.released
+        and state.lap == 0
+    )
+
+
 def released(state: GroupState) -> GroupState:
-    """An operator released the group's dead letters; raises unless it is parked in the DLQ."""
-    if state.counts[DLQ] == 0 or state.head_tier != DLQ:
+    """An operator released the group's dead letters; raises unless :func:`releasable`."""
+    if not releasable(state):
         raise ValueError("only a group parked in the DLQ can be released")
     return replace(state, released=True, version=state.version + 1)
 
 
-def reparked(state: GroupState, message_id: str, offset: int, now_ms: int) -> GroupState:
-    """A released dead letter failed again: the group parks on it, where it is."""
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """The latest failed attempt of a head: shown on its dead letter while the group parks."""
+
+    attempts: int
+    status: int | None = None
+    reason: str = ""
+    at_ms: int = 0
+
+
+def reparked(state: GroupState, message_id: str, offset: int, failure: Failure) -> GroupState:
+    """A released dead letter failed for good (after its lap, or at once): the group parks on
+    it, where it is."""
     return replace(
         state,
         released=False,
         head=message_id,
         dlq_from=offset,
-        failed_at_ms=now_ms,
+        lap=0,
+        attempts=failure.attempts,
+        last_status=failure.status,
+        reason=failure.reason,
+        failed_at_ms=failure.at_ms,
         version=state.version + 1,
     )
+
+
+def lap_pending(state: GroupState | None, message_id: str, offset: int) -> bool:
+    """Whether a lap could start from the released dead letter ``message_id`` at ``offset``
+    now (so a lap copy from it found after a crash still needs its state change)."""
+    return (
+        state is not None
+        and state.released
+        and state.lap == 0
+        and state.counts[DLQ] > 0
+        and state.head in (None, message_id)
+        and offset >= state.dlq_from
+    )
+
+
+def lap_moved(
+    state: GroupState, to_tier: int, message_id: str, offset: int, failure: Failure
+) -> GroupState:
+    """The lap's copy of the head (its letter at DLQ ``offset``) is now in retry tier
+    ``to_tier``: started from the DLQ, or moved up one tier."""
+    return replace(
+        state,
+        released=False,
+        head=message_id,
+        dlq_from=offset,
+        lap=to_tier,
+        attempts=failure.attempts,
+        last_status=failure.status,
+        reason=failure.reason,
+        failed_at_ms=failure.at_ms,
+        version=state.version + 1,
+    )
+
+
+def lap_done(state: GroupState) -> GroupState | None:
+    """The lap's copy was delivered: its letter is finished and the group is released again
+    from the next one on (healthy when nothing is left)."""
+    counts = _add(state.counts, DLQ, -1)
+    return _settled(replace(state, released=True), counts, state.dlq_from + 1)
 
 
 def apply_copy(
@@ -177,9 +277,20 @@ def apply_copy(
     copy_offset: int,
     source_offset: int,
     now_ms: int,
+    attempts: int = 0,
+    status: int | None = None,
+    reason: str = "",
 ) -> GroupState | None:
     """The state change a copy of ``kind`` stands for; used both when the copy is written and
-    when recovery finds a copy whose state change never reached Redis."""
+    when recovery finds a copy whose state change never reached Redis. ``attempts``,
+    ``status`` and ``reason`` are the copy's (a lap records them)."""
+    if kind is Kind.LAP:
+        if state is None:
+            raise ValueError("a lap needs a failed group")
+        offset = source_offset if from_tier == DLQ else state.dlq_from
+        return lap_moved(
+            state, to_tier, message_id, offset, Failure(attempts, status, reason, now_ms)
+        )
     if kind is Kind.HEAD:
         return head_failed(
             state, from_tier, to_tier, message_id, dlq_offset=copy_offset, now_ms=now_ms

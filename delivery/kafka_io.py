@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
 from confluent_kafka import (
@@ -328,6 +328,18 @@ def _settle(future: asyncio.Future[int], error: KafkaError | None, offset: int) 
         future.set_result(offset)
 
 
+@dataclass(slots=True)
+class Tails:
+    """What :meth:`KafkaReader.tails` read, per (topic, partition)."""
+
+    records: dict[tuple[str, int], list[Message]] = field(default_factory=dict)
+    ends: dict[tuple[str, int], int] = field(default_factory=dict)  # end offsets when read
+    lows: dict[tuple[str, int], int] = field(default_factory=dict)  # first offsets then
+
+    def get(self, key: tuple[str, int], default: list[Message]) -> list[Message]:
+        return self.records.get(key, default)
+
+
 class KafkaReader:
     """Short reads outside the consumer group: tails and offsets for a time. Blocking; call
     the methods in a worker thread."""
@@ -341,11 +353,11 @@ class KafkaReader:
             "enable.partition.eof": False,
         }
 
-    def tails(
-        self, starts: Sequence[TopicPartition], timeout_s: float = 60.0
-    ) -> dict[tuple[str, int], list[Message]]:
-        """Every record from each start offset (OFFSET_BEGINNING for none) to the end."""
-        out: dict[tuple[str, int], list[Message]] = {}
+    def tails(self, starts: Sequence[TopicPartition], timeout_s: float = 60.0) -> Tails:
+        """Every record from each start offset (OFFSET_BEGINNING for none) to the end, with
+        the end and the first offset of each partition as they were when reading began."""
+        tails = Tails()
+        out = tails.records
         consumer = Consumer(self._config, logger=log)
         try:
             ends: dict[tuple[str, int], int] = {}
@@ -354,11 +366,13 @@ class KafkaReader:
                 low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
                 start = tp.offset if tp.offset >= 0 else low
                 out[(tp.topic, tp.partition)] = []
+                tails.ends[(tp.topic, tp.partition)] = high
+                tails.lows[(tp.topic, tp.partition)] = low
                 if max(start, low) < high:
                     ends[(tp.topic, tp.partition)] = high
                     todo.append(TopicPartition(tp.topic, tp.partition, max(start, low)))
             if not todo:
-                return out
+                return tails
             consumer.assign(todo)
             deadline = time.monotonic() + timeout_s
             while ends:
@@ -375,7 +389,7 @@ class KafkaReader:
                     out[key].append(msg)
                     if offset >= end - 1:
                         del ends[key]
-            return out
+            return tails
         finally:
             consumer.close()
 
@@ -405,6 +419,17 @@ class KafkaReader:
                     out.append(msg)
                     position = offset + 1
             return out, position, position >= high
+        finally:
+            consumer.close()
+
+    def first_offset(self, topic: str, partition: int) -> int:
+        """The first offset retention left in one partition."""
+        consumer = Consumer(self._config, logger=log)
+        try:
+            low, _ = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=10, cached=False
+            )
+            return int(low)
         finally:
             consumer.close()
 

@@ -1,9 +1,10 @@
 """One consumed Kafka record as delivery sees it, and the headers delivery adds to copies.
 
-A copy written to a retry tier or the DLQ carries the message's envelope plus three headers of
+A copy written to a retry tier or the DLQ carries the message's envelope plus headers of
 delivery's own: why it was written (``setu-kind``), where from (``setu-origin``, tier and
-offset, so recovery can tell whether that move reached Redis) and when it is due
-(``setu-due-at``).
+offset, so recovery can tell whether that move reached Redis), when it is due
+(``setu-due-at``) and under which owner epoch of its partition (``setu-epoch``, so copies of
+a worker that had lost the partition can be told apart; see :mod:`delivery.fencing`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from setu.envelope import Envelope, KafkaHeaders
 H_KIND = "setu-kind"
 H_ORIGIN = "setu-origin"
 H_DUE_AT = "setu-due-at"
+H_EPOCH = "setu-epoch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +31,7 @@ class Record:
     kind: Kind | None = None  # None for a main-log record
     origin: tuple[int, int] | None = None  # (tier, offset) this copy was made from
     due_at_ms: int = 0
+    epoch: int | None = None  # the writer's owner epoch; None for a main record or older copy
 
     @property
     def group(self) -> str | None:
@@ -40,13 +43,15 @@ class Record:
 
 
 def copy_headers(
-    envelope: Envelope, kind: Kind, origin: tuple[int, int], due_at_ms: int
+    envelope: Envelope, kind: Kind, origin: tuple[int, int], due_at_ms: int, epoch: int = 0
 ) -> KafkaHeaders:
-    """Kafka headers of a copy of ``envelope``."""
+    """Kafka headers of a copy of ``envelope`` (``epoch`` 0: written outside any ownership)."""
     headers = envelope.kafka_headers()
     headers.append((H_KIND, kind.value.encode()))
     headers.append((H_ORIGIN, f"{origin[0]}:{origin[1]}".encode()))
     headers.append((H_DUE_AT, str(due_at_ms).encode()))
+    if epoch:
+        headers.append((H_EPOCH, str(epoch).encode()))
     return headers
 
 
@@ -58,6 +63,7 @@ def parse_record(
     kind: Kind | None = None
     origin: tuple[int, int] | None = None
     due = 0
+    epoch: int | None = None
     for name, raw in headers or ():
         if name == H_KIND and raw is not None:
             kind = Kind(raw.decode())
@@ -66,4 +72,6 @@ def parse_record(
             origin = (int(left), int(right))
         elif name == H_DUE_AT and raw is not None:
             due = int(raw)
-    return Record(tier, offset, envelope, kind, origin, due)
+        elif name == H_EPOCH and raw is not None:
+            epoch = int(raw)
+    return Record(tier, offset, envelope, kind, origin, due, epoch)

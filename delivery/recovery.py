@@ -8,6 +8,11 @@ tier's committed offset and has no recorded outcome. :func:`missing_writes` find
 in the tails read from the committed offsets to the end, and returns the Redis writes that
 complete their changes, in the order the copies were written. Applying them before consuming
 means the replayed source is skipped (its outcome is now recorded) and never copied twice.
+
+Copies made from a dead letter delivered again are the exception: the DLQ is read again below
+its committed offset, so the source's offset says nothing. A single letter's copy still needs
+its change while the letter is pending release; a lap's first copy while the group's state
+could still start that lap (:func:`delivery.groups.lap_pending`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from delivery import groups
+from delivery.fencing import is_stale_copy
 from delivery.records import Record
 from delivery.tiers import DLQ
 from state.groups import GroupState, StateWrite
@@ -27,21 +33,37 @@ def missing_writes(
     committed: Mapping[int, int],
     tail: Iterable[Record],
     now_ms: int,
+    pending: set[int] | None = None,
+    fences: Mapping[int, Mapping[int, int]] | None = None,
 ) -> tuple[list[StateWrite], dict[str, GroupState]]:
     """The writes that complete cut-short changes, and the group states after them.
 
     ``tail`` holds the records of the retry tiers and the DLQ from their committed offsets on,
-    each tier in offset order. ``outcomes`` is updated with the outcomes the writes record.
+    each tier in offset order. ``outcomes`` is updated with the outcomes the writes record,
+    ``pending`` (the single dead letters pending release) loses the letters they finish.
+    Copies of a worker that had lost the partition (``fences``) are left alone.
     """
     states = dict(states)
+    pending = pending if pending is not None else set()
     writes: list[StateWrite] = []
     for copy in tail:
         if copy.kind is None or copy.origin is None:
             continue
-        tier, offset = copy.origin
-        if offset < committed.get(tier, -1) or (tier, offset) in outcomes:
+        if is_stale_copy(fences or {}, copy.tier, copy.offset, copy.epoch):
             continue
+        tier, offset = copy.origin
         group = copy.group
+        again: tuple[int, ...] = ()
+        if tier == DLQ and copy.kind is groups.Kind.LAP:
+            if not groups.lap_pending(states.get(group or ""), copy.message_id, offset):
+                continue
+        elif tier == DLQ and not copy.kind.ordered:
+            if offset not in pending:
+                continue
+            pending.discard(offset)
+            again = (offset,)
+        elif offset < committed.get(tier, -1) or (tier, offset) in outcomes:
+            continue
         retried = 0 if copy.tier == DLQ else 1
         dead = 1 - retried
         if copy.kind.changes_state and group is not None:
@@ -55,24 +77,37 @@ def missing_writes(
                 copy_offset=copy.offset,
                 source_offset=offset,
                 now_ms=now_ms,
+                attempts=copy.envelope.attempt,
+                status=copy.envelope.last_status,
+                reason=copy.envelope.failure_reason or "",
             )
             if new is None:
                 states.pop(group, None)
             else:
                 states[group] = new
+            lap_start = tier == DLQ and copy.kind is groups.Kind.LAP
             write = StateWrite(
                 partition,
                 group,
                 touches_group=True,
                 expected_version=state.version if state is not None else 0,
                 state=new,
-                outcomes=((tier, offset),),
+                outcomes=() if lap_start else ((tier, offset),),
                 retried=retried,
                 dead_lettered=dead,
             )
+            if lap_start:
+                writes.append(write)
+                continue
         else:
             write = StateWrite(
-                partition, group, outcomes=((tier, offset),), retried=retried, dead_lettered=dead
+                partition,
+                group,
+                outcomes=((tier, offset),),
+                retried=retried,
+                dead_lettered=dead,
+                releases_done=again,
+                redelivered=again,
             )
         outcomes.add((tier, offset))
         writes.append(write)

@@ -39,7 +39,7 @@ from delivery.kafka_io import (
 )
 from delivery.records import copy_headers
 from delivery.takeover import take_over
-from delivery.tiers import MAIN, topics_by_tier
+from delivery.tiers import DLQ, MAIN, topics_by_tier
 from delivery.webhook import WebhookSender
 from delivery.writer import StateWriter
 from setu import names
@@ -67,6 +67,8 @@ class RunnerConfig:
     release_poll_ms: int = 1000
     stats_interval_ms: int = 2000
     drain_timeout_s: float = 20.0
+    # How often dead letters that retention removed are forgotten in Redis.
+    dead_letter_trim_ms: int = 300_000
     # Records the subscription may hold in memory before it stops consuming (at least this,
     # and at least 8 x max_in_flight).
     max_buffered: int = 2048
@@ -79,6 +81,7 @@ class _Port:
         self.runner = runner
         self.partition = partition
         self.engine: PartitionEngine
+        self.epoch = 0  # this worker's owner epoch of the partition (delivery.fencing)
         self.alive = True
         self.draining = False
         self.tasks: set[asyncio.Task[None]] = set()  # Kafka writes in progress
@@ -123,11 +126,13 @@ class _Port:
 
     async def _move(self, move: Move) -> None:
         runner = self.runner
+        if not self.alive:
+            return  # the partition was given up: its next owner decides again
         records = [
             (
                 copy.envelope.key,
                 copy.envelope.body,
-                copy_headers(copy.envelope, copy.kind, copy.origin, copy.due_at_ms),
+                copy_headers(copy.envelope, copy.kind, copy.origin, copy.due_at_ms, self.epoch),
             )
             for copy in move.copies
         ]
@@ -157,7 +162,7 @@ class SubscriptionRunner:
         self.tiers = topics_by_tier(sub)  # topic -> tier
         self.topics = {tier: topic for topic, tier in self.tiers.items()}
         self.ports: dict[int, _Port] = {}
-        self.writer = StateWriter(self.store, self.fail)
+        self.writer = StateWriter(self.store, self.fail, self._epoch_of)
         self.gate = asyncio.Event()
         self.gate.set()
         self._reasons: dict[tuple[int, int], set[str]] = defaultdict(set)
@@ -190,6 +195,7 @@ class SubscriptionRunner:
             loop.create_task(self._every(self.config.release_poll_ms, self._poll_releases)),
             loop.create_task(self._every(self.config.stats_interval_ms, self._report)),
             loop.create_task(self._every(50, self._balance)),
+            loop.create_task(self._every(self.config.dead_letter_trim_ms, self._trim_dead_letters)),
         ]
         try:
             stopped: asyncio.Future[Any] = loop.create_task(self._stopped.wait())
@@ -306,7 +312,9 @@ class SubscriptionRunner:
                 clock=now_ms,
                 rng=random.random,
                 positions=plan.positions,
+                epoch=plan.epoch,
             )
+            port.epoch = plan.epoch
             self.ports[partition] = port
             for tier in offsets:
                 start = plan.starts.get(tier, -1001)  # OFFSET_INVALID: from the commit
@@ -507,6 +515,21 @@ class SubscriptionRunner:
         for tp in offsets:
             self._committed[(self.tiers[tp.topic], tp.partition)] = tp.offset
         self.committed(offsets)
+
+    def _epoch_of(self, partition: int) -> int | None:
+        """This worker's owner epoch of ``partition``; None once it is not ours."""
+        port = self.ports.get(partition)
+        return port.epoch if port is not None and port.alive else None
+
+    async def _trim_dead_letters(self) -> None:
+        """Forgets dead letters retention removed (housekeeping: failures are only logged)."""
+        topic = self.topics[DLQ]
+        for port in list(self.ports.values()):
+            try:
+                first = await asyncio.to_thread(self.reader.first_offset, topic, port.partition)
+                await self.store.trim_dead_letters(port.partition, first)
+            except Exception as exc:
+                log.warning("trimming dead letters of partition %d failed: %s", port.partition, exc)
 
     async def _trim(self, partition: int, committed: dict[int, int]) -> None:
         try:

@@ -1,8 +1,12 @@
 """Taking over one partition index of a subscription: everything that happens between Kafka
 assigning it and the first record being read.
 
+0. Claim the partition: bump its owner epoch, which fences the previous owner's writes (see
+   :mod:`delivery.fencing`); everything below is written under the new epoch.
 1. Read the retry tiers' and the DLQ's tails (committed offset to end) and complete the state
-   changes a crash cut short (:mod:`delivery.recovery`), so no source is copied twice.
+   changes a crash cut short (:mod:`delivery.recovery`), so no source is copied twice. Where
+   the tails ended becomes this epoch's fence; dead letters below the DLQ's first offset are
+   forgotten.
 2. Load the partition's group state, recorded outcomes and release requests.
 3. Apply an operator's seek once per seek generation: the main log starts at the first offset
    at or after the requested time, and outcomes recorded for the old main offsets are dropped
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
+from delivery.fencing import KEEP_FENCES
 from delivery.kafka_io import KafkaReader, record_of
 from delivery.records import Record
 from delivery.recovery import missing_writes
@@ -34,6 +39,7 @@ class Takeover:
     positions: dict[int, int]  # tier -> where its reading starts (known ones only)
     starts: dict[int, int] = field(default_factory=dict)  # tiers not starting at the commit
     seek_generation: int | None = None  # to record once the seek offset is committed
+    epoch: int = 0  # this owner's epoch of the partition
 
 
 async def take_over(
@@ -47,6 +53,7 @@ async def take_over(
 ) -> Takeover:
     """Prepares ``partition`` of ``sub`` (see the module doc). ``committed`` maps each tier to
     its committed offset, None when the group never committed there."""
+    epoch = await store.claim(partition)
     tail_tiers = [t for t in committed if is_retry(t) or t == DLQ]
     starts = []
     for tier in tail_tiers:
@@ -64,13 +71,25 @@ async def take_over(
                 continue
     snapshot = await store.load(partition)
     known = {t: o for t, o in committed.items() if o is not None}
-    writes, _ = missing_writes(partition, snapshot.states, snapshot.outcomes, known, tail, now_ms)
+    writes, _ = missing_writes(
+        partition,
+        snapshot.states,
+        snapshot.outcomes,
+        known,
+        tail,
+        now_ms,
+        pending=set(snapshot.pending_releases),
+        fences=snapshot.fences,
+    )
     for write in writes:
-        await store.apply(write)
-    if writes:
-        snapshot = await store.load(partition)
+        await store.apply(write, epoch)
+    ends = {tier: tails.ends[(topics[tier], partition)] for tier in tail_tiers}
+    await store.record_fences(partition, epoch, ends, KEEP_FENCES)
+    if DLQ in tail_tiers:
+        await store.trim_dead_letters(partition, tails.lows[(topics[DLQ], partition)])
+    snapshot = await store.load(partition)
 
-    plan = Takeover(snapshot, dict(known))
+    plan = Takeover(snapshot, dict(known), epoch=epoch)
     if sub.seek_to_ms is not None and sub.seek_generation > snapshot.seek_generation:
         offset = await asyncio.to_thread(
             reader.offset_for_time, topics[MAIN], partition, sub.seek_to_ms

@@ -8,6 +8,10 @@ durable while an earlier 2xx of it is not.
 
 State changes always go out at once; 2xx outcomes wait for the next state change, an explicit
 :meth:`StateWriter.flush` (every commit) or :meth:`StateWriter.nudge` (every 50 ms).
+
+Fencing: given ``epoch_of``, every batch names the owner epoch of each partition it touches
+and the store refuses it if one moved on (:class:`state.groups.Fenced`); what is meant for a
+partition this worker no longer owns (``epoch_of`` gives None) is dropped, never sent.
 """
 
 from __future__ import annotations
@@ -31,9 +35,15 @@ class Owner(Protocol):
 class StateWriter:
     """See the module doc. ``on_error`` is told when a batch fails; its writes never apply."""
 
-    def __init__(self, store: GroupStore, on_error: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self,
+        store: GroupStore,
+        on_error: Callable[[BaseException], None],
+        epoch_of: Callable[[int], int | None] | None = None,
+    ) -> None:
         self._store = store
         self._on_error = on_error
+        self._epoch_of = epoch_of
         self._delivered: dict[int, list[tuple[int, int]]] = {}
         self._writes: list[tuple[Owner, Transition]] = []
         self._waiters: list[asyncio.Future[None]] = []
@@ -72,8 +82,9 @@ class StateWriter:
                 writes, self._writes = self._writes, []
                 delivered, self._delivered = self._delivered, {}
                 waiters, self._waiters = self._waiters, []
+                epochs = self._fence(writes, delivered)
                 try:
-                    await self._store.apply_batch(delivered, [t.write for _, t in writes])
+                    await self._store.apply_batch(delivered, [t.write for _, t in writes], epochs)
                 except Exception as exc:
                     for owner, _ in writes:
                         owner.writing -= 1
@@ -91,3 +102,25 @@ class StateWriter:
             self._on_error(exc)
         finally:
             self._task = None
+
+    def _fence(
+        self, writes: list[tuple[Owner, Transition]], delivered: dict[int, list[tuple[int, int]]]
+    ) -> dict[int, int] | None:
+        """The epochs to check; drops (in place) what belongs to partitions no longer owned."""
+        if self._epoch_of is None:
+            return None
+        epochs: dict[int, int] = {}
+        for partition in {t.write.partition for _, t in writes} | set(delivered):
+            epoch = self._epoch_of(partition)
+            if epoch is not None:
+                epochs[partition] = epoch
+        for partition in [p for p in delivered if p not in epochs]:
+            del delivered[partition]
+        kept = []
+        for owner, transition in writes:
+            if owner.alive and transition.write.partition in epochs:
+                kept.append((owner, transition))
+            else:
+                owner.writing -= 1
+        writes[:] = kept
+        return epochs

@@ -2,7 +2,8 @@
 
 Per partition index it holds the failed groups (a hash per group, absent when healthy), the
 records whose outcome is durable above the committed offsets (so replays after a crash skip
-them), and the operator's unsideline requests; per subscription, lifetime counters.
+them), the operator's unsideline requests, the single dead letters delivered again, and the
+owner epoch that fences a worker which lost the partition; per subscription, lifetime counters.
 
 Contract (both :class:`RedisGroupStore` and :class:`state.groups_stub.StubGroupStore`):
 
@@ -12,6 +13,10 @@ Contract (both :class:`RedisGroupStore` and :class:`state.groups_stub.StubGroupS
   mismatch, so a worker that lost its partition cannot overwrite its successor's state.
 - :meth:`GroupStore.apply_batch` carries 2xx outcomes and many writes in one round trip:
   outcomes first, then each write as :meth:`GroupStore.apply` would.
+- Ownership: :meth:`GroupStore.claim` bumps a partition's owner epoch when a worker takes it
+  over. A write or outcome that names an epoch (``epochs``) is refused with :class:`Fenced`,
+  all of the call at once, when the partition's epoch has moved on since: a worker that
+  stalled and lost its partitions cannot change state its successor owns.
 - Callers apply a write only after the Kafka writes it describes are acknowledged.
 - Everything of one subscription lives in one Redis Cluster slot (keys share a hash tag).
 """
@@ -39,6 +44,14 @@ class StaleGroupState(Exception):
     """Raised when a group's stored version is not the one the writer expected."""
 
 
+class Fenced(Exception):
+    """Raised when a write names an owner epoch that is no longer its partition's epoch."""
+
+    def __init__(self, partitions: Sequence[int], message: str) -> None:
+        super().__init__(message)
+        self.partitions = tuple(partitions)
+
+
 @dataclass(frozen=True, slots=True)
 class GroupState:
     """One failed group. ``counts[t]`` is how many of its messages are unfinished in tier t.
@@ -46,7 +59,10 @@ class GroupState:
     ``head`` is the head's message id, or None for "the first one reached in the head tier".
     ``released``, ``dlq_from`` and ``failed_at_ms`` matter while the group is in the DLQ:
     dead letters at DLQ offsets >= ``dlq_from`` are the group's, and ``released`` says an
-    operator asked for them to be delivered. ``version`` fences concurrent writers.
+    operator asked for them to be delivered. ``lap`` is the retry tier where a released head
+    that failed again is being retried (0: none); ``attempts``, ``last_status`` and
+    ``reason`` describe the head's latest failure when it is newer than its dead letter's.
+    ``version`` fences concurrent writers.
     """
 
     counts: tuple[int, ...] = EMPTY_COUNTS
@@ -55,6 +71,10 @@ class GroupState:
     dlq_from: int = -1
     failed_at_ms: int = 0
     version: int = 0
+    lap: int = 0
+    attempts: int = 0
+    last_status: int | None = None
+    reason: str = ""
 
     @property
     def head_tier(self) -> int:
@@ -81,6 +101,10 @@ class GroupState:
             "released": "1" if self.released else "0",
             "dlq_from": str(self.dlq_from),
             "failed_at": str(self.failed_at_ms),
+            "lap": str(self.lap),
+            "attempts": str(self.attempts),
+            "status": "" if self.last_status is None else str(self.last_status),
+            "reason": self.reason,
         }
 
     @classmethod
@@ -94,6 +118,10 @@ class GroupState:
             dlq_from=int(fields.get("dlq_from", "-1")),
             failed_at_ms=int(fields.get("failed_at", "0")),
             version=int(fields["v"]),
+            lap=int(fields.get("lap") or "0"),
+            attempts=int(fields.get("attempts") or "0"),
+            last_status=int(fields["status"]) if fields.get("status") else None,
+            reason=fields.get("reason", ""),
         )
 
 
@@ -110,7 +138,7 @@ class StateWrite:
     delivered: int = 0
     dead_lettered: int = 0
     retried: int = 0
-    unsidelined: tuple[int, ...] = ()  # DLQ offsets delivered again
+    redelivered: tuple[int, ...] = ()  # single dead letters delivered again, or copied out
     releases_done: tuple[int, ...] = ()  # DLQ offsets no longer pending release
     release_request_done: bool = False  # the group's release request was taken up
 
@@ -124,6 +152,7 @@ class PartitionSnapshot:
     pending_releases: set[int] = field(default_factory=set)
     release_requests: set[str] = field(default_factory=set)
     seek_generation: int = 0
+    fences: dict[int, dict[int, int]] = field(default_factory=dict)  # epoch -> tier -> offset
 
 
 COUNTERS = ("delivered_total", "dead_lettered", "retried")
@@ -132,19 +161,33 @@ COUNTERS = ("delivered_total", "dead_lettered", "retried")
 class GroupStore(Protocol):
     """Group state of one subscription. Every method may raise redis errors on I/O failure."""
 
+    async def claim(self, partition: int) -> int:
+        """Makes the caller the partition's owner: returns its new owner epoch."""
+
+    async def record_fences(
+        self, partition: int, epoch: int, ends: Mapping[int, int], keep: int = 64
+    ) -> None:
+        """Records where each tier ended when ``epoch`` took the partition over (see
+        :mod:`delivery.fencing`); keeps the ``keep`` latest epochs' fences."""
+
     async def load(self, partition: int) -> PartitionSnapshot: ...
 
-    async def apply(self, write: StateWrite) -> None: ...
+    async def apply(self, write: StateWrite, epoch: int | None = None) -> None: ...
 
     async def record_delivered(self, partition: int, outcomes: Sequence[tuple[int, int]]) -> None:
         """Records 2xx outcomes and counts them in ``delivered_total``."""
 
     async def apply_batch(
-        self, delivered: Mapping[int, Sequence[tuple[int, int]]], writes: Sequence[StateWrite]
+        self,
+        delivered: Mapping[int, Sequence[tuple[int, int]]],
+        writes: Sequence[StateWrite],
+        epochs: Mapping[int, int] | None = None,
     ) -> None:
         """In one round trip: records ``delivered`` 2xx outcomes (per partition), then applies
-        ``writes`` in order, each atomically. A stale write raises StaleGroupState; the writes
-        before it stay applied, it and those after it do not."""
+        ``writes`` in order, each atomically. When a partition named in ``epochs`` has another
+        epoch now, nothing at all is applied and :class:`Fenced` is raised. A stale write
+        raises StaleGroupState; the writes before it stay applied, it and those after it do
+        not."""
 
     async def trim(self, partition: int, committed: Mapping[int, int]) -> None:
         """Forgets outcomes below the committed offset of each tier."""
@@ -160,17 +203,36 @@ class GroupStore(Protocol):
 
     async def group(self, group_id: str) -> GroupState | None: ...
 
+    async def states_of(self, group_ids: Iterable[str]) -> dict[str, GroupState]:
+        """The states of those of ``group_ids`` that are failed."""
+
     async def failed_count(self) -> int: ...
 
     async def counters(self) -> dict[str, int]: ...
 
-    async def unsidelined(self, partition: int) -> set[int]: ...
+    async def redelivered(self, partition: int) -> set[int]:
+        """DLQ offsets of single dead letters delivered again (or sent through the tiers
+        again): no longer live, so browsing hides them."""
+
+    async def trim_dead_letters(self, partition: int, log_start: int) -> None:
+        """Forgets redelivered and pending single letters below the DLQ's first offset:
+        retention removed them, nobody can read them again."""
 
     async def mark_seek_applied(self, partition: int, generation: int) -> None: ...
 
 
 _APPLY = """
 local b = cjson.decode(ARGV[1])
+local fenced = {}
+for _, e in ipairs(b.epochs) do
+  local now = tonumber(redis.call('GET', KEYS[e.k]) or '0')
+  if now ~= e.epoch then
+    table.insert(fenced, e.p .. '=' .. now)
+  end
+end
+if #fenced > 0 then
+  return redis.error_reply('FENCED ' .. table.concat(fenced, ','))
+end
 local function each(cmd, key, items, step)
   for i = 1, #items, step do
     redis.call(cmd, key, unpack(items, i, math.min(i + step - 1, #items)))
@@ -205,7 +267,7 @@ for _, w in ipairs(b.writes) do
   for name, n in pairs(w.counters) do
     redis.call('HINCRBY', KEYS[b.counters], name, n)
   end
-  each('SADD', KEYS[w.u], w.unsidelined, 1000)
+  each('ZADD', KEYS[w.u], w.redelivered, 1000)
   each('ZREM', KEYS[w.pr], w.releases_done, 1000)
   if w.release_done then
     redis.call('SREM', KEYS[w.rr], w.group)
@@ -213,6 +275,38 @@ for _, w in ipairs(b.writes) do
 end
 return 1
 """
+
+
+# Once per partition: an older version kept delivered-again offsets in a plain set (of every
+# letter, grouped or not, never trimmed). Only single letters need remembering now.
+_ADOPT_LEGACY = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+local members = redis.call('SMEMBERS', KEYS[1])
+for i = 1, #members, 500 do
+  local args = {}
+  for j = i, math.min(i + 499, #members) do
+    table.insert(args, members[j])
+    table.insert(args, members[j])
+  end
+  redis.call('ZADD', KEYS[2], unpack(args))
+end
+redis.call('DEL', KEYS[1])
+return #members
+"""
+
+
+def _encode_fence(ends: Mapping[int, int]) -> str:
+    return ",".join(f"{tier}:{offset}" for tier, offset in sorted(ends.items()))
+
+
+def _decode_fence(text: str) -> dict[int, int]:
+    out = {}
+    for item in filter(None, text.split(",")):
+        tier, _, offset = item.partition(":")
+        out[int(tier)] = int(offset)
+    return out
 
 
 def outcome_entry(tier: int, offset: int) -> tuple[int, str]:
@@ -264,6 +358,19 @@ class RedisGroupStore:
         self._project = project
         self._sub = subscription
         self._apply_script = redis.register_script(_APPLY)
+        self._adopt_script = redis.register_script(_ADOPT_LEGACY)
+
+    async def claim(self, partition: int) -> int:
+        return int(await self._redis.incr(keys.owner_epoch(self._project, self._sub, partition)))
+
+    async def record_fences(
+        self, partition: int, epoch: int, ends: Mapping[int, int], keep: int = 64
+    ) -> None:
+        key = keys.fences(self._project, self._sub, partition)
+        await self._redis.hset(key, str(epoch), _encode_fence(ends))
+        epochs = sorted(int(e) for e in await self._redis.hkeys(key))
+        if len(epochs) > keep:
+            await self._redis.hdel(key, *(str(e) for e in epochs[: len(epochs) - keep]))
 
     async def load(self, partition: int) -> PartitionSnapshot:
         p, s = self._project, self._sub
@@ -284,27 +391,36 @@ class RedisGroupStore:
         pipe.zrange(keys.pending_releases(p, s, partition), 0, -1)
         pipe.smembers(keys.release_requests(p, s, partition))
         pipe.hget(keys.seeks_applied(p, s), str(partition))
-        outcomes, pending, requests, seek = await pipe.execute()
+        pipe.hgetall(keys.fences(p, s, partition))
+        outcomes, pending, requests, seek, fences = await pipe.execute()
         snap.outcomes = {parse_outcome(m) for m in outcomes}
         snap.pending_releases = {int(m) for m in pending}
         snap.release_requests = {_text(m) for m in requests}
         snap.seek_generation = int(seek or 0)
+        snap.fences = {int(e): _decode_fence(_text(v)) for e, v in fences.items()}
         return snap
 
-    async def apply(self, write: StateWrite) -> None:
-        await self.apply_batch({}, [write])
+    async def apply(self, write: StateWrite, epoch: int | None = None) -> None:
+        await self.apply_batch({}, [write], None if epoch is None else {write.partition: epoch})
 
     async def record_delivered(self, partition: int, outcomes: Sequence[tuple[int, int]]) -> None:
         await self.apply_batch({partition: outcomes}, [])
 
     async def apply_batch(
-        self, delivered: Mapping[int, Sequence[tuple[int, int]]], writes: Sequence[StateWrite]
+        self,
+        delivered: Mapping[int, Sequence[tuple[int, int]]],
+        writes: Sequence[StateWrite],
+        epochs: Mapping[int, int] | None = None,
     ) -> None:
         if not writes and not any(delivered.values()):
             return
         p, s = self._project, self._sub
         key = _KeyList()
         payload = {
+            "epochs": [
+                {"p": part, "k": key(keys.owner_epoch(p, s, part)), "epoch": epoch}
+                for part, epoch in sorted((epochs or {}).items())
+            ],
             "counters": key(keys.counters(p, s)),
             "delivered": [
                 {"z": key(keys.delivered(p, s, part)), "m": _members(entries), "n": len(entries)}
@@ -316,8 +432,13 @@ class RedisGroupStore:
         try:
             await self._apply_script(keys=key.names, args=[orjson.dumps(payload)])
         except Exception as exc:
-            if "STALE" in str(exc):
-                raise StaleGroupState(str(exc)) from exc
+            text = str(exc)
+            if "FENCED" in text:
+                found = text.split("FENCED", 1)[1].strip()
+                parts = [int(item.split("=")[0]) for item in found.split(",") if "=" in item]
+                raise Fenced(parts, text) from exc
+            if "STALE" in text:
+                raise StaleGroupState(text) from exc
             raise
 
     def _write(self, write: StateWrite, key: _KeyList) -> dict[str, object]:
@@ -338,14 +459,14 @@ class RedisGroupStore:
             "f": key(keys.failed_groups(p, s)),
             "pf": key(keys.partition_failed(p, s, partition)),
             "z": key(keys.delivered(p, s, partition)),
-            "u": key(keys.unsidelined(p, s, partition)),
+            "u": key(keys.redelivered(p, s, partition)),
             "pr": key(keys.pending_releases(p, s, partition)),
             "rr": key(keys.release_requests(p, s, partition)),
             "touch": write.touches_group,
             "expect": write.expected_version,
             "outcomes": _members(write.outcomes),
             "counters": counters,
-            "unsidelined": [str(o) for o in write.unsidelined],
+            "redelivered": [str(x) for o in write.redelivered for x in (o, o)],
             "releases_done": [str(o) for o in write.releases_done],
             "release_done": write.release_request_done,
         }
@@ -395,6 +516,19 @@ class RedisGroupStore:
             return None
         return GroupState.from_fields({_text(k): _text(v) for k, v in raw.items()})
 
+    async def states_of(self, group_ids: Iterable[str]) -> dict[str, GroupState]:
+        names = sorted(set(group_ids))
+        if not names:
+            return {}
+        pipe = self._redis.pipeline(transaction=False)
+        for g in names:
+            pipe.hgetall(keys.group_state(self._project, self._sub, g))
+        out = {}
+        for g, raw in zip(names, await pipe.execute(), strict=True):
+            if raw:
+                out[g] = GroupState.from_fields({_text(k): _text(v) for k, v in raw.items()})
+        return out
+
     async def failed_count(self) -> int:
         return int(await self._redis.scard(keys.failed_groups(self._project, self._sub)))
 
@@ -403,9 +537,29 @@ class RedisGroupStore:
         got = {_text(k): int(v) for k, v in raw.items()}
         return {name: got.get(name, 0) for name in COUNTERS}
 
-    async def unsidelined(self, partition: int) -> set[int]:
-        members = await self._redis.smembers(keys.unsidelined(self._project, self._sub, partition))
+    async def redelivered(self, partition: int) -> set[int]:
+        await self._adopt_legacy(partition)
+        members = await self._redis.zrange(
+            keys.redelivered(self._project, self._sub, partition), 0, -1
+        )
         return {int(m) for m in members}
+
+    async def trim_dead_letters(self, partition: int, log_start: int) -> None:
+        await self._adopt_legacy(partition)
+        if log_start <= 0:
+            return
+        p, s = self._project, self._sub
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.zremrangebyscore(keys.redelivered(p, s, partition), "-inf", log_start - 1)
+        pipe.zremrangebyscore(keys.pending_releases(p, s, partition), "-inf", log_start - 1)
+        await pipe.execute()
+
+    async def _adopt_legacy(self, partition: int) -> None:
+        """Moves an older version's set of delivered-again DLQ offsets into the sorted set."""
+        p, s = self._project, self._sub
+        await self._adopt_script(
+            keys=[keys.legacy_unsidelined(p, s, partition), keys.redelivered(p, s, partition)]
+        )
 
     async def mark_seek_applied(self, partition: int, generation: int) -> None:
         await self._redis.hset(

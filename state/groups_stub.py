@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from state.groups import (
     COUNTERS,
+    Fenced,
     GroupState,
     PartitionSnapshot,
     StaleGroupState,
@@ -23,8 +24,10 @@ class _Partition:
     outcomes: set[tuple[int, int]] = field(default_factory=set)
     pending: set[int] = field(default_factory=set)
     requests: set[str] = field(default_factory=set)
-    unsidelined: set[int] = field(default_factory=set)
+    redelivered: set[int] = field(default_factory=set)
     seek_generation: int = 0
+    epoch: int = 0
+    fences: dict[int, dict[int, int]] = field(default_factory=dict)
 
 
 class StubGroupStore:
@@ -38,6 +41,19 @@ class StubGroupStore:
     def _p(self, partition: int) -> _Partition:
         return self.partitions.setdefault(partition, _Partition())
 
+    async def claim(self, partition: int) -> int:
+        part = self._p(partition)
+        part.epoch += 1
+        return part.epoch
+
+    async def record_fences(
+        self, partition: int, epoch: int, ends: Mapping[int, int], keep: int = 64
+    ) -> None:
+        fences = self._p(partition).fences
+        fences[epoch] = dict(ends)
+        for old in sorted(fences)[: max(0, len(fences) - keep)]:
+            del fences[old]
+
     async def load(self, partition: int) -> PartitionSnapshot:
         part = self._p(partition)
         return PartitionSnapshot(
@@ -46,17 +62,28 @@ class StubGroupStore:
             pending_releases=set(part.pending),
             release_requests=set(part.requests),
             seek_generation=part.seek_generation,
+            fences={e: dict(f) for e, f in part.fences.items()},
         )
 
+    def _check(self, epochs: Mapping[int, int] | None) -> None:
+        fenced = [p for p, e in sorted((epochs or {}).items()) if self._p(p).epoch != e]
+        if fenced:
+            raise Fenced(fenced, f"FENCED {fenced}")
+
     async def apply_batch(
-        self, delivered: Mapping[int, Sequence[tuple[int, int]]], writes: Sequence[StateWrite]
+        self,
+        delivered: Mapping[int, Sequence[tuple[int, int]]],
+        writes: Sequence[StateWrite],
+        epochs: Mapping[int, int] | None = None,
     ) -> None:
+        self._check(epochs)
         for partition, entries in delivered.items():
             await self.record_delivered(partition, entries)
         for write in writes:
             await self.apply(write)
 
-    async def apply(self, write: StateWrite) -> None:
+    async def apply(self, write: StateWrite, epoch: int | None = None) -> None:
+        self._check(None if epoch is None else {write.partition: epoch})
         part = self._p(write.partition)
         group = write.group or ""
         if write.touches_group:
@@ -76,7 +103,7 @@ class StubGroupStore:
         self.totals["delivered_total"] += write.delivered
         self.totals["dead_lettered"] += write.dead_lettered
         self.totals["retried"] += write.retried
-        part.unsidelined.update(write.unsidelined)
+        part.redelivered.update(write.redelivered)
         part.pending.difference_update(write.releases_done)
         if write.release_request_done:
             part.requests.discard(group)
@@ -110,14 +137,22 @@ class StubGroupStore:
         stored = self.groups.get(group_id)
         return None if stored is None else stored[1]
 
+    async def states_of(self, group_ids: Iterable[str]) -> dict[str, GroupState]:
+        return {g: self.groups[g][1] for g in set(group_ids) if g in self.groups}
+
     async def failed_count(self) -> int:
         return len(self.groups)
 
     async def counters(self) -> dict[str, int]:
         return dict(self.totals)
 
-    async def unsidelined(self, partition: int) -> set[int]:
-        return set(self._p(partition).unsidelined)
+    async def redelivered(self, partition: int) -> set[int]:
+        return set(self._p(partition).redelivered)
+
+    async def trim_dead_letters(self, partition: int, log_start: int) -> None:
+        part = self._p(partition)
+        part.redelivered = {o for o in part.redelivered if o >= log_start}
+        part.pending = {o for o in part.pending if o >= log_start}
 
     async def mark_seek_applied(self, partition: int, generation: int) -> None:
         self._p(partition).seek_generation = generation

@@ -50,9 +50,30 @@ def pending_releases(project: str, subscription: str, partition: int) -> str:
     return f"{_sub(project, subscription)}:pending:{partition}"
 
 
-def unsidelined(project: str, subscription: str, partition: int) -> str:
-    """Set of DLQ offsets delivered after an unsideline; DLQ browsing hides them."""
+def redelivered(project: str, subscription: str, partition: int) -> str:
+    """Sorted set (score = offset) of the DLQ offsets of single dead letters delivered again
+    after an unsideline, or sent through the retry tiers again; DLQ browsing hides them.
+    Trimmed below the DLQ's first offset. (A group's letters need no entry: its state says
+    which are still live.)"""
+    return f"{_sub(project, subscription)}:redelivered:{partition}"
+
+
+def legacy_unsidelined(project: str, subscription: str, partition: int) -> str:
+    """The plain set an older version kept instead of :func:`redelivered`; adopted, then gone."""
     return f"{_sub(project, subscription)}:unsidelined:{partition}"
+
+
+def owner_epoch(project: str, subscription: str, partition: int) -> str:
+    """Integer bumped by every worker that takes over the partition index; group-state writes
+    name the epoch they were decided under and are refused once it moved on."""
+    return f"{_sub(project, subscription)}:owner:{partition}"
+
+
+def fences(project: str, subscription: str, partition: int) -> str:
+    """Hash owner epoch -> where each retry tier and the DLQ ended when that epoch took over
+    (``tier:offset,...``): copies of older epochs from there on were written by a worker
+    that had lost the partition, and are ignored."""
+    return f"{_sub(project, subscription)}:fences:{partition}"
 
 
 def seeks_applied(project: str, subscription: str) -> str:

@@ -12,6 +12,7 @@ from state import keys
 from state.groups import (
     DLQ_TIER,
     EMPTY_COUNTS,
+    Fenced,
     GroupState,
     GroupStore,
     RedisGroupStore,
@@ -121,10 +122,79 @@ async def test_release_requests_are_taken_up_once(store: GroupStore) -> None:
     assert (snapshot.release_requests, snapshot.pending_releases) == ({"g"}, {40, 41})
     # When the worker takes up the group and delivers letter 40 again
     await store.apply(StateWrite(1, "g", release_request_done=True))
-    await store.apply(StateWrite(1, None, releases_done=(40,), unsidelined=(40,), delivered=1))
+    await store.apply(StateWrite(1, None, releases_done=(40,), redelivered=(40,), delivered=1))
     # Then only letter 41 is left pending, and 40 is marked as delivered again
     assert await store.poll_releases(1) == (set(), {41})
-    assert await store.unsidelined(1) == {40}
+    assert await store.redelivered(1) == {40}
+
+
+async def test_dead_letters_retention_removed_are_forgotten(store: GroupStore) -> None:
+    # Given letters 3 and 40 delivered again and 5 and 41 pending release on partition 1
+    await store.apply(StateWrite(1, None, releases_done=(3, 40), redelivered=(3, 40)))
+    await store.request_release(1, [], [5, 41])
+    # When retention removed the DLQ up to offset 40
+    await store.trim_dead_letters(1, 40)
+    # Then only what can still be read is remembered
+    assert await store.redelivered(1) == {40}
+    assert await store.poll_releases(1) == (set(), {41})
+
+
+async def test_a_lap_and_the_latest_failure_round_trip(store: GroupStore) -> None:
+    state = GroupState(
+        counts=failed(DLQ_TIER, 2).counts,
+        head="m",
+        dlq_from=12,
+        version=4,
+        lap=2,
+        attempts=6,
+        last_status=503,
+        reason="http 503",
+    )
+    await store.apply(StateWrite(0, "g", touches_group=True, expected_version=0, state=state))
+    assert await store.group("g") == state
+    assert await store.states_of(["g", "h", "g"]) == {"g": state}
+
+
+async def test_a_write_under_a_superseded_epoch_changes_nothing(store: GroupStore) -> None:
+    # Given partition 2 claimed twice: epoch 1 is superseded by epoch 2
+    old = await store.claim(2)
+    new = await store.claim(2)
+    assert new == old + 1
+    await store.apply(StateWrite(2, "b", touches_group=True, expected_version=0, state=failed(1)))
+    # When the first owner writes outcomes and state, alone or in a batch with the owner
+    # of another partition
+    mine = await store.claim(3)
+    with pytest.raises(Fenced) as refused:
+        await store.apply_batch(
+            {2: [(0, 1)], 3: [(0, 2)]},
+            [
+                StateWrite(3, "a", touches_group=True, expected_version=0, state=failed(1)),
+                StateWrite(2, "b", touches_group=True, expected_version=1, state=None),
+            ],
+            {2: old, 3: mine},
+        )
+    # Then nothing at all is applied, and the refused partition is named
+    assert refused.value.partitions == (2,)
+    assert (await store.load(2)).outcomes == set()
+    assert (await store.load(3)).outcomes == set()
+    assert await store.group("a") is None
+    assert await store.group("b") == failed(1)
+    with pytest.raises(Fenced):
+        await store.apply(StateWrite(2, None, outcomes=((0, 5),)), old)
+    # And the current owner's writes go through
+    await store.apply(StateWrite(2, "b", touches_group=True, expected_version=1, state=None), new)
+    assert await store.group("b") is None
+
+
+async def test_fences_are_kept_for_the_latest_epochs(store: GroupStore) -> None:
+    for epoch in range(1, 6):
+        await store.record_fences(0, epoch, {1: epoch * 10, DLQ_TIER: epoch}, keep=3)
+    assert (await store.load(0)).fences == {
+        3: {1: 30, DLQ_TIER: 3},
+        4: {1: 40, DLQ_TIER: 4},
+        5: {1: 50, DLQ_TIER: 5},
+    }
+    assert (await store.load(1)).fences == {}
 
 
 async def test_released_dlq_fields_round_trip(store: GroupStore) -> None:
@@ -172,3 +242,23 @@ async def test_a_large_batch_goes_through_in_one_call(store: GroupStore) -> None
     await store.apply_batch({0: outcomes}, writes)
     assert len((await store.load(0)).outcomes) == 5000
     assert await store.failed_count() == 300
+
+
+async def test_delivered_again_offsets_of_an_older_version_are_adopted(redis_url: str) -> None:
+    # Given the plain set an older version kept, with letters 3 and 7 delivered again
+    project = f"t{uuid.uuid4().hex[:10]}"
+    client: Redis[bytes] = Redis.from_url(redis_url)
+    try:
+        await client.sadd(keys.legacy_unsidelined(project, "s", 0), "3", "7")
+        store = RedisGroupStore(client, project, "s")
+        # When the store reads or trims them
+        assert await store.redelivered(0) == {3, 7}
+        await store.trim_dead_letters(0, 5)
+        # Then they live on in the trimmed sorted set and the old set is gone
+        assert await store.redelivered(0) == {7}
+        assert not await client.exists(keys.legacy_unsidelined(project, "s", 0))
+    finally:
+        found = [k async for k in client.scan_iter(match=keys.subscription_pattern(project, "s"))]
+        if found:
+            await client.delete(*found)
+        await client.aclose()  # type: ignore[attr-defined]

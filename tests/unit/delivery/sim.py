@@ -15,7 +15,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from delivery.engine import Attempt, Move, PartitionEngine, Transition
-from delivery.groups import Kind
+from delivery.groups import Kind, releasable
 from delivery.outcome import Outcome, classify_error, classify_status
 from delivery.records import Record, copy_headers, parse_record
 from delivery.recovery import missing_writes
@@ -101,6 +101,7 @@ class World:
     # The worker's life
 
     def start(self) -> None:
+        self.epoch = run(self.store.claim(P))
         snapshot = run(self.store.load(P))
         tail = [
             parse_record(t, o, *self.logs[t][o])
@@ -109,10 +110,19 @@ class World:
             for o in range(self.committed.get(t, 0), len(self.logs[t]))
         ]
         writes, _ = missing_writes(
-            P, snapshot.states, snapshot.outcomes, self.committed, tail, self.now
+            P,
+            snapshot.states,
+            snapshot.outcomes,
+            self.committed,
+            tail,
+            self.now,
+            pending=set(snapshot.pending_releases),
+            fences=snapshot.fences,
         )
         for write in writes:
-            run(self.store.apply(write))
+            run(self.store.apply(write, self.epoch))
+        ends = {t: len(self.logs[t]) for t in self.tiers if t != MAIN}
+        run(self.store.record_fences(P, self.epoch, ends))
         snapshot = run(self.store.load(P))
         positions = {t: self.committed.get(t, 0) for t in self.tiers}
         revisit = [s.dlq_from for s in snapshot.states.values() if s.released]
@@ -129,6 +139,7 @@ class World:
             clock=lambda: self.now,
             rng=lambda: 0.5,
             positions=positions,
+            epoch=self.epoch,
         )
         self.engine.release_groups(snapshot.release_requests)
 
@@ -152,7 +163,7 @@ class World:
 
     def release_loose(self) -> None:
         """Asks for every single dead letter not yet delivered again."""
-        done = run(self.store.unsidelined(P))
+        done = run(self.store.redelivered(P))
         offsets = [
             o
             for o, rec in enumerate(self.dead_letters())
@@ -232,7 +243,9 @@ class World:
         offsets = []
         for copy in move.copies:
             offsets.append(len(log))
-            headers = copy_headers(copy.envelope, copy.kind, copy.origin, copy.due_at_ms)
+            headers = copy_headers(
+                copy.envelope, copy.kind, copy.origin, copy.due_at_ms, self.epoch
+            )
             log.append((headers, copy.envelope.body))
         self.effects.persists.append(self.engine.moved(move, offsets))
 
@@ -241,7 +254,7 @@ class World:
         # As the runner does: 2xx outcomes before any state change, so a failed group's
         # state implies its earlier deliveries are recorded.
         self.flush()
-        run(self.store.apply(transition.write))
+        run(self.store.apply(transition.write, self.epoch))
         self.engine.persisted(transition)
 
     def flush(self) -> None:
@@ -279,7 +292,7 @@ class World:
                 self.finish_persist(0)
                 progressed = True
             for group, state in list(self.store.groups.items()):
-                if state[1].head_tier == DLQ and not state[1].released:
+                if releasable(state[1]) and group not in run(self.store.poll_releases(P))[0]:
                     self.release(group)
                     progressed = True
             self.release_loose_if_any()
@@ -294,7 +307,7 @@ class World:
         raise AssertionError("the world did not settle")
 
     def release_loose_if_any(self) -> None:
-        done = run(self.store.unsidelined(P))
+        done = run(self.store.redelivered(P))
         pending = run(self.store.poll_releases(P))[1]
         if any(
             r.kind in (Kind.DEAD, Kind.SKIP) and o not in done and o not in pending

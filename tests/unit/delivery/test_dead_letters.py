@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from delivery.dead_letters import DeadLetter, Selector, choose, parse_cursor
+from delivery.dead_letters import DeadLetter, Selector, choose, is_live, parse_cursor
 from delivery.groups import Kind
 from delivery.records import Record
 from delivery.tiers import DLQ
@@ -81,3 +83,52 @@ def test_cursor(after: str | None, expected: tuple[int, int]) -> None:
 def test_a_malformed_cursor_is_refused(after: str) -> None:
     with pytest.raises(ValueError, match="cursor"):
         parse_cursor(after)
+
+
+def dlq_state(n: int, dlq_from: int, **changes: object) -> GroupState:
+    counts = list(EMPTY_COUNTS)
+    counts[DLQ] = n
+    return replace(GroupState(counts=tuple(counts), head="a1", dlq_from=dlq_from), **changes)
+
+
+@pytest.mark.parametrize(
+    ("dead", "state", "redelivered", "live"),
+    [
+        # A group's letter is live while its group is parked in the DLQ from it or before.
+        (LETTERS[0], dlq_state(3, 0), set(), True),
+        (LETTERS[2], dlq_state(2, 1, released=True), set(), True),
+        (LETTERS[0], dlq_state(2, 1, released=True), set(), False),  # delivered again
+        (LETTERS[0], None, set(), False),  # the group is healthy: all delivered
+        (LETTERS[0], replace(dlq_state(0, -1), counts=(0, 1) + (0,) * 9), set(), False),
+        (LETTERS[0], dlq_state(3, 0, lap=2), set(), True),  # on a lap, still parked on it
+        # A single letter until it is delivered (or sent round) again.
+        (LETTERS[5], None, set(), True),
+        (LETTERS[5], None, {5}, False),
+        (LETTERS[1], dlq_state(3, 0), {5}, True),
+    ],
+)
+def test_which_dead_letters_are_live(
+    dead: DeadLetter, state: GroupState | None, redelivered: set[int], live: bool
+) -> None:
+    assert is_live(dead, state, redelivered) is live
+
+
+def test_a_letter_parked_again_after_a_lap_shows_its_latest_failure() -> None:
+    # Given a1 parked again after a lap: 5 attempts, last answered 503
+    state = dlq_state(3, 0, attempts=5, last_status=503, reason="http 503", failed_at_ms=99)
+    # Then its letter shows the lap's failure, and the letters behind it their own
+    view = LETTERS[0].view(state)
+    assert (view["attempts"], view["last_status"], view["error"], view["failed_at"]) == (
+        5,
+        503,
+        "http 503",
+        99,
+    )
+    assert LETTERS[2].view(state)["attempts"] == 0
+    assert LETTERS[0].view(None)["attempts"] == 0
+
+
+def test_a_group_on_a_lap_is_not_released_twice() -> None:
+    states = {"a": dlq_state(3, 0, lap=1)}
+    releases = choose(LETTERS, states, PARTITIONS, Selector(group_ids=frozenset({"a"})))
+    assert (releases.groups, releases.requeued) == ({}, 0)

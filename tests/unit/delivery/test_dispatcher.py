@@ -43,7 +43,7 @@ class Caller:
 
 
 def attempt(n: int, not_before_ms: int = 0) -> Attempt:
-    return Attempt(0, Record(0, n, Envelope(f"m{n}", b"")), 1, False, 0, not_before_ms)
+    return Attempt(0, Record(0, n, Envelope(f"m{n}", b"")), 1, False, not_before_ms)
 
 
 async def settle(predicate: Any) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from delivery.groups import Kind
-from delivery.records import parse_record
+from delivery.outcome import classify_status
+from delivery.records import copy_headers, parse_record
 from delivery.tiers import DLQ, MAIN
 from setu.model import DeadLetterPolicy
+from state.groups import Fenced
 from tests.unit.delivery.sim import World, run, subscription
 
 
@@ -192,7 +196,8 @@ def test_a_4xx_dead_letters_at_once_and_parks_the_group_until_unsidelined() -> N
     # Then the dead letters are delivered in order and the group is healthy again
     assert world.first["g1"] == ["g1-1", "g1-2", "g1-3"]
     assert not world.store.groups
-    assert run(world.store.unsidelined(0)) == {0, 1, 2}
+    # And nothing is kept per delivered letter: the group's state said which were live
+    assert run(world.store.redelivered(0)) == set()
 
 
 def test_an_unsidelined_letter_failing_again_reparks_the_group_on_it() -> None:
@@ -289,6 +294,187 @@ def test_single_dead_letters_are_delivered_again_on_request() -> None:
     poll_all(world)
     answer_all(world, {})
     assert world.first[""] == ["m-1"]
-    assert run(world.store.unsidelined(0)) == {0}
+    assert run(world.store.redelivered(0)) == {0}
     assert run(world.store.poll_releases(0)) == (set(), set())
     assert Kind.DEAD.value == kinds(world, DLQ)[0][1]
+
+
+def park_three_behind_a_400(world: World) -> None:
+    """g1's first message dead-lettered by a 400, two more parked behind it in the DLQ."""
+    for _ in range(3):
+        world.publish("g1")
+    poll_all(world)
+    answer_all(world, {"g1": 400})
+    poll_all(world)
+    settle(world)
+    poll_all(world)
+
+
+def attempt_numbers(world: World) -> list[tuple[str, int]]:
+    return [(a.record.message_id, a.number) for a in world.effects.dispatches]
+
+
+def test_a_released_head_failing_again_goes_through_the_tiers_and_parks_its_group_again() -> None:
+    # Given g1 parked in the DLQ behind its first message, released by an operator
+    world = World(subscription(delays=(10, 20)))
+    park_three_behind_a_400(world)
+    world.release("g1")
+    settle(world)
+    poll_all(world)
+    assert attempt_numbers(world) == [("g1-1", 2)]
+    # When the released head fails with a retryable status
+    answer_all(world, {"g1": 503})
+    # Then its copy goes to rq.1 on a lap; the group is retrying there, not released
+    assert kinds(world, 1) == [("g1-1", "lap")]
+    state = world.store.groups["g1"][1]
+    assert (state.lap, state.head, state.released, state.counts[DLQ]) == (1, "g1-1", False, 3)
+    # When the copy fails in rq.1 and in rq.2 as well
+    world.tick(50)
+    poll_all(world)
+    assert attempt_numbers(world) == [("g1-1", 3)]
+    answer_all(world, {"g1": 503})
+    assert kinds(world, 2) == [("g1-1", "lap")]
+    world.tick(50)
+    poll_all(world)
+    assert attempt_numbers(world) == [("g1-1", 4)]
+    answer_all(world, {"g1": 503})
+    # Then the group parks on the same letter again, its latest failure recorded
+    state = world.store.groups["g1"][1]
+    assert (state.lap, state.head, state.released, state.dlq_from) == (0, "g1-1", False, 0)
+    assert (state.attempts, state.last_status, state.counts[DLQ]) == (4, 503, 3)
+    assert [m for m, _ in kinds(world, DLQ)] == ["g1-1", "g1-2", "g1-3"]  # no new letter
+    assert world.raw == []  # nothing behind it was attempted
+    # When it is released again and the endpoint answers
+    world.release("g1")
+    settle(world)
+    poll_all(world)
+    # Then the attempt count goes on, and the letters are delivered in order
+    assert attempt_numbers(world) == [("g1-1", 5)]
+    world.drain()
+    assert world.first["g1"] == ["g1-1", "g1-2", "g1-3"]
+    assert len(world.raw) == 3
+
+
+def test_a_head_delivered_on_its_lap_releases_the_rest_in_order() -> None:
+    # Given g1's released head on a lap in rq.1
+    world = World(subscription(delays=(10, 20)))
+    park_three_behind_a_400(world)
+    world.release("g1")
+    settle(world)
+    poll_all(world)
+    answer_all(world, {"g1": 500})
+    # When a new message of g1 arrives meanwhile
+    world.publish("g1")
+    poll_all(world)
+    settle(world)
+    # Then it parks in the DLQ behind the group's letters
+    assert kinds(world, DLQ)[-1] == ("g1-4", "park")
+    assert world.raw == []
+    # When the lap's copy is delivered
+    world.tick(50)
+    poll_all(world)
+    answer_all(world, {})
+    # Then the rest follow from the DLQ, in order, and the group is healthy again
+    for _ in range(3):
+        poll_all(world)
+        answer_all(world, {})
+    assert world.first["g1"] == ["g1-1", "g1-2", "g1-3", "g1-4"]
+    assert not world.store.groups
+
+
+def test_a_crash_between_a_lap_copy_and_its_redis_write_is_completed_on_restart() -> None:
+    # Given a released head whose lap copy is in rq.1 but whose state change never happened
+    world = World(subscription(delays=(10, 20)))
+    park_three_behind_a_400(world)
+    world.release("g1")
+    settle(world)
+    poll_all(world)
+    world.respond(0, 503)
+    world.finish_move(0)
+    assert world.effects.persists
+    # When the worker crashes and restarts
+    world.crash()
+    # Then recovery started the lap, so the letter is not attempted again from the DLQ
+    state = world.store.groups["g1"][1]
+    assert (state.lap, state.head, state.attempts) == (1, "g1-1", 2)
+    poll_all(world)
+    assert in_flight(world) == []
+    world.drain()
+    assert world.first["g1"] == ["g1-1", "g1-2", "g1-3"]
+    assert len(world.raw) == 3
+
+
+def test_a_single_dead_letter_failing_again_goes_through_the_tiers_back_to_the_dlq() -> None:
+    # Given an ungrouped dead letter delivered again on request
+    world = World(subscription(grouped=False, delays=(10, 20)))
+    world.publish(None)
+    poll_all(world)
+    answer_all(world, {"": 400})
+    world.release_loose()
+    poll_all(world)
+    # When it fails again, in the DLQ, then in rq.1 and rq.2
+    answer_all(world, {"": 500})
+    assert kinds(world, 1) == [("m-1", "retry")]
+    assert run(world.store.redelivered(0)) == {0}  # the old letter is finished
+    for tier in (1, 2):
+        world.tick(50)
+        poll_all(world)
+        answer_all(world, {"": 500})
+        assert [m for m, _ in kinds(world, tier)] == ["m-1"]
+    # Then it is a dead letter again, with every attempt counted
+    letters = world.dead_letters()
+    assert [(r.message_id, str(r.kind), r.envelope.attempt) for r in letters] == [
+        ("m-1", "dead", 1),
+        ("m-1", "dead", 4),
+    ]
+    assert run(world.store.poll_releases(0)) == (set(), set())
+
+
+def test_a_crash_after_a_single_letter_is_copied_out_does_not_copy_it_twice() -> None:
+    # Given a released single letter copied to rq.1 whose Redis write never happened
+    world = World(subscription(grouped=False, delays=(10, 20)))
+    world.publish(None)
+    poll_all(world)
+    answer_all(world, {"": 400})
+    world.release_loose()
+    poll_all(world)
+    world.respond(0, 500)
+    world.finish_move(0)
+    # When the worker crashes and restarts
+    world.crash()
+    # Then the letter is finished and not pending any more: it is not attempted again
+    assert run(world.store.poll_releases(0)) == (set(), set())
+    assert run(world.store.redelivered(0)) == {0}
+    poll_all(world)
+    assert in_flight(world) == []
+    world.drain()
+    assert world.raw == [("", "m-1")]
+
+
+def test_copies_of_a_worker_that_lost_the_partition_are_ignored() -> None:
+    # Given a worker calling g1's first message
+    world = World(subscription(delays=(10, 20)))
+    world.publish("g1")
+    world.publish("g1")
+    poll_all(world)
+    stale_engine, stale_effects, stale_epoch = world.engine, world.effects, world.epoch
+    # When it stalls, another worker takes the partition over, and the stalled one wakes up,
+    # sees a 500 and writes its copy to rq.1
+    world.crash()
+    attempt = stale_effects.dispatches.pop()
+    stale_engine.on_result(attempt, classify_status(500, world.sub.retry))
+    move = stale_effects.moves.pop()
+    offsets = []
+    for copy in move.copies:
+        offsets.append(len(world.logs[1]))
+        headers = copy_headers(copy.envelope, copy.kind, copy.origin, copy.due_at_ms, stale_epoch)
+        world.logs[1].append((headers, copy.envelope.body))
+    # Then its Redis write is refused
+    with pytest.raises(Fenced):
+        run(world.store.apply(stale_engine.moved(move, offsets).write, stale_epoch))
+    # And the new owner delivers the message itself and skips the stale copy
+    world.drain()
+    assert world.engine.stale_copies == 1
+    assert world.first["g1"] == ["g1-1", "g1-2"]
+    assert world.raw == [("g1", "g1-1"), ("g1", "g1-2")]
+    assert not world.store.groups

@@ -129,8 +129,53 @@ def test_only_a_group_parked_in_the_dlq_can_be_released() -> None:
 
 
 def test_a_released_letter_failing_again_reparks_the_group_on_it() -> None:
-    st = groups.reparked(state(None, released=True, dlq=2, dlq_from=11), "b", 11, 99)
+    failure = groups.Failure(attempts=5, status=503, reason="http 503", at_ms=99)
+    st = groups.reparked(state(None, released=True, dlq=2, dlq_from=11), "b", 11, failure)
     assert (st.head, st.released, st.dlq_from, st.failed_at_ms) == ("b", False, 11, 99)
+    assert (st.attempts, st.last_status, st.reason, st.lap) == (5, 503, "http 503", 0)
+
+
+def test_a_lap_keeps_the_letter_counted_in_the_dlq_and_tracks_its_copy() -> None:
+    # Given a released group of two letters from offset 11
+    released = state(None, released=True, dlq=2, dlq_from=11)
+    assert groups.lap_pending(released, "b", 11)
+    # When its head (at 11) fails again and its copy goes to rq.1, then rq.2
+    on_lap = groups.apply_copy(
+        released, Kind.LAP, DLQ, 1, "b", copy_offset=0, source_offset=11, now_ms=5, attempts=3
+    )
+    assert on_lap is not None
+    on_lap = groups.apply_copy(
+        on_lap, Kind.LAP, 1, 2, "b", copy_offset=0, source_offset=0, now_ms=6, attempts=4
+    )
+    # Then the group waits for the copy in rq.2, still parked on the letter, not releasable
+    assert on_lap is not None
+    assert (on_lap.lap, on_lap.head, on_lap.dlq_from, on_lap.released) == (2, "b", 11, False)
+    assert (on_lap.counts[DLQ], on_lap.head_tier, on_lap.attempts) == (2, DLQ, 4)
+    assert not groups.releasable(on_lap)
+    assert not groups.lap_pending(on_lap, "b", 11)
+    # And only that copy is attempted
+    assert groups.route_lap(on_lap, 2, "b") is Route.DELIVER
+    assert groups.route_lap(on_lap, 1, "b") is Route.SKIP
+    assert groups.route_lap(on_lap, 2, "c") is Route.SKIP
+    # And a main message parks in the DLQ behind the letters
+    assert groups.route(on_lap, MAIN, "d", 0) is Route.PARK
+    assert groups.target(on_lap, Route.PARK, MAIN) == DLQ
+    # When the copy is delivered, the group is released again from the next letter on
+    done = groups.lap_done(on_lap)
+    assert done is not None
+    assert (done.counts[DLQ], done.dlq_from, done.released, done.lap, done.head) == (
+        1,
+        12,
+        True,
+        0,
+        None,
+    )
+    assert done.attempts == 0
+
+
+def test_a_lap_of_the_last_letter_leaves_the_group_healthy() -> None:
+    on_lap = replace(state("b", dlq=1, dlq_from=11), lap=1)
+    assert groups.lap_done(on_lap) is None
 
 
 def test_counts_never_go_negative() -> None:
@@ -147,6 +192,7 @@ def test_counts_never_go_negative() -> None:
         (Kind.SKIP, True, False),
         (Kind.RETRY, False, False),
         (Kind.DEAD, False, False),
+        (Kind.LAP, True, True),
     ],
 )
 def test_kinds(kind: Kind, changes_state: bool, ordered: bool) -> None:

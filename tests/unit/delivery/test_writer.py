@@ -35,11 +35,14 @@ class RecordingStore(StubGroupStore):
         self.gate.set()
 
     async def apply_batch(
-        self, delivered: Mapping[int, Sequence[tuple[int, int]]], writes: Sequence[StateWrite]
+        self,
+        delivered: Mapping[int, Sequence[tuple[int, int]]],
+        writes: Sequence[StateWrite],
+        epochs: Mapping[int, int] | None = None,
     ) -> None:
         await self.gate.wait()
         self.batches.append(({p: list(e) for p, e in delivered.items()}, list(writes)))
-        await super().apply_batch(delivered, writes)
+        await super().apply_batch(delivered, writes, epochs)
 
 
 def owner() -> Owner:
@@ -83,7 +86,7 @@ async def test_outcomes_wait_for_a_ride_or_a_nudge() -> None:
 
 async def test_a_failed_batch_is_reported_and_its_writes_never_complete() -> None:
     class Broken(StubGroupStore):
-        async def apply_batch(self, delivered: Any, writes: Any) -> None:
+        async def apply_batch(self, delivered: Any, writes: Any, epochs: Any = None) -> None:
             raise ConnectionError("redis went away")
 
     errors: list[BaseException] = []
