@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -40,8 +41,11 @@ class Dispatcher:
         gate: asyncio.Event,
         size: int,
         on_error: Callable[[BaseException], None],
+        observe: Callable[[Outcome, float], None] | None = None,
     ) -> None:
+        """``observe`` is told every call's outcome and duration in seconds (metrics)."""
         self._sender = sender
+        self._observe = observe
         self._gate = gate
         self._on_error = on_error
         self._queue: asyncio.Queue[tuple[Caller, Attempt]] = asyncio.Queue()
@@ -95,6 +99,7 @@ class Dispatcher:
             if caller.draining or not caller.alive:
                 continue
             caller.calling += 1
+            started = time.perf_counter()
             try:
                 outcome: Outcome = await sender.send(attempt.record.envelope, attempt.number)
             except Exception as exc:  # a bug, not a failed call: those are outcomes
@@ -102,6 +107,8 @@ class Dispatcher:
                 raise
             finally:
                 caller.calling -= 1
+            if self._observe is not None:
+                self._observe(outcome, time.perf_counter() - started)
             if caller.alive:
                 try:
                     caller.engine.on_result(attempt, outcome)

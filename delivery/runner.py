@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 
 from delivery.dispatcher import Dispatcher
 from delivery.engine import Attempt, Move, PartitionEngine, Transition
+from delivery.groups import Kind
 from delivery.http import HttpClient
 from delivery.kafka_io import (
     Assignment,
@@ -37,9 +38,10 @@ from delivery.kafka_io import (
     consumer_config,
     record_of,
 )
+from delivery.metrics import DeliveryMetrics, RunnerFigures
 from delivery.records import copy_headers
 from delivery.takeover import take_over
-from delivery.tiers import DLQ, MAIN, topics_by_tier
+from delivery.tiers import DLQ, MAIN, tier_name, topics_by_tier
 from delivery.webhook import WebhookSender
 from delivery.writer import StateWriter
 from setu import names
@@ -111,6 +113,19 @@ class _Port:
         self._spawn(self._move(move))
 
     def persist(self, transition: Transition) -> None:
+        write = transition.write
+        if write.dead_lettered and write.state is not None:
+            # Only a released head that failed for good is dead-lettered without a copy.
+            self.runner.metrics.reparked()
+            log.warning(
+                "subscription %s/%s: group %s parked in the DLQ again on %s after %d attempts (%s)",
+                self.runner.sub.project,
+                self.runner.sub.name,
+                write.group,
+                write.state.head,
+                write.state.attempts,
+                write.state.reason,
+            )
         self.runner.writer.write(self, transition)
 
     def delivered(self, partition: int, tier: int, offset: int) -> None:
@@ -137,6 +152,21 @@ class _Port:
             for copy in move.copies
         ]
         offsets = await runner.producer.send(runner.topics[move.target], self.partition, records)
+        runner.metrics.moved(tier_name(move.target), move.kind.value, len(records))
+        if move.target == DLQ or move.kind is Kind.LAP:
+            copy = move.copies[0]
+            log.log(
+                logging.WARNING if move.target == DLQ else logging.INFO,
+                "subscription %s/%s partition %d: %d message(s) of group %s to %s (%s): %s",
+                runner.sub.project,
+                runner.sub.name,
+                self.partition,
+                len(records),
+                move.group,
+                tier_name(move.target),
+                move.kind.value,
+                copy.envelope.failure_reason,
+            )
         if self.alive:
             runner.writer.write(self, self.engine.moved(move, offsets))
 
@@ -151,8 +181,10 @@ class SubscriptionRunner:
         redis: Redis[bytes],
         producer: AsyncProducer,
         client: HttpClient,
+        metrics: DeliveryMetrics | None = None,
     ) -> None:
         self.sub = sub
+        self.metrics = (metrics or DeliveryMetrics()).subscription(sub.project, sub.name)
         self.config = config
         self.redis = redis
         self.producer = producer
@@ -188,7 +220,9 @@ class SubscriptionRunner:
             self,
         )
         self._consumer = consumer
-        self.dispatcher = Dispatcher(self.sender, self.gate, self.sub.max_in_flight, self.fail)
+        self.dispatcher = Dispatcher(
+            self.sender, self.gate, self.sub.max_in_flight, self.fail, self.metrics.call
+        )
         consumer.start()
         background = [
             loop.create_task(self._every(self.config.commit_interval_ms, self.commit)),
@@ -232,6 +266,7 @@ class SubscriptionRunner:
     def fail(self, error: BaseException) -> None:
         """Something this runner cannot repair in place: give up; the worker starts anew."""
         if self._fatal is None:
+            self.metrics.failed(error)
             log.error(
                 "subscription %s/%s failed: %r",
                 self.sub.project,
@@ -274,6 +309,7 @@ class SubscriptionRunner:
 
     def on_batch(self, messages: list[Message]) -> None:
         tiers, ports = self.tiers, self.ports
+        stale = sum(port.engine.stale_copies for port in ports.values())
         for msg in messages:
             if msg.error() is not None:
                 log.warning("consume error: %s", msg.error())
@@ -289,6 +325,16 @@ class SubscriptionRunner:
                 port.engine.skip(tier, msg.offset() or 0)
                 continue
             port.engine.on_record(rec)
+        skipped = sum(port.engine.stale_copies for port in ports.values()) - stale
+        if skipped > 0:
+            self.metrics.stale_copies(skipped)
+            log.warning(
+                "subscription %s/%s: skipped %d copies written by a worker that had lost "
+                "the partition",
+                self.sub.project,
+                self.sub.name,
+                skipped,
+            )
         self._regulate()
 
     async def assigned(self, committed: list[TopicPartition]) -> Assignment:
@@ -543,6 +589,22 @@ class SubscriptionRunner:
             if port.alive and (groups or offsets):
                 port.engine.release_groups(groups)
                 port.engine.add_pending_releases(offsets)
+
+    def figures(self) -> RunnerFigures:
+        """Live figures for the worker's metrics (read at scrape time)."""
+        engines = [port.engine for port in list(self.ports.values())]
+        states = [s for e in engines for s in e.states.values()]
+        dead = sum(1 for s in states if s.head_tier == DLQ and not s.lap)
+        return RunnerFigures(
+            project=self.sub.project,
+            subscription=self.sub.name,
+            partitions=len(engines),
+            in_flight=sum(e.in_flight for e in engines),
+            buffered=sum(e.open_count(t) for e in engines for t in self.topics),
+            retry_backlog=sum(e.retry_backlog() for e in engines),
+            retrying_groups=len(states) - dead,
+            dead_lettered_groups=dead,
+        )
 
     async def _report(self) -> None:
         figures = {

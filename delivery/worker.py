@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 
 from delivery.http import HttpClient
 from delivery.kafka_io import AsyncProducer, producer_config
+from delivery.metrics import DeliveryMetrics, RunnerFigures
 from delivery.runner import RunnerConfig, SubscriptionRunner
 from setu.model import Subscription, SubscriptionState
 from setu.settings import Settings
@@ -107,14 +108,27 @@ async def serve(
     producer = AsyncProducer(producer_config(settings.kafka_bootstrap, instance), loop)
     http = HttpClient()
     config = RunnerConfig(bootstrap=settings.kafka_bootstrap, worker_id=instance)
+    metrics = DeliveryMetrics()
     worker = Worker(
         source,
-        lambda sub: SubscriptionRunner(sub, config, client, producer, http),
+        lambda sub: SubscriptionRunner(sub, config, client, producer, http, metrics),
     )
+    metrics.watch(lambda: _on_loop(loop, worker.figures))
+    server = None
+    if settings.delivery_metrics_port is not None:
+        server = metrics.serve(settings.delivery_metrics_host, settings.delivery_metrics_port)
+        log.info(
+            "metrics at http://%s:%d/metrics",
+            settings.delivery_metrics_host,
+            server.server_port,
+        )
     heartbeat = loop.create_task(_heartbeat(client, name, stop))
     try:
         await worker.run(stop, settings.subscription_refresh_ms / 1000)
     finally:
+        if server is not None:
+            await asyncio.to_thread(server.shutdown)
+            server.server_close()
         heartbeat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await heartbeat
@@ -123,6 +137,21 @@ async def serve(
         with contextlib.suppress(Exception):
             await client.delete(keys.worker_heartbeat(name))
         await client.aclose()  # type: ignore[attr-defined]
+
+
+def _on_loop(
+    loop: asyncio.AbstractEventLoop, read: Callable[[], list[RunnerFigures]]
+) -> list[RunnerFigures]:
+    """Runs ``read`` on the event loop (runners are the loop's) from the metrics thread."""
+
+    async def call() -> list[RunnerFigures]:
+        return read()
+
+    try:
+        return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout=5)
+    except Exception as exc:  # a scrape while the loop is busy or gone: no live gauges
+        log.debug("metrics: live figures unavailable: %r", exc)
+        return []
 
 
 async def _heartbeat(client: Redis[bytes], name: str, stop: asyncio.Event) -> None:
@@ -155,6 +184,10 @@ class Worker:
         self._source = source
         self._make_runner = make_runner
         self.slots: dict[tuple[str, str], _Slot] = {}
+
+    def figures(self) -> list[RunnerFigures]:
+        """Live figures of every runner (for metrics; on the event loop)."""
+        return [slot.runner.figures() for slot in self.slots.values()]
 
     async def run(self, stop: asyncio.Event, refresh_s: float) -> None:
         try:

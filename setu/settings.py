@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     # Delivery
     worker_id: str | None = None
     subscription_refresh_ms: int = 2_000
+    # Where a delivery worker serves GET /metrics (Prometheus); unset: not served.
+    delivery_metrics_port: int | None = None
+    delivery_metrics_host: str = "127.0.0.1"
 
     def resolved_database_url(self) -> str:
         """The metadata store URL; SQLite inside the data dir unless set."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ import httpx
 import pytest
 import redis
 from confluent_kafka import Producer
+from prometheus_client.parser import text_string_to_metric_families
 
 from delivery.worker import serve
 from setu import names
@@ -260,6 +262,28 @@ def world(tmp_path: Path, kafka_bootstrap: str, redis_url: str) -> Iterator[Worl
             topics.delete_topic(topic)
         client.close()
         store.close()
+
+
+def free_port() -> int:
+    """A TCP port free right now on 127.0.0.1 (for a worker's metrics server)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The samples a worker serves at /metrics, by name and sorted labels."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def labels(world: World, **more: str) -> tuple[tuple[str, str], ...]:
+    """Sorted labels of a sample of the world's subscription ``s``."""
+    return tuple(sorted({"project": world.project, "subscription": "s", **more}.items()))
 
 
 class ThreadWorker:

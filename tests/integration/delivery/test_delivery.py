@@ -14,7 +14,10 @@ from tests.integration.delivery.conftest import (
     Receiver,
     ThreadWorker,
     World,
+    free_port,
+    labels,
     replace_sub,
+    scrape,
     wait_for,
 )
 
@@ -397,3 +400,36 @@ def test_a_gracefully_stopped_worker_commits_so_its_successor_repeats_no_call(
     for group, published in ids.items():
         assert receiver.delivered(group) == published
     assert len(receiver.calls) == sum(len(m) for m in ids.values())
+
+
+def test_a_worker_whose_partition_was_claimed_meanwhile_is_fenced_and_starts_afresh(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    from state import keys
+
+    # Given a worker that delivered g's first messages
+    world.topic("t", partitions=1)
+    world.subscription(receiver.url, delays_ms=(100, 200))
+    first = world.publish("t", "g", 3)
+    port = free_port()
+    start_worker(delivery_metrics_port=port)
+    wait_for("first delivered", lambda: receiver.delivered("g") == first)
+    # When the partition's owner epoch moves on behind its back (another worker took it over
+    # while this one stalled), and more messages arrive, the first of them failing once
+    client = world.redis()
+    try:
+        client.incr(keys.owner_epoch(world.project, "s", 0))
+    finally:
+        client.close()
+    receiver.answer("g", 503, 200)
+    more = world.publish("t", "g", 3)
+
+    # Then its writes are refused, it starts afresh under a new epoch, and g's messages still
+    # reach the webhook first in published order
+    def first_deliveries() -> list[str]:
+        return list(dict.fromkeys(receiver.delivered("g")))
+
+    wait_for("all delivered", lambda: first_deliveries() == first + more, 60)
+    fenced = ("setu_delivery_runner_failures_total", labels(world, error="Fenced"))
+    wait_for("the fencing counted", lambda: scrape(port).get(fenced, 0) >= 1)
+    wait_for("g healthy", lambda: group_state(world, "g") == {})

@@ -9,7 +9,15 @@ import httpx
 import pytest
 
 from setu.model import DeadLetterPolicy
-from tests.integration.delivery.conftest import Receiver, ThreadWorker, World, wait_for
+from tests.integration.delivery.conftest import (
+    Receiver,
+    ThreadWorker,
+    World,
+    free_port,
+    labels,
+    scrape,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -153,3 +161,58 @@ def test_seek_needs_a_stopped_subscription_and_operations_check_their_input(
     assert bad_cursor.status_code == 400
     missing = api.get(path(world, "status", sub="nope"))
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_an_unsidelined_group_failing_again_retries_through_the_tiers_and_parks_again(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], api: httpx.Client
+) -> None:
+    # Given group a parked in the DLQ by a 400, and a worker serving its metrics
+    world.topic("t", partitions=1)
+    world.subscription(receiver.url, delays_ms=(1500, 200))
+    receiver.answer("a", 400)
+    a = world.publish("t", "a", 2)
+    port = free_port()
+    start_worker(delivery_metrics_port=port)
+    wait_for("a parked", lambda: parked(api, world, "a", 2))
+    # When an operator unsidelines it but the endpoint now answers 503
+    receiver.answer("a", 503)
+    answer = api.post(path(world, "dlq/unsideline"), json={"group_ids": ["a"]})
+    assert answer.json() == {"requeued": 2}
+    # Then the head goes round the retry tiers again: the group reads as retrying in rq.1
+    wait_for(
+        "a retrying in rq.1",
+        lambda: (
+            api.get(path(world, "groups/a")).json()
+            == {
+                "group_id": "a",
+                "state": "retrying",
+                "tier": "rq.1",
+                "parked": 2,
+                "head_message_id": a[0],
+            }
+        ),
+    )
+    # And, failing in the last tier, parks the group again on the same letter
+    wait_for("four attempts", lambda: len(receiver.attempts(a[0])) == 4)
+    wait_for("a parked again", lambda: parked(api, world, "a", 2))
+    assert [c.attempt for c in receiver.attempts(a[0])] == [1, 2, 3, 4]
+    assert receiver.attempts(a[1]) == []
+    # And its dead letter shows the latest attempt; no second letter appeared
+    letters = api.get(path(world, "dlq/messages")).json()["messages"]
+    assert [m["message_id"] for m in letters] == a
+    assert (letters[0]["attempts"], letters[0]["last_status"]) == (4, 503)
+    assert api.get(path(world, "status")).json()["dead_lettered"] == 3
+    # And the worker's metrics show the lap and the group parked again
+    got = scrape(port)
+    assert got[("setu_delivery_moves_total", labels(world, kind="lap", tier="rq.1"))] == 1
+    assert got[("setu_delivery_moves_total", labels(world, kind="lap", tier="rq.2"))] == 1
+    assert got[("setu_delivery_reparked_total", labels(world))] == 1
+    assert got[("setu_delivery_failed_groups", labels(world, state="dead_lettered"))] == 1
+    assert got[("setu_delivery_calls_total", labels(world, result="retry"))] == 3
+    # When the endpoint recovers and the group is unsidelined again
+    receiver.heal()
+    api.post(path(world, "dlq/unsideline"), json={"group_ids": ["a"]})
+    # Then it is delivered in order, the attempt count going on
+    wait_for("a delivered", lambda: receiver.delivered("a") == a)
+    assert receiver.attempts(a[0])[-1].attempt == 5
+    wait_for("listing empty", lambda: api.get(path(world, "dlq/messages")).json()["messages"] == [])

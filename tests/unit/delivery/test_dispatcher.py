@@ -117,3 +117,26 @@ async def test_a_call_with_a_future_start_waits_for_it() -> None:
     await settle(lambda: caller.results == ["m1"])
     assert now_ms() - started >= 90
     await pool.close()
+
+
+async def test_every_call_is_observed_with_its_outcome_and_duration() -> None:
+    # Given a pool that reports calls to an observer
+    sender, caller, gate = Sender(delay=0.001), Caller(), asyncio.Event()
+    gate.set()
+    seen: list[tuple[Verdict, float]] = []
+    done = asyncio.Event()
+
+    def observe(outcome: Outcome, seconds: float) -> None:
+        seen.append((outcome.verdict, seconds))
+        if len(seen) == 3:
+            done.set()
+
+    pool = Dispatcher(sender, gate, 2, lambda exc: None, observe)  # type: ignore[arg-type]
+    # When three calls are made
+    for n in range(3):
+        pool.submit(caller, attempt(n))
+    await asyncio.wait_for(done.wait(), 5)
+    await pool.close()
+    # Then each was observed once, with how long it took
+    assert [verdict for verdict, _ in seen] == [Verdict.DELIVERED] * 3
+    assert all(seconds >= 0.001 for _, seconds in seen)

@@ -93,6 +93,22 @@ def test_delivery_workers_are_probed_through_their_heartbeat() -> None:
     assert worker_id["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
+def test_delivery_workers_serve_metrics_that_prometheus_scrapes() -> None:
+    # Given the delivery workload and the chart's defaults
+    delivery = workload("-delivery")
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    # Then each worker serves /metrics on every interface, on a named port, and is scraped
+    spec = container(delivery)
+    env = {e["name"]: e.get("value") for e in spec["env"]}
+    assert env["SETU_DELIVERY_METRICS_HOST"] == "0.0.0.0"
+    assert "SETU_DELIVERY_METRICS_PORT" in env
+    assert [p["name"] for p in spec["ports"]] == ["metrics"]
+    annotations = delivery["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert values["delivery"]["metrics"] == {"scrape": True, "port": 9464}
+
+
 def test_the_ingest_job_never_runs_twice_on_one_checkpoint() -> None:
     ingest = workload("-ingest")
     assert ingest["spec"]["replicas"] == 1

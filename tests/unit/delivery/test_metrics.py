@@ -1,0 +1,84 @@
+"""The delivery worker's Prometheus metrics: counters, live gauges and the /metrics server."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from delivery.metrics import DeliveryMetrics, RunnerFigures
+from delivery.outcome import Outcome, Verdict
+from state.groups import Fenced
+
+
+def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def of(**labels: str) -> tuple[tuple[str, str], ...]:
+    """The labels of one of the subscription's samples, as :func:`samples` keys them."""
+    return tuple(sorted({"project": "shop", "subscription": "billing", **labels}.items()))
+
+
+SUB = of()
+
+
+def test_failures_are_counted_per_subscription() -> None:
+    # Given a subscription's counters
+    metrics = DeliveryMetrics()
+    sub = metrics.subscription("shop", "billing")
+    # When calls end each way, copies are written, a group parks again, a stalled worker's
+    # copies are skipped and the runner is fenced out
+    sub.call(Outcome(Verdict.DELIVERED, status=200), 0.01)
+    sub.call(Outcome(Verdict.RETRY, status=503), 0.02)
+    sub.call(Outcome(Verdict.DEAD_LETTER, status=400), 0.03)
+    sub.moved("rq.1", "head", 1)
+    sub.moved("dlq", "park", 3)
+    sub.reparked()
+    sub.stale_copies(2)
+    sub.failed(Fenced([1], "FENCED 1=7"))
+    # Then each is visible, labelled by subscription
+    got = samples(metrics.render())
+    for result in ("delivered", "retry", "dead_letter"):
+        assert got[("setu_delivery_calls_total", of(result=result))] == 1
+    assert got[("setu_delivery_call_duration_seconds_count", SUB)] == 3
+    assert got[("setu_delivery_moves_total", of(kind="park", tier="dlq"))] == 3
+    assert got[("setu_delivery_reparked_total", SUB)] == 1
+    assert got[("setu_delivery_stale_copies_total", SUB)] == 2
+    assert got[("setu_delivery_runner_failures_total", of(error="Fenced"))] == 1
+
+
+def test_live_gauges_come_from_the_runners_at_scrape_time() -> None:
+    # Given a worker whose runner owns two partitions with failed groups
+    figures = [RunnerFigures("shop", "billing", 2, 5, 40, 7, 3, 1)]
+    metrics = DeliveryMetrics()
+    metrics.watch(lambda: figures)
+    # Then a scrape reads them
+    got = samples(metrics.render())
+    assert got[("setu_delivery_partitions", SUB)] == 2
+    assert got[("setu_delivery_in_flight", SUB)] == 5
+    assert got[("setu_delivery_buffered_records", SUB)] == 40
+    assert got[("setu_delivery_retry_backlog", SUB)] == 7
+    assert got[("setu_delivery_failed_groups", of(state="retrying"))] == 3
+    assert got[("setu_delivery_failed_groups", of(state="dead_lettered"))] == 1
+
+
+def test_the_worker_serves_its_metrics_over_http() -> None:
+    # Given metrics served on a free port
+    metrics = DeliveryMetrics()
+    metrics.subscription("shop", "billing").reparked()
+    server = metrics.serve("127.0.0.1", 0)
+    try:
+        # When Prometheus scrapes it
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            body = response.read()
+        # Then it gets the worker's registry
+        assert samples(body)[("setu_delivery_reparked_total", SUB)] == 1
+    finally:
+        server.shutdown()
+        server.server_close()
