@@ -5,13 +5,20 @@ interleave completions in any order and crash the worker between any two of them
 
 A crash loses everything in memory: the engine, pending webhook calls, Kafka writes not yet
 acknowledged, Redis writes not yet applied and 2xx outcomes not yet flushed. A restart does
-what the runner does on assignment: read the tails, complete cut-short changes, reload.
+what the runner does on assignment: claim the partition, read the tails, complete cut-short
+changes, record the fence, reload.
+
+A stall is a crash whose worker lives on: another worker takes the partition over while the
+stalled one keeps its calls and writes in progress and may finish them later (it reads
+nothing new). Its Kafka copies land after the new owner's fence; every Redis write it tries
+must be refused.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from delivery.engine import Attempt, Move, PartitionEngine, Transition
@@ -22,6 +29,7 @@ from delivery.recovery import missing_writes
 from delivery.tiers import DLQ, MAIN
 from setu.envelope import Envelope, KafkaHeaders
 from setu.model import DeadLetterPolicy, Endpoint, RetryPolicy, Subscription
+from state.groups import Fenced
 from state.groups_stub import StubGroupStore
 
 T = TypeVar("T")
@@ -53,8 +61,27 @@ def subscription(
     )
 
 
+class _Detached:
+    """Where a stalled worker's pauses and seeks go: nowhere that matters."""
+
+    def __init__(self) -> None:
+        self.positions: dict[int, int] = {}
+        self.paused: dict[int, tuple[int, int]] = {}
+        self.markers: deque[tuple[int, int]] = deque()
+
+
+@dataclass
+class Stalled:
+    """A worker that lost the partition without noticing."""
+
+    engine: PartitionEngine
+    effects: SimEffects
+    epoch: int
+    refused: int = 0  # Redis writes it tried and the store refused
+
+
 class SimEffects:
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World | _Detached) -> None:
         self.world = world
         self.dispatches: list[Attempt] = []
         self.moves: list[Move] = []
@@ -96,6 +123,7 @@ class World:
         self.delivered_ids: set[str] = set()
         self.crashes = 0
         self.count = 0
+        self.stalled: list[Stalled] = []
         self.start()
 
     # The worker's life
@@ -146,6 +174,43 @@ class World:
     def crash(self) -> None:
         self.crashes += 1
         self.start()
+
+    def stall(self) -> None:
+        """The worker stalls and another takes over; the stalled one lives on (see above)."""
+        self.crashes += 1
+        self.effects.world = _Detached()
+        self.stalled.append(Stalled(self.engine, self.effects, self.epoch))
+        self.start()
+
+    # A stalled worker waking up
+
+    def stalled_respond(self, which: int, index: int, answer: int | str) -> None:
+        """The webhook answers a call the stalled worker made."""
+        stalled = self.stalled[which]
+        attempt = stalled.effects.dispatches.pop(index)
+        outcome = self.outcome(answer)
+        if 200 <= (outcome.status or 0) < 300:
+            self.on_2xx(attempt)
+        stalled.engine.on_result(attempt, outcome)
+
+    def stalled_move(self, which: int, index: int) -> None:
+        """The stalled worker's copies reach Kafka, under its old epoch."""
+        stalled = self.stalled[which]
+        move = stalled.effects.moves.pop(index)
+        offsets = self.append_copies(move, stalled.epoch)
+        stalled.effects.persists.append(stalled.engine.moved(move, offsets))
+
+    def stalled_persist(self, which: int, index: int) -> None:
+        """The stalled worker tries a Redis write (with its unflushed 2xx outcomes)."""
+        stalled = self.stalled[which]
+        transition = stalled.effects.persists.pop(index)
+        delivered = {P: list(stalled.effects.unflushed)}
+        try:
+            run(self.store.apply_batch(delivered, [transition.write], {P: stalled.epoch}))
+        except Fenced:
+            stalled.refused += 1
+            return
+        raise AssertionError("a stalled worker's Redis write went through")
 
     # Producers and operators
 
@@ -201,13 +266,14 @@ class World:
     def answerable(self) -> list[int]:
         return [i for i, a in enumerate(self.effects.dispatches) if a.not_before_ms <= self.now]
 
+    def outcome(self, answer: int | str) -> Outcome:
+        if isinstance(answer, str):
+            return classify_error(answer)
+        return classify_status(answer, self.sub.retry)
+
     def respond(self, index: int, answer: int | str) -> None:
         attempt = self.effects.dispatches.pop(index)
-        outcome: Outcome
-        if isinstance(answer, str):
-            outcome = classify_error(answer)
-        else:
-            outcome = classify_status(answer, self.sub.retry)
+        outcome = self.outcome(answer)
         if 200 <= (outcome.status or 0) < 300:
             self.on_2xx(attempt)
         self.engine.on_result(attempt, outcome)
@@ -237,16 +303,18 @@ class World:
         self.delivered_ids.add(message_id)
         self.first[group].append(message_id)
 
-    def finish_move(self, index: int) -> None:
-        move = self.effects.moves.pop(index)
+    def append_copies(self, move: Move, epoch: int) -> list[int]:
         log = self.logs[move.target]
         offsets = []
         for copy in move.copies:
             offsets.append(len(log))
-            headers = copy_headers(
-                copy.envelope, copy.kind, copy.origin, copy.due_at_ms, self.epoch
-            )
+            headers = copy_headers(copy.envelope, copy.kind, copy.origin, copy.due_at_ms, epoch)
             log.append((headers, copy.envelope.body))
+        return offsets
+
+    def finish_move(self, index: int) -> None:
+        move = self.effects.moves.pop(index)
+        offsets = self.append_copies(move, self.epoch)
         self.effects.persists.append(self.engine.moved(move, offsets))
 
     def finish_persist(self, index: int) -> None:

@@ -8,7 +8,9 @@ message must have been delivered; without a crash, no message may be delivered t
 The webhook answers per group according to a mode the test flips (healthy, 5xx, 4xx, timeouts,
 flaky); work advances in bursts of interleaved steps (poll a tier, answer a call, acknowledge a
 Kafka write, apply a Redis write, let time pass) so runs reach deep retry and DLQ states, with
-crashes between any two steps.
+crashes between any two steps, and stalls: a worker loses the partition without noticing and
+later finishes its calls and writes in progress (its copies must be ignored, its Redis writes
+refused, and the invariant must hold all the same).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ STEPS = ("poll", "poll", "poll", "answer", "answer", "answer", "ack", "apply", "
 
 class Delivery(RuleBasedStateMachine):
     sub: Subscription
+    park_first = False  # start with every group parked in the DLQ (to reach laps often)
 
     def __init__(self) -> None:
         super().__init__()
@@ -44,6 +47,25 @@ class Delivery(RuleBasedStateMachine):
         for group, n in zip(GROUPS, counts, strict=True):
             for _ in range(n):
                 self.world.publish(group)
+        if self.park_first:
+            self.park_everything()
+
+    def park_everything(self) -> None:
+        """Drives every group with messages into the DLQ with 400s (then the modes apply)."""
+        world = self.world
+        for _ in range(20):
+            for tier in world.tiers:
+                while world.poll(tier):
+                    pass
+            if not (world.answerable() or world.effects.moves or world.effects.persists):
+                break
+            while world.answerable():
+                world.respond(world.answerable()[0], 400)
+            while world.effects.moves or world.effects.persists:
+                if world.effects.moves:
+                    world.finish_move(0)
+                else:
+                    world.finish_persist(0)
 
     @rule(group=st.sampled_from(GROUPS), n=st.integers(1, 4))
     def publish(self, group: str, n: int) -> None:
@@ -101,8 +123,42 @@ class Delivery(RuleBasedStateMachine):
         if roll == 0:
             self.world.crash()
 
+    @rule(roll=st.integers(0, 3))
+    def stall_and_lose_the_partition(self, roll: int) -> None:
+        if roll == 0:
+            self.world.stall()
+
+    @rule(data=st.data(), steps=st.integers(1, 10))
+    def stalled_worker_wakes_up(self, data: st.DataObject, steps: int) -> None:
+        world = self.world
+        for _ in range(steps):
+            busy = [
+                i
+                for i, s in enumerate(world.stalled)
+                if s.effects.dispatches or s.effects.moves or s.effects.persists
+            ]
+            if not busy:
+                return
+            which = data.draw(st.sampled_from(busy))
+            effects = world.stalled[which].effects
+            step = data.draw(st.sampled_from(["answer", "ack", "apply"]))
+            if step == "answer" and effects.dispatches:
+                index = data.draw(st.integers(0, len(effects.dispatches) - 1))
+                group = effects.dispatches[index].record.group or ""
+                world.stalled_respond(which, index, self.answer(data, self.modes.get(group, "ok")))
+            elif step == "ack" and effects.moves:
+                world.stalled_move(which, data.draw(st.integers(0, len(effects.moves) - 1)))
+            elif step == "apply" and effects.persists:
+                world.stalled_persist(which, data.draw(st.integers(0, len(effects.persists) - 1)))
+
     @rule(group=st.sampled_from(GROUPS))
     def unsideline_group(self, group: str) -> None:
+        self.world.release(group)
+
+    @rule(group=st.sampled_from(GROUPS), mode=st.sampled_from(["500", "timeout", "flaky"]))
+    def unsideline_a_group_whose_endpoint_still_fails(self, group: str, mode: str) -> None:
+        # Its released head fails again: it goes round the retry tiers on a lap
+        self.modes[group] = mode
         self.world.release(group)
 
     @rule()
@@ -144,6 +200,13 @@ class GroupedParkDelivery(Delivery):
     sub = subscription(grouped=True, policy=DeadLetterPolicy.PARK, delays=(100, 200, 300))
 
 
+class GroupedReleasedDelivery(Delivery):
+    """Groups start parked in the DLQ: releases, laps and reparks happen in most runs."""
+
+    sub = subscription(grouped=True, policy=DeadLetterPolicy.PARK, delays=(100, 200))
+    park_first = True
+
+
 class GroupedSkipDelivery(Delivery):
     sub = subscription(grouped=True, policy=DeadLetterPolicy.SKIP)
 
@@ -158,6 +221,8 @@ class UngroupedDelivery(Delivery):
 
 TestGroupedPark = GroupedParkDelivery.TestCase
 TestGroupedPark.settings = SETTINGS
+TestGroupedReleased = GroupedReleasedDelivery.TestCase
+TestGroupedReleased.settings = SETTINGS
 TestGroupedSkip = GroupedSkipDelivery.TestCase
 TestGroupedSkip.settings = SETTINGS
 TestGroupedOneTier = GroupedOneTierDelivery.TestCase
