@@ -1,0 +1,38 @@
+"""How the operator endpoints show a group's state (DESIGN §5: exactly these five fields)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from api.operations import group_view
+from delivery.tiers import DLQ
+from state.groups import EMPTY_COUNTS, GroupState
+
+
+def counts(**by_tier: int) -> tuple[int, ...]:
+    c = list(EMPTY_COUNTS)
+    for name, n in by_tier.items():
+        c[DLQ if name == "dlq" else int(name[1:])] = n
+    return tuple(c)
+
+
+PARKED = GroupState(counts=counts(dlq=3), head="m-1", dlq_from=7)
+
+
+@pytest.mark.parametrize(
+    ("state", "view"),
+    [
+        (None, ("healthy", None, 0, None)),
+        (GroupState(counts=counts(t2=2), head="m-1"), ("retrying", "rq.2", 2, "m-1")),
+        (PARKED, ("dead_lettered", "dlq", 3, "m-1")),
+        (replace(PARKED, released=True, head=None), ("dead_lettered", "dlq", 3, None)),
+        # A released head that failed again, on its lap through rq.1
+        (replace(PARKED, lap=1), ("retrying", "rq.1", 3, "m-1")),
+    ],
+)
+def test_group_views(state: GroupState | None, view: tuple[object, ...]) -> None:
+    shown = group_view("g", state)
+    assert list(shown) == ["group_id", "state", "tier", "parked", "head_message_id"]
+    assert (shown["state"], shown["tier"], shown["parked"], shown["head_message_id"]) == view
