@@ -252,6 +252,7 @@ async def _live_letters(
     groups = RedisGroupStore(_redis(request), sub.project, sub.name)
     try:
         done = await groups.redelivered(partition)
+        fences = await groups.fences(partition)
         states = await groups.states_of(
             letter.record.group
             for letter in letters
@@ -262,7 +263,7 @@ async def _live_letters(
     live = []
     for letter in letters:
         state = states.get(letter.record.group or "")
-        if is_live(letter, state, done) and keep(letter):
+        if is_live(letter, state, done, fences) and keep(letter):
             live.append((letter, state))
     return live, position, end
 

@@ -28,6 +28,7 @@ import base64
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
+from delivery.fencing import is_stale_copy
 from delivery.groups import releasable
 from delivery.records import Record
 from delivery.tiers import DLQ
@@ -87,10 +88,19 @@ class DeadLetter:
         }
 
 
-def is_live(letter: DeadLetter, state: GroupState | None, redelivered: Set[int]) -> bool:
+def is_live(
+    letter: DeadLetter,
+    state: GroupState | None,
+    redelivered: Set[int],
+    fences: Mapping[int, Mapping[int, int]] | None = None,
+) -> bool:
     """Whether a dead letter still waits for an operator. A single letter is, until it is
     delivered again (``redelivered``); a group's letter while its group is parked in the DLQ
-    from that letter or an earlier one on (``state`` is its group's)."""
+    from that letter or an earlier one on (``state`` is its group's). A copy written by a
+    worker that had lost the partition (``fences``, see :mod:`delivery.fencing`) never is."""
+    record = letter.record
+    if is_stale_copy(fences or {}, record.tier, record.offset, record.epoch):
+        return False
     if letter.single:
         return letter.record.offset not in redelivered
     return state is not None and state.counts[DLQ] > 0 and letter.record.offset >= state.dlq_from

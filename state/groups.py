@@ -172,6 +172,9 @@ class GroupStore(Protocol):
 
     async def load(self, partition: int) -> PartitionSnapshot: ...
 
+    async def fences(self, partition: int) -> dict[int, dict[int, int]]:
+        """The fences :meth:`record_fences` kept, by epoch."""
+
     async def apply(self, write: StateWrite, epoch: int | None = None) -> None: ...
 
     async def record_delivered(self, partition: int, outcomes: Sequence[tuple[int, int]]) -> None:
@@ -371,6 +374,10 @@ class RedisGroupStore:
         epochs = sorted(int(e) for e in await self._redis.hkeys(key))
         if len(epochs) > keep:
             await self._redis.hdel(key, *(str(e) for e in epochs[: len(epochs) - keep]))
+
+    async def fences(self, partition: int) -> dict[int, dict[int, int]]:
+        raw = await self._redis.hgetall(keys.fences(self._project, self._sub, partition))
+        return {int(e): _decode_fence(_text(v)) for e, v in raw.items()}
 
     async def load(self, partition: int) -> PartitionSnapshot:
         p, s = self._project, self._sub

@@ -54,6 +54,9 @@ class StubGroupStore:
         for old in sorted(fences)[: max(0, len(fences) - keep)]:
             del fences[old]
 
+    async def fences(self, partition: int) -> dict[int, dict[int, int]]:
+        return {e: dict(f) for e, f in self._p(partition).fences.items()}
+
     async def load(self, partition: int) -> PartitionSnapshot:
         part = self._p(partition)
         return PartitionSnapshot(

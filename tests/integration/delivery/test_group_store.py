@@ -195,6 +195,7 @@ async def test_fences_are_kept_for_the_latest_epochs(store: GroupStore) -> None:
         5: {1: 50, DLQ_TIER: 5},
     }
     assert (await store.load(1)).fences == {}
+    assert await store.fences(0) == (await store.load(0)).fences
 
 
 async def test_released_dlq_fields_round_trip(store: GroupStore) -> None:

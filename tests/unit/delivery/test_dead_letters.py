@@ -113,6 +113,17 @@ def test_which_dead_letters_are_live(
     assert is_live(dead, state, redelivered) is live
 
 
+def test_a_copy_of_a_worker_that_had_lost_the_partition_is_never_live() -> None:
+    # Given epoch 4 took the partition over when the DLQ ended at offset 3
+    fences = {4: {DLQ: 3}}
+    stale = DeadLetter(0, replace(LETTERS[4].record, epoch=3))  # a3 at offset 4, epoch 3
+    own = DeadLetter(0, replace(LETTERS[4].record, epoch=4))
+    # Then the stalled worker's copy is hidden, the owner's shown
+    assert not is_live(stale, dlq_state(3, 0), set(), fences)
+    assert is_live(own, dlq_state(3, 0), set(), fences)
+    assert is_live(stale, dlq_state(3, 0), set())
+
+
 def test_a_letter_parked_again_after_a_lap_shows_its_latest_failure() -> None:
     # Given a1 parked again after a lap: 5 attempts, last answered 503
     state = dlq_state(3, 0, attempts=5, last_status=503, reason="http 503", failed_at_ms=99)
