@@ -105,12 +105,14 @@ def check_migrate(settings: Settings) -> int:
     return 0
 
 
-def fetch_jars(settings: Settings) -> int:
-    """Downloads the broker's and the Spark connector's jars into the cache dir."""
+def fetch_jars(settings: Settings, *, kafka: bool = True) -> int:
+    """Downloads the Spark connector's jars, and unless ``kafka`` is False the broker's, into
+    the cache dir."""
     from cli.jars import resolve_kafka_jars, resolve_spark_jars
 
-    kafka = resolve_kafka_jars(settings)
-    print(f"Kafka {settings.kafka_version}: {len(kafka)} jars in {kafka[0].parent}")
+    if kafka:
+        broker = resolve_kafka_jars(settings)
+        print(f"Kafka {settings.kafka_version}: {len(broker)} jars in {broker[0].parent}")
     spark = resolve_spark_jars(settings)
     print(f"Spark {settings.spark_version} Kafka connector: {', '.join(p.name for p in spark)}")
     return 0

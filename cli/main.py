@@ -5,7 +5,7 @@
     setu ingest               the Spark ingest job
     setu migrate [--check]    migrate the metadata store to the newest schema
     setu dev up               Kafka, Redis, SQLite, ingest, API and a worker on this machine
-    setu fetch                download the Kafka and Spark connector jars into the cache
+    setu fetch [--spark-only] download the Kafka and Spark connector jars into the cache
     setu services run -- CMD  run CMD with throwaway Kafka/Redis/PostgreSQL (SETU_TEST_*)
     setu services up          the same services, until Ctrl-C
 
@@ -40,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("ingest", help="run the Spark ingest job")
     migrate = sub.add_parser("migrate", help="migrate the metadata store to the newest schema")
     migrate.add_argument("--check", action="store_true", help="exit 0 if already migrated")
-    sub.add_parser("fetch", help="download the Kafka broker and Spark connector jars")
+    fetch = sub.add_parser("fetch", help="download the Kafka broker and Spark connector jars")
+    fetch.add_argument(
+        "--spark-only", action="store_true", help="only the Spark connector (for images)"
+    )
 
     dev = sub.add_parser("dev", help="the whole stack on this machine")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True, metavar="ACTION")
@@ -71,7 +74,7 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
     if command == "migrate":
         return commands.check_migrate(settings) if args.check else commands.run_migrate(settings)
     if command == "fetch":
-        return commands.fetch_jars(settings)
+        return commands.fetch_jars(settings, kafka=not args.spark_only)
     from cli.dev_settings import DevSettings
 
     if command == "dev":
