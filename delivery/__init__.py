@@ -67,4 +67,11 @@ Where the mechanism goes beyond DESIGN §4's suggestion, and why:
    retention removed the letter (below the DLQ's first offset). Forgetting them any earlier,
    say at the commit, would show delivered letters again and let an unsideline deliver them
    twice.
+8. *Main-log records the ingest job wrote twice* (``replays``). A crash of the ingest job
+   between its Kafka write and its batch commit writes the batch again, right after itself:
+   same messages, new main offsets, so recorded outcomes do not catch them. Each main record
+   carries its ingest partition and offset, which only grow within a main partition except
+   in such a replay; a record not above the highest already read is skipped. The highs of the
+   records below a committed main offset travel as that commit's metadata, so a successor
+   knows them too.
 """

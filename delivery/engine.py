@@ -16,7 +16,7 @@ in memory, so memory follows activity, not the number of groups.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,6 +27,7 @@ from delivery.groups import Failure, Kind, Route
 from delivery.offsets import OffsetTracker
 from delivery.outcome import Outcome, Verdict
 from delivery.records import Record
+from delivery.replays import IngestMarks
 from delivery.tiers import DLQ, MAIN, is_retry, next_tier
 from setu.envelope import Envelope
 from setu.model import DeadLetterPolicy, Subscription
@@ -141,6 +142,7 @@ class PartitionEngine:
         rng: Callable[[], float],
         positions: dict[int, int] | None = None,
         epoch: int = 0,
+        ingest_marks: Mapping[int, int] | None = None,
     ) -> None:
         self.sub = sub
         self.partition = partition
@@ -158,6 +160,8 @@ class PartitionEngine:
         self.epoch = epoch  # this owner's epoch of the partition (0: unfenced)
         self.fences = snapshot.fences
         self.stale_copies = 0  # copies of a worker that had lost the partition, skipped
+        self.ingest = IngestMarks(ingest_marks)  # see delivery.replays
+        self.replay_copies = 0  # main records a replayed ingest batch wrote twice, skipped
         self.active = 0  # dispatches, moves and writes in progress
         self.in_flight = 0  # webhook calls in progress
         self._grouped = sub.grouped
@@ -176,7 +180,8 @@ class PartitionEngine:
         if tracker.is_open(rec.offset):
             tracker.pass_over(rec.offset)  # a DLQ record read again while still in progress
             return
-        if rec.epoch is not None and rec.epoch < self.epoch and self._stale(rec):
+        stale = rec.epoch is not None and rec.epoch < self.epoch and self._stale(rec)
+        if stale or self._replay_copy(rec):
             return
         if is_retry(rec.tier) and rec.due_at_ms > self.clock():
             self.blocked[rec.tier] = 1
@@ -213,6 +218,20 @@ class PartitionEngine:
         tracker.read(rec.offset)
         tracker.finish(rec.offset)
         self.stale_copies += 1
+        return True
+
+    def _replay_copy(self, rec: Record) -> bool:
+        """Skips a main record that a replayed ingest batch wrote a second time (see
+        :mod:`delivery.replays`): its original was read before it."""
+        envelope = rec.envelope
+        if rec.tier != MAIN or self.ingest.admit(
+            rec.offset, envelope.ingest_partition, envelope.ingest_offset
+        ):
+            return False
+        tracker = self.trackers[rec.tier]
+        tracker.read(rec.offset)
+        tracker.finish(rec.offset)
+        self.replay_copies += 1
         return True
 
     def skip(self, tier: int, offset: int) -> None:
@@ -380,6 +399,10 @@ class PartitionEngine:
             if offset is not None:
                 out[tier] = offset
         return out
+
+    def ingest_marks(self, main_offset: int) -> dict[int, int]:
+        """What a commit of ``main_offset`` in the main log carries (:mod:`delivery.replays`)."""
+        return self.ingest.below(main_offset)
 
     def open_count(self, tier: int) -> int:
         tracker = self.trackers.get(tier)

@@ -40,6 +40,7 @@ from delivery.kafka_io import (
 )
 from delivery.metrics import DeliveryMetrics, RunnerFigures
 from delivery.records import copy_headers
+from delivery.replays import decode_marks, encode_marks
 from delivery.takeover import take_over
 from delivery.tiers import DLQ, MAIN, tier_name, topics_by_tier
 from delivery.webhook import WebhookSender
@@ -310,6 +311,7 @@ class SubscriptionRunner:
     def on_batch(self, messages: list[Message]) -> None:
         tiers, ports = self.tiers, self.ports
         stale = sum(port.engine.stale_copies for port in ports.values())
+        replays = sum(port.engine.replay_copies for port in ports.values())
         for msg in messages:
             if msg.error() is not None:
                 log.warning("consume error: %s", msg.error())
@@ -325,6 +327,15 @@ class SubscriptionRunner:
                 port.engine.skip(tier, msg.offset() or 0)
                 continue
             port.engine.on_record(rec)
+        replays = sum(port.engine.replay_copies for port in ports.values()) - replays
+        if replays > 0:
+            log.info(
+                "subscription %s/%s: skipped %d main-log records a replayed ingest batch "
+                "wrote again",
+                self.sub.project,
+                self.sub.name,
+                replays,
+            )
         skipped = sum(port.engine.stale_copies for port in ports.values()) - stale
         if skipped > 0:
             self.metrics.stale_copies(skipped)
@@ -339,9 +350,12 @@ class SubscriptionRunner:
 
     async def assigned(self, committed: list[TopicPartition]) -> Assignment:
         by_index: dict[int, dict[int, int | None]] = defaultdict(dict)
+        marks: dict[int, str | None] = {}
         for tp in committed:
             tier = self.tiers[tp.topic]
             by_index[tp.partition][tier] = tp.offset if tp.offset >= 0 else None
+            if tier == MAIN and tp.offset >= 0:
+                marks[tp.partition] = tp.metadata
         starts: list[TopicPartition] = []
         commit_now: list[TopicPartition] = []
         seeks: dict[int, int] = {}
@@ -359,6 +373,8 @@ class SubscriptionRunner:
                 rng=random.random,
                 positions=plan.positions,
                 epoch=plan.epoch,
+                # An operator's seek asks for the main log again from an earlier offset.
+                ingest_marks=None if plan.seek_generation else decode_marks(marks.get(partition)),
             )
             port.epoch = plan.epoch
             self.ports[partition] = port
@@ -402,7 +418,7 @@ class SubscriptionRunner:
         offsets = []
         for port in ports:
             for tier, offset in port.engine.committable().items():
-                offsets.append(TopicPartition(self.topics[tier], port.partition, offset))
+                offsets.append(self._commit_position(port, tier, offset))
             port.alive = False
             self.ports.pop(port.partition, None)
             for tier in self.topics:
@@ -554,13 +570,22 @@ class SubscriptionRunner:
         for port in list(self.ports.values()):
             for tier, offset in port.engine.committable().items():
                 if self._committed.get((tier, port.partition)) != offset:
-                    offsets.append(TopicPartition(self.topics[tier], port.partition, offset))
+                    offsets.append(self._commit_position(port, tier, offset))
         if not offsets:
             return
         await consumer.call(lambda c: c.commit(offsets=offsets, asynchronous=False))
         for tp in offsets:
             self._committed[(self.tiers[tp.topic], tp.partition)] = tp.offset
         self.committed(offsets)
+
+    def _commit_position(self, port: _Port, tier: int, offset: int) -> TopicPartition:
+        """What to commit for one tier partition; the main log's carries the ingest marks of
+        the records below it (:mod:`delivery.replays`)."""
+        topic = self.topics[tier]
+        if tier != MAIN:
+            return TopicPartition(topic, port.partition, offset)
+        metadata = encode_marks(port.engine.ingest_marks(offset))
+        return TopicPartition(topic, port.partition, offset, metadata=metadata)
 
     def _epoch_of(self, partition: int) -> int | None:
         """This worker's owner epoch of ``partition``; None once it is not ours."""

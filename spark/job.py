@@ -23,8 +23,9 @@ Crash safety. Spark commits a batch (source offsets + state version) only after
 with the same state version and the same batch timestamp (TTL is measured in batch time), so
 the dedup decisions, the rows and their order are exactly those of the first attempt: the main
 log may hold the batch twice, as an exact replay (same message ids, same order) that the
-delivery side drops by message id. Nothing accepted is lost, because a batch is committed only
-after its write succeeded; marks are max-guarded, so replays never lower them.
+delivery side recognises by its ingest offsets and skips (``delivery.replays``). Nothing
+accepted is lost, because a batch is committed only after its write succeeded; marks are
+max-guarded, so replays never lower them.
 """
 
 from __future__ import annotations

@@ -433,3 +433,51 @@ def test_a_worker_whose_partition_was_claimed_meanwhile_is_fenced_and_starts_afr
     fenced = ("setu_delivery_runner_failures_total", labels(world, error="Fenced"))
     wait_for("the fencing counted", lambda: scrape(port).get(fenced, 0) >= 1)
     wait_for("g healthy", lambda: group_state(world, "g") == {})
+
+
+def test_a_batch_the_ingest_job_wrote_twice_is_called_once_even_across_a_restart(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    from setu import names
+    from setu.envelope import Envelope
+
+    def from_ingest(offsets: range) -> None:
+        """Writes what the ingest job writes for ingest partition 0's records at ``offsets``;
+        offsets written before are a replayed batch (same ids, same bytes)."""
+        for offset in offsets:
+            group = f"g{offset % 3}"
+            message_id = f"{group}-i{offset}"
+            envelope = Envelope(
+                message_id,
+                message_id.encode(),
+                group_id=group,
+                ingest_partition=0,
+                ingest_offset=offset,
+            )
+            world.producer.produce(
+                names.main_topic(world.project, "t"),
+                value=envelope.body,
+                key=envelope.key,
+                headers=list[tuple[str, str | bytes | None]](envelope.kafka_headers()),
+            )
+        world.producer.flush(10)
+
+    # Given ingest offsets 0..5 in the main log, and right after them a replay of 3..5
+    world.topic("t", partitions=1)
+    world.subscription(receiver.url)
+    from_ingest(range(6))
+    from_ingest(range(3, 6))
+    first = start_worker()
+    wait_for("the first six delivered", lambda: len(set(receiver.delivered())) == 6)
+    # When the worker stops (and commits), the ingest job replays 4..5 once more, then goes on
+    first.stop()
+    from_ingest(range(4, 6))
+    from_ingest(range(6, 9))
+    start_worker()
+    # Then every message reaches the webhook once, in order within its group
+    wait_for("all delivered", lambda: len(set(receiver.delivered())) == 9)
+    calls = [call.message_id for call in receiver.calls]
+    assert sorted(calls) == sorted(set(calls))
+    for group in ("g0", "g1", "g2"):
+        expected = [f"{group}-i{o}" for o in range(9) if f"g{o % 3}" == group]
+        assert receiver.delivered(group) == expected

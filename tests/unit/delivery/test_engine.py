@@ -8,6 +8,7 @@ from delivery.groups import Kind
 from delivery.outcome import classify_status
 from delivery.records import copy_headers, parse_record
 from delivery.tiers import DLQ, MAIN
+from setu.envelope import Envelope
 from setu.model import DeadLetterPolicy
 from state.groups import Fenced
 from tests.unit.delivery.sim import World, run, subscription
@@ -477,4 +478,41 @@ def test_copies_of_a_worker_that_lost_the_partition_are_ignored() -> None:
     assert world.engine.stale_copies == 1
     assert world.first["g1"] == ["g1-1", "g1-2"]
     assert world.raw == [("g1", "g1-1"), ("g1", "g1-2")]
+    assert not world.store.groups
+
+
+def from_ingest(world: World, group: str, ingest_offset: int) -> str:
+    """Appends to the main log what the ingest job writes for ingest partition 0's record at
+    ``ingest_offset``; the same offset again is a replayed batch's copy (same id, same bytes)."""
+    message_id = f"{group}-i{ingest_offset}"
+    envelope = Envelope(
+        message_id,
+        message_id.encode(),
+        group_id=group,
+        ingest_partition=0,
+        ingest_offset=ingest_offset,
+    )
+    world.logs[MAIN].append((envelope.kafka_headers(), envelope.body))
+    if message_id not in world.published[group]:
+        world.published[group].append(message_id)
+    return message_id
+
+
+def test_a_batch_the_ingest_job_wrote_twice_is_called_once() -> None:
+    # Given ingest offsets 0..3 in the main log, then a replayed batch holding 1..3 again, then 4
+    world = World(subscription(delays=(10, 20)))
+    for offset, group in enumerate(("g1", "g2", "g1", "g2")):
+        from_ingest(world, group, offset)
+    for offset, group in ((1, "g2"), (2, "g1"), (3, "g2")):
+        from_ingest(world, group, offset)
+    from_ingest(world, "g1", 4)
+    # When the worker reads it all while g2's endpoint fails for a while
+    poll_all(world)
+    answer_all(world, {"g2": 500})
+    world.drain()
+    # Then every message is called once, in order, and the copies only finish their offsets
+    assert sorted(m for _, m in world.raw) == sorted({m for _, m in world.raw})
+    assert world.first == {"g1": ["g1-i0", "g1-i2", "g1-i4"], "g2": ["g2-i1", "g2-i3"]}
+    assert world.engine.replay_copies == 3
+    assert world.engine.committable()[MAIN] == 8
     assert not world.store.groups
