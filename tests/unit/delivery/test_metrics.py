@@ -46,10 +46,16 @@ def test_failures_are_counted_per_subscription() -> None:
     for result in ("delivered", "retry", "dead_letter"):
         assert got[("setu_delivery_calls_total", of(result=result))] == 1
     assert got[("setu_delivery_call_duration_seconds_count", SUB)] == 3
+    assert got[("setu_delivery_call_duration_seconds_bucket", of(le="0.01"))] == 1
+    assert got[("setu_delivery_call_duration_seconds_bucket", of(le="0.025"))] == 2
+    assert got[("setu_delivery_call_duration_seconds_bucket", of(le="+Inf"))] == 3
+    assert round(got[("setu_delivery_call_duration_seconds_sum", SUB)], 6) == 0.06
     assert got[("setu_delivery_moves_total", of(kind="park", tier="dlq"))] == 3
     assert got[("setu_delivery_reparked_total", SUB)] == 1
     assert got[("setu_delivery_stale_copies_total", SUB)] == 2
     assert got[("setu_delivery_runner_failures_total", of(error="Fenced"))] == 1
+    # And a restarted runner of the subscription counts on from there
+    assert metrics.subscription("shop", "billing") is sub
 
 
 def test_live_gauges_come_from_the_runners_at_scrape_time() -> None:
