@@ -28,7 +28,10 @@ RESTART_PAUSE_S = 0.5
 
 @dataclass(frozen=True, slots=True)
 class ComponentSpec:
-    """How to run one component. ``chaos``: may be killed; ``min_uptime_s``: not before this."""
+    """How to run one component. ``chaos``: may be killed; ``min_uptime_s``: not before this;
+    ``progress_dir``: nor before a new file appeared there since the component started (it got
+    some work done: a slow starter killed every time before its first step would stall the
+    run)."""
 
     name: str
     argv: Sequence[str]
@@ -38,6 +41,7 @@ class ComponentSpec:
     chaos: bool = True
     min_uptime_s: float = 0.0
     oneshot: bool = False
+    progress_dir: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,15 +50,17 @@ class Candidate:
     uptime_s: float
     min_uptime_s: float
     kills: int = 0
+    progressed: bool = True
 
 
 def choose_victim(rng: random.Random, candidates: Sequence[Candidate]) -> str | None:
-    """A random one of the least-killed candidates that have been up their minimum uptime.
+    """A random one of the least-killed candidates that have been up their minimum uptime and
+    made progress since they started.
 
     Least-killed first, so even a short run kills every component, the slow starters too;
     None when no candidate is ready.
     """
-    ready = [c for c in candidates if c.uptime_s >= c.min_uptime_s]
+    ready = [c for c in candidates if c.uptime_s >= c.min_uptime_s and c.progressed]
     if not ready:
         return None
     fewest = min(c.kills for c in ready)
@@ -96,6 +102,7 @@ class Component:
     events: EventLog
     process: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
+    entries_at_start: frozenset[str] = frozenset()
     finished: bool = False
     starts: int = field(default=0)
 
@@ -109,6 +116,12 @@ class Component:
 
     def uptime_s(self) -> float:
         return time.monotonic() - self.started_at if self.alive else 0.0
+
+    def progressed(self) -> bool:
+        """Whether a new file appeared in ``progress_dir`` since the component last started."""
+        if self.spec.progress_dir is None:
+            return True
+        return not _entries(self.spec.progress_dir) <= self.entries_at_start
 
     def start(self) -> None:
         if self.alive:
@@ -127,6 +140,8 @@ class Component:
                 start_new_session=True,
             )
         self.started_at = time.monotonic()
+        if self.spec.progress_dir is not None:
+            self.entries_at_start = _entries(self.spec.progress_dir)
         self.starts += 1
         self.finished = False
 
@@ -166,6 +181,13 @@ class Component:
         return code
 
 
+def _entries(folder: Path) -> frozenset[str]:
+    try:
+        return frozenset(os.listdir(folder))
+    except FileNotFoundError:
+        return frozenset()
+
+
 class Chaos:
     """Kills a random eligible component every ``interval_s`` (random in the range) and
     restarts it after ``restart_delay_s``; supervises every component throughout."""
@@ -195,7 +217,11 @@ class Chaos:
                 pass
             candidates = [
                 Candidate(
-                    c.name, c.uptime_s(), c.spec.min_uptime_s, self.events.count("kill", c.name)
+                    c.name,
+                    c.uptime_s(),
+                    c.spec.min_uptime_s,
+                    self.events.count("kill", c.name),
+                    c.progressed(),
                 )
                 for c in self.components
                 if c.spec.chaos and c.alive and c.name not in self._busy

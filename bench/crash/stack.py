@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.crash.chaos import ComponentSpec
@@ -104,7 +104,11 @@ def setu_specs(layout: StackLayout) -> list[ComponentSpec]:
             min_uptime_s=MIN_UPTIME_S[kind],
         )
 
-    specs = [spec("api", "api", "api"), spec("ingest", "ingest", "ingest")]
+    default_checkpoint = str(layout.data_dir / "spark" / "checkpoint")
+    checkpoint = env.get("SETU_SPARK_CHECKPOINT_DIR") or default_checkpoint
+    # The ingest job is killed again only after it committed a batch since its restart.
+    ingest = replace(spec("ingest", "ingest", "ingest"), progress_dir=Path(checkpoint) / "commits")
+    specs = [spec("api", "api", "api"), ingest]
     for n in range(1, layout.workers + 1):
         specs.append(spec(f"deliver-{n}", "deliver", "deliver", SETU_WORKER_ID=f"deliver-{n}"))
     return specs

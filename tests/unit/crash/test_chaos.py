@@ -31,6 +31,11 @@ from bench.crash.chaos import Candidate, Chaos, Component, ComponentSpec, EventL
             ],
             {"spark", "worker"},
         ),
+        # up long enough but no progress since its restart: spared
+        (
+            [Candidate("spark", 60.0, 20.0, progressed=False), Candidate("api", 1.0, 0.0)],
+            {"api"},
+        ),
     ],
 )
 def test_only_components_up_long_enough_are_chosen(
@@ -151,3 +156,34 @@ async def test_supervisor_restarts_crashed_components_but_not_finished_oneshots(
     assert [(e["action"], e["code"]) for e in producer_events] == [("exit", 0)]
     assert oneshot.starts == 1
     crashing.stop()
+
+
+def test_a_component_has_progressed_once_a_new_file_appears_in_its_progress_folder(
+    tmp_path: Path,
+) -> None:
+    # Given a component whose progress folder holds a file from before its start
+    commits = tmp_path / "commits"
+    commits.mkdir()
+    (commits / "0").write_text("")
+    component = Component(
+        spec(tmp_path, "job", "import time; time.sleep(30)", progress_dir=commits), EventLog()
+    )
+    component.start()
+    try:
+        # Then it has not progressed yet
+        assert not component.progressed()
+        # When it writes a new file there
+        (commits / "1").write_text("")
+        # Then it has
+        assert component.progressed()
+    finally:
+        component.kill()
+
+
+def test_a_component_whose_progress_folder_does_not_exist_yet_has_not_progressed(
+    tmp_path: Path,
+) -> None:
+    component = Component(
+        spec(tmp_path, "job", "pass", progress_dir=tmp_path / "missing"), EventLog()
+    )
+    assert not component.progressed()
