@@ -474,8 +474,14 @@ class PartitionEngine:
                 self._dispatch(rec, loose, lane, before)
                 return True
             assert state is not None
+            # The records behind it that go the same way go along (not a lap's copy, say,
+            # which waits in the same tier for its own attempt).
             batch = [queue.popleft()]
-            while queue and len(batch) < MAX_MOVE_BATCH and not self._is_loose(queue[0]):
+            while (
+                queue
+                and len(batch) < MAX_MOVE_BATCH
+                and self._route(state, queue[0]) == (route, False)
+            ):
                 batch.append(queue.popleft())
             kind = Kind.PARK if route is Route.PARK else Kind.FORWARD
             self._move(lane, group, batch, groups.target(state, route, tier), kind, None, None)

@@ -516,3 +516,36 @@ def test_a_batch_the_ingest_job_wrote_twice_is_called_once() -> None:
     assert world.engine.replay_copies == 3
     assert world.engine.committable()[MAIN] == 8
     assert not world.store.groups
+
+
+def test_a_lap_copy_behind_a_leftover_in_its_tier_is_not_swept_along_with_it() -> None:
+    # Given g1's head dead-lettered from rq.1 with g1-2 still unread behind it there, and a
+    # restarted worker that releases g1 while the endpoint still fails
+    world = World(subscription(delays=(10,)))
+    world.publish("g1")
+    world.publish("g1")
+    world.poll(MAIN)
+    answer_all(world, {"g1": 500})
+    world.poll(MAIN)
+    settle(world)
+    world.tick(50)
+    world.poll(1)
+    answer_all(world, {"g1": 500})
+    world.crash()
+    world.release("g1")
+    settle(world)
+    world.poll(DLQ)
+    world.respond(0, 500)  # the released head fails again: its lap copy is on its way
+    # When rq.1 is read meanwhile (g1-2, then the lap copy) before the lap is recorded
+    world.poll(1)
+    world.poll(1)
+    world.finish_move(0)
+    world.tick(50)
+    world.poll(1)
+    world.finish_persist(0)
+    settle(world)
+    # Then only the leftover follows its group to the DLQ; the lap copy stays to be attempted
+    assert kinds(world, DLQ) == [("g1-1", "head"), ("g1-2", "forward")]
+    assert in_flight(world) == ["g1-1"]
+    world.drain()
+    assert world.first["g1"] == ["g1-1", "g1-2"]
