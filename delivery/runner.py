@@ -18,12 +18,12 @@ import contextlib
 import logging
 import random
 from collections import defaultdict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from confluent_kafka import Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from redis.asyncio import Redis
 
 from delivery.dispatcher import Dispatcher
@@ -60,6 +60,11 @@ _FULL = "full"
 # Consuming stops for at most this long when the worker is full; then partitions are paused
 # instead, so the consumer keeps polling (and serving rebalances).
 FULL_STOP_S = 1.0
+# A seek librdkafka refused is tried again after this long, doubling up to the maximum; the
+# first few failures are expected around an assignment and logged quietly.
+SEEK_RETRY_S = 0.05
+SEEK_RETRY_MAX_S = 1.0
+SEEK_RETRIES_QUIET = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -467,11 +472,19 @@ class SubscriptionRunner:
             self.post(lambda c: c.resume(tp))
 
     def hold(self, port: _Port, tier: int, offset: int, until_ms: int) -> None:
-        tp = TopicPartition(self.topics[tier], port.partition, offset)
+        """Pauses the tier partition back at ``offset`` until ``until_ms``; it is let go only
+        once both the time has come and the seek has taken."""
         self._reason(port.partition, tier, _HOLD, True)
-        self.post(lambda c: c.seek(tp))
+        waiting = {"seek", "time"}
+
+        def done(what: str) -> None:
+            waiting.discard(what)
+            if not waiting:
+                self._unhold(port, tier, offset)
+
+        self._seek(port, tier, offset, lambda: done("seek"))
         delay = max(0.0, (until_ms - now_ms()) / 1000)
-        asyncio.get_running_loop().call_later(delay, self._unhold, port, tier, offset)
+        asyncio.get_running_loop().call_later(delay, done, "time")
 
     def _unhold(self, port: _Port, tier: int, offset: int) -> None:
         if not port.alive:
@@ -485,13 +498,45 @@ class SubscriptionRunner:
         self.post(lambda c: None, unblocked)
 
     def seek(self, port: _Port, tier: int, offset: int) -> None:
+        self._seek(port, tier, offset, lambda: port.engine.unblocked(tier, offset))
+
+    def _seek(
+        self, port: _Port, tier: int, offset: int, then: Callable[[], None], attempt: int = 0
+    ) -> None:
+        """Moves the tier partition's consumer to ``offset``, then runs ``then`` on the loop,
+        between the batches fetched before the seek and those fetched after it. A seek that
+        fails (librdkafka refuses it with an erroneous state while the partition's fetcher is
+        still starting, e.g. just after an assignment) is tried again until it takes: the
+        engine waits for it, and going on without it would skip the records in between."""
         tp = TopicPartition(self.topics[tier], port.partition, offset)
+        failed: list[KafkaException] = []
 
-        def unblocked() -> None:
-            if port.alive:
-                port.engine.unblocked(tier, offset)
+        def command(consumer: Consumer) -> None:
+            try:
+                consumer.seek(tp)
+            except KafkaException as exc:
+                failed.append(exc)
 
-        self.post(lambda c: c.seek(tp), unblocked)
+        def settled() -> None:
+            if not port.alive:
+                return
+            if not failed:
+                then()
+                return
+            log.log(
+                logging.WARNING if attempt >= SEEK_RETRIES_QUIET else logging.INFO,
+                "partition %d tier %d: seek to %d failed (%s); trying again",
+                port.partition,
+                tier,
+                offset,
+                failed[0],
+            )
+            delay = min(SEEK_RETRY_S * 2**attempt, SEEK_RETRY_MAX_S)
+            asyncio.get_running_loop().call_later(
+                delay, self._seek, port, tier, offset, then, attempt + 1
+            )
+
+        self.post(command, settled)
 
     def _buffered(self) -> dict[tuple[int, int], int]:
         return {

@@ -1,0 +1,122 @@
+"""The runner's seeks and holds on a consumer that refuses some seeks (as librdkafka does with
+an erroneous state while a partition's fetcher is still starting)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from redis.asyncio import Redis
+
+from delivery import runner as runner_module
+from delivery.http import HttpClient
+from delivery.runner import RunnerConfig, SubscriptionRunner, _Port
+from delivery.tiers import DLQ
+from setu.clock import now_ms
+from tests.unit.delivery.sim import subscription
+
+
+class Consumer:
+    """Refuses the first ``refusals`` seeks; records every seek and pause."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.seeks: list[int] = []
+        self.calls: list[str] = []
+
+    def seek(self, tp: TopicPartition) -> None:
+        self.calls.append(f"seek {tp.offset}")
+        if self.refusals:
+            self.refusals -= 1
+            raise KafkaException(KafkaError(KafkaError._STATE))
+        self.seeks.append(tp.offset)
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.calls.append("pause")
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.calls.append("resume")
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.unblocked_at: list[tuple[int, int]] = []
+        self.done = asyncio.Event()
+
+    def unblocked(self, tier: int, offset: int) -> None:
+        self.unblocked_at.append((tier, offset))
+        self.done.set()
+
+
+@pytest.fixture(autouse=True)
+def retry_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused seeks are tried again on the next turn of the loop, not after a delay."""
+    monkeypatch.setattr(runner_module, "SEEK_RETRY_S", 0.0)
+
+
+async def turns(n: int = 20) -> None:
+    """Lets the loop run ``n`` times (each retry takes two: the seek, then its settling)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def runner_on(consumer: Consumer) -> tuple[SubscriptionRunner, _Port, Engine]:
+    runner = SubscriptionRunner(
+        subscription(),
+        RunnerConfig(bootstrap="127.0.0.1:1", worker_id="w"),
+        Redis(),
+        producer=None,  # type: ignore[arg-type]
+        client=HttpClient(),
+    )
+    loop = asyncio.get_running_loop()
+
+    def post(command: Any, then: Any = None) -> None:
+        # As the consumer thread does: run the command, then hand ``then`` to the loop.
+        command(consumer)
+        if then is not None:
+            loop.call_soon(then)
+
+    runner.post = post  # type: ignore[method-assign]
+    port = _Port(runner, 0)
+    engine = Engine()
+    port.engine = engine  # type: ignore[assignment]
+    return runner, port, engine
+
+
+async def test_a_refused_seek_is_tried_again_before_the_engine_reads_on() -> None:
+    # Given a consumer that refuses the first two seeks
+    consumer = Consumer(refusals=2)
+    runner, port, engine = runner_on(consumer)
+    # When the engine asks to read the DLQ again from offset 5
+    runner.seek(port, DLQ, 5)
+    await asyncio.wait_for(engine.done.wait(), 5)
+    # Then the seek was made until it took, and only then was the engine told
+    assert consumer.calls == ["seek 5", "seek 5", "seek 5"]
+    assert consumer.seeks == [5]
+    assert engine.unblocked_at == [(DLQ, 5)]
+
+
+async def test_a_hold_ends_only_once_its_seek_took() -> None:
+    # Given a consumer that refuses the first seek
+    consumer = Consumer(refusals=1)
+    runner, port, engine = runner_on(consumer)
+    # When a retry tier holds at offset 3 until a time already past
+    runner.hold(port, 1, 3, now_ms())
+    await asyncio.wait_for(engine.done.wait(), 5)
+    # Then it paused, sought until the seek took, and resumed before reading on
+    assert consumer.calls == ["pause", "seek 3", "seek 3", "resume"]
+    assert engine.unblocked_at == [(1, 3)]
+
+
+async def test_a_given_up_partition_stops_seeking() -> None:
+    consumer = Consumer(refusals=100)
+    runner, port, engine = runner_on(consumer)
+    # Given a seek refused while the partition is being given up
+    runner.seek(port, DLQ, 5)
+    port.alive = False
+    await turns()
+    # Then it is not tried again
+    assert consumer.calls == ["seek 5"]
+    assert engine.unblocked_at == []
