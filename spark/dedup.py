@@ -15,18 +15,30 @@ sequence under a *new* message id is dropped when the producer already went past
 message's partition, and passes otherwise.
 
 The decisions depend only on the marks and the rows, so a replayed batch decides exactly as
-before.
+before. :func:`decide_batch` states the rule one message at a time; :func:`decide_frame` is the
+same rule over a whole frame in a few vectorised passes (what the job runs), and
+:func:`encode_marks` / :func:`decode_marks` are the state store form of a bucket's marks.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
 
 NO_SEQUENCE = -1
 K = TypeVar("K", bound=Hashable)
 """A producer's identity; the job uses (ingest topic, producer id)."""
+ProducerKey = tuple[str, str]
+"""(ingest topic, producer id): whom a mark belongs to."""
+
+# The columns of the frame :func:`decide_frame` reads.
+TOPIC, PRODUCER, PARTITION, OFFSET, SEQUENCE = "topic", "producer", "partition", "offset", "seq"
 
 
 @dataclass(slots=True)
@@ -129,4 +141,101 @@ def decode_partitions(text: str) -> dict[int, int]:
     for item in filter(None, text.split(",")):
         partition, sequence = item.split(":")
         out[int(partition)] = int(sequence)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class FrameDecision:
+    """The outcome of one batch, as :class:`BatchDecision` but positional over a frame."""
+
+    keep: npt.NDArray[np.bool_]
+    """Per row of the frame, by position: keep it (True) or drop it as a duplicate."""
+    highs: dict[ProducerKey, int]
+    marks: dict[ProducerKey, ProducerMark]
+
+
+def decide_frame(
+    frame: pd.DataFrame, known: Mapping[ProducerKey, ProducerMark], now_ms: int
+) -> FrameDecision:
+    """:func:`decide_batch` for the rows of ``frame``, producer = (topic, producer column).
+
+    ``frame`` has the columns ``TOPIC``, ``PRODUCER`` (null: no producer, always kept),
+    ``PARTITION``, ``OFFSET`` and ``SEQUENCE`` (int64; any value where the producer is null),
+    rows in any order. Same decisions, highs and marks as :func:`decide_batch`; ``known`` is not
+    modified.
+    """
+    keep = np.ones(len(frame), dtype=np.bool_)
+    rows = np.flatnonzero(frame[PRODUCER].notna().to_numpy())
+    if len(rows) == 0:
+        return FrameDecision(keep, {}, {})
+    topic, topics = pd.factorize(frame[TOPIC].to_numpy()[rows])
+    producer, producers = pd.factorize(frame[PRODUCER].to_numpy()[rows])
+    partition = frame[PARTITION].to_numpy(dtype=np.int64)[rows]
+    offset = frame[OFFSET].to_numpy(dtype=np.int64)[rows]
+    sequence = frame[SEQUENCE].to_numpy(dtype=np.int64)[rows]
+    # One run of rows per (topic, producer, partition), each run in offset order.
+    order = np.lexsort((offset, partition, producer, topic))
+    topic, producer, partition, sequence = (
+        topic[order],
+        producer[order],
+        partition[order],
+        sequence[order],
+    )
+    changed = (topic[1:] != topic[:-1]) | (producer[1:] != producer[:-1])
+    starts = np.flatnonzero(np.r_[True, changed | (partition[1:] != partition[:-1])])
+    run = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(sequence)]))
+    owners: list[ProducerKey] = [(topics[topic[i]], producers[producer[i]]) for i in starts]
+    base = np.array(
+        [
+            _partition_mark(known.get(o), int(partition[i]))
+            for o, i in zip(owners, starts, strict=True)
+        ],
+        dtype=np.int64,
+    )
+    # A row is judged against the mark left by the rows before it: the highest of the stored
+    # mark and every earlier sequence of its run (the mark only ever moves to a kept sequence).
+    running = pd.Series(sequence).groupby(run).cummax().to_numpy(dtype=np.int64)
+    before = np.r_[NO_SEQUENCE, running[:-1]]
+    before[starts] = NO_SEQUENCE
+    kept = sequence > np.maximum(before, base[run])
+    keep[rows[order]] = kept
+    run_high = np.maximum.reduceat(sequence, starts)
+    run_kept_high = np.maximum.reduceat(np.where(kept, sequence, NO_SEQUENCE), starts)
+    highs: dict[ProducerKey, int] = {}
+    marks: dict[ProducerKey, ProducerMark] = {}
+    for n, owner in enumerate(owners):
+        mark = marks.get(owner)
+        if mark is None:
+            mark = marks[owner] = copy_mark(known.get(owner))
+            mark.last_seen_ms = max(mark.last_seen_ms, now_ms)
+        if run_high[n] > base[n]:
+            mark.partitions[int(partition[starts[n]])] = int(run_high[n])
+        if run_kept_high[n] > highs.get(owner, NO_SEQUENCE):
+            highs[owner] = int(run_kept_high[n])
+    return FrameDecision(keep, highs, marks)
+
+
+def _partition_mark(mark: ProducerMark | None, partition: int) -> int:
+    return NO_SEQUENCE if mark is None else mark.partitions.get(partition, NO_SEQUENCE)
+
+
+def live_marks(marks: Mapping[K, ProducerMark], now_ms: int, ttl_ms: int) -> dict[K, ProducerMark]:
+    """The marks not idle for ``ttl_ms`` or more at ``now_ms`` (batch time)."""
+    return {p: m for p, m in marks.items() if m.last_seen_ms + ttl_ms > now_ms}
+
+
+def encode_marks(marks: Mapping[ProducerKey, ProducerMark]) -> str:
+    """One bucket's marks as one state store value (JSON)."""
+    return json.dumps(
+        [[t, p, m.last_seen_ms, sorted(m.partitions.items())] for (t, p), m in marks.items()],
+        separators=(",", ":"),
+    )
+
+
+def decode_marks(text: str) -> dict[ProducerKey, ProducerMark]:
+    out: dict[ProducerKey, ProducerMark] = {}
+    item: list[Any]
+    for item in json.loads(text):
+        topic, producer, last_seen_ms, partitions = item
+        out[(topic, producer)] = ProducerMark(dict(map(tuple, partitions)), last_seen_ms)
     return out

@@ -4,11 +4,11 @@ One Structured Streaming query, Spark's own Kafka source and sink:
 
 1. Read every ingest topic by pattern (``setu.names.INGEST_PATTERN``); a topic created later is
    picked up at the next trigger, from its first offset.
-2. De-duplicate (:mod:`spark.dedup`) in :class:`spark.processor.DedupProcessor`
-   (``transformWithStateInPandas``, RocksDB state store, checkpointed). Rows are grouped by
-   ingest partition, so all rows of a group (one key, one ingest partition) meet in one task,
-   and the processor emits them sorted by ingest (partition, offset). Rows without a producer
-   pass through in the same order.
+2. De-duplicate (:mod:`spark.dedup`) in :class:`spark.processor.DedupFunction`
+   (``applyInPandasWithState``, one state value per bucket, checkpointed state store).
+   Rows are grouped by ingest partition, so all rows of a group (one key, one ingest partition)
+   meet in one task, and the function emits them sorted by ingest (partition, offset). Rows
+   without a producer pass through in the same order.
 3. In each micro-batch (``foreachBatch``) write the kept rows with the Kafka sink as they come
    out of that task (a projection only: no shuffle that could reorder them). One task writes its
    rows in order through one idempotent producer (``acks=all``, ``enable.idempotence``, at most
@@ -26,6 +26,11 @@ log may hold the batch twice, as an exact replay (same message ids, same order) 
 delivery side recognises by its ingest offsets and skips (``delivery.replays``). Nothing
 accepted is lost, because a batch is committed only after its write succeeded; marks are
 max-guarded, so replays never lower them.
+
+Latency and cost per batch. Only the dedup step runs Python, and it reaches the state store once
+per bucket (state in, state out, in the rows' own Arrow stream); the store keeps the bounded
+state in memory and writes one small delta file per batch. A checkpoint written by the earlier
+``transformWithStateInPandas`` job (other state layout) cannot be resumed: start from a new one.
 """
 
 from __future__ import annotations
@@ -61,8 +66,10 @@ from spark.processor import (
     PARTITION,
     PRODUCER,
     SEQUENCE,
+    STATE_SCHEMA,
+    TIMEOUT,
     TOPIC,
-    DedupProcessor,
+    DedupFunction,
 )
 
 log = logging.getLogger(__name__)
@@ -73,7 +80,8 @@ HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 SUBSCRIBE_PATTERN = f"^{INGEST_PATTERN}$"
 RAW_HEADERS, KEY, VALUE = "headers", "key", "value"
 
-DEDUP_COLUMNS = [TOPIC, PARTITION, OFFSET, VALUE, RAW_HEADERS, KEY, PRODUCER, SEQUENCE]
+# What the dedup step hands on: the sink's columns and the ingest position.
+DEDUP_COLUMNS = [TOPIC, PARTITION, OFFSET, VALUE, RAW_HEADERS, KEY]
 
 
 def sink_options(settings: Settings) -> dict[str, str]:
@@ -102,6 +110,9 @@ def source_options(settings: Settings, pattern: str = SUBSCRIBE_PATTERN) -> dict
         "includeHeaders": "true",
         "maxOffsetsPerTrigger": str(settings.spark_max_offsets_per_trigger),
         "kafka.metadata.max.age.ms": str(settings.spark_topic_refresh_ms),
+        # A consumer pipelines its next fetch; on a quiet partition the broker parks that fetch
+        # for fetch.max.wait.ms (500 by default), and the next batch's task waits it out first.
+        "kafka.fetch.max.wait.ms": "10",
         # A deleted topic must not stop every other topic's ingest.
         "failOnDataLoss": "false",
     }
@@ -112,13 +123,11 @@ def session_config(settings: Settings) -> dict[str, str]:
         "spark.master": settings.spark_master,
         "spark.app.name": QUERY_NAME,
         "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
+        # The state is BUCKETS values of bounded size: the in-memory store with a delta file per
+        # batch commits faster than RocksDB (whose changelog commit syncs to disk every batch).
         "spark.sql.streaming.stateStore.providerClass": (
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+            "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
         ),
-        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-        # RocksDB keeps state on disk; bound what it may hold in memory.
-        "spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage": "true",
-        "spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": "128",
         "spark.ui.showConsoleProgress": "false",
         # Batches only when data arrives: TTL expiry is lazy, so empty batches buy nothing.
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
@@ -153,7 +162,8 @@ def _bootstrap(settings: Settings) -> str:
 def with_identity(raw: DataFrame) -> DataFrame:
     """Source rows -> the columns the job works on, headers packed as JSON for the processor.
 
-    The producer column is null unless both producer id and a valid sequence are present.
+    The producer column is null unless both producer id and a valid sequence are present; the
+    sequence column is -1 where there is no valid sequence.
     """
     # One map per row, then plain lookups: far cheaper than a filter lambda per header name.
     header = fn.map_from_entries(fn.col(RAW_HEADERS))
@@ -169,7 +179,7 @@ def with_identity(raw: DataFrame) -> DataFrame:
         fn.to_json(fn.col(RAW_HEADERS)).alias(RAW_HEADERS),
         key.alias(KEY),
         producer.alias(PRODUCER),
-        sequence.alias(SEQUENCE),
+        fn.coalesce(sequence, fn.lit(-1).cast("bigint")).alias(SEQUENCE),
     )
     bucket = fn.pmod(fn.xxhash64(TOPIC, PARTITION), fn.lit(BUCKETS)).cast("int")
     return rows.withColumn(BUCKET, bucket)
@@ -192,17 +202,18 @@ def deduplicated(
     """
     raw = spark.readStream.format("kafka").options(**source_options(settings, pattern)).load()
     rows = with_identity(raw)
-    processor = DedupProcessor(
+    function = DedupFunction(
         ttl_ms=settings.dedup_ttl_seconds * 1000,
         max_producers=settings.dedup_max_producers,
         output_columns=DEDUP_COLUMNS,
         highs=highs,
     )
-    return rows.groupBy(BUCKET).transformWithStateInPandas(
-        statefulProcessor=processor,
+    return rows.groupBy(BUCKET).applyInPandasWithState(
+        function,
         outputStructType=dedup_schema(rows),
-        outputMode="Append",
-        timeMode="ProcessingTime",
+        stateStructType=STATE_SCHEMA,
+        outputMode="append",
+        timeoutConf=TIMEOUT,
     )
 
 

@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from spark.dedup import (
+    OFFSET,
+    PARTITION,
+    PRODUCER,
+    SEQUENCE,
+    TOPIC,
     Incoming,
+    ProducerKey,
     ProducerMark,
     admit,
     decide_batch,
+    decide_frame,
+    decode_marks,
     decode_partitions,
+    encode_marks,
     encode_partitions,
     least_recently_seen,
+    live_marks,
 )
 
 
@@ -112,3 +125,67 @@ def test_least_recently_seen_are_forgotten_beyond_the_bound(
 def test_partition_marks_round_trip(partitions: dict[int, int], text: str) -> None:
     assert encode_partitions(partitions) == text
     assert decode_partitions(text) == partitions
+
+
+Row = tuple[str, str | None, int, int, int]
+"""(topic, producer or None, partition, offset, sequence)"""
+
+
+def frame_of(rows: list[Row]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=[TOPIC, PRODUCER, PARTITION, OFFSET, SEQUENCE])
+
+
+def rows_strategy() -> st.SearchStrategy[list[Row]]:
+    row = st.tuples(
+        st.sampled_from(["t", "u"]),
+        st.sampled_from(["a", "b", "c", None]),
+        st.integers(0, 2),
+        st.integers(0, 5),
+        st.integers(-1, 6),
+    )
+    # Offsets are unique within a partition, as in a log.
+    return st.lists(row, max_size=40, unique_by=lambda r: (r[0], r[2], r[3]))
+
+
+def marks_strategy() -> st.SearchStrategy[dict[ProducerKey, ProducerMark]]:
+    mark = st.builds(
+        ProducerMark,
+        st.dictionaries(st.integers(0, 2), st.integers(-1, 6), max_size=3),
+        st.integers(0, 100),
+    )
+    keys = st.tuples(st.sampled_from(["t", "u"]), st.sampled_from(["a", "b", "d"]))
+    return st.dictionaries(keys, mark, max_size=4)
+
+
+@given(rows_strategy(), marks_strategy(), st.integers(0, 200))
+def test_frame_decision_is_the_row_by_row_rule(
+    rows: list[Row], known: dict[ProducerKey, ProducerMark], now_ms: int
+) -> None:
+    # Given any rows of a few producers on a few topics and partitions, and any stored marks
+    producers = [None if p is None else (t, p) for t, p, _, _, _ in rows]
+    messages = [Incoming(part, offset, seq) for _, _, part, offset, seq in rows]
+    before = {k: ProducerMark(dict(m.partitions), m.last_seen_ms) for k, m in known.items()}
+    # When the whole frame is decided at once
+    decision = decide_frame(frame_of(rows), known, now_ms)
+    # Then it keeps, reports and remembers exactly what the row-by-row rule does
+    expected = decide_batch(producers, messages, known, now_ms)
+    assert decision.keep.tolist() == expected.accepted
+    assert decision.highs == expected.highs
+    assert decision.marks == expected.marks
+    assert known == before
+
+
+def test_frame_without_producers_keeps_everything_and_remembers_nothing() -> None:
+    decision = decide_frame(frame_of([("t", None, 0, 0, -1), ("t", None, 0, 1, -1)]), {}, 5)
+    assert decision.keep.tolist() == [True, True]
+    assert decision.highs == {} and decision.marks == {}
+
+
+def test_marks_idle_for_the_ttl_are_not_live() -> None:
+    marks = {"old": ProducerMark({0: 1}, 1000), "fresh": ProducerMark({0: 2}, 1500)}
+    assert live_marks(marks, now_ms=4000, ttl_ms=3000) == {"fresh": ProducerMark({0: 2}, 1500)}
+
+
+def test_bucket_marks_round_trip_through_their_stored_form() -> None:
+    marks = {("t", "p,:1"): ProducerMark({3: 40, 0: 12}, 7), ("u", "q"): ProducerMark({}, 0)}
+    assert decode_marks(encode_marks(marks)) == marks

@@ -1,0 +1,130 @@
+"""The applyInPandasWithState function of the ingest job, with a stand-in for Spark's state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from spark.dedup import ProducerMark, decode_marks, encode_marks
+from spark.marks import ProducerHighs, merge_highs
+from spark.processor import BUCKETS, DedupFunction
+
+COLUMNS = ["topic", "partition", "offset", "value", "producer", "seq"]
+OUTPUT = ["topic", "partition", "offset", "value"]
+
+
+@dataclass
+class FakeState:
+    """The part of ``GroupState`` the function uses."""
+
+    now_ms: int
+    value: tuple[Any, ...] | None = None
+
+    @property
+    def exists(self) -> bool:
+        return self.value is not None
+
+    @property
+    def get(self) -> tuple[Any, ...]:
+        assert self.value is not None
+        return self.value
+
+    def update(self, value: tuple[Any, ...]) -> None:
+        self.value = value
+
+    def remove(self) -> None:
+        self.value = None
+
+    def getCurrentProcessingTimeMs(self) -> int:  # noqa: N802 (Spark's name)
+        return self.now_ms
+
+
+@dataclass
+class FakeHighs:
+    value: ProducerHighs = field(default_factory=dict)
+
+    def add(self, highs: ProducerHighs) -> None:
+        merge_highs(self.value, highs)
+
+
+def run(
+    function: DedupFunction, state: FakeState, rows: list[tuple[Any, ...]]
+) -> list[tuple[Any, ...]]:
+    """Feed ``rows`` as two Arrow-sized chunks, as Spark may; return the emitted rows."""
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    chunks: Iterator[pd.DataFrame] = iter(
+        [frame.iloc[: len(rows) // 2], frame.iloc[len(rows) // 2 :]]
+    )
+    out = pd.concat(list(function(("bucket",), chunks, state)))  # type: ignore[arg-type]
+    return list(out.itertuples(index=False, name=None))
+
+
+def dedup(ttl_ms: int = 60_000, max_producers: int = 1000) -> tuple[DedupFunction, FakeHighs]:
+    highs = FakeHighs()
+    return DedupFunction(ttl_ms, max_producers, OUTPUT, highs), highs  # type: ignore[arg-type]
+
+
+def test_bucket_rows_leave_deduplicated_in_log_order() -> None:
+    # Given a bucket's rows out of order: two partitions, a retry, an anonymous message
+    function, highs = dedup()
+    state = FakeState(now_ms=1000)
+    rows = [
+        ("t", 1, 0, b"b0", "p", 0),
+        ("t", 0, 1, b"a1", "p", 1),
+        ("t", 0, 0, b"a0", "p", 0),
+        ("t", 0, 2, b"a1 again", "p", 1),
+        ("t", 1, 1, b"free", None, -1),
+    ]
+    # When the function decides them
+    out = run(function, state, rows)
+    # Then the retry is gone and the rest come out by (partition, offset)
+    assert out == [
+        ("t", 0, 0, b"a0"),
+        ("t", 0, 1, b"a1"),
+        ("t", 1, 0, b"b0"),
+        ("t", 1, 1, b"free"),
+    ]
+    assert highs.value == {("t", "p"): 1}
+    assert decode_marks(state.get[0]) == {("t", "p"): ProducerMark({0: 1, 1: 0}, 1000)}
+
+
+def test_next_batch_is_judged_against_the_stored_marks() -> None:
+    # Given a bucket whose state remembers producer p at sequence 5 on partition 0
+    function, _ = dedup()
+    state = FakeState(now_ms=2000, value=(encode_marks({("t", "p"): ProducerMark({0: 5}, 1000)}),))
+    # When p resends 5 and sends 6
+    out = run(function, state, [("t", 0, 7, b"old", "p", 5), ("t", 0, 8, b"new", "p", 6)])
+    # Then only 6 passes
+    assert out == [("t", 0, 8, b"new")]
+
+
+def test_marks_idle_for_the_ttl_no_longer_judge() -> None:
+    # Given a mark last seen at 1000 and a 3 s TTL
+    function, _ = dedup(ttl_ms=3000)
+    state = FakeState(now_ms=4000, value=(encode_marks({("t", "p"): ProducerMark({0: 5}, 1000)}),))
+    # When an older sequence arrives once the TTL has passed
+    out = run(function, state, [("t", 0, 9, b"late", "p", 2), ("t", 0, 10, b"x", None, -1)])
+    # Then it is accepted, and the state holds only the fresh mark
+    assert [r[3] for r in out] == [b"late", b"x"]
+    assert decode_marks(state.get[0]) == {("t", "p"): ProducerMark({0: 2}, 4000)}
+
+
+def test_each_bucket_forgets_its_least_recently_seen_beyond_its_share() -> None:
+    # Given room for one producer per bucket, held by a
+    function, _ = dedup(max_producers=BUCKETS)
+    state = FakeState(now_ms=5000, value=(encode_marks({("t", "a"): ProducerMark({0: 9}, 1000)}),))
+    # When b writes
+    run(function, state, [("t", 0, 3, b"b", "b", 0), ("t", 0, 4, b"b", "b", 1)])
+    # Then only b is remembered
+    assert set(decode_marks(state.get[0])) == {("t", "b")}
+
+
+def test_a_bucket_of_anonymous_messages_keeps_no_state() -> None:
+    function, highs = dedup()
+    state = FakeState(now_ms=1)
+    out = run(function, state, [("t", 0, 1, b"y", None, -1), ("t", 0, 0, b"x", None, -1)])
+    assert [r[3] for r in out] == [b"x", b"y"]
+    assert not state.exists and highs.value == {}
