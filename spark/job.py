@@ -123,8 +123,9 @@ def session_config(settings: Settings) -> dict[str, str]:
         "spark.master": settings.spark_master,
         "spark.app.name": QUERY_NAME,
         "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
-        # The state is BUCKETS values of bounded size: the in-memory store with a delta file per
-        # batch commits faster than RocksDB (whose changelog commit syncs to disk every batch).
+        # The state is at most BUCKETS values of bounded size: the in-memory store (one small
+        # delta file per batch) holds it without a native store. Measured per batch commit on a
+        # 2-core machine: 110-160 ms with this store or RocksDB alike, so disk-bound either way.
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
         ),
