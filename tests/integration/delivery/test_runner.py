@@ -1,0 +1,107 @@
+"""The runner's seeks on the real broker: librdkafka refuses a seek while a partition that was
+just assigned from its committed offset is still looking that offset up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import pytest
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, TopicPartition
+from redis.asyncio import Redis
+
+from delivery.http import HttpClient
+from delivery.runner import RunnerConfig, SubscriptionRunner, _Port
+from delivery.tiers import DLQ
+from setu import names
+from tests.integration.delivery.conftest import Receiver, World
+
+pytestmark = pytest.mark.integration
+
+
+class Watched:
+    """The consumer, counting the seeks it refused."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self.refused = 0
+
+    def seek(self, tp: TopicPartition) -> None:
+        try:
+            self.consumer.seek(tp)
+        except KafkaException:
+            self.refused += 1
+            raise
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.unblocked_at: list[tuple[int, int]] = []
+        self.done = asyncio.Event()
+
+    def unblocked(self, tier: int, offset: int) -> None:
+        self.unblocked_at.append((tier, offset))
+        self.done.set()
+
+
+async def test_a_seek_right_after_an_assignment_takes_before_the_engine_reads_on(
+    world: World, receiver: Receiver
+) -> None:
+    # Given a subscription whose DLQ partition 0 holds six records, committed at 4
+    world.topic()
+    sub = world.subscription(receiver.url)
+    dlq = names.dlq_topic(world.project, sub.name)
+    group = names.consumer_group(world.project, sub.name)
+    for n in range(6):
+        world.producer.produce(dlq, value=b"%d" % n, partition=0)
+    world.producer.flush(10)
+    config = {"bootstrap.servers": world.bootstrap, "group.id": group, "enable.auto.commit": False}
+    committer = Consumer(config)
+    committer.commit(offsets=[TopicPartition(dlq, 0, 4)], asynchronous=False)
+    committer.close()
+    # and a runner whose consumer was just assigned that partition from its committed offset
+    consumer = Consumer(config)
+    watched = Watched(consumer)
+    runner = SubscriptionRunner(
+        sub,
+        RunnerConfig(bootstrap=world.bootstrap, worker_id="w"),
+        Redis(),
+        producer=None,  # type: ignore[arg-type]
+        client=HttpClient(),
+    )
+    loop = asyncio.get_running_loop()
+
+    def post(command: Any, then: Any = None) -> None:
+        # As the consumer thread does: run the command (a failure is only logged), then hand
+        # ``then`` to the loop.
+        with contextlib.suppress(KafkaException):
+            command(watched)
+        if then is not None:
+            loop.call_soon(then)
+
+    runner.post = post  # type: ignore[method-assign]
+    port = _Port(runner, 0)
+    engine = Engine()
+    port.engine = engine  # type: ignore[assignment]
+    try:
+        consumer.assign([TopicPartition(dlq, 0, OFFSET_INVALID)])
+
+        # When the engine asks at once to read the DLQ again from offset 1 (a group released
+        # as the partition is taken over)
+        runner.seek(port, DLQ, 1)
+        await asyncio.wait_for(engine.done.wait(), 30)
+
+        # Then librdkafka refused the first seek, the runner sought again until it took, and
+        # the engine was told only then: the consumer reads from 1, not from the commit
+        assert watched.refused >= 1
+        assert engine.unblocked_at == [(DLQ, 1)]
+        first = None
+        while first is None:
+            for msg in await asyncio.to_thread(consumer.consume, 10, 1.0):
+                if msg.error() is None:
+                    first = msg.offset()
+                    break
+        assert first == 1
+    finally:
+        consumer.close()
