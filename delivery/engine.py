@@ -514,16 +514,7 @@ class PartitionEngine:
                 self.effects.delivered(self.partition, rec.tier, rec.offset)
                 return
             assert group is not None
-            state = self.states[group]
-            write = StateWrite(
-                self.partition,
-                group,
-                touches_group=True,
-                expected_version=state.version,
-                state=groups.head_done(state, rec.tier, rec.offset),
-                outcomes=((rec.tier, rec.offset),),
-                delivered=1,
-            )
+            write = self._head_delivered(group, rec.tier, rec.offset, ((rec.tier, rec.offset),))
             self._persist(lane, Transition(write, (rec,)))
             return
         ordered = not attempt.independent and group is not None
@@ -565,15 +556,7 @@ class PartitionEngine:
                 )
             else:
                 assert group is not None
-                state = self.states[group]
-                write = StateWrite(
-                    self.partition,
-                    group,
-                    touches_group=True,
-                    expected_version=state.version,
-                    state=groups.head_done(state, DLQ, offset),
-                    delivered=1,
-                )
+                write = self._head_delivered(group, DLQ, offset, ())
             self._persist(lane, Transition(write, (rec,)))
         elif attempt.independent:
             due = self._due(1, outcome) if retry else now
@@ -632,6 +615,21 @@ class PartitionEngine:
         """When a copy moved to retry tier ``tier`` after ``outcome`` is due."""
         return next_attempt_at(
             self.clock(), self._delay(tier), rnd=self.rng(), retry_after_ms=outcome.retry_after_ms
+        )
+
+    def _head_delivered(
+        self, group: str, tier: int, offset: int, outcomes: tuple[tuple[int, int], ...]
+    ) -> StateWrite:
+        """The state write for a group whose head at (``tier``, ``offset``) got its 2xx."""
+        state = self.states[group]
+        return StateWrite(
+            self.partition,
+            group,
+            touches_group=True,
+            expected_version=state.version,
+            state=groups.head_done(state, tier, offset),
+            outcomes=outcomes,
+            delivered=1,
         )
 
     def _release(self, group: str, lane: Lane) -> None:
