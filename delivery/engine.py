@@ -214,9 +214,7 @@ class PartitionEngine:
         :mod:`delivery.fencing`): its source is this owner's to handle."""
         if not is_stale_copy(self.fences, rec.tier, rec.offset, rec.epoch):
             return False
-        tracker = self.trackers[rec.tier]
-        tracker.read(rec.offset)
-        tracker.finish(rec.offset)
+        self._pass_over(rec)
         self.stale_copies += 1
         return True
 
@@ -228,11 +226,15 @@ class PartitionEngine:
             rec.offset, envelope.ingest_partition, envelope.ingest_offset
         ):
             return False
+        self._pass_over(rec)
+        self.replay_copies += 1
+        return True
+
+    def _pass_over(self, rec: Record) -> None:
+        """A record read and finished at once, without a call."""
         tracker = self.trackers[rec.tier]
         tracker.read(rec.offset)
         tracker.finish(rec.offset)
-        self.replay_copies += 1
-        return True
 
     def skip(self, tier: int, offset: int) -> None:
         """A record that is not a Setu message: nothing to deliver, but its offset finishes."""

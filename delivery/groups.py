@@ -84,20 +84,24 @@ def _settled(state: GroupState, counts: tuple[int, ...], dlq_from: int) -> Group
     next head unknown; leaving the DLQ clears the DLQ-only fields."""
     if not any(counts):
         return None
-    new = replace(
+    new = _new_head(state, counts, None)
+    if new.head_tier != DLQ:
+        return replace(new, released=False, dlq_from=-1)
+    return replace(new, dlq_from=dlq_from)
+
+
+def _new_head(state: GroupState, counts: tuple[int, ...], head: str | None) -> GroupState:
+    """``state`` with new counts and head, and nothing left of the previous head's attempts."""
+    return replace(
         state,
         counts=counts,
-        head=None,
-        dlq_from=dlq_from,
+        head=head,
         lap=0,
         attempts=0,
         last_status=None,
         reason="",
         version=state.version + 1,
     )
-    if new.head_tier != DLQ:
-        new = replace(new, released=False, dlq_from=-1)
-    return new
 
 
 def route(state: GroupState | None, tier: int, message_id: str, offset: int) -> Route:
@@ -148,20 +152,9 @@ def head_failed(
     base = state if state is not None else GroupState()
     counts = base.counts if from_tier == MAIN else _add(base.counts, from_tier, -1)
     counts = _add(counts, to_tier, 1)
-    new = replace(
-        base,
-        counts=counts,
-        head=message_id,
-        failed_at_ms=now_ms,
-        lap=0,
-        attempts=0,
-        last_status=None,
-        reason="",
-        version=base.version + 1,
-    )
-    if to_tier == DLQ:
-        return replace(new, released=False, dlq_from=dlq_offset)
-    return replace(new, released=False, dlq_from=-1)
+    new = _new_head(base, counts, message_id)
+    dlq_from = dlq_offset if to_tier == DLQ else -1
+    return replace(new, failed_at_ms=now_ms, released=False, dlq_from=dlq_from)
 
 
 def parked(state: GroupState, to_tier: int, n: int = 1) -> GroupState:
