@@ -147,6 +147,10 @@ def rate_of(query: StreamingQuery, expected_rows: int, timeout_s: float = 900) -
         "seconds": round(end - start, 2),
         "messages_per_s": round(rows / (end - start)),
         "steady_messages_per_s": round(sum(b["numInputRows"] for b in steady) / steady_s),
+        "batch_rows_ms": [
+            (b["numInputRows"], b["durationMs"]["triggerExecution"]) for b in batches
+        ],
+        "first_batch_ms": batches[0]["durationMs"],
     }
 
 
