@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     spark_ingest_pattern: str | None = None
     dedup_ttl_seconds: int = 24 * 3600
     dedup_max_producers: int = 100_000
+    # Where the ingest job serves GET /metrics (Prometheus); unset: not served.
+    ingest_metrics_port: int | None = None
+    ingest_metrics_host: str = "127.0.0.1"
 
     # Delivery
     worker_id: str | None = None

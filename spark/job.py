@@ -16,7 +16,8 @@ One Structured Streaming query, Spark's own Kafka source and sink:
    is murmur2 on the key, as DESIGN §1 requires. Key = GroupId, else MessageId; headers are
    carried over plus ``setu-ingest-partition`` / ``setu-ingest-offset``.
 4. After the write returns (every record acknowledged), raise the producers' high marks in Redis
-   (:mod:`spark.marks`); the dedup step gathers them in an accumulator during the same pass.
+   (:mod:`spark.marks`) and count the batch (:mod:`spark.metrics`); the dedup step gathers the
+   marks and the per-topic counts in accumulators during the same pass.
 
 Crash safety. Spark commits a batch (source offsets + state version) only after
 ``foreachBatch`` returns. A kill before that commit replays the batch from the same offsets,
@@ -59,6 +60,7 @@ from setu.envelope import (
 from setu.names import INGEST_PATTERN
 from setu.settings import Settings
 from spark.marks import HighsParam, MarkPublisher, ProducerHighs, by_topic
+from spark.metrics import CountsParam, IngestMetrics, TopicCounts
 from spark.processor import (
     BUCKET,
     BUCKETS,
@@ -195,11 +197,13 @@ def deduplicated(
     spark: SparkSession,
     settings: Settings,
     highs: Accumulator[ProducerHighs],
+    counts: Accumulator[TopicCounts],
     pattern: str = SUBSCRIBE_PATTERN,
 ) -> DataFrame:
     """The streaming frame of accepted rows (the job's stateful part).
 
-    Each batch adds its producers' highest accepted sequences to ``highs``.
+    Each batch adds its producers' highest accepted sequences to ``highs``, and per topic the
+    rows it kept and dropped to ``counts``.
     """
     raw = spark.readStream.format("kafka").options(**source_options(settings, pattern)).load()
     rows = with_identity(raw)
@@ -208,6 +212,7 @@ def deduplicated(
         max_producers=settings.dedup_max_producers,
         output_columns=DEDUP_COLUMNS,
         highs=highs,
+        counts=counts,
     )
     return rows.groupBy(BUCKET).applyInPandasWithState(
         function,
@@ -240,20 +245,31 @@ def main_log_rows(accepted: DataFrame) -> DataFrame:
 
 
 class BatchWriter:
-    """The ``foreachBatch`` function: write the main logs, then raise the producer marks."""
+    """The ``foreachBatch`` function: write the main logs, then raise the producer marks and
+    count the batch."""
 
     def __init__(
-        self, settings: Settings, highs: Accumulator[ProducerHighs], publisher: MarkPublisher
+        self,
+        settings: Settings,
+        highs: Accumulator[ProducerHighs],
+        counts: Accumulator[TopicCounts],
+        publisher: MarkPublisher,
+        metrics: IngestMetrics,
     ) -> None:
         self._options = sink_options(settings)
         self._highs = highs
+        self._counts = counts
         self._publisher = publisher
+        self._metrics = metrics
 
     def __call__(self, accepted: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
         self._highs.value = {}
+        self._counts.value = {}
         rows = main_log_rows(accepted)
         rows.write.format("kafka").options(**self._options).save()
         self._publisher.publish(by_topic(self._highs.value.items()))
+        self._metrics.batch_written(self._counts.value, time.monotonic() - started)
 
 
 def start(
@@ -261,22 +277,27 @@ def start(
     settings: Settings,
     publisher: MarkPublisher,
     pattern: str | None = None,
+    metrics: IngestMetrics | None = None,
 ) -> StreamingQuery:
     """Start the query; it resumes from the checkpoint if one exists.
 
     It reads the topics matching ``pattern``, else ``settings.spark_ingest_pattern``, else
-    every ingest topic.
+    every ingest topic. ``metrics`` (if given) counts its batches and watches it.
     """
     pattern = pattern or settings.spark_ingest_pattern or SUBSCRIBE_PATTERN
+    metrics = metrics or IngestMetrics()
     highs = spark.sparkContext.accumulator({}, HighsParam())
-    return (
-        deduplicated(spark, settings, highs, pattern)
+    counts = spark.sparkContext.accumulator({}, CountsParam())
+    query = (
+        deduplicated(spark, settings, highs, counts, pattern)
         .writeStream.queryName(QUERY_NAME)
-        .foreachBatch(BatchWriter(settings, highs, publisher))
+        .foreachBatch(BatchWriter(settings, highs, counts, publisher, metrics))
         .option("checkpointLocation", settings.resolved_checkpoint_dir())
         .trigger(processingTime=f"{settings.spark_trigger_ms} milliseconds")
         .start()
     )
+    metrics.watch(lambda: (query.isActive, query.lastProgress))
+    return query
 
 
 def stop_between_batches(query: StreamingQuery, patience_s: float = 30.0) -> None:
@@ -303,8 +324,14 @@ def run(settings: Settings) -> None:
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     spark = build_session(settings)
     client = redis.Redis.from_url(settings.redis_url)
+    metrics, server = IngestMetrics(), None
     try:
-        query = start(spark, settings, MarkPublisher(client))
+        if settings.ingest_metrics_port is not None:
+            server = metrics.serve(settings.ingest_metrics_host, settings.ingest_metrics_port)
+            log.info(
+                "metrics at http://%s:%d/metrics", settings.ingest_metrics_host, server.server_port
+            )
+        query = start(spark, settings, MarkPublisher(client), metrics=metrics)
         log.info("ingest query %s started (%s)", query.id, settings.resolved_checkpoint_dir())
         while not stopping.is_set() and query.isActive:
             query.awaitTermination(1)
@@ -316,6 +343,8 @@ def run(settings: Settings) -> None:
             raise
         log.warning("Spark went down with the stop signal; the next start resumes")
     finally:
+        if server is not None:
+            server.shutdown()
         client.close()
         try:
             spark.stop()

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 from pyspark.accumulators import Accumulator
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
@@ -43,6 +44,7 @@ from spark.dedup import (
     live_marks,
 )
 from spark.marks import ProducerHighs
+from spark.metrics import TopicCounts
 
 __all__ = ["BUCKET", "BUCKETS", "OFFSET", "PARTITION", "PRODUCER", "SEQUENCE", "TOPIC"]
 
@@ -66,6 +68,16 @@ def in_log_order(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.take(order)
 
 
+def topic_counts(topics: pd.Series, keep: npt.NDArray[np.bool_] | None = None) -> TopicCounts:
+    """Per topic of ``topics``: (rows kept, rows dropped); ``keep`` None keeps every row."""
+    total = topics.value_counts()
+    dropped = topics[~keep].value_counts() if keep is not None else total.iloc[:0]
+    return {
+        str(topic): (int(n) - int(dropped.get(topic, 0)), int(dropped.get(topic, 0)))
+        for topic, n in total.items()
+    }
+
+
 class DedupFunction:
     """Keeps the rows of a bucket that are not duplicates; adds each producer's batch high to
     the ``highs`` accumulator. Picklable: Spark ships it to the Python workers."""
@@ -76,18 +88,22 @@ class DedupFunction:
         max_producers: int,
         output_columns: list[str],
         highs: Accumulator[ProducerHighs],
+        counts: Accumulator[TopicCounts],
     ) -> None:
         self.ttl_ms = ttl_ms
         self.cap = bucket_cap(max_producers)
         self.output_columns = output_columns
-        # Reaches the driver with the task's result, i.e. only for rows the batch really wrote.
+        # Both reach the driver with the task's result, i.e. only for rows the batch really
+        # wrote.
         self.highs = highs
+        self.counts = counts
 
     def __call__(
         self, key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState
     ) -> Iterator[pd.DataFrame]:
         frame = in_log_order(pd.concat(list(frames), ignore_index=True))
         if not state.exists and not frame[PRODUCER].notna().any():
+            self.counts.add(topic_counts(frame[TOPIC]))
             yield frame[self.output_columns]
             return
         now_ms = int(state.getCurrentProcessingTimeMs())
@@ -103,4 +119,5 @@ class DedupFunction:
             state.remove()
         if decision.highs:
             self.highs.add(decision.highs)
+        self.counts.add(topic_counts(frame[TOPIC], decision.keep))
         yield frame.loc[decision.keep, self.output_columns]

@@ -27,6 +27,7 @@ from setu.envelope import Envelope
 from setu.settings import Settings
 from spark import job
 from spark.marks import MarkPublisher
+from spark.metrics import IngestMetrics
 from state import keys
 
 
@@ -101,6 +102,7 @@ class IngestWorld:
         self.redis = redis.Redis.from_url(self.redis_url)
         self.topics: list[str] = []
         self.consumers: list[Consumer] = []
+        self.metrics = IngestMetrics()
 
     def settings(self, **overrides: object) -> Settings:
         values: dict[str, object] = {
@@ -179,7 +181,8 @@ class IngestWorld:
 
     def start_job(self, settings: Settings) -> StreamingQuery:
         publisher = MarkPublisher(self.redis)
-        return job.start(self.spark, settings, publisher, job.project_pattern(self.project))
+        pattern = job.project_pattern(self.project)
+        return job.start(self.spark, settings, publisher, pattern, self.metrics)
 
     def close(self) -> None:
         for consumer in self.consumers:

@@ -57,6 +57,11 @@ def test_retries_and_older_sequences_are_dropped_and_marks_published(world: Inge
         assert envelope.body == f"body of {envelope.message_id}".encode()
     header_names = {name for name, _ in log.records[0][2].kafka_headers()}
     assert {H_INGEST_PARTITION, H_INGEST_OFFSET} <= header_names
+    # And the job's metrics count 12 accepted and 3 duplicates (m3, m9 and the stale 4)
+    scrape = world.metrics.render().decode()
+    topic = f'project="{world.project}",result="%s",topic="t"'
+    assert f"setu_ingest_messages_total{{{topic % 'accepted'}}} 12.0" in scrape
+    assert f"setu_ingest_messages_total{{{topic % 'duplicate'}}} 3.0" in scrape
 
 
 def test_each_group_keeps_ingest_order_with_many_interleaved_producers(

@@ -109,6 +109,22 @@ def test_delivery_workers_serve_metrics_that_prometheus_scrapes() -> None:
     assert values["delivery"]["metrics"] == {"scrape": True, "port": 9464}
 
 
+def test_the_ingest_job_serves_metrics_that_prometheus_scrapes() -> None:
+    # Given the ingest workload and the chart's defaults
+    ingest = workload("-ingest")
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    # Then the job serves /metrics on every interface, on a named port, and is scraped
+    spec = container(ingest)
+    env = {e["name"]: e.get("value") for e in spec["env"]}
+    assert env["SETU_INGEST_METRICS_HOST"] == "0.0.0.0"
+    assert "SETU_INGEST_METRICS_PORT" in env
+    assert [p["name"] for p in spec["ports"]] == ["metrics"]
+    annotations = ingest["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert values["ingest"]["metrics"] == {"scrape": True, "port": 9465}
+
+
 def test_the_ingest_job_never_runs_twice_on_one_checkpoint() -> None:
     ingest = workload("-ingest")
     assert ingest["spec"]["replicas"] == 1

@@ -10,6 +10,7 @@ import pandas as pd
 
 from spark.dedup import ProducerMark, decode_marks, encode_marks
 from spark.marks import ProducerHighs, merge_highs
+from spark.metrics import TopicCounts, add_counts
 from spark.processor import BUCKETS, DedupFunction
 
 COLUMNS = ["topic", "partition", "offset", "value", "producer", "seq"]
@@ -50,6 +51,14 @@ class FakeHighs:
         merge_highs(self.value, highs)
 
 
+@dataclass
+class FakeCounts:
+    value: TopicCounts = field(default_factory=dict)
+
+    def add(self, counts: TopicCounts) -> None:
+        add_counts(self.value, counts)
+
+
 def run(
     function: DedupFunction, state: FakeState, rows: list[tuple[Any, ...]]
 ) -> list[tuple[Any, ...]]:
@@ -62,9 +71,18 @@ def run(
     return list(out.itertuples(index=False, name=None))
 
 
-def dedup(ttl_ms: int = 60_000, max_producers: int = 1000) -> tuple[DedupFunction, FakeHighs]:
+def dedup(
+    ttl_ms: int = 60_000, max_producers: int = 1000, counts: FakeCounts | None = None
+) -> tuple[DedupFunction, FakeHighs]:
     highs = FakeHighs()
-    return DedupFunction(ttl_ms, max_producers, OUTPUT, highs), highs  # type: ignore[arg-type]
+    function = DedupFunction(
+        ttl_ms,
+        max_producers,
+        OUTPUT,
+        highs,  # type: ignore[arg-type]
+        counts or FakeCounts(),  # type: ignore[arg-type]
+    )
+    return function, highs
 
 
 def test_bucket_rows_leave_deduplicated_in_log_order() -> None:
@@ -128,3 +146,21 @@ def test_a_bucket_of_anonymous_messages_keeps_no_state() -> None:
     out = run(function, state, [("t", 0, 1, b"y", None, -1), ("t", 0, 0, b"x", None, -1)])
     assert [r[3] for r in out] == [b"x", b"y"]
     assert not state.exists and highs.value == {}
+
+
+def test_kept_and_dropped_rows_are_counted_per_topic() -> None:
+    # Given a bucket with two topics: a retry in t, anonymous messages in u
+    counts = FakeCounts()
+    function, _ = dedup(counts=counts)
+    rows = [
+        ("t", 0, 0, b"a", "p", 0),
+        ("t", 0, 1, b"a again", "p", 0),
+        ("t", 0, 2, b"b", "p", 1),
+        ("u", 1, 0, b"x", None, -1),
+        ("u", 1, 1, b"y", None, -1),
+    ]
+    # When the function decides them, then a batch of anonymous messages only
+    run(function, FakeState(now_ms=1), rows)
+    run(function, FakeState(now_ms=2), [("u", 1, 2, b"z", None, -1)])
+    # Then each topic's kept and dropped rows are counted
+    assert counts.value == {"t": (2, 1), "u": (3, 0)}

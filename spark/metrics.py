@@ -1,0 +1,185 @@
+"""Prometheus metrics of the ingest job, in a registry of its own, served by ``setu ingest`` on
+``SETU_INGEST_METRICS_PORT`` (off when unset).
+
+Counted once a batch is in the main log (a batch replayed after a crash counts again):
+
+- ``setu_ingest_messages_total{project, topic, result}``: messages the de-duplication step
+  kept (``accepted``) or dropped (``duplicate``).
+- ``setu_ingest_batches_total``: batches written, and ``setu_ingest_batch_seconds``: how long
+  each took to de-duplicate and write (a histogram).
+- ``setu_ingest_last_batch_timestamp_seconds``: when the last batch was written.
+
+Read from the query at scrape time:
+
+- ``setu_ingest_query_active``: 1 while the query runs.
+- ``setu_ingest_offsets_behind_latest``: after the last batch, how far the furthest-behind
+  ingest partition's read position trailed its end offset (the Kafka source's
+  ``maxOffsetsBehindLatest``): how much the job has still to read.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    ProcessCollector,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from pyspark.accumulators import AccumulatorParam
+
+from setu.names import parse_ingest_topic
+
+BATCH_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+TopicCounts = dict[str, tuple[int, int]]
+"""Ingest topic -> (messages accepted, duplicates dropped)."""
+
+
+def add_counts(into: TopicCounts, other: Mapping[str, tuple[int, int]]) -> TopicCounts:
+    """Adds ``other`` to ``into``, in place."""
+    for topic, (accepted, duplicates) in other.items():
+        was_accepted, was_duplicates = into.get(topic, (0, 0))
+        into[topic] = (was_accepted + accepted, was_duplicates + duplicates)
+    return into
+
+
+class CountsParam(AccumulatorParam[TopicCounts]):
+    """A Spark accumulator of :data:`TopicCounts` (a sum)."""
+
+    def zero(self, value: TopicCounts) -> TopicCounts:
+        return {}
+
+    def addInPlace(  # noqa: N802 (Spark's name)
+        self, value1: TopicCounts, value2: TopicCounts
+    ) -> TopicCounts:
+        return add_counts(value1, value2)
+
+
+Progress = Callable[[], "tuple[bool, Mapping[str, Any] | None]"]
+"""Whether the query is active, and its last progress report (None before the first)."""
+
+
+@dataclass
+class _Totals:
+    counts: TopicCounts = field(default_factory=dict)
+    batches: int = 0
+    seconds_sum: float = 0.0
+    bucket_counts: list[int] = field(default_factory=lambda: [0] * (len(BATCH_BUCKETS) + 1))
+    last_batch_at: float | None = None
+
+
+class IngestMetrics:
+    """The job's registry (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._totals = _Totals()
+        self._progress: Progress = lambda: (False, None)
+        ProcessCollector(registry=self.registry)
+        self.registry.register(_Collector(self))
+
+    def watch(self, progress: Progress) -> None:
+        """Where the scrape-time gauges come from (the running query)."""
+        self._progress = progress
+
+    def batch_written(self, counts: Mapping[str, tuple[int, int]], seconds: float) -> None:
+        totals = self._totals
+        add_counts(totals.counts, counts)
+        totals.batches += 1
+        totals.seconds_sum += seconds
+        totals.bucket_counts[bisect_left(BATCH_BUCKETS, seconds)] += 1
+        totals.last_batch_at = time.time()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def serve(self, host: str, port: int) -> Any:
+        """Serves ``GET /metrics`` on a thread of its own; returns the server (``shutdown()``)."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return server
+
+    def _collect(self) -> Iterator[Metric]:
+        totals = self._totals
+        messages = CounterMetricFamily(
+            "setu_ingest_messages",
+            "Messages the de-duplication step kept or dropped, once their batch is written",
+            labels=["project", "topic", "result"],
+        )
+        for ingest_topic, (accepted, duplicates) in sorted(totals.counts.items()):
+            project, topic = _labels(ingest_topic)
+            messages.add_metric([project, topic, "accepted"], accepted)
+            messages.add_metric([project, topic, "duplicate"], duplicates)
+        yield messages
+        yield CounterMetricFamily(
+            "setu_ingest_batches", "Batches written to the main logs", value=totals.batches
+        )
+        cumulative, running = [], 0
+        for bound, count in zip((*BATCH_BUCKETS, float("inf")), totals.bucket_counts, strict=True):
+            running += count
+            cumulative.append((_bound(bound), running))
+        yield HistogramMetricFamily(
+            "setu_ingest_batch_seconds",
+            "Time to de-duplicate and write one batch",
+            buckets=cumulative,
+            sum_value=totals.seconds_sum,
+        )
+        if totals.last_batch_at is not None:
+            yield GaugeMetricFamily(
+                "setu_ingest_last_batch_timestamp_seconds",
+                "When the last batch was written (Unix time)",
+                value=totals.last_batch_at,
+            )
+        try:
+            active, progress = self._progress()
+        except Exception:  # the JVM is going away (a scrape during shutdown)
+            active, progress = False, None
+        yield GaugeMetricFamily(
+            "setu_ingest_query_active", "1 while the ingest query runs", value=int(active)
+        )
+        behind = offsets_behind(progress)
+        if behind is not None:
+            yield GaugeMetricFamily(
+                "setu_ingest_offsets_behind_latest",
+                "After the last batch: most records any ingest partition had still to be read",
+                value=behind,
+            )
+
+
+class _Collector(Collector):
+    def __init__(self, metrics: IngestMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return self._metrics._collect()
+
+
+def offsets_behind(progress: Mapping[str, Any] | None) -> float | None:
+    """The largest ``maxOffsetsBehindLatest`` over the sources of a progress report."""
+    if not progress:
+        return None
+    found: list[float] = []
+    for source in progress.get("sources") or ():
+        value = (source.get("metrics") or {}).get("maxOffsetsBehindLatest")
+        if value is not None:
+            found.append(float(value))
+    return max(found, default=None)
+
+
+def _labels(ingest_topic: str) -> tuple[str, str]:
+    try:
+        return parse_ingest_topic(ingest_topic)
+    except ValueError:
+        return "", ingest_topic
+
+
+def _bound(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
