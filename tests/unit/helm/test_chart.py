@@ -93,36 +93,23 @@ def test_delivery_workers_are_probed_through_their_heartbeat() -> None:
     assert worker_id["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
-def test_delivery_workers_serve_metrics_that_prometheus_scrapes() -> None:
-    # Given the delivery workload and the chart's defaults
-    delivery = workload("-delivery")
+@pytest.mark.parametrize(("component", "port"), [("delivery", 9464), ("ingest", 9465)])
+def test_workers_and_the_ingest_job_serve_metrics_that_prometheus_scrapes(
+    component: str, port: int
+) -> None:
+    # Given the component's workload and the chart's defaults
+    doc = workload(f"-{component}")
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    # Then each worker serves /metrics on every interface, on a named port, and is scraped
-    spec = container(delivery)
+    # Then each pod serves /metrics on every interface, on a named port, and is scraped
+    spec = container(doc)
     env = {e["name"]: e.get("value") for e in spec["env"]}
-    assert env["SETU_DELIVERY_METRICS_HOST"] == "0.0.0.0"
-    assert "SETU_DELIVERY_METRICS_PORT" in env
+    assert env[f"SETU_{component.upper()}_METRICS_HOST"] == "0.0.0.0"
+    assert f"SETU_{component.upper()}_METRICS_PORT" in env
     assert [p["name"] for p in spec["ports"]] == ["metrics"]
-    annotations = delivery["spec"]["template"]["metadata"]["annotations"]
+    annotations = doc["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/path"] == "/metrics"
-    assert values["delivery"]["metrics"] == {"scrape": True, "port": 9464}
-
-
-def test_the_ingest_job_serves_metrics_that_prometheus_scrapes() -> None:
-    # Given the ingest workload and the chart's defaults
-    ingest = workload("-ingest")
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    # Then the job serves /metrics on every interface, on a named port, and is scraped
-    spec = container(ingest)
-    env = {e["name"]: e.get("value") for e in spec["env"]}
-    assert env["SETU_INGEST_METRICS_HOST"] == "0.0.0.0"
-    assert "SETU_INGEST_METRICS_PORT" in env
-    assert [p["name"] for p in spec["ports"]] == ["metrics"]
-    annotations = ingest["spec"]["template"]["metadata"]["annotations"]
-    assert annotations["prometheus.io/scrape"] == "true"
-    assert annotations["prometheus.io/path"] == "/metrics"
-    assert values["ingest"]["metrics"] == {"scrape": True, "port": 9465}
+    assert values[component]["metrics"] == {"scrape": True, "port": port}
 
 
 def test_the_ingest_job_never_runs_twice_on_one_checkpoint() -> None:
