@@ -41,6 +41,7 @@ import signal
 import threading
 import time
 from types import FrameType
+from urllib.parse import urlparse
 
 import redis
 from pyspark.accumulators import Accumulator
@@ -81,6 +82,9 @@ HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 # Anchored: the Kafka source matches the pattern anywhere in a topic name.
 SUBSCRIBE_PATTERN = f"^{INGEST_PATTERN}$"
 RAW_HEADERS, KEY, VALUE = "headers", "key", "value"
+LOCAL_CHECKPOINT_FILE_MANAGER = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
 
 # What the dedup step hands on: the sink's columns and the ingest position.
 DEDUP_COLUMNS = [TOPIC, PARTITION, OFFSET, VALUE, RAW_HEADERS, KEY]
@@ -142,11 +146,21 @@ def session_config(settings: Settings) -> dict[str, str]:
         "spark.sql.adaptive.enabled": "false",
         "spark.locality.wait": "0s",
     }
+    if is_local_path(settings.resolved_checkpoint_dir()):
+        # Hadoop's FileContext rename on the local file system forks a `readlink` process per
+        # file and per checksum file. Spark's FileSystem-based manager renames in place (atomic
+        # on a local disk): measured at 720 -> 490 ms per small batch, same files on disk.
+        conf["spark.sql.streaming.checkpointFileManagerClass"] = LOCAL_CHECKPOINT_FILE_MANAGER
     if settings.spark_jars:
         conf["spark.jars"] = settings.spark_jars
     if settings.spark_master.startswith("local"):
         conf["spark.ui.enabled"] = "false"
     return conf
+
+
+def is_local_path(path: str) -> bool:
+    """True for a plain path or a ``file:`` URI; False for ``hdfs://``, ``s3a://`` and the like."""
+    return urlparse(path).scheme in ("", "file")
 
 
 def build_session(settings: Settings) -> SparkSession:
