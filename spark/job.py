@@ -36,10 +36,12 @@ state in memory and writes one small delta file per batch. A checkpoint written 
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from urllib.parse import urlparse
 
@@ -82,6 +84,8 @@ HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 # Anchored: the Kafka source matches the pattern anywhere in a topic name.
 SUBSCRIBE_PATTERN = f"^{INGEST_PATTERN}$"
 RAW_HEADERS, KEY, VALUE = "headers", "key", "value"
+# How Spark names the stateful operator in the checkpoint's state metadata.
+STATE_OPERATOR = "applyInPandasWithState"
 LOCAL_CHECKPOINT_FILE_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 )
@@ -286,6 +290,38 @@ class BatchWriter:
         self._metrics.batch_written(self._counts.value, time.monotonic() - started)
 
 
+class CheckpointLayoutError(RuntimeError):
+    """The checkpoint holds de-duplication state this job cannot read."""
+
+
+def check_checkpoint(checkpoint: str) -> None:
+    """Refuses, with what to do, a local checkpoint whose state another operator wrote.
+
+    Spark would fail on it only at the first batch, with an error about state schemas.
+    """
+    if not is_local_path(checkpoint):
+        return
+    folder = Path(urlparse(checkpoint).path) / "state" / "0" / "_metadata"
+    # v1 metadata (this job's operator) or the v2 files of transformWithState operators.
+    versions = folder / "v2"
+    found = [folder / "metadata"] if (folder / "metadata").is_file() else []
+    if versions.is_dir():
+        batches = [f for f in versions.iterdir() if f.name.isdigit()]
+        found += sorted(batches, key=lambda f: int(f.name))[-1:]
+    for metadata in found:
+        try:
+            operator = json.loads(metadata.read_text().splitlines()[1])["operatorInfo"]
+            name = operator["operatorName"]
+        except (OSError, IndexError, KeyError, TypeError, ValueError) as exc:
+            raise CheckpointLayoutError(f"cannot read {metadata}: {exc}") from exc
+        if name != STATE_OPERATOR:
+            raise CheckpointLayoutError(
+                f"the checkpoint at {checkpoint} holds the state of {name!r}, written by an "
+                f"earlier version of the ingest job, and cannot be resumed: stop `setu ingest`, "
+                f"remove the directory and start the job again (README: Operations)"
+            )
+
+
 def start(
     spark: SparkSession,
     settings: Settings,
@@ -298,6 +334,7 @@ def start(
     It reads the topics matching ``pattern``, else ``settings.spark_ingest_pattern``, else
     every ingest topic. ``metrics`` (if given) counts its batches and watches it.
     """
+    check_checkpoint(settings.resolved_checkpoint_dir())
     pattern = pattern or settings.spark_ingest_pattern or SUBSCRIBE_PATTERN
     metrics = metrics or IngestMetrics()
     highs = spark.sparkContext.accumulator({}, HighsParam())
@@ -330,6 +367,7 @@ def run(settings: Settings) -> None:
     """Run the job until SIGTERM/SIGINT (stops the query cleanly) or until the query fails."""
     if not settings.redis_url:
         raise ValueError("SETU_REDIS_URL is required by the ingest job")
+    check_checkpoint(settings.resolved_checkpoint_dir())  # before Spark takes its seconds
     stopping = threading.Event()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from setu.settings import Settings
-from spark.job import LOCAL_CHECKPOINT_FILE_MANAGER, is_local_path, session_config
+from spark.job import (
+    LOCAL_CHECKPOINT_FILE_MANAGER,
+    CheckpointLayoutError,
+    check_checkpoint,
+    is_local_path,
+    session_config,
+)
 
 MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
 
@@ -38,3 +45,38 @@ def test_a_remote_checkpoint_keeps_spark_default_file_manager() -> None:
     conf = session_config(Settings(spark_checkpoint_dir="hdfs://nn:8020/setu/checkpoint"))
     # Then Spark's default stays
     assert MANAGER not in conf
+
+
+def state_metadata(checkpoint: Path, operator: str, version: int = 1) -> None:
+    """A state metadata file as Spark writes it into a checkpoint: format v1 in one file;
+    v2 (transformWithState operators) in one file per batch."""
+    folder = checkpoint / "state" / "0" / "_metadata"
+    info = {"operatorInfo": {"operatorId": 0, "operatorName": operator}, "stateStoreInfo": []}
+    if version == 2:
+        folder = folder / "v2"
+    folder.mkdir(parents=True)
+    for name in ["metadata"] if version == 1 else ["9", "10"]:
+        (folder / name).write_text(f"v{version}\n" + json.dumps(info))
+
+
+def test_a_checkpoint_of_this_job_or_none_yet_is_accepted(tmp_path: Path) -> None:
+    check_checkpoint(str(tmp_path / "new"))
+    state_metadata(tmp_path / "ours", "applyInPandasWithState")
+    check_checkpoint(str(tmp_path / "ours"))
+    check_checkpoint(f"file://{tmp_path / 'ours'}")
+
+
+def test_a_checkpoint_of_the_earlier_layout_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    # Given a checkpoint written by the earlier transformWithState job
+    state_metadata(tmp_path, "transformWithStateInPandasExec", version=2)
+    # When the job checks it, then it refuses, naming the operator and the way out
+    with pytest.raises(CheckpointLayoutError, match=r"transformWithStateInPandasExec.*remove"):
+        check_checkpoint(str(tmp_path))
+
+
+def test_an_unreadable_state_metadata_file_is_reported(tmp_path: Path) -> None:
+    folder = tmp_path / "state" / "0" / "_metadata"
+    folder.mkdir(parents=True)
+    (folder / "metadata").write_text("v1\n{not json")
+    with pytest.raises(CheckpointLayoutError, match="cannot read"):
+        check_checkpoint(str(tmp_path))
