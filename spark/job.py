@@ -76,6 +76,7 @@ from spark.processor import (
     TOPIC,
     DedupFunction,
 )
+from spark.topics import MainTopicGuard
 
 log = logging.getLogger(__name__)
 
@@ -376,7 +377,7 @@ def run(settings: Settings) -> None:
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     spark = build_session(settings)
     client = redis.Redis.from_url(settings.redis_url)
-    metrics, server = IngestMetrics(), None
+    metrics, server, guard = IngestMetrics(), None, None
     try:
         if settings.ingest_metrics_port is not None:
             server = metrics.serve(settings.ingest_metrics_host, settings.ingest_metrics_port)
@@ -385,6 +386,11 @@ def run(settings: Settings) -> None:
             )
         query = start(spark, settings, MarkPublisher(client), metrics=metrics)
         log.info("ingest query %s started (%s)", query.id, settings.resolved_checkpoint_dir())
+        guard = MainTopicGuard(
+            _bootstrap(settings),
+            settings.spark_ingest_pattern or SUBSCRIBE_PATTERN,
+            on_recreated=metrics.main_topic_recreated,
+        ).start()
         while not stopping.is_set() and query.isActive:
             query.awaitTermination(1)
         stop_between_batches(query)
@@ -395,6 +401,8 @@ def run(settings: Settings) -> None:
             raise
         log.warning("Spark went down with the stop signal; the next start resumes")
     finally:
+        if guard is not None:
+            guard.stop()
         if server is not None:
             server.shutdown()
         client.close()

@@ -8,6 +8,8 @@ Counted once a batch is in the main log (a batch replayed after a crash counts a
 - ``setu_ingest_batches_total``: batches written, and ``setu_ingest_batch_seconds``: how long
   each took to de-duplicate and write (a histogram).
 - ``setu_ingest_last_batch_timestamp_seconds``: when the last batch was written.
+- ``setu_ingest_main_topics_recreated_total``: main topics found missing and created again
+  (:mod:`spark.topics`).
 
 Read from the query at scrape time:
 
@@ -75,6 +77,7 @@ class _Totals:
     seconds_sum: float = 0.0
     bucket_counts: list[int] = field(default_factory=lambda: [0] * (len(BATCH_BUCKETS) + 1))
     last_batch_at: float | None = None
+    recreated: int = 0
 
 
 class IngestMetrics:
@@ -98,6 +101,9 @@ class IngestMetrics:
         totals.seconds_sum += seconds
         totals.bucket_counts[bisect_left(BATCH_BUCKETS, seconds)] += 1
         totals.last_batch_at = time.time()
+
+    def main_topic_recreated(self, topic: str) -> None:
+        self._totals.recreated += 1
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -131,6 +137,11 @@ class IngestMetrics:
             "Time to de-duplicate and write one batch",
             buckets=cumulative,
             sum_value=totals.seconds_sum,
+        )
+        yield CounterMetricFamily(
+            "setu_ingest_main_topics_recreated",
+            "Main topics found missing while their ingest topic exists, and created again",
+            value=totals.recreated,
         )
         if totals.last_batch_at is not None:
             yield GaugeMetricFamily(

@@ -115,10 +115,14 @@ class IngestWorld:
         values.update(overrides)
         return Settings(**values)  # type: ignore[arg-type]
 
-    def create_topic(self, topic: str, partitions: int = 3) -> None:
+    def create_topic(
+        self, topic: str, partitions: int = 3, config: dict[str, str] | None = None
+    ) -> None:
         """The ingest topic and its main log, as the API creates them."""
         created = [names.main_topic(self.project, topic), names.ingest_topic(self.project, topic)]
-        futures = self.admin.create_topics([NewTopic(t, partitions, 1) for t in created])
+        futures = self.admin.create_topics(
+            [NewTopic(t, partitions, 1, config=config or {}) for t in created]
+        )
         for future in futures.values():
             future.result(timeout=30)
         self.topics.extend(created)
