@@ -23,6 +23,8 @@ from cli.stack import Report, Stack, stop_on_signals
 from setu.settings import Settings
 
 DEFAULT_API_PORT = 8080
+# Where the ingest job and the delivery worker serve /metrics (the chart's ports).
+DEFAULT_METRICS_PORTS = {"ingest_metrics": 9465, "delivery_metrics": 9464}
 
 
 class MigrationFailed(Exception):
@@ -37,9 +39,16 @@ def stack_env(
     cache_dir: Path,
     api_host: str,
     api_port: int,
+    ingest_metrics_port: int | None = None,
+    delivery_metrics_port: int | None = None,
 ) -> dict[str, str]:
     """The SETU_* variables every child of ``dev up`` runs with (webhooks on loopback allowed)."""
+    metrics = {
+        "SETU_INGEST_METRICS_PORT": ingest_metrics_port,
+        "SETU_DELIVERY_METRICS_PORT": delivery_metrics_port,
+    }
     return {
+        **{name: str(port) for name, port in metrics.items() if port is not None},
         "SETU_KAFKA_BOOTSTRAP": kafka_bootstrap,
         "SETU_REDIS_URL": redis_url,
         "SETU_DATABASE_URL": database_url,
@@ -60,10 +69,19 @@ def setu_argv(*command: str) -> tuple[str, ...]:
 def summary(api_url: str, api_up: bool, env: Mapping[str, str], logs: Path) -> str:
     """The lines printed once the stack is up."""
     api_line = f"{api_url}  (docs {api_url}/docs)" if api_up else f"{api_url}  (not up: see logs)"
+    metrics = [f"{api_url}/metrics"] + [
+        f"{name} http://127.0.0.1:{env[key]}/metrics"
+        for name, key in (
+            ("ingest", "SETU_INGEST_METRICS_PORT"),
+            ("worker", "SETU_DELIVERY_METRICS_PORT"),
+        )
+        if key in env
+    ]
     return "\n".join(
         [
             "setu dev up: ready",
             f"  API       {api_line}",
+            f"  Metrics   {', '.join(metrics)}",
             f"  Kafka     {env['SETU_KAFKA_BOOTSTRAP']}",
             f"  Redis     {env['SETU_REDIS_URL']}",
             f"  Database  {env['SETU_DATABASE_URL']}",
@@ -129,7 +147,8 @@ def _start(
         }.items()
         if port is not None
     }
-    ports = PortPlan(explicit, book.load(), {**DEFAULT_PORTS, "api": DEFAULT_API_PORT}, {})
+    defaults = {**DEFAULT_PORTS, "api": DEFAULT_API_PORT, **DEFAULT_METRICS_PORTS}
+    ports = PortPlan(explicit, book.load(), defaults, {})
     timeout = dev.ready_timeout_s
     kafka = settings.kafka_bootstrap
     if kafka is None:
@@ -142,6 +161,7 @@ def _start(
         report("starting Redis")
         redis_url = start_redis(stack, data_dir / "redis", logs / "redis.log", ports, timeout)
     api_port = ports.take("api")
+    ingest_metrics, delivery_metrics = ports.take("ingest_metrics"), ports.take("delivery_metrics")
     book.save(ports.chosen)
     overrides = stack_env(
         kafka,
@@ -151,6 +171,8 @@ def _start(
         settings.cache_dir.resolve(),
         settings.api_host,
         api_port,
+        ingest_metrics,
+        delivery_metrics,
     )
     env = {**os.environ, **overrides}
     report("running migrations")

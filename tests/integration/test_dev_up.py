@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -113,18 +114,23 @@ def dev_up(data_dir: Path, ports: dict[str, int]) -> Iterator[DevUp]:
             process.wait()
 
 
-def await_health(url: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
+def await_text(url: str, timeout_s: float = 120) -> str:
+    """The body of ``url`` once it answers 200 (the ingest job starts Spark first)."""
+    deadline = time.monotonic() + timeout_s
     while True:
         try:
             response = httpx.get(url, timeout=5)
             if response.status_code == 200:
-                body: dict[str, Any] = response.json()
-                return body
+                return response.text
         except httpx.HTTPError:
             pass
         assert time.monotonic() < deadline, f"{url} never answered 200"
         time.sleep(0.5)
+
+
+def await_health(url: str) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(await_text(url, 60))
+    return body
 
 
 def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> None:
@@ -137,6 +143,7 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
     with dev_up(data_dir, ports) as stack:
         stack.wait_for_line(r"setu dev up: ready", START_TIMEOUT_S)
         api = stack.wait_for_line(r"API\s+(http://\S+)", 5).group(1)
+        ingest_metrics = stack.wait_for_line(r"ingest (http://\S+/metrics)", 5).group(1)
         kafka = stack.wait_for_line(r"Kafka\s+(\S+)", 5).group(1)
         redis_url = stack.wait_for_line(r"Redis\s+(\S+)", 5).group(1)
 
@@ -146,6 +153,7 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
         health = await_health(f"{api}/v1/health")
         assert health["status"] == "ok"
         assert {"kafka", "redis", "database"} <= set(health["components"])
+        assert "setu_ingest_query_active" in await_text(ingest_metrics)
         admin = AdminClient({"bootstrap.servers": kafka})
         topic = "setu-dev-up-test"
         admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[
