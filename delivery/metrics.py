@@ -23,22 +23,17 @@ Gauges, read from the live runners at scrape time (nothing on the hot path):
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import (
-    CollectorRegistry,
-    ProcessCollector,
-    generate_latest,
-    start_http_server,
-)
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from delivery.outcome import Outcome
+from setu.metrics import Buckets, serve
 
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -64,8 +59,7 @@ class SubscriptionMetrics:
     def __init__(self, project: str, subscription: str) -> None:
         self.labels = [project, subscription]
         self.calls = {"delivered": 0, "retry": 0, "dead_letter": 0}
-        self.call_buckets = [0] * (len(CALL_BUCKETS) + 1)  # the last one is +Inf
-        self.call_seconds = 0.0
+        self.call_seconds = Buckets(CALL_BUCKETS)
         self.moves: dict[tuple[str, str], int] = {}
         self.reparked_total = 0
         self.stale_total = 0
@@ -73,8 +67,7 @@ class SubscriptionMetrics:
 
     def call(self, outcome: Outcome, seconds: float) -> None:
         self.calls[outcome.verdict.value] += 1
-        self.call_buckets[bisect_left(CALL_BUCKETS, seconds)] += 1
-        self.call_seconds += seconds
+        self.call_seconds.observe(seconds)
 
     def moved(self, tier: str, kind: str, n: int) -> None:
         key = (tier, kind)
@@ -133,12 +126,7 @@ class _Totals(Collector):
             key = sub.labels
             for verdict, n in list(sub.calls.items()):
                 calls.add_metric([*key, verdict], n)
-            counts = list(sub.call_buckets)
-            cumulative, buckets = 0, []
-            for bound, n in zip([*map(str, CALL_BUCKETS), "+Inf"], counts, strict=True):
-                cumulative += n
-                buckets.append((bound, float(cumulative)))
-            seconds.add_metric(key, buckets, sub.call_seconds)
+            seconds.add_metric(key, sub.call_seconds.cumulative(), sub.call_seconds.sum)
             for (tier, kind), n in list(sub.moves.items()):
                 moves.add_metric([*key, tier, kind], n)
             reparked.add_metric(key, sub.reparked_total)
@@ -220,5 +208,4 @@ class DeliveryMetrics:
 
     def serve(self, host: str, port: int) -> Any:
         """Serves ``GET /metrics`` on a thread of its own; returns the server (``shutdown()``)."""
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
-        return server
+        return serve(self.registry, host, port)

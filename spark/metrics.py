@@ -22,22 +22,17 @@ Read from the query at scrape time:
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import (
-    CollectorRegistry,
-    ProcessCollector,
-    generate_latest,
-    start_http_server,
-)
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from pyspark.accumulators import AccumulatorParam
 
+from setu.metrics import Buckets, serve
 from setu.names import parse_ingest_topic
 
 BATCH_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -74,21 +69,20 @@ Progress = Callable[[], "tuple[bool, Mapping[str, Any] | None]"]
 class _Totals:
     counts: TopicCounts = field(default_factory=dict)
     batches: int = 0
-    seconds_sum: float = 0.0
-    bucket_counts: list[int] = field(default_factory=lambda: [0] * (len(BATCH_BUCKETS) + 1))
+    batch_seconds: Buckets = field(default_factory=lambda: Buckets(BATCH_BUCKETS))
     last_batch_at: float | None = None
     recreated: int = 0
 
 
-class IngestMetrics:
-    """The job's registry (see the module doc)."""
+class IngestMetrics(Collector):
+    """The job's registry (see the module doc), and the collector of its samples."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._totals = _Totals()
         self._progress: Progress = lambda: (False, None)
         ProcessCollector(registry=self.registry)
-        self.registry.register(_Collector(self))
+        self.registry.register(self)
 
     def watch(self, progress: Progress) -> None:
         """Where the scrape-time gauges come from (the running query)."""
@@ -98,8 +92,7 @@ class IngestMetrics:
         totals = self._totals
         add_counts(totals.counts, counts)
         totals.batches += 1
-        totals.seconds_sum += seconds
-        totals.bucket_counts[bisect_left(BATCH_BUCKETS, seconds)] += 1
+        totals.batch_seconds.observe(seconds)
         totals.last_batch_at = time.time()
 
     def main_topic_recreated(self, topic: str) -> None:
@@ -110,10 +103,9 @@ class IngestMetrics:
 
     def serve(self, host: str, port: int) -> Any:
         """Serves ``GET /metrics`` on a thread of its own; returns the server (``shutdown()``)."""
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
-        return server
+        return serve(self.registry, host, port)
 
-    def _collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Metric]:
         totals = self._totals
         messages = CounterMetricFamily(
             "setu_ingest_messages",
@@ -128,15 +120,11 @@ class IngestMetrics:
         yield CounterMetricFamily(
             "setu_ingest_batches", "Batches written to the main logs", value=totals.batches
         )
-        cumulative, running = [], 0
-        for bound, count in zip((*BATCH_BUCKETS, float("inf")), totals.bucket_counts, strict=True):
-            running += count
-            cumulative.append((_bound(bound), running))
         yield HistogramMetricFamily(
             "setu_ingest_batch_seconds",
             "Time to de-duplicate and write one batch",
-            buckets=cumulative,
-            sum_value=totals.seconds_sum,
+            buckets=totals.batch_seconds.cumulative(),
+            sum_value=totals.batch_seconds.sum,
         )
         yield CounterMetricFamily(
             "setu_ingest_main_topics_recreated",
@@ -165,14 +153,6 @@ class IngestMetrics:
             )
 
 
-class _Collector(Collector):
-    def __init__(self, metrics: IngestMetrics) -> None:
-        self._metrics = metrics
-
-    def collect(self) -> Iterator[Metric]:
-        return self._metrics._collect()
-
-
 def offsets_behind(progress: Mapping[str, Any] | None) -> float | None:
     """The largest ``maxOffsetsBehindLatest`` over the sources of a progress report."""
     if not progress:
@@ -190,7 +170,3 @@ def _labels(ingest_topic: str) -> tuple[str, str]:
         return parse_ingest_topic(ingest_topic)
     except ValueError:
         return "", ingest_topic
-
-
-def _bound(bound: float) -> str:
-    return "+Inf" if bound == float("inf") else repr(bound)
