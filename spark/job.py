@@ -323,6 +323,12 @@ def check_checkpoint(checkpoint: str) -> None:
             )
 
 
+def ingest_pattern(settings: Settings, pattern: str | None = None) -> str:
+    """The ingest topics to read: ``pattern``, else ``settings.spark_ingest_pattern``, else
+    every ingest topic."""
+    return pattern or settings.spark_ingest_pattern or SUBSCRIBE_PATTERN
+
+
 def start(
     spark: SparkSession,
     settings: Settings,
@@ -335,8 +341,7 @@ def start(
     It reads the topics matching ``pattern``, else ``settings.spark_ingest_pattern``, else
     every ingest topic. ``metrics`` (if given) counts its batches and watches it.
     """
-    check_checkpoint(settings.resolved_checkpoint_dir())
-    pattern = pattern or settings.spark_ingest_pattern or SUBSCRIBE_PATTERN
+    pattern = ingest_pattern(settings, pattern)
     metrics = metrics or IngestMetrics()
     highs = spark.sparkContext.accumulator({}, HighsParam())
     counts = spark.sparkContext.accumulator({}, CountsParam())
@@ -388,7 +393,7 @@ def run(settings: Settings) -> None:
         log.info("ingest query %s started (%s)", query.id, settings.resolved_checkpoint_dir())
         guard = MainTopicGuard(
             _bootstrap(settings),
-            settings.spark_ingest_pattern or SUBSCRIBE_PATTERN,
+            ingest_pattern(settings),
             on_recreated=metrics.main_topic_recreated,
         ).start()
         while not stopping.is_set() and query.isActive:
