@@ -74,4 +74,9 @@ Where the mechanism goes beyond DESIGN §4's suggestion, and why:
    in such a replay; a record not above the highest already read is skipped. The highs of the
    records below a committed main offset travel as that commit's metadata, so a successor
    knows them too.
+9. *Each message's own retry budget* (``tiers.after_failure``, docs/delivery.md). A message
+   that waited behind its group in a high tier and became the head there gets N+1 attempts
+   of its own: while its attempts have not outgrown the tier it waits where it is (in
+   memory, its attempts and due time in the group's state), since moving it down would put
+   it below newer messages of its group.
 """

@@ -28,7 +28,7 @@ from delivery.offsets import OffsetTracker
 from delivery.outcome import Outcome, Verdict
 from delivery.records import Record
 from delivery.replays import IngestMarks
-from delivery.tiers import DLQ, MAIN, is_retry, next_tier
+from delivery.tiers import DLQ, MAIN, after_failure, is_retry, next_tier
 from setu.envelope import Envelope
 from setu.model import DeadLetterPolicy, Subscription
 from state.groups import GroupState, PartitionSnapshot, StateWrite
@@ -472,8 +472,7 @@ class PartitionEngine:
                 if lane.delivering is not None:
                     continue
                 queue.popleft()
-                before = state.attempts if state is not None and state.head == rec.message_id else 0
-                self._dispatch(rec, loose, lane, before)
+                self._dispatch(rec, loose, lane, state)
                 return True
             assert state is not None
             # The records behind it that go the same way go along (not a lap's copy, say,
@@ -490,10 +489,17 @@ class PartitionEngine:
             return True
         return False
 
-    def _dispatch(self, rec: Record, loose: bool, lane: Lane | None, before: int = 0) -> None:
-        """Calls the webhook for ``rec``; ``before`` is how many attempts its group's state
-        knows of, when more than the record itself says (a dead letter that went on a lap)."""
-        attempt = Attempt(self.partition, rec, max(rec.envelope.attempt, before) + 1, loose)
+    def _dispatch(
+        self, rec: Record, loose: bool, lane: Lane | None, state: GroupState | None = None
+    ) -> None:
+        """Calls the webhook for ``rec``. When ``rec`` is the head of its group's ``state``,
+        the state may know of more attempts than the record says (a dead letter that went on
+        a lap, a head that waits in its tier) and of a due time (the latter)."""
+        before = not_before = 0
+        if state is not None and state.head == rec.message_id:
+            before, not_before = state.attempts, state.due_at_ms
+        number = max(rec.envelope.attempt, before) + 1
+        attempt = Attempt(self.partition, rec, number, loose, not_before)
         if lane is not None:
             lane.delivering = attempt
         self.active += 1
@@ -520,20 +526,45 @@ class PartitionEngine:
             self._persist(lane, Transition(write, (rec,)))
             return
         ordered = not attempt.independent and group is not None
-        to = next_tier(rec.tier, self._tiers)
+        to = after_failure(attempt.number, rec.tier, self._tiers)
         now = self.clock()
-        if outcome.verdict is Verdict.RETRY and to != DLQ:
-            due = next_attempt_at(
-                now, self._delay(to), rnd=self.rng(), retry_after_ms=outcome.retry_after_ms
-            )
+        if outcome.verdict is Verdict.RETRY and to == rec.tier and ordered:
+            assert group is not None and lane is not None
+            self._wait_in_place(group, lane, attempt, outcome)
+        elif outcome.verdict is Verdict.RETRY and to != DLQ:
+            if to == rec.tier:
+                to = attempt.number  # a copy outside group order goes where its attempts say
             kind = Kind.HEAD if ordered else Kind.RETRY
-            self._move(lane, group, [rec], to, kind, (attempt, outcome), due)
+            self._move(lane, group, [rec], to, kind, (attempt, outcome), self._due(to, outcome))
         elif ordered and self.sub.dead_letter_policy is DeadLetterPolicy.PARK:
             self._move(lane, group, [rec], DLQ, Kind.HEAD, (attempt, outcome), now)
         elif ordered:
             self._move(lane, group, [rec], DLQ, Kind.SKIP, (attempt, outcome), now)
         else:
             self._move(lane, group, [rec], DLQ, Kind.DEAD, (attempt, outcome), now)
+
+    def _wait_in_place(self, group: str, lane: Lane, attempt: Attempt, outcome: Outcome) -> None:
+        """The head failed in its retry tier with attempts of its own to spare: it waits there,
+        in memory and first in its lane's queue, for its own backoff; its attempts and due
+        time go to the group's state, so a successor that reads the record again goes on
+        from them (see :func:`delivery.tiers.after_failure`)."""
+        rec = attempt.record
+        state = self.states[group]
+        due = self._due(attempt.number, outcome)
+        failure = Failure(attempt.number, outcome.status, outcome.reason, self.clock())
+        write = StateWrite(
+            self.partition,
+            group,
+            touches_group=True,
+            expected_version=state.version,
+            state=groups.head_waits(state, rec.message_id, failure, due),
+            retried=1,
+        )
+        queue = lane.queues.get(rec.tier)
+        if queue is None:
+            queue = lane.queues[rec.tier] = deque()
+        queue.appendleft(rec)
+        self._persist(lane, Transition(write))
 
     def _settle_dead_letter(
         self, group: str | None, lane: Lane | None, attempt: Attempt, outcome: Outcome

@@ -9,6 +9,9 @@ From it follows everything else:
 
 - The head (the oldest unfinished message) is in the highest non-empty tier; only the head is
   ever attempted, and only once it is due.
+- Every message keeps its own retry budget (docs/delivery.md): a head whose own attempts have
+  not outgrown its tier (it waited there behind its group) stays there after a failure and is
+  attempted again after its own backoff (:func:`head_waits`); it moves up only when they have.
 - A main message of a failed group parks in the group's *lowest* non-empty tier (it is the
   newest), behind whatever is there.
 - When the head fails again it moves one tier up; messages left in lower tiers are forwarded,
@@ -100,6 +103,7 @@ def _new_head(state: GroupState, counts: tuple[int, ...], head: str | None) -> G
         attempts=0,
         last_status=None,
         reason="",
+        due_at_ms=0,
         version=state.version + 1,
     )
 
@@ -168,6 +172,23 @@ def forwarded(state: GroupState, from_tier: int, to_tier: int, n: int = 1) -> Gr
     return replace(state, counts=counts, version=state.version + 1)
 
 
+def head_waits(state: GroupState, message_id: str, failure: Failure, due_at_ms: int) -> GroupState:
+    """The head failed in its tier with attempts of its own to spare (see
+    :func:`delivery.tiers.after_failure`): it stays where it is, first in its tier, and is
+    attempted again at ``due_at_ms``; its attempts so far are kept here, since its record in
+    the tier does not carry them."""
+    return replace(
+        state,
+        head=message_id,
+        attempts=failure.attempts,
+        last_status=failure.status,
+        reason=failure.reason,
+        failed_at_ms=failure.at_ms,
+        due_at_ms=due_at_ms,
+        version=state.version + 1,
+    )
+
+
 def head_done(state: GroupState, tier: int, offset: int) -> GroupState | None:
     """The head in ``tier`` (at ``offset``) is finished: delivered, or dead-lettered on its own
     under ``skip``. The group is healthy again (None) when nothing of it is left."""
@@ -217,6 +238,7 @@ def reparked(state: GroupState, message_id: str, offset: int, failure: Failure) 
         last_status=failure.status,
         reason=failure.reason,
         failed_at_ms=failure.at_ms,
+        due_at_ms=0,
         version=state.version + 1,
     )
 
@@ -249,6 +271,7 @@ def lap_moved(
         last_status=failure.status,
         reason=failure.reason,
         failed_at_ms=failure.at_ms,
+        due_at_ms=0,
         version=state.version + 1,
     )
 

@@ -12,7 +12,8 @@ means the replayed source is skipped (its outcome is now recorded) and never cop
 Copies made from a dead letter delivered again are the exception: the DLQ is read again below
 its committed offset, so the source's offset says nothing. A single letter's copy still needs
 its change while the letter is pending release; a lap's first copy while the group's state
-could still start that lap (:func:`delivery.groups.lap_pending`).
+could still start that lap (:func:`delivery.groups.lap_pending`) and the copy itself has no
+recorded outcome (a copy of an earlier lap of a group released again looks pending too).
 """
 
 from __future__ import annotations
@@ -49,21 +50,14 @@ def missing_writes(
     for copy in tail:
         if copy.kind is None or copy.origin is None:
             continue
-        if is_stale_copy(fences or {}, copy.tier, copy.offset, copy.epoch):
+        if _recorded(copy, copy.kind, copy.origin, states, outcomes, committed, pending, fences):
             continue
         tier, offset = copy.origin
         group = copy.group
         again: tuple[int, ...] = ()
-        if tier == DLQ and copy.kind is groups.Kind.LAP:
-            if not groups.lap_pending(states.get(group or ""), copy.message_id, offset):
-                continue
-        elif tier == DLQ and not copy.kind.ordered:
-            if offset not in pending:
-                continue
+        if tier == DLQ and not copy.kind.ordered:
             pending.discard(offset)
             again = (offset,)
-        elif offset < committed.get(tier, -1) or (tier, offset) in outcomes:
-            continue
         retried = 0 if copy.tier == DLQ else 1
         dead = 1 - retried
         if copy.kind.changes_state and group is not None:
@@ -112,3 +106,26 @@ def missing_writes(
         outcomes.add((tier, offset))
         writes.append(write)
     return writes, states
+
+
+def _recorded(
+    copy: Record,
+    kind: groups.Kind,
+    origin: tuple[int, int],
+    states: Mapping[str, GroupState],
+    outcomes: set[tuple[int, int]],
+    committed: Mapping[int, int],
+    pending: set[int],
+    fences: Mapping[int, Mapping[int, int]] | None,
+) -> bool:
+    """Whether the change ``copy`` stands for is recorded already, or is not this owner's."""
+    if is_stale_copy(fences or {}, copy.tier, copy.offset, copy.epoch):
+        return True
+    if (copy.tier, copy.offset) in outcomes:
+        return True  # acted on, so its change was recorded first (an earlier lap's copy, say)
+    tier, offset = origin
+    if tier == DLQ and kind is groups.Kind.LAP:
+        return not groups.lap_pending(states.get(copy.group or ""), copy.message_id, offset)
+    if tier == DLQ and not kind.ordered:
+        return offset not in pending
+    return offset < committed.get(tier, -1) or (tier, offset) in outcomes

@@ -21,6 +21,20 @@ def next_tier(tier: int, retry_tiers: int) -> int:
     return tier + 1 if tier < retry_tiers else DLQ
 
 
+def after_failure(attempt: int, tier: int, retry_tiers: int) -> int:
+    """Where a message waits after its own attempt number ``attempt`` failed (retryably) in
+    ``tier``: every message keeps its own retry budget (docs/delivery.md, "Retry budget").
+
+    It stays in ``tier`` while its attempts have not outgrown the tier (a message that waited
+    behind its group in a high tier and became the head there); otherwise it moves one tier
+    up. So it reaches the DLQ only after failing attempt N+1 in the last tier, wherever it
+    waited before, and it never moves down (which would put it below newer messages of its
+    group)."""
+    if attempt <= tier:
+        return tier
+    return next_tier(tier, retry_tiers)
+
+
 def is_retry(tier: int) -> bool:
     return MAIN < tier < DLQ
 

@@ -61,8 +61,9 @@ class GroupState:
     dead letters at DLQ offsets >= ``dlq_from`` are the group's, and ``released`` says an
     operator asked for them to be delivered. ``lap`` is the retry tier where a released head
     that failed again is being retried (0: none); ``attempts``, ``last_status`` and
-    ``reason`` describe the head's latest failure when it is newer than its dead letter's.
-    ``version`` fences concurrent writers.
+    ``reason`` describe the head's latest failure when it is newer than its dead letter's, or
+    (in a retry tier) the failures of a head that waits where it is for its next attempt,
+    which is due at ``due_at_ms`` (0: at once). ``version`` fences concurrent writers.
     """
 
     counts: tuple[int, ...] = EMPTY_COUNTS
@@ -75,6 +76,7 @@ class GroupState:
     attempts: int = 0
     last_status: int | None = None
     reason: str = ""
+    due_at_ms: int = 0
 
     @property
     def head_tier(self) -> int:
@@ -105,6 +107,7 @@ class GroupState:
             "attempts": str(self.attempts),
             "status": "" if self.last_status is None else str(self.last_status),
             "reason": self.reason,
+            "due": str(self.due_at_ms),
         }
 
     @classmethod
@@ -122,6 +125,7 @@ class GroupState:
             attempts=int(fields.get("attempts") or "0"),
             last_status=int(fields["status"]) if fields.get("status") else None,
             reason=fields.get("reason", ""),
+            due_at_ms=int(fields.get("due") or "0"),
         )
 
 

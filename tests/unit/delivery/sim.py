@@ -95,6 +95,12 @@ class SimEffects:
         self.moves.append(move)
 
     def persist(self, transition: Transition) -> None:
+        write = transition.write
+        if isinstance(self.world, World) and write.dead_lettered and write.state is not None:
+            # Dead-lettered without a copy: a released letter that failed for good, on which
+            # its group parks again
+            head = write.state.head or ""
+            self.world.check_budget(head, write.state.attempts, write.state.last_status)
         self.persists.append(transition)
 
     def delivered(self, partition: int, tier: int, offset: int) -> None:
@@ -124,6 +130,8 @@ class World:
         self.crashes = 0
         self.count = 0
         self.stalled: list[Stalled] = []
+        self.calls: dict[str, int] = defaultdict(int)  # webhook calls made per message id
+        self.numbers: dict[str, list[int]] = defaultdict(list)  # their X_DELIVERY_ATTEMPTs
         self.start()
 
     # The worker's life
@@ -188,6 +196,7 @@ class World:
         """The webhook answers a call the stalled worker made."""
         stalled = self.stalled[which]
         attempt = stalled.effects.dispatches.pop(index)
+        self.count_call(attempt)
         outcome = self.outcome(answer)
         if 200 <= (outcome.status or 0) < 300:
             self.on_2xx(attempt)
@@ -273,10 +282,21 @@ class World:
 
     def respond(self, index: int, answer: int | str) -> None:
         attempt = self.effects.dispatches.pop(index)
+        self.count_call(attempt)
         outcome = self.outcome(answer)
         if 200 <= (outcome.status or 0) < 300:
             self.on_2xx(attempt)
         self.engine.on_result(attempt, outcome)
+
+    def count_call(self, attempt: Attempt) -> None:
+        """X_DELIVERY_ATTEMPT counts the message's own calls: never ahead of them (a crash may
+        make it repeat a number, never skip one)."""
+        message_id = attempt.record.message_id
+        self.calls[message_id] += 1
+        self.numbers[message_id].append(attempt.number)
+        assert 1 <= attempt.number <= self.calls[message_id], (
+            f"{message_id} called as attempt {attempt.number} on its call {self.calls[message_id]}"
+        )
 
     def on_2xx(self, attempt: Attempt) -> None:
         rec = attempt.record
@@ -307,6 +327,9 @@ class World:
         log = self.logs[move.target]
         offsets = []
         for copy in move.copies:
+            if move.target == DLQ and copy.kind in (Kind.HEAD, Kind.SKIP, Kind.DEAD):
+                env = copy.envelope
+                self.check_budget(env.message_id, env.attempt, env.last_status)
             offsets.append(len(log))
             headers = copy_headers(copy.envelope, copy.kind, copy.origin, copy.due_at_ms, epoch)
             log.append((headers, copy.envelope.body))
@@ -316,6 +339,16 @@ class World:
         move = self.effects.moves.pop(index)
         offsets = self.append_copies(move, self.epoch)
         self.effects.persists.append(self.engine.moved(move, offsets))
+
+    def check_budget(self, message_id: str, attempts: int, last_status: int | None) -> None:
+        """Every message keeps its own retry budget (DESIGN §4): one dead-lettered after a
+        retryable failure has failed N+1 attempts of its own."""
+        if last_status is not None and not self.sub.retry.is_retryable(last_status):
+            return
+        budget = self.sub.retry.tiers + 1
+        assert attempts >= budget, (
+            f"{message_id} dead-lettered after {attempts} of its {budget} attempts ({last_status})"
+        )
 
     def finish_persist(self, index: int) -> None:
         transition = self.effects.persists.pop(index)

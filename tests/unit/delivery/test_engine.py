@@ -242,10 +242,7 @@ def test_a_crash_between_the_kafka_ack_and_the_redis_write_is_completed_on_resta
     world.publish("g1")
     world.publish("g1")
     poll_all(world)
-    answer_all_before_persist = world.effects.dispatches.pop()
-    from delivery.outcome import classify_status
-
-    world.engine.on_result(answer_all_before_persist, classify_status(500, world.sub.retry))
+    world.respond(len(world.effects.dispatches) - 1, 500)
     world.finish_move(0)
     assert world.effects.persists  # not applied
     # When the worker crashes and restarts
@@ -549,3 +546,94 @@ def test_a_lap_copy_behind_a_leftover_in_its_tier_is_not_swept_along_with_it() -
     assert in_flight(world) == ["g1-1"]
     world.drain()
     assert world.first["g1"] == ["g1-1", "g1-2"]
+
+
+def run_flaky(world: World, failures: int, rounds: int = 200) -> None:
+    """Runs until nothing is left to do, with a webhook that fails each message's first
+    ``failures`` calls with 503 and then answers 200."""
+    for _ in range(rounds):
+        settle(world)
+        poll_all(world)
+        while world.answerable():
+            index = world.answerable()[0]
+            calls = world.calls[world.effects.dispatches[index].record.message_id]
+            world.respond(index, 503 if calls < failures else 200)
+            settle(world)
+            poll_all(world)
+        if not world.busy() and not world.paused and not world.effects.dispatches:
+            return
+        world.tick(50)
+    raise AssertionError("the world did not settle")
+
+
+@pytest.mark.parametrize(
+    ("delays", "failures"),
+    [((300, 800), 2), ((100,), 1), ((100, 200, 300), 3), ((100, 200, 300), 2)],
+)
+def test_a_flaky_endpoint_dead_letters_nothing_when_every_message_has_attempts_to_spare(
+    delays: tuple[int, ...], failures: int
+) -> None:
+    # Given a group of three messages and N retry tiers, and a webhook that fails every
+    # message's first k <= N calls
+    world = World(subscription(delays=delays))
+    ids = [world.publish("g1") for _ in range(3)]
+    # When it all runs
+    run_flaky(world, failures)
+    # Then every message is delivered, in order, each with its own attempts 1..k+1
+    assert world.first["g1"] == ids
+    assert {m: world.numbers[m] for m in ids} == {m: list(range(1, failures + 2)) for m in ids}
+    assert world.logs[DLQ] == []
+    assert not world.store.groups
+
+
+def test_a_follower_that_becomes_head_in_the_last_tier_waits_there_with_its_own_backoff() -> None:
+    # Given g1-1 delivered from rq.2 after two failures, and g1-2 waiting behind it in rq.2
+    world = World(subscription(delays=(300, 800)))
+    world.publish("g1")
+    world.publish("g1")
+    poll_all(world)
+    answer_all(world, {"g1": 503})  # g1-1 -> rq.1, g1-2 parks there
+    poll_all(world)
+    settle(world)
+    world.tick(315)
+    poll_all(world)
+    answer_all(world, {"g1": 503})  # g1-1 -> rq.2, g1-2 forwarded behind it
+    poll_all(world)
+    settle(world)
+    world.tick(840)
+    poll_all(world)
+    world.respond(0, 200)  # g1-1 delivered; g1-2 is the head in rq.2
+    settle(world)
+    assert in_flight(world) == ["g1-2"]
+    # When g1-2 fails its first call there
+    failed_at = world.now
+    world.respond(0, 503)
+    settle(world)
+    # Then it stays in rq.2 (no copy), due after rq.1's delay, the first of its attempts
+    state = world.store.groups["g1"][1]
+    assert (state.head, state.attempts, state.counts[2]) == ("g1-2", 1, 1)
+    assert state.due_at_ms == failed_at + 315  # 300 ms + 5% jitter (rnd 0.5)
+    assert [m for m, _ in kinds(world, 2)] == ["g1-1", "g1-2"]
+    assert world.answerable() == []
+    # And a worker that takes over goes on from its attempts and due time
+    world.crash()
+    poll_all(world)
+    assert [(a.number, a.not_before_ms) for a in world.effects.dispatches] == [(2, failed_at + 315)]
+
+
+def test_a_group_released_again_after_a_failed_lap_is_delivered_after_a_crash() -> None:
+    # Given a dead-lettered group released while its endpoint still failed: its head went on a
+    # lap through every retry tier and parked again; nothing of the tiers is committed yet
+    world = World(subscription(delays=(100, 200)))
+    world.publish("g1")
+    run_flaky(world, failures=3)
+    world.release("g1")
+    run_flaky(world, failures=6)
+    assert world.store.groups["g1"][1].attempts == 6
+    # When the group is released again and the worker crashes before the letter is delivered
+    world.release("g1")
+    settle(world)
+    world.crash()
+    # Then the earlier lap's copies are not taken for a lap in progress: it is delivered
+    world.drain()
+    assert world.first["g1"] == ["g1-1"]

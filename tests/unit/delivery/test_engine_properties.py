@@ -24,7 +24,9 @@ from setu.model import DeadLetterPolicy, Subscription
 from tests.unit.delivery.sim import World, subscription
 
 GROUPS = ("g1", "g2", "g3")
-MODES = ("ok", "500", "400", "timeout", "flaky")
+# "fail1"/"fail2": each message fails its first one or two calls, then succeeds (an endpoint that
+# is merely flaky: with a retry tier or more per failure, nothing of it may be dead-lettered)
+MODES = ("ok", "500", "400", "timeout", "flaky", "fail1", "fail2")
 STEPS = ("poll", "poll", "poll", "answer", "answer", "answer", "ack", "apply", "tick")
 
 
@@ -88,8 +90,9 @@ class Delivery(RuleBasedStateMachine):
             world.poll(tier)
         elif step == "answer" and world.answerable():
             index = data.draw(st.sampled_from(world.answerable()))
-            group = world.effects.dispatches[index].record.group or ""
-            world.respond(index, self.answer(data, self.modes.get(group, "ok")))
+            rec = world.effects.dispatches[index].record
+            mode = self.modes.get(rec.group or "", "ok")
+            world.respond(index, self.answer(data, mode, world.calls[rec.message_id]))
         elif step == "ack" and world.effects.moves:
             world.finish_move(data.draw(st.integers(0, len(world.effects.moves) - 1)))
         elif step == "apply" and world.effects.persists:
@@ -97,8 +100,39 @@ class Delivery(RuleBasedStateMachine):
         elif step == "tick":
             world.tick(data.draw(st.sampled_from([5, 60, 200])))
 
+    @rule(data=st.data())
+    def everything_runs_its_course(self, data: st.DataObject) -> None:
+        """Runs with the webhook as it is until nothing is left to do (retries fall due,
+        groups reach their tiers or the DLQ): reaches deep states in one step."""
+        world = self.world
+        for _ in range(60):
+            progressed = False
+            for tier in world.tiers:
+                while world.poll(tier):
+                    progressed = True
+            while world.answerable():
+                rec = world.effects.dispatches[world.answerable()[0]].record
+                mode = self.modes.get(rec.group or "", "ok")
+                world.respond(
+                    world.answerable()[0], self.answer(data, mode, world.calls[rec.message_id])
+                )
+                progressed = True
+            while world.effects.moves or world.effects.persists:
+                if world.effects.moves:
+                    world.finish_move(0)
+                else:
+                    world.finish_persist(0)
+                progressed = True
+            if not progressed:
+                if not (world.paused or world.effects.dispatches):
+                    return
+                world.tick(max(world.sub.retry.delays_ms, default=0) + 100)
+
     @staticmethod
-    def answer(data: st.DataObject, mode: str) -> int | str:
+    def answer(data: st.DataObject, mode: str, calls: int = 0) -> int | str:
+        """The webhook's answer in ``mode`` to a message it was called for ``calls`` times."""
+        if mode in ("fail1", "fail2"):
+            return 503 if calls < int(mode[-1]) else 200
         if mode == "ok":
             return 200
         if mode == "500":
@@ -144,8 +178,10 @@ class Delivery(RuleBasedStateMachine):
             step = data.draw(st.sampled_from(["answer", "ack", "apply"]))
             if step == "answer" and effects.dispatches:
                 index = data.draw(st.integers(0, len(effects.dispatches) - 1))
-                group = effects.dispatches[index].record.group or ""
-                world.stalled_respond(which, index, self.answer(data, self.modes.get(group, "ok")))
+                rec = effects.dispatches[index].record
+                mode = self.modes.get(rec.group or "", "ok")
+                answer = self.answer(data, mode, world.calls[rec.message_id])
+                world.stalled_respond(which, index, answer)
             elif step == "ack" and effects.moves:
                 world.stalled_move(which, data.draw(st.integers(0, len(effects.moves) - 1)))
             elif step == "apply" and effects.persists:
