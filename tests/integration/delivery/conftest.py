@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from delivery.worker import serve
@@ -64,6 +64,7 @@ class Receiver:
 
     calls: list[Call] = field(default_factory=list)
     rules: dict[str, Any] = field(default_factory=dict)
+    flaky: dict[str, tuple[int, int]] = field(default_factory=dict)  # see fail_each
     delay_s: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
     url: str = ""
@@ -75,12 +76,23 @@ class Receiver:
         with self.lock:
             self.rules[group] = list(statuses)
 
+    def fail_each(self, group: str, times: int, status: int = 503) -> None:
+        """A merely flaky endpoint: each message of ``group`` fails its first ``times`` calls
+        with ``status``, then gets 200."""
+        with self.lock:
+            self.flaky[group] = (times, status)
+
     def heal(self) -> None:
         with self.lock:
             self.rules.clear()
+            self.flaky.clear()
 
-    def _status(self, group: str | None) -> int:
+    def _status(self, group: str | None, message_id: str) -> int:
         with self.lock:
+            flaky = self.flaky.get(group or "")
+            if flaky is not None:
+                earlier = sum(1 for c in self.calls if c.message_id == message_id)
+                return flaky[1] if earlier < flaky[0] else 200
             rule = self.rules.get(group or "")
             if rule is None:
                 return 200
@@ -122,7 +134,7 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
                 time.sleep(receiver.delay_s)
             with receiver.lock:
                 receiver.active -= 1
-            status = receiver._status(group)
+            status = receiver._status(group, headers.get("x_message_id", ""))
             receiver.record(
                 Call(
                     headers.get("x_message_id", ""),
@@ -216,6 +228,21 @@ class World:
             ids.append(message_id)
         self.producer.flush(10)
         return ids
+
+    def dlq_size(self, sub: str = "s", partitions: int = 2) -> int:
+        """How many records the subscription's DLQ holds (high minus low watermarks)."""
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "dlq-size"})
+        try:
+            topic = names.dlq_topic(self.project, sub)
+            total = 0
+            for partition in range(partitions):
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=10
+                )
+                total += high - low
+            return total
+        finally:
+            consumer.close()
 
     def settings(self, **overrides: Any) -> Settings:
         values: dict[str, Any] = {

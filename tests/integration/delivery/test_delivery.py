@@ -43,6 +43,34 @@ def test_messages_of_a_group_arrive_in_order_across_retries(
     assert [c.attempt for c in receiver.attempts(ids["g2"][0])] == [1, 2, 3]
 
 
+def test_a_flaky_endpoint_gets_every_message_through_with_its_own_attempts(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    # Given a grouped park subscription with two retry tiers, and an endpoint that fails
+    # every message's first two calls with 503 (docs/delivery.md, "Retry budget")
+    world.topic("t")
+    world.subscription(receiver.url, delays_ms=(300, 800))
+    receiver.fail_each("f", 2)
+    ids = world.publish("t", "f", 3)
+    healthy = world.publish("t", "h", 3)
+    # When a worker runs
+    start_worker()
+    # Then every message of the group is delivered, in order, each on its own third attempt
+    wait_for("the flaky group delivered", lambda: receiver.delivered("f") == ids, 60)
+    attempts = {m: [c.attempt for c in receiver.attempts(m)] for m in ids}
+    assert attempts == {m: [1, 2, 3] for m in ids}
+    # And each retry waited its own backoff: the first tier's delay, then the second's
+    for m in ids:
+        calls = receiver.attempts(m)
+        assert calls[1].at - calls[0].at >= 0.3
+        assert calls[2].at - calls[1].at >= 0.8
+    # And nothing was dead-lettered: the group is healthy again (the healthy group is the
+    # sentinel that the worker ran all along)
+    assert receiver.delivered("h") == healthy
+    wait_for("the group healthy again", lambda: group_state(world, "f") == {})
+    assert world.dlq_size() == 0
+
+
 def group_state(world: World, group: str, sub: str = "s") -> dict[str, str]:
     from state import keys
 
