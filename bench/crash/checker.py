@@ -21,6 +21,9 @@ Checks, each a count that must be 0:
 - ``bad_signatures``: calls whose ``webhook-signature`` does not verify.
 - ``id_distinct_duplicates``: extra deliveries left after a receiver drops repeated
   ``webhook-id``s, i.e. per message the distinct ``webhook-id``s among its 2xx calls, minus one.
+- ``short_budget_dead_letters``: messages the DLQ holds as failed (not parked behind their
+  group) after fewer than N+1 attempts although their last answer was retryable: every message
+  keeps its own retry budget (docs/delivery.md). The DLQ is read at the end of the run.
 
 Reported, not judged: ``raw_duplicates`` (2xx calls beyond the first per message; DESIGN §3
 allows these at the HTTP boundary after a crash) and call counts by status.
@@ -45,6 +48,7 @@ MUST_BE_ZERO = (
     "webhook_id_mismatches",
     "bad_signatures",
     "id_distinct_duplicates",
+    "short_budget_dead_letters",
 )
 
 
@@ -68,6 +72,17 @@ class Call:
     @property
     def ok(self) -> bool:
         return 200 <= self.status < 300
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A record of the DLQ written because its message failed (not one parked behind it)."""
+
+    message_id: str
+    group_id: str
+    attempts: int
+    last_status: int | None
+    retryable: bool  # whether the last failure (status or no answer) was a retryable one
 
 
 def published_from_journal(entries: Iterable[Entry]) -> list[Published]:
@@ -104,8 +119,16 @@ def _examples(items: Iterable[Any]) -> Any:
     return out
 
 
-def check(published: Sequence[Published], calls: Sequence[Call]) -> dict[str, Any]:
-    """Judge one run; the result is JSON-ready and ``result["ok"]`` is the verdict."""
+def check(
+    published: Sequence[Published],
+    calls: Sequence[Call],
+    dead_letters: Sequence[DeadLetter] = (),
+    retry_tiers: int = 0,
+    flaky_groups: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Judge one run; the result is JSON-ready and ``result["ok"]`` is the verdict.
+    ``retry_tiers`` is the subscription's N; ``flaky_groups`` are the plan's groups whose
+    messages fail a few calls each and then succeed (reported on their own)."""
     by_id = {p.message_id: p for p in published}
     order: dict[str, list[str]] = defaultdict(list)
     for p in published:
@@ -139,6 +162,10 @@ def check(published: Sequence[Published], calls: Sequence[Call]) -> dict[str, An
     bad_signatures = [c.message_id for c in calls if c.signature_ok is False]
     id_distinct = {mid: len(ids) - 1 for mid, ids in ok_webhook_ids.items() if len(ids) > 1}
     raw = {mid: n - 1 for mid, n in ok_calls.items() if n > 1}
+    short_budget = sorted(
+        {d.message_id for d in dead_letters if d.retryable and d.attempts < retry_tiers + 1}
+    )
+    flaky = set(flaky_groups)
 
     counts = {
         "lost": len(lost),
@@ -149,6 +176,7 @@ def check(published: Sequence[Published], calls: Sequence[Call]) -> dict[str, An
         "webhook_id_mismatches": len(mismatched),
         "bad_signatures": len(bad_signatures),
         "id_distinct_duplicates": sum(id_distinct.values()),
+        "short_budget_dead_letters": len(short_budget),
     }
     status_classes = Counter(f"{c.status // 100}xx" for c in calls)
     return {
@@ -166,6 +194,12 @@ def check(published: Sequence[Published], calls: Sequence[Call]) -> dict[str, An
         "calls_by_status": {name: status_classes[name] for name in sorted(status_classes)},
         "messages_rejected_4xx": len({c.message_id for c in calls if 400 <= c.status < 500}),
         "messages_failed_5xx": len({c.message_id for c in calls if c.status >= 500}),
+        "dead_letters": len(dead_letters),
+        "flaky_groups": len(flaky),
+        "flaky_messages": sum(1 for p in published if p.group_id in flaky),
+        "flaky_messages_dead_lettered": len(
+            {d.message_id for d in dead_letters if d.group_id in flaky and d.retryable}
+        ),
         "examples": {
             "lost": _examples(lost),
             "out_of_order_groups": _examples(disordered),
@@ -176,6 +210,7 @@ def check(published: Sequence[Published], calls: Sequence[Call]) -> dict[str, An
             "bad_signatures": _examples(bad_signatures),
             "id_distinct_duplicates": _examples(id_distinct),
             "raw_duplicates": _examples(raw),
+            "short_budget_dead_letters": _examples(short_budget),
         },
     }
 

@@ -12,6 +12,10 @@ calls: a group gets a call every few seconds, and deliveries come in bursts when
 ingest job catches up, so a run could end without a single 503 and never exercise the retry
 tiers.
 
+A *flaky group* fails each of its messages' first k calls with 503 (k at most the number of
+retry tiers), then answers 200: the everyday flaky endpoint. Every message keeps its own retry
+budget (docs/delivery.md), so none of these messages may reach the DLQ.
+
 When the harness switches the receiver to the ``drain`` phase it answers 2xx to everything, then
 unsidelines the dead-lettered groups. So in the end every accepted message has a 2xx, and each
 group's first-2xx order must equal its full published order: nothing is "minus dead-lettered"
@@ -44,11 +48,13 @@ class FailurePlan:
 
     windows: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     rejected: frozenset[str] = frozenset()
+    flaky: dict[str, int] = field(default_factory=dict)  # group -> failed calls per message
 
     def to_json(self) -> dict[str, Any]:
         return {
             "windows": {group: [list(w) for w in ws] for group, ws in self.windows.items()},
             "rejected": sorted(self.rejected),
+            "flaky": self.flaky,
         }
 
     @classmethod
@@ -57,7 +63,8 @@ class FailurePlan:
             group: tuple((int(start), int(end)) for start, end in spans)
             for group, spans in data.get("windows", {}).items()
         }
-        return cls(windows=windows, rejected=frozenset(data.get("rejected", ())))
+        flaky = {group: int(k) for group, k in data.get("flaky", {}).items()}
+        return cls(windows=windows, rejected=frozenset(data.get("rejected", ())), flaky=flaky)
 
 
 class FailureSchedule:
@@ -92,14 +99,22 @@ def _length(window: tuple[int, int]) -> int:
 
 
 def decide_status(
-    schedule: FailureSchedule, phase: Phase, group_id: str, message_id: str, now_ms: int
+    schedule: FailureSchedule,
+    phase: Phase,
+    group_id: str,
+    message_id: str,
+    now_ms: int,
+    calls_before: int = 0,
 ) -> int:
-    """The status the receiver answers to one call (calls in time order)."""
+    """The status the receiver answers to one call (calls in time order); ``calls_before`` is
+    how many calls of the same message it answered before."""
     if phase is Phase.DRAIN:
         return 200
     if message_id in schedule.plan.rejected:
         return REJECT_STATUS
     if schedule.failing(group_id, now_ms):
+        return FAIL_STATUS
+    if calls_before < schedule.plan.flaky.get(group_id, 0):
         return FAIL_STATUS
     return 200
 
@@ -120,6 +135,8 @@ class PlanShape:
     long_window_ms: tuple[int, int] = (3_000, 8_000)
     long_window_fraction: float = 0.3
     rejected_messages: int = 5
+    flaky_group_fraction: float = 0.05
+    max_flaky_failures: int = 2  # at most the subscription's number of retry tiers
 
 
 def make_plan(shape: PlanShape, seed: int) -> FailurePlan:
@@ -149,4 +166,10 @@ def make_plan(shape: PlanShape, seed: int) -> FailurePlan:
         ).message_id
         for _ in range(shape.rejected_messages)
     }
-    return FailurePlan(windows=windows, rejected=frozenset(rejected))
+    healthy = sorted(set(range(shape.groups)) - set(failing))
+    count = min(len(healthy), round(shape.groups * shape.flaky_group_fraction))
+    flaky = {
+        group_name(index): rng.randint(1, shape.max_flaky_failures)
+        for index in sorted(rng.sample(healthy, count))
+    }
+    return FailurePlan(windows=windows, rejected=frozenset(rejected), flaky=flaky)

@@ -17,6 +17,7 @@ import base64
 import contextlib
 import hashlib
 import hmac
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from bench.crash.journal import Journal
+from bench.crash.journal import Journal, read_entries
 from bench.crash.plan import FailurePlan, FailureSchedule, Phase, decide_status
 from bench.crash.records import payload_hash
 from setu.clock import now_ms
@@ -78,8 +79,11 @@ class Receiver:
         self.calls = 0
         self.ok_calls = 0
         self.last_call_ms = 0
+        self.calls_by_message: Counter[str] = Counter()  # for the plan's flaky groups
 
     async def open(self) -> None:
+        # A receiver started again on its journal goes on counting each message's calls.
+        self.calls_by_message = Counter(e["mid"] for e in read_entries(self.journal.path))
         await self.journal.open()
 
     async def close(self) -> None:
@@ -93,7 +97,9 @@ class Receiver:
         webhook_id = headers.get("webhook-id", "")
         timestamp = headers.get("webhook-timestamp", "")
         now = now_ms()
-        status = decide_status(self.schedule, self.phase, group_id, message_id, now)
+        before = self.calls_by_message[message_id]
+        status = decide_status(self.schedule, self.phase, group_id, message_id, now, before)
+        self.calls_by_message[message_id] += 1
         sig = None
         if self.secret is not None:
             sig = signature_valid(

@@ -31,6 +31,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         "webhook_id_mismatches": "calls whose webhook-id is not the message id",
         "bad_signatures": "calls with a bad webhook-signature",
         "id_distinct_duplicates": "duplicates after dropping repeated webhook-ids",
+        "short_budget_dead_letters": "dead-lettered before N+1 attempts (retryable)",
     }
     lines = [f"crash test: {'PASS' if report['ok'] else 'FAIL'}"]
     lines += [zero(name, labels[name]) for name in MUST_BE_ZERO]
@@ -40,6 +41,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"       {'accepted / delivered / published':<48} "
         f"{report['accepted']} / {report['delivered']} / {report['published']}",
         f"       {'webhook calls':<48} {report['calls']} {report['calls_by_status']}",
+        f"       {'flaky groups / their messages dead-lettered':<48} "
+        f"{report.get('flaky_groups', 0)} / {report.get('flaky_messages_dead_lettered', 0)}",
     ]
     chaos = report.get("chaos")
     if chaos:

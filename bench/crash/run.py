@@ -29,7 +29,8 @@ import httpx
 import orjson
 
 from bench.crash.chaos import Chaos, Component, ComponentSpec, EventLog
-from bench.crash.checker import calls_from_journal, check, published_from_journal
+from bench.crash.checker import DeadLetter, calls_from_journal, check, published_from_journal
+from bench.crash.dead_letters import read_dead_letters
 from bench.crash.drain import drain
 from bench.crash.journal import read_entries
 from bench.crash.plan import PlanShape, make_plan
@@ -46,6 +47,7 @@ from bench.crash.stack import (
     setu_specs,
 )
 from setu import names
+from setu.model import RetryPolicy
 
 Say = Callable[[str], None]
 DEFAULT_SECRET = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
@@ -73,6 +75,7 @@ class RunConfig:
     kill_producer: bool = True
     failing_group_fraction: float = 0.1
     rejected_messages: int = 5
+    flaky_group_fraction: float = 0.05
     startup_timeout_s: float = 180.0
     producer_grace_s: float = 60.0
     drain_timeout_s: float = 300.0
@@ -114,6 +117,7 @@ class CrashRun:
         self.events = EventLog(config.workdir / "chaos.journal")
         self.components: dict[str, Component] = {}
         self.timings: dict[str, float] = {}
+        self.flaky_groups: list[str] = []
         self._started = time.monotonic()
 
     async def execute(self) -> dict[str, Any]:
@@ -138,10 +142,17 @@ class CrashRun:
                         say=self._log,
                     )
                 self._mark("drain_s")
+                dead_letters = await asyncio.to_thread(
+                    read_dead_letters,
+                    layout.kafka_bootstrap,
+                    names.dlq_topic(self.project, self.subscription),
+                    config.partitions,
+                    RetryPolicy(delays_ms=config.retry_delays_ms),
+                )
         finally:
             self._stop_all()
             self.events.close()
-        return self._verdict(layout, drained)
+        return self._verdict(layout, drained, dead_letters)
 
     async def _start_brokers(self) -> StackLayout:
         config = self.config
@@ -193,9 +204,12 @@ class CrashRun:
                 span_ms=int(config.duration_s * 1000),
                 failing_group_fraction=config.failing_group_fraction,
                 rejected_messages=config.rejected_messages,
+                flaky_group_fraction=config.flaky_group_fraction,
+                max_flaky_failures=min(2, len(config.retry_delays_ms)),
             ),
             config.seed,
         )
+        self.flaky_groups = sorted(plan.flaky)
         plan_path = config.workdir / "plan.json"
         plan_path.write_bytes(orjson.dumps(plan.to_json()))
         self._start(receiver_spec(layout, plan_path, config.signing_secret))
@@ -266,10 +280,15 @@ class CrashRun:
                 component.start()
                 self.events.record(component.name, "restart")
 
-    def _verdict(self, layout: StackLayout, drained: dict[str, Any]) -> dict[str, Any]:
+    def _verdict(
+        self, layout: StackLayout, drained: dict[str, Any], dead_letters: list[DeadLetter]
+    ) -> dict[str, Any]:
         report = check(
             published_from_journal(read_entries(producer_journal(layout))),
             calls_from_journal(read_entries(receiver_journal(layout))),
+            dead_letters,
+            retry_tiers=len(self.config.retry_delays_ms),
+            flaky_groups=self.flaky_groups,
         )
         kills = self.events.count("kill")
         names = sorted({e["component"] for e in self.events.events})

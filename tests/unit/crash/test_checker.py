@@ -9,6 +9,7 @@ import pytest
 
 from bench.crash.checker import (
     Call,
+    DeadLetter,
     Published,
     calls_from_journal,
     check,
@@ -288,3 +289,22 @@ def test_calls_from_journal_reads_receiver_entries() -> None:
         Call("m", "g", "m", 503, "h", None),
         Call("m", "g", "m", 200, "h", True),
     ]
+
+
+def test_a_message_dead_lettered_before_its_own_budget_ran_out_fails_the_run() -> None:
+    # Given three retry tiers: a2 failed with 503 after two attempts, a3 after four, and b1
+    # was rejected with a 4xx after one; a2 and a3 sit in a flaky group
+    dead = [
+        DeadLetter("a2", "a", 2, 503, retryable=True),
+        DeadLetter("a3", "a", 4, 503, retryable=True),
+        DeadLetter("b1", "b", 1, 422, retryable=False),
+    ]
+    calls = [call(m) for m in ("a1", "b1", "a2", "a3", "b2")]
+    # When the run is judged
+    report = check(PUBLISHED, calls, dead, retry_tiers=3, flaky_groups=["a"])
+    # Then only a2 breaks the rule, and the flaky group's dead letters are reported
+    assert report["violations"] == ["short_budget_dead_letters"]
+    assert report["short_budget_dead_letters"] == 1
+    assert report["examples"]["short_budget_dead_letters"] == ["a2"]
+    assert (report["flaky_groups"], report["flaky_messages"]) == (1, 3)
+    assert report["flaky_messages_dead_lettered"] == 2

@@ -94,3 +94,22 @@ def test_plan_rejects_messages_the_producer_will_publish() -> None:
     }
     assert 1 <= len(plan.rejected) <= 5
     assert plan.rejected <= published
+
+
+def test_a_flaky_group_fails_each_message_its_first_calls_then_succeeds() -> None:
+    # Given a plan whose group f fails each message's first two calls
+    schedule = FailureSchedule(FailurePlan(flaky={"f": 2}))
+    # Then each message gets 503, 503, then 200, whatever the other messages got
+    answers = [decide_status(schedule, Phase.RUN, "f", "m1", 0, before) for before in range(4)]
+    assert answers == [FAIL_STATUS, FAIL_STATUS, 200, 200]
+    assert decide_status(schedule, Phase.RUN, "f", "m2", 0, 0) == FAIL_STATUS
+    assert decide_status(schedule, Phase.RUN, "g", "m3", 0, 0) == 200
+    assert decide_status(schedule, Phase.DRAIN, "f", "m4", 0, 0) == 200
+
+
+def test_plan_makes_flaky_groups_apart_from_the_failing_ones() -> None:
+    plan = make_plan(SHAPE, 1)
+    assert len(plan.flaky) == 5
+    assert not set(plan.flaky) & set(plan.windows)
+    assert set(plan.flaky.values()) <= {1, 2}
+    assert FailurePlan.from_json(plan.to_json()) == plan

@@ -147,3 +147,21 @@ def test_signature_keys_follow_standard_webhooks_or_raw_secret(secret: str, key:
     assert signature_valid(secret, "m", "1", b"body", header)
     assert not signature_valid(secret, "m", "2", b"body", header)
     assert not signature_valid(secret, "m", "1", b"body", None)
+
+
+async def test_a_flaky_groups_message_fails_its_first_calls_even_across_a_receiver_restart(
+    tmp_path: Path,
+) -> None:
+    # Given a receiver whose plan fails each message of group f twice
+    plan = FailurePlan(flaky={"f": 2})
+    first = Receiver(plan, tmp_path / "calls.log")
+    await first.open()
+    headers = webhook_headers("m1", "f", b"x")
+    assert await first.handle_call(headers, b"x") == 503
+    await first.close()
+    # When the receiver starts again on its journal
+    second = Receiver(plan, tmp_path / "calls.log")
+    await second.open()
+    # Then it goes on counting the message's calls: one more 503, then 200
+    assert [await second.handle_call(headers, b"x") for _ in range(2)] == [503, 200]
+    await second.close()

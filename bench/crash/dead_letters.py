@@ -1,0 +1,42 @@
+"""Reading a subscription's DLQ at the end of a crash run, for the checker's retry-budget check."""
+
+from __future__ import annotations
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from bench.crash.checker import DeadLetter
+from delivery.groups import Kind
+from delivery.kafka_io import KafkaReader, record_of
+from delivery.tiers import DLQ
+from setu.model import RetryPolicy
+
+# Copies written because the message itself failed; parks and forwards only follow their group.
+FAILED_KINDS = (Kind.HEAD, Kind.SKIP, Kind.DEAD)
+
+
+def read_dead_letters(
+    bootstrap: str, topic: str, partitions: int, policy: RetryPolicy
+) -> list[DeadLetter]:
+    """Every failed message's record in the DLQ ``topic``, in partition and offset order."""
+    starts = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
+    tails = KafkaReader(bootstrap).tails(starts)
+    out = []
+    for partition in range(partitions):
+        for msg in tails.records.get((topic, partition), []):
+            try:
+                rec = record_of(DLQ, msg)
+            except ValueError:
+                continue
+            if rec.kind not in FAILED_KINDS:
+                continue
+            status = rec.envelope.last_status
+            out.append(
+                DeadLetter(
+                    rec.message_id,
+                    rec.group or "",
+                    rec.envelope.attempt,
+                    status,
+                    retryable=status is None or policy.is_retryable(status),
+                )
+            )
+    return out
