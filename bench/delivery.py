@@ -14,6 +14,11 @@ call. A row's rate is messages / (last call - first call), so group-join time is
 - isolation: 10,000 groups, 10% of them always answer 500 (their messages park in a 60 s retry
   tier); the healthy groups' message rate is compared with the rate of the same groups'
   messages in the all-healthy 10,000-group row (and, for reference, with that row's total).
+- flaky: 1,000 groups of 10 messages (``--messages``), two retry tiers of 100 and 300 ms; in
+  every tenth group each message fails its first two calls with 503 and then gets 200 (a
+  merely flaky endpoint). Reported: the flaky groups' messages delivered per second, the
+  share of their messages dead-lettered (target 0: every message has its own three
+  attempts), and the healthy groups' rate beside them.
 - memory: one message per group for ``--memory-messages`` distinct groups, webhook answering at
   once; the worker's peak RSS (VmHWM) is reported.
 
@@ -50,7 +55,9 @@ from state.kafka_admin import KafkaTopics
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BODY = b'{"order": 12345, "items": [1, 2, 3], "note": "' + b"x" * 180 + b'"}'
-ROWS = ("1", "10", "100", "10000", "ungrouped", "isolation", "memory")
+ROWS = ("1", "10", "100", "10000", "ungrouped", "isolation", "flaky", "memory")
+FLAKY_DELAYS_MS = (100, 300)
+FLAKY_FAILURES = 2  # failed calls per message of a flaky group, within FLAKY_DELAYS_MS's tiers
 
 
 # The webhook: a process of its own, timestamping every call.
@@ -58,11 +65,14 @@ ROWS = ("1", "10", "100", "10000", "ungrouped", "isolation", "memory")
 
 class _Webhook(asyncio.Protocol):
     """Minimal HTTP/1.1 server: answers after a random 0..max_delay ms, 500 for failing
-    groups (every tenth, when asked), and keeps counts for GET /stats."""
+    groups (every tenth, when asked) or 503 to the first calls of each message of a flaky
+    group (every tenth, when asked), and keeps counts for GET /stats."""
 
     stats: dict[str, Any] = {}
     max_delay_s = 0.005
     fail_tenth = False
+    flaky_tenth = False
+    calls: dict[bytes, int] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport: Any = transport
@@ -95,13 +105,21 @@ class _Webhook(asyncio.Protocol):
         at = head.find(b"\r\nX_GROUP_ID: ")
         if at >= 0:
             group = head[at + 14 : head.find(b"\r\n", at + 2)]
-        failing = bool(self.fail_tenth and group and int(group[1:]) % 10 == 0)
+        tenth = bool(group and int(group[1:]) % 10 == 0)
+        failing = self.fail_tenth and tenth
         status = b"500 Internal Server Error" if failing else b"200 OK"
+        flaky = self.flaky_tenth and tenth
+        if flaky:
+            at = head.find(b"\r\nX_MESSAGE_ID: ")
+            message = head[at + 16 : head.find(b"\r\n", at + 2)]
+            calls = self.calls[message] = self.calls.get(message, 0) + 1
+            if calls <= FLAKY_FAILURES:
+                failing, status = True, b"503 Service Unavailable"
         delay = random.random() * self.max_delay_s
         loop = asyncio.get_running_loop()
-        loop.call_later(delay, self._answer, status, failing)
+        loop.call_later(delay, self._answer, status, failing, flaky)
 
-    def _answer(self, status: bytes, failing: bool) -> None:
+    def _answer(self, status: bytes, failing: bool, flaky: bool) -> None:
         now = time.monotonic()
         s = self.stats
         if failing:
@@ -110,15 +128,28 @@ class _Webhook(asyncio.Protocol):
             s["ok"] += 1
             s["first"] = s["first"] or now
             s["last"] = now
+            if flaky:
+                s["flaky_ok"] += 1
+                s["flaky_first"] = s["flaky_first"] or now
+                s["flaky_last"] = now
         self.transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\n\r\n")
 
 
-def serve_webhook(port: int, max_delay_ms: float, fail_tenth: bool) -> None:
+def serve_webhook(port: int, max_delay_ms: float, fail_tenth: bool, flaky_tenth: bool) -> None:
     import uvloop
 
-    _Webhook.stats = {"ok": 0, "failed": 0, "first": 0.0, "last": 0.0}
+    _Webhook.stats = {
+        "ok": 0,
+        "failed": 0,
+        "first": 0.0,
+        "last": 0.0,
+        "flaky_ok": 0,
+        "flaky_first": 0.0,
+        "flaky_last": 0.0,
+    }
     _Webhook.max_delay_s = max_delay_ms / 1000
     _Webhook.fail_tenth = fail_tenth
+    _Webhook.flaky_tenth = flaky_tenth
 
     async def main() -> None:
         server = await asyncio.get_running_loop().create_server(_Webhook, "127.0.0.1", port)
@@ -149,7 +180,7 @@ def serve_worker(config: dict[str, Any]) -> None:
         topic=config["topic"],
         endpoint=Endpoint(config["url"], timeout_ms=10_000),
         grouped=config["grouped"],
-        retry=RetryPolicy(delays_ms=(60_000,)),
+        retry=RetryPolicy(delays_ms=tuple(config["delays_ms"])),
         max_in_flight=config["max_in_flight"],
     )
     settings = Settings(
@@ -227,18 +258,40 @@ def produce(bootstrap: str, topic: str, messages: int, groups: int | None) -> fl
     return time.monotonic() - started
 
 
+def row_groups(row: str, messages: int) -> int | None:
+    """How many groups a row's messages fall into (None: ungrouped)."""
+    if row == "ungrouped":
+        return None
+    if row == "isolation":
+        return 10_000
+    if row == "flaky":
+        return max(1, messages // 10)
+    if row == "memory":
+        return messages
+    return int(row)
+
+
+def flaky_figures(
+    stats: dict[str, Any], messages: int, elapsed: float, dead: int
+) -> dict[str, Any]:
+    """The flaky row's own figures: its flaky groups (every tenth) and the healthy rest."""
+    groups = row_groups("flaky", messages) or 1
+    flaky_messages = sum(1 for i in range(messages) if (i % groups) % 10 == 0)
+    flaky_s = stats["flaky_last"] - stats["flaky_first"]
+    healthy = stats["ok"] - stats["flaky_ok"]
+    return {
+        "flaky_messages": flaky_messages,
+        "flaky_delivered": stats["flaky_ok"],
+        "flaky_messages_per_s": round(stats["flaky_ok"] / flaky_s) if flaky_s else None,
+        "flaky_share_dead_lettered": round(dead / flaky_messages, 4),
+        "healthy_messages_per_s": round(healthy / elapsed) if elapsed else None,
+    }
+
+
 def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
     project = f"bench{uuid.uuid4().hex[:8]}"
     messages = args.memory_messages if row == "memory" else args.messages
-    groups: int | None
-    if row == "ungrouped":
-        groups = None
-    elif row == "isolation":
-        groups = 10_000
-    elif row == "memory":
-        groups = messages
-    else:
-        groups = int(row)
+    groups = row_groups(row, messages)
     admin = KafkaTopics(args.bootstrap)
     topic = Topic(project, "t", grouped=groups is not None, partitions=1, retention_hours=1)
     sub_name = "s"
@@ -249,7 +302,7 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
         "t",
         Endpoint("http://x/"),
         grouped=groups is not None,
-        retry=RetryPolicy(delays_ms=(60_000,)),
+        retry=RetryPolicy(delays_ms=FLAKY_DELAYS_MS if row == "flaky" else (60_000,)),
     )
     admin.ensure_subscription(sub, topic)
     port = free_port()
@@ -263,6 +316,7 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
             "--max-delay-ms",
             "0" if row == "memory" else "5",
             *(["--fail-tenth"] if row == "isolation" else []),
+            *(["--flaky-tenth"] if row == "flaky" else []),
         ],
         stdout=subprocess.PIPE,
     )
@@ -281,6 +335,7 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
             "bootstrap": args.bootstrap,
             "redis": args.redis,
             "max_in_flight": args.max_in_flight,
+            "delays_ms": list(sub.retry.delays_ms),
         }
         worker = subprocess.Popen(
             [sys.executable, "-m", "bench.delivery", "--serve-worker", json.dumps(config)]
@@ -294,7 +349,7 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
             peak = proc_status(worker.pid)
             if cpu_at_start is None and stats["ok"]:
                 cpu_at_start = peak["cpu_ms"]
-            if stats["ok"] >= expected:
+            if stats["ok"] >= expected - dead_lettered(args.redis, project, sub_name):
                 break
             if time.monotonic() > deadline or worker.poll() is not None:
                 raise RuntimeError(f"row {row}: {stats['ok']} of {expected} after the deadline")
@@ -316,7 +371,10 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
             "worker_cpu_us_per_msg": round(busy_ms * 1000 / max(stats["ok"], 1)),
             "produce_s": round(produce_s, 2),
             "load_average_1m": round(os.getloadavg()[0], 2),
+            "dead_lettered": dead_lettered(args.redis, project, sub_name),
         }
+        if row == "flaky":
+            result.update(flaky_figures(stats, messages, elapsed, result["dead_lettered"]))
         return result
     finally:
         if worker is not None and worker.poll() is None:
@@ -333,6 +391,16 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
         found = list(client.scan_iter(match=keys.subscription_pattern(project, sub_name)))
         if found:
             client.delete(*found)
+        client.close()
+
+
+def dead_lettered(redis_url: str, project: str, subscription: str) -> int:
+    """The subscription's count of messages moved to its DLQ (parked ones included)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        value = client.hget(keys.counters(project, subscription), "dead_lettered")
+        return int(value or 0)
+    finally:
         client.close()
 
 
@@ -361,6 +429,11 @@ def verdicts(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
         out["healthy_rate_over_all_healthy_total_rate"] = round(
             iso["messages_per_s"] / many["messages_per_s"], 3
         )
+    flaky = rows.get("flaky")
+    if flaky:
+        out["flaky_groups_messages_per_s"] = flaky["flaky_messages_per_s"]
+        out["flaky_groups_share_dead_lettered"] = flaky["flaky_share_dead_lettered"]
+        out["flaky_groups_nothing_dead_lettered"] = flaky["dead_lettered"] == 0
     mem = rows.get("memory")
     if mem:
         out["worker_peak_rss_at_most_300_mb"] = mem["worker_peak_rss_mb"] <= 300
@@ -385,10 +458,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve-webhook", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--max-delay-ms", type=float, default=5.0, help=argparse.SUPPRESS)
     parser.add_argument("--fail-tenth", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--flaky-tenth", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_webhook:
-        serve_webhook(args.serve_webhook, args.max_delay_ms, args.fail_tenth)
+        serve_webhook(args.serve_webhook, args.max_delay_ms, args.fail_tenth, args.flaky_tenth)
         return 0
     if args.serve_worker:
         serve_worker(json.loads(args.serve_worker))
