@@ -30,9 +30,9 @@ from setu.envelope import (
     KafkaHeaders,
 )
 from setu.errors import InvalidInput, PayloadTooLarge, SetuError
+from setu.limits import MAX_FORWARDED_HEADER_BYTES
 
 # Producer headers travel with the message into every Kafka record and webhook call.
-MAX_FORWARDED_HEADER_BYTES = 32 * 1024
 
 _BATCH_FIELDS = frozenset(
     {"message_id", "group_id", "producer_id", "sequence_id", "headers", "body", "body_base64"}

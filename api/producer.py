@@ -36,7 +36,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from setu.envelope import KafkaHeaders
 from setu.errors import DependencyUnavailable, PayloadTooLarge
-from state.kafka_admin import RECORD_OVERHEAD_BYTES
+from setu.limits import MessageLimits
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,8 @@ def producer_config(
         "linger.ms": 2,
         "compression.type": "lz4",
         "message.timeout.ms": ack_timeout_ms,
-        "message.max.bytes": max_message_bytes + RECORD_OVERHEAD_BYTES,
+        # Whatever the API accepts fits (setu.limits), headers and all.
+        "message.max.bytes": MessageLimits(max_message_bytes).request_bytes,
         **(extra or {}),
     }
 

@@ -31,6 +31,7 @@ from confluent_kafka import (
 
 from delivery.records import Record, parse_record
 from setu.envelope import KafkaHeaders
+from setu.limits import MessageLimits
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -72,7 +73,9 @@ class Assignment:
     after_commit: Callable[[], Awaitable[None]] | None = None
 
 
-def consumer_config(bootstrap: str, group: str, client_id: str) -> dict[str, Any]:
+def consumer_config(
+    bootstrap: str, group: str, client_id: str, limits: MessageLimits
+) -> dict[str, Any]:
     return {
         "bootstrap.servers": bootstrap,
         "group.id": group,
@@ -86,13 +89,15 @@ def consumer_config(bootstrap: str, group: str, client_id: str) -> dict[str, Any
         # Bounded prefetch: memory stays flat however far behind the worker is.
         "queued.max.messages.kbytes": 8192,
         "queued.min.messages": 5000,
+        # One fetch holds any record Setu accepted (setu.limits).
+        "max.partition.fetch.bytes": limits.fetch_bytes,
         # A worker that died gives its partitions up after this long.
         "session.timeout.ms": 10000,
         "max.poll.interval.ms": 300000,
     }
 
 
-def producer_config(bootstrap: str, client_id: str) -> dict[str, Any]:
+def producer_config(bootstrap: str, client_id: str, limits: MessageLimits) -> dict[str, Any]:
     return {
         "bootstrap.servers": bootstrap,
         "client.id": client_id,
@@ -102,6 +107,9 @@ def producer_config(bootstrap: str, client_id: str) -> dict[str, Any]:
         "partitioner": "murmur2_random",
         "linger.ms": 2,
         "message.timeout.ms": 30000,
+        # A copy of any record Setu accepted fits (librdkafka's default is 1,000,000 bytes:
+        # a large message failing once would stop its partition's delivery).
+        "message.max.bytes": limits.request_bytes,
     }
 
 

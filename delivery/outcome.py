@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
 
+from setu.limits import MAX_FAILURE_REASON_CHARS
 from setu.model import RetryPolicy
 
 
@@ -33,8 +34,11 @@ class Outcome:
 
     @property
     def reason(self) -> str:
-        """A short human line for the dead-letter record: ``status 503`` or the error."""
-        return f"status {self.status}" if self.status is not None else (self.error or "unknown")
+        """A short human line for the dead-letter record: ``status 503`` or the error (cut to
+        fit the header allowance of :mod:`setu.limits`)."""
+        if self.status is not None:
+            return f"status {self.status}"
+        return (self.error or "unknown")[:MAX_FAILURE_REASON_CHARS]
 
 
 def parse_retry_after(value: str | None, now_ms: int) -> int | None:

@@ -19,7 +19,7 @@ import logging
 import random
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -47,6 +47,7 @@ from delivery.webhook import WebhookSender
 from delivery.writer import StateWriter
 from setu import names
 from setu.clock import now_ms
+from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
 from setu.model import Subscription, SubscriptionState
 from state import keys
 from state.groups import RedisGroupStore
@@ -71,6 +72,7 @@ SEEK_RETRIES_QUIET = 3
 class RunnerConfig:
     bootstrap: str
     worker_id: str
+    limits: MessageLimits = field(default_factory=lambda: MessageLimits(DEFAULT_MAX_MESSAGE_BYTES))
     commit_interval_ms: int = 1000
     release_poll_ms: int = 1000
     stats_interval_ms: int = 2000
@@ -220,7 +222,9 @@ class SubscriptionRunner:
         await self._adopt_dropped_tiers()
         group = names.consumer_group(self.sub.project, self.sub.name)
         consumer = ConsumerThread(
-            consumer_config(self.config.bootstrap, group, self.config.worker_id),
+            consumer_config(
+                self.config.bootstrap, group, self.config.worker_id, self.config.limits
+            ),
             list(self.tiers),
             loop,
             self,

@@ -30,6 +30,7 @@ from delivery.http import HttpClient
 from delivery.kafka_io import AsyncProducer, producer_config
 from delivery.metrics import DeliveryMetrics, RunnerFigures
 from delivery.runner import RunnerConfig, SubscriptionRunner
+from setu.limits import MessageLimits
 from setu.model import Subscription, SubscriptionState
 from setu.settings import Settings
 from state import keys
@@ -105,9 +106,10 @@ async def serve(
     name = worker_id(settings)
     instance = f"{name}:{os.getpid()}"
     client: Redis[bytes] = Redis.from_url(settings.redis_url, socket_timeout=10)
-    producer = AsyncProducer(producer_config(settings.kafka_bootstrap, instance), loop)
+    limits = MessageLimits(settings.max_message_bytes)
+    producer = AsyncProducer(producer_config(settings.kafka_bootstrap, instance, limits), loop)
     http = HttpClient()
-    config = RunnerConfig(bootstrap=settings.kafka_bootstrap, worker_id=instance)
+    config = RunnerConfig(bootstrap=settings.kafka_bootstrap, worker_id=instance, limits=limits)
     metrics = DeliveryMetrics()
     worker = Worker(
         source,

@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from setu.limits import DEFAULT_MAX_MESSAGE_BYTES
+
 MIB = 1024 * 1024
 
 
@@ -35,7 +37,8 @@ class Settings(BaseSettings):
     api_port: int = 8080
     # One log line per request costs about as much CPU as a produce; Prometheus counts them.
     api_access_log: bool = False
-    max_message_bytes: int = 1 * MIB
+    # The largest produce body; every other size limit follows from it (setu.limits).
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_batch_messages: int = 10_000
     # Whole batch-produce request body (JSON), refused with 413 above it.
     max_batch_bytes: int = 32 * MIB

@@ -60,6 +60,7 @@ from setu.envelope import (
     H_PRODUCER_ID,
     H_SEQUENCE_ID,
 )
+from setu.limits import MessageLimits
 from setu.names import INGEST_PATTERN
 from setu.settings import Settings
 from spark.marks import HighsParam, MarkPublisher, ProducerHighs, by_topic
@@ -105,6 +106,9 @@ def sink_options(settings: Settings) -> dict[str, str]:
         "kafka.max.in.flight.requests.per.connection": "5",
         "kafka.linger.ms": "5",
         "kafka.batch.size": str(256 * 1024),
+        # Whatever the API accepted fits (setu.limits): the client's default of 1 MiB did not
+        # take a body at the limit with its headers, and the job replayed that batch forever.
+        "kafka.max.request.size": str(MessageLimits(settings.max_message_bytes).request_bytes),
     }
 
 

@@ -25,10 +25,8 @@ from confluent_kafka.cimpl import NewTopic
 
 from setu import names
 from setu.errors import Conflict, DependencyUnavailable, InvalidInput, SetuError
+from setu.limits import MessageLimits
 from setu.model import Subscription, Topic
-
-# Room for Setu's and the producer's headers and the record batch overhead above the body.
-RECORD_OVERHEAD_BYTES = 64 * 1024
 
 _REQUEST_ERRORS = frozenset(
     {
@@ -61,7 +59,7 @@ def topic_config(
         "cleanup.policy": "delete",
         "retention.ms": str(retention_hours * 3_600_000),
         "min.insync.replicas": "2" if replication_factor >= 3 else "1",
-        "max.message.bytes": str(max_message_bytes + RECORD_OVERHEAD_BYTES),
+        "max.message.bytes": str(MessageLimits(max_message_bytes).topic_bytes),
     }
 
 

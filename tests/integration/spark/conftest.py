@@ -24,6 +24,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from cli.jars import resolve_spark_jars
 from setu import names
 from setu.envelope import Envelope
+from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
 from setu.settings import Settings
 from spark import job
 from spark.marks import MarkPublisher
@@ -97,6 +98,8 @@ class IngestWorld:
                 "partitioner": "murmur2_random",
                 "enable.idempotence": True,
                 "linger.ms": 5,
+                # Like the API's producer: whatever the API accepts (setu.limits)
+                "message.max.bytes": MessageLimits(DEFAULT_MAX_MESSAGE_BYTES).request_bytes,
             }
         )
         self.redis = redis.Redis.from_url(self.redis_url)
@@ -135,11 +138,12 @@ class IngestWorld:
         producer_id: str | None = None,
         sequence_id: int | None = None,
         timestamp_ms: int = 0,
+        body: bytes | None = None,
     ) -> None:
         """Produce like the API does; ``timestamp_ms`` (0 = now) is the record's CreateTime."""
         envelope = Envelope(
             message_id=message_id,
-            body=f"body of {message_id}".encode(),
+            body=f"body of {message_id}".encode() if body is None else body,
             group_id=group_id,
             producer_id=producer_id,
             sequence_id=sequence_id,

@@ -11,6 +11,7 @@ import pytest
 
 from setu.envelope import H_INGEST_OFFSET, H_INGEST_PARTITION
 from spark.processor import BUCKETS
+from state.kafka_admin import topic_config
 
 from .conftest import IngestWorld, MainLog, wait_for
 
@@ -183,3 +184,23 @@ def test_topic_created_while_the_job_runs_is_picked_up(world: IngestWorld) -> No
         # Then its messages reach the main log without a restart
         log.wait_for_ids({"x1"})
         wait_for("mark 0", lambda: world.mark("late", "p") == 0)
+
+
+def test_a_body_of_exactly_the_size_limit_goes_through_and_ingest_goes_on(
+    world: IngestWorld,
+) -> None:
+    # Given topics configured as the API creates them, and a message whose body is exactly
+    # SETU_MAX_MESSAGE_BYTES (the API answers 200 to it), then a small one
+    settings = world.settings()
+    config = topic_config(168, 1, settings.max_message_bytes)
+    world.create_topic("t", config=config)
+    log = world.main_log("t")
+    with world.running_job(settings):
+        world.send("t", "big", "g", "p", 0, body=b"b" * settings.max_message_bytes)
+        world.send("t", "after", "g", "p", 1)
+        world.flush()
+        # Then both reach the main log, in order, the big one whole (the sink's request limit
+        # once refused it, and the job replayed that batch forever)
+        log.wait_for_ids({"big", "after"})
+    assert [e.message_id for _, _, e in log.records] == ["big", "after"]
+    assert len(log.records[0][2].body) == settings.max_message_bytes

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from setu.limits import HEADER_ALLOWANCE_BYTES
 from setu.model import Endpoint, RetryPolicy, Subscription, Topic
 from state.kafka_admin import (
-    RECORD_OVERHEAD_BYTES,
     owned_by_subscription,
     subscription_specs,
     topic_config,
@@ -42,7 +42,9 @@ def test_deleting_a_subscription_covers_every_possible_tier() -> None:
 
 @pytest.mark.parametrize(("replicas", "min_isr"), [(1, "1"), (2, "1"), (3, "2"), (5, "2")])
 def test_topic_config(replicas: int, min_isr: str) -> None:
-    config = topic_config(retention_hours=2, replication_factor=replicas, max_message_bytes=1000)
+    config = topic_config(
+        retention_hours=2, replication_factor=replicas, max_message_bytes=2 * 1024 * 1024
+    )
     assert config["retention.ms"] == str(2 * 3_600_000)
     assert config["min.insync.replicas"] == min_isr
-    assert config["max.message.bytes"] == str(1000 + RECORD_OVERHEAD_BYTES)
+    assert config["max.message.bytes"] == str(2 * 1024 * 1024 + HEADER_ALLOWANCE_BYTES)
