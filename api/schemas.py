@@ -105,6 +105,7 @@ def topic_view(topic: Topic) -> dict[str, Any]:
         "kafka": {
             "ingest_topic": names.ingest_topic(topic.project, topic.name),
             "main_topic": names.main_topic(topic.project, topic.name),
+            "ingest_rejects_topic": names.ingest_rejects_topic(topic.project, topic.name),
         },
     }
 
@@ -170,6 +171,7 @@ class ProjectsOut(BaseModel):
 class KafkaTopicsOut(BaseModel):
     ingest_topic: str
     main_topic: str
+    ingest_rejects_topic: str
 
 
 class TopicOut(BaseModel):
@@ -180,6 +182,8 @@ class TopicOut(BaseModel):
     retention_hours: int
     created_at_ms: int
     kafka: KafkaTopicsOut
+    # Only on GET of one topic: records the ingest job set aside (README: rejected records)
+    ingest_rejected: int | None = None
 
 
 class TopicsOut(BaseModel):

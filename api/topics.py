@@ -6,6 +6,7 @@ refused (409) while subscriptions read it.
 
 from __future__ import annotations
 
+from confluent_kafka import KafkaException
 from fastapi import APIRouter, Request
 from redis.exceptions import RedisError
 from starlette.responses import Response
@@ -14,6 +15,8 @@ from api import control
 from api.context import blocking, services
 from api.responses import JSON
 from api.schemas import ProducerMarkOut, TopicCreate, TopicOut, TopicsOut, errors, topic_view
+from delivery.kafka_io import KafkaReader
+from setu import names
 from setu.errors import DependencyUnavailable
 from setu.headers import PRODUCER_ID, check_id
 from setu.model import Topic
@@ -52,10 +55,24 @@ async def list_topics(request: Request, project: str) -> Response:
     return JSON({"topics": [topic_view(t) for t in found]})
 
 
-@router.get("/{topic}", response_model=None, responses={200: {"model": TopicOut}, **errors(404)})
+@router.get(
+    "/{topic}",
+    response_model=None,
+    summary="A topic, with how many records its ingest reject topic holds",
+    responses={200: {"model": TopicOut}, **errors(404, 503)},
+)
 async def get_topic(request: Request, project: str, topic: str) -> Response:
-    found = await blocking(services(request).store.get_topic, project, topic)
-    return JSON(topic_view(found))
+    s = services(request)
+    found = await blocking(s.store.get_topic, project, topic)
+    if not s.settings.kafka_bootstrap:
+        raise DependencyUnavailable("SETU_KAFKA_BOOTSTRAP is not set")
+    reader = KafkaReader(s.settings.kafka_bootstrap)
+    rejects = names.ingest_rejects_topic(project, topic)
+    try:
+        held = await blocking(reader.records_held, rejects, found.partitions)
+    except KafkaException as exc:
+        raise DependencyUnavailable(f"Kafka: {exc}") from exc
+    return JSON({**topic_view(found), "ingest_rejected": held})
 
 
 @router.delete(

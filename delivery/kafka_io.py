@@ -34,6 +34,9 @@ from setu.envelope import KafkaHeaders
 from setu.limits import MessageLimits
 
 log = logging.getLogger(__name__)
+
+# What a watermark read says of a topic that does not exist (yet).
+_MISSING = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION})
 T = TypeVar("T")
 
 POLL_BATCH = 500
@@ -463,6 +466,25 @@ class KafkaReader:
                 TopicPartition(topic, partition), timeout=10, cached=False
             )
             return int(high)
+        finally:
+            consumer.close()
+
+    def records_held(self, topic: str, partitions: int, timeout_s: float = 10.0) -> int:
+        """How many records ``topic`` holds now (0 when it does not exist)."""
+        consumer = Consumer({**self._config, "group.id": "setu-records-held"}, logger=log)
+        try:
+            held = 0
+            for partition in range(partitions):
+                try:
+                    low, high = consumer.get_watermark_offsets(
+                        TopicPartition(topic, partition), timeout=timeout_s, cached=False
+                    )
+                except KafkaException as exc:
+                    if exc.args[0].code() in _MISSING:
+                        return 0
+                    raise
+                held += high - low
+            return held
         finally:
             consumer.close()
 

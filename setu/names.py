@@ -57,6 +57,19 @@ def subscription_topics(project: str, subscription: str, tiers: int) -> list[str
     ]
 
 
+def ingest_rejects_topic(project: str, topic: str) -> str:
+    """Where the ingest job sets aside records it cannot write to the main log."""
+    return f"{ingest_topic(project, topic)}.rejects"
+
+
+def parse_main_topic(kafka_topic: str) -> tuple[str, str]:
+    """Return (project, topic) of a main topic name, else raise ValueError."""
+    parts = kafka_topic.split(".")
+    if len(parts) != 3 or parts[0] != PREFIX:
+        raise ValueError(f"not a main topic: {kafka_topic!r}")
+    return parts[1], parts[2]
+
+
 def parse_ingest_topic(kafka_topic: str) -> tuple[str, str]:
     """Return (project, topic) of an ingest topic name, else raise ValueError."""
     parts = kafka_topic.split(".")

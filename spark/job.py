@@ -41,6 +41,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from urllib.parse import urlparse
@@ -77,6 +78,7 @@ from spark.processor import (
     TOPIC,
     DedupFunction,
 )
+from spark.rejects import routed
 from spark.topics import MainTopicGuard
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,8 @@ def sink_options(settings: Settings) -> dict[str, str]:
         # Whatever the API accepted fits (setu.limits): the client's default of 1 MiB did not
         # take a body at the limit with its headers, and the job replayed that batch forever.
         "kafka.max.request.size": str(MessageLimits(settings.max_message_bytes).request_bytes),
+        # A main topic that is gone fails the write in 10 s instead of a minute.
+        "kafka.max.block.ms": "10000",
     }
 
 
@@ -268,8 +272,9 @@ def main_log_rows(accepted: DataFrame) -> DataFrame:
 
 
 class BatchWriter:
-    """The ``foreachBatch`` function: write the main logs, then raise the producer marks and
-    count the batch."""
+    """The ``foreachBatch`` function: write the main logs (setting aside, in the same write,
+    the rows a main topic can never take: :mod:`spark.rejects`), then raise the producer
+    marks and count the batch."""
 
     def __init__(
         self,
@@ -278,18 +283,23 @@ class BatchWriter:
         counts: Accumulator[TopicCounts],
         publisher: MarkPublisher,
         metrics: IngestMetrics,
+        limits: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
+        """``limits`` tells the main topics' current ``max.message.bytes`` (spark.topics)."""
         self._options = sink_options(settings)
         self._highs = highs
         self._counts = counts
         self._publisher = publisher
         self._metrics = metrics
+        # The sink's own limit, less a request's framing: no row above it is sent to Kafka.
+        self._default_limit = MessageLimits(settings.max_message_bytes).topic_bytes
+        self._limits = limits
 
     def __call__(self, accepted: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         self._highs.value = {}
         self._counts.value = {}
-        rows = main_log_rows(accepted)
+        rows = routed(main_log_rows(accepted), self._limits(), self._default_limit)
         rows.write.format("kafka").options(**self._options).save()
         self._publisher.publish(by_topic(self._highs.value.items()))
         self._metrics.batch_written(self._counts.value, time.monotonic() - started)
@@ -339,11 +349,13 @@ def start(
     publisher: MarkPublisher,
     pattern: str | None = None,
     metrics: IngestMetrics | None = None,
+    limits: Callable[[], Mapping[str, int]] = dict,
 ) -> StreamingQuery:
     """Start the query; it resumes from the checkpoint if one exists.
 
     It reads the topics matching ``pattern``, else ``settings.spark_ingest_pattern``, else
-    every ingest topic. ``metrics`` (if given) counts its batches and watches it.
+    every ingest topic. ``metrics`` (if given) counts its batches and watches it; ``limits``
+    tells the main topics' ``max.message.bytes`` (:meth:`MainTopicGuard.limits`).
     """
     pattern = ingest_pattern(settings, pattern)
     metrics = metrics or IngestMetrics()
@@ -352,7 +364,7 @@ def start(
     query = (
         deduplicated(spark, settings, highs, counts, pattern)
         .writeStream.queryName(QUERY_NAME)
-        .foreachBatch(BatchWriter(settings, highs, counts, publisher, metrics))
+        .foreachBatch(BatchWriter(settings, highs, counts, publisher, metrics, limits))
         .option("checkpointLocation", settings.resolved_checkpoint_dir())
         .trigger(processingTime=f"{settings.spark_trigger_ms} milliseconds")
         .start()
@@ -393,13 +405,14 @@ def run(settings: Settings) -> None:
             log.info(
                 "metrics at http://%s:%d/metrics", settings.ingest_metrics_host, server.server_port
             )
-        query = start(spark, settings, MarkPublisher(client), metrics=metrics)
-        log.info("ingest query %s started (%s)", query.id, settings.resolved_checkpoint_dir())
         guard = MainTopicGuard(
             _bootstrap(settings),
             ingest_pattern(settings),
             on_recreated=metrics.main_topic_recreated,
         ).start()
+        metrics.watch_rejects(guard.rejects)
+        query = start(spark, settings, MarkPublisher(client), metrics=metrics, limits=guard.limits)
+        log.info("ingest query %s started (%s)", query.id, settings.resolved_checkpoint_dir())
         while not stopping.is_set() and query.isActive:
             query.awaitTermination(1)
         stop_between_batches(query)

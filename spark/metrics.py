@@ -81,6 +81,7 @@ class IngestMetrics(Collector):
         self.registry = CollectorRegistry()
         self._totals = _Totals()
         self._progress: Progress = lambda: (False, None)
+        self._rejects: Callable[[], Mapping[str, int]] = dict
         ProcessCollector(registry=self.registry)
         self.registry.register(self)
 
@@ -97,6 +98,10 @@ class IngestMetrics(Collector):
 
     def main_topic_recreated(self, topic: str) -> None:
         self._totals.recreated += 1
+
+    def watch_rejects(self, rejects: Callable[[], Mapping[str, int]]) -> None:
+        """Where the records held in the ingest reject topics come from (spark.topics)."""
+        self._rejects = rejects
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -131,6 +136,14 @@ class IngestMetrics(Collector):
             "Main topics found missing while their ingest topic exists, and created again",
             value=totals.recreated,
         )
+        rejected = GaugeMetricFamily(
+            "setu_ingest_rejected_records",
+            "Records set aside in a topic's ingest reject topic (spark.rejects) and still held",
+            labels=["project", "topic"],
+        )
+        for ingest_topic, held in sorted(self._rejects().items()):
+            rejected.add_metric(list(_labels(ingest_topic)), held)
+        yield rejected
         if totals.last_batch_at is not None:
             yield GaugeMetricFamily(
                 "setu_ingest_last_batch_timestamp_seconds",

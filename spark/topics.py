@@ -1,4 +1,5 @@
-"""Keeps every ingest topic's main log in place while the ingest job runs.
+"""Keeps every ingest topic's main log and reject topic in place while the ingest job runs,
+and tells the job what each main topic takes and what each reject topic holds.
 
 The job writes all topics through one query. A batch holding messages of a topic whose main
 topic is gone (deleted by hand, say) cannot finish: the Kafka sink waits for the topic, and every
@@ -12,6 +13,11 @@ are gone with it.
 The grace period keeps the guard out of the control plane's way: the API creates and deletes a
 topic's ingest and main topics together, so one of them is missing without the other only for
 moments.
+
+On each look the guard also creates a missing ingest reject topic (topics made before reject
+topics existed), reads every main topic's ``max.message.bytes`` (:meth:`MainTopicGuard.limits`,
+which :mod:`spark.rejects` checks rows against) and how many records each reject topic holds
+(:meth:`MainTopicGuard.rejects`, a metric).
 """
 
 from __future__ import annotations
@@ -22,13 +28,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource, ConfigSource
+from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.admin._metadata import TopicMetadata
 from confluent_kafka.cimpl import NewTopic
 
-from setu.names import main_topic, parse_ingest_topic
+from setu.names import ingest_rejects_topic, main_topic, parse_ingest_topic
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +73,8 @@ class MainTopicGuard:
         self._grace_s = grace_s
         self._on_recreated = on_recreated
         self._missing_since: dict[str, float] = {}
+        self._limits: dict[str, int] = {}
+        self._rejects: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="main-topic-guard", daemon=True)
 
@@ -76,6 +85,14 @@ class MainTopicGuard:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+
+    def limits(self) -> dict[str, int]:
+        """Each main topic's ``max.message.bytes`` as last read (main topic -> bytes)."""
+        return self._limits
+
+    def rejects(self) -> dict[str, int]:
+        """Records each ingest topic's reject topic holds, as last read (ingest topic -> n)."""
+        return self._rejects
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
@@ -91,6 +108,7 @@ class MainTopicGuard:
         meta = self._admin.list_topics(timeout=10)
         now = time.monotonic()
         self._missing_since = orphaned(set(meta.topics), self._pattern, self._missing_since, now)
+        self._look_at_rejects_and_limits(meta.topics)
         created = []
         for ingest, since in list(self._missing_since.items()):
             if now - since < self._grace_s:
@@ -103,16 +121,26 @@ class MainTopicGuard:
             del self._missing_since[ingest]
         return created
 
+    def _look_at_rejects_and_limits(self, topics: Mapping[str, TopicMetadata]) -> None:
+        matcher = re.compile(self._pattern)
+        ingests = [t for t in topics if matcher.search(t) is not None]
+        for ingest in ingests:
+            rejects = ingest_rejects_topic(*parse_ingest_topic(ingest))
+            if rejects not in topics:
+                create_like(self._admin, rejects, ingest, topics[ingest])
+                log.info("created the ingest reject topic %s", rejects)
+        mains = [m for m in (main_topic(*parse_ingest_topic(i)) for i in ingests) if m in topics]
+        self._limits = topic_limits(self._admin, mains)
+        held = {i: ingest_rejects_topic(*parse_ingest_topic(i)) for i in ingests}
+        counts = records_held(self._admin, [t for t in held.values() if t in topics])
+        self._rejects = {i: counts[r] for i, r in held.items() if r in counts}
+
     def _recreate(self, ingest: str, described: TopicMetadata) -> None:
         partitions = described.partitions
         replicas = len(next(iter(partitions.values())).replicas)
-        config = self._explicit_config(ingest)
         target = main_topic(*parse_ingest_topic(ingest))
-        future = self._admin.create_topics(
-            [NewTopic(target, len(partitions), replicas, config=config)]
-        )
         try:
-            future[target].result(timeout=30)
+            create_like(self._admin, target, ingest, described)
         except KafkaException as exc:
             log.warning("could not create the missing main topic %s: %s", target, exc)
             return
@@ -126,12 +154,69 @@ class MainTopicGuard:
         )
         self._on_recreated(target)
 
-    def _explicit_config(self, topic: str) -> dict[str, str]:
-        """The topic-level settings of ``topic`` (what its creator set, not broker defaults)."""
-        resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-        entries = self._admin.describe_configs([resource])[resource].result(timeout=30)
-        return {
-            name: entry.value
-            for name, entry in entries.items()
-            if entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value and entry.value is not None
-        }
+
+def create_like(
+    admin: AdminClient, target: str, source: str, described: TopicMetadata | None = None
+) -> None:
+    """Creates ``target`` shaped like ``source``: its partitions, replicas and topic-level
+    config (what the control plane set). A ``target`` that exists already is left alone."""
+    if described is None:
+        described = admin.list_topics(source, timeout=10).topics[source]
+    partitions = described.partitions
+    if described.error is not None or not partitions:
+        raise KafkaException(f"cannot describe {source}: {described.error}")
+    replicas = len(next(iter(partitions.values())).replicas)
+    config = explicit_config(admin, source)
+    future = admin.create_topics([NewTopic(target, len(partitions), replicas, config=config)])
+    try:
+        future[target].result(timeout=30)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+
+
+def topic_limits(admin: AdminClient, topics: list[str]) -> dict[str, int]:
+    """The ``max.message.bytes`` of each of ``topics`` (those that can be read)."""
+    if not topics:
+        return {}
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
+    out = {}
+    for resource, future in admin.describe_configs(resources).items():
+        try:
+            entry = future.result(timeout=30).get("max.message.bytes")
+        except KafkaException:
+            continue  # deleted in the meantime
+        if entry is not None and entry.value is not None:
+            out[resource.name] = int(entry.value)
+    return out
+
+
+def records_held(admin: AdminClient, topics: list[str]) -> dict[str, int]:
+    """How many records each of ``topics`` holds now (latest minus earliest offsets)."""
+    if not topics:
+        return {}
+    described = admin.list_topics(timeout=10).topics
+    partitions = [
+        TopicPartition(t, p) for t in topics if t in described for p in described[t].partitions
+    ]
+    held = dict.fromkeys(topics, 0)
+    latest, earliest = OffsetSpec.latest(), OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+    for spec, sign in ((latest, 1), (earliest, -1)):
+        futures = admin.list_offsets({tp: spec for tp in partitions}, request_timeout=10)
+        for tp, future in futures.items():
+            try:
+                held[tp.topic] += sign * future.result().offset
+            except KafkaException:
+                continue
+    return held
+
+
+def explicit_config(admin: AdminClient, topic: str) -> dict[str, str]:
+    """The topic-level settings of ``topic`` (what its creator set, not broker defaults)."""
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    entries = admin.describe_configs([resource])[resource].result(timeout=30)
+    return {
+        name: entry.value
+        for name, entry in entries.items()
+        if entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value and entry.value is not None
+    }

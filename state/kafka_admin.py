@@ -64,11 +64,12 @@ def topic_config(
 
 
 def topic_specs(topic: Topic, replication_factor: int, max_message_bytes: int) -> list[TopicSpec]:
-    """The ingest topic and main log of ``topic``."""
+    """The ingest topic, main log and ingest reject topic of ``topic``."""
     config = topic_config(topic.retention_hours, replication_factor, max_message_bytes)
     return [
         TopicSpec(names.ingest_topic(topic.project, topic.name), topic.partitions, config),
         TopicSpec(names.main_topic(topic.project, topic.name), topic.partitions, config),
+        TopicSpec(names.ingest_rejects_topic(topic.project, topic.name), topic.partitions, config),
     ]
 
 
@@ -128,7 +129,7 @@ class KafkaTopics:
         self._ensure(topic_specs(topic, self._replication, self._max_message_bytes))
 
     def delete_topic(self, topic: Topic) -> None:
-        self._delete([spec.name for spec in topic_specs(topic, 1, 0)])
+        self._delete([spec.name for spec in topic_specs(topic, 1, self._max_message_bytes)])
 
     def ensure_subscription(self, sub: Subscription, topic: Topic) -> None:
         self._ensure(subscription_specs(sub, topic, self._replication, self._max_message_bytes))

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from setu.names import ingest_topic, main_topic
+from setu.names import ingest_rejects_topic, ingest_topic, main_topic
 from state import keys
 from tests.integration.api.support import Api, assert_error, unique
 
@@ -71,14 +71,18 @@ async def test_topic_create_makes_ingest_and_main_topics(api: Api, project: str)
     assert created.status_code == 201, created.text
     view = created.json()
     assert {k: view[k] for k in body} == body
+    rejects = ingest_rejects_topic(project, "orders")
     assert view["kafka"] == {
         "ingest_topic": ingest_topic(project, "orders"),
         "main_topic": main_topic(project, "orders"),
+        "ingest_rejects_topic": rejects,
     }
     assert await partitions(api, ingest_topic(project, "orders")) == 4
     assert await partitions(api, main_topic(project, "orders")) == 4
-    # Then it reads back, alone or in the list
-    assert (await api.client.get(f"/v1/projects/{project}/topics/orders")).json() == view
+    assert await partitions(api, rejects) == 4
+    # Then it reads back, alone (with the records its ingest reject topic holds) or in the list
+    one = (await api.client.get(f"/v1/projects/{project}/topics/orders")).json()
+    assert one == {**view, "ingest_rejected": 0}
     assert (await api.client.get(f"/v1/projects/{project}/topics")).json() == {"topics": [view]}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,12 +62,14 @@ class MainLog:
 
     consumer: Consumer
     records: list[tuple[int, bytes, Envelope]] = field(default_factory=list)
+    raw_headers: list[list[tuple[str, bytes]]] = field(default_factory=list)
 
     def poll(self) -> None:
         for message in self.consumer.consume(1000, timeout=0.2):
             if message.error() is None:
                 envelope = Envelope.from_kafka(message.headers(), message.value())
                 self.records.append((message.partition(), message.key(), envelope))
+                self.raw_headers.append(list(message.headers() or []))
 
     def ids(self) -> list[str]:
         return [e.message_id for _, _, e in self.records]
@@ -162,7 +164,10 @@ class IngestWorld:
         assert self.producer.flush(30) == 0
 
     def main_log(self, topic: str) -> MainLog:
-        main = names.main_topic(self.project, topic)
+        return self.log_of(names.main_topic(self.project, topic))
+
+    def log_of(self, main: str) -> MainLog:
+        """A reader of any Kafka topic of this project, from its start."""
         consumer = Consumer(
             {
                 "bootstrap.servers": self.bootstrap,
@@ -180,17 +185,21 @@ class IngestWorld:
         return None if raw is None else int(raw)
 
     @contextmanager
-    def running_job(self, settings: Settings) -> Iterator[StreamingQuery]:
-        query = self.start_job(settings)
+    def running_job(
+        self, settings: Settings, limits: Callable[[], Mapping[str, int]] = dict
+    ) -> Iterator[StreamingQuery]:
+        query = self.start_job(settings, limits)
         try:
             yield query
         finally:
             job.stop_between_batches(query)
 
-    def start_job(self, settings: Settings) -> StreamingQuery:
+    def start_job(
+        self, settings: Settings, limits: Callable[[], Mapping[str, int]] = dict
+    ) -> StreamingQuery:
         publisher = MarkPublisher(self.redis)
         pattern = job.project_pattern(self.project)
-        return job.start(self.spark, settings, publisher, pattern, self.metrics)
+        return job.start(self.spark, settings, publisher, pattern, self.metrics, limits)
 
     def close(self) -> None:
         for consumer in self.consumers:

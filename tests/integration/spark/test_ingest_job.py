@@ -8,9 +8,14 @@ import time
 from collections import defaultdict
 
 import pytest
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
+from setu import names
 from setu.envelope import H_INGEST_OFFSET, H_INGEST_PARTITION
+from spark import job
 from spark.processor import BUCKETS
+from spark.rejects import REASON_HEADER
+from spark.topics import MainTopicGuard
 from state.kafka_admin import topic_config
 
 from .conftest import IngestWorld, MainLog, wait_for
@@ -204,3 +209,51 @@ def test_a_body_of_exactly_the_size_limit_goes_through_and_ingest_goes_on(
         log.wait_for_ids({"big", "after"})
     assert [e.message_id for _, _, e in log.records] == ["big", "after"]
     assert len(log.records[0][2].body) == settings.max_message_bytes
+
+
+def test_a_record_its_main_topic_cannot_take_is_set_aside_and_ingest_goes_on(
+    world: IngestWorld,
+) -> None:
+    # Given topic t whose main topic's max.message.bytes was lowered by hand to 4 KiB, and
+    # another topic u as the API made it
+    settings = world.settings()
+    world.create_topic("t")
+    world.create_topic("u", config=topic_config(168, 1, settings.max_message_bytes))
+    main_t = names.main_topic(world.project, "t")
+    limit = ConfigEntry("max.message.bytes", "4096", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, main_t, incremental_configs=[limit])
+    world.admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+    guard = MainTopicGuard(world.bootstrap, job.project_pattern(world.project), interval_s=0.2)
+    guard.start()
+    rejects_topic = names.ingest_rejects_topic(world.project, "t")
+    world.topics.append(rejects_topic)
+    try:
+        wait_for("the guard read t's limit", lambda: guard.limits().get(main_t) == 4096)
+        main, other = world.main_log("t"), world.main_log("u")
+        rejects = world.log_of(rejects_topic)
+        # When a producer sends a small message, one of 10 KB and another small one to t, and
+        # one to u
+        with world.running_job(settings, guard.limits):
+            world.send("t", "s1", "g", "p", 0)
+            world.send("t", "big", "g", "p", 1, body=b"b" * 10_000)
+            world.send("t", "s2", "g", "p", 2)
+            world.send("u", "u1", "g", "p", 0)
+            world.flush()
+            # Then the small ones reach t's main log in order, u goes on, and the big one is
+            # set aside in t's reject topic with its reason
+            main.wait_for_ids({"s1", "s2"})
+            other.wait_for_ids({"u1"})
+            rejects.wait_for_ids({"big"})
+            wait_for("the mark counts the set-aside record", lambda: world.mark("t", "p") == 2)
+            wait_for("the guard counts it", lambda: guard.rejects().get(ingest_of("t", world)) == 1)
+    finally:
+        guard.stop()
+    assert main.ids() == ["s1", "s2"]
+    [(_, _, envelope)] = rejects.records
+    assert len(envelope.body) == 10_000
+    reasons = [v for k, v in rejects.raw_headers[0] if k == REASON_HEADER]
+    assert reasons and b"over the 4096 bytes its main topic" in reasons[0]
+
+
+def ingest_of(topic: str, world: IngestWorld) -> str:
+    return names.ingest_topic(world.project, topic)

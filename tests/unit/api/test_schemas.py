@@ -125,7 +125,11 @@ def test_subscription_view_never_shows_the_secret() -> None:
 
 def test_topic_view_names_its_kafka_topics() -> None:
     view = topic_view(Topic("p", "orders"))
-    assert view["kafka"] == {"ingest_topic": "setu.p.orders.ingest", "main_topic": "setu.p.orders"}
+    assert view["kafka"] == {
+        "ingest_topic": "setu.p.orders.ingest",
+        "main_topic": "setu.p.orders",
+        "ingest_rejects_topic": "setu.p.orders.ingest.rejects",
+    }
 
 
 def test_request_becomes_a_running_subscription_grouped_like_its_topic() -> None:

@@ -21,6 +21,7 @@ def test_topic_owns_its_ingest_topic_and_main_log_with_its_partitions() -> None:
     assert [(s.name, s.partitions) for s in specs] == [
         ("setu.p.orders.ingest", 12),
         ("setu.p.orders", 12),
+        ("setu.p.orders.ingest.rejects", 12),
     ]
 
 
