@@ -2,8 +2,13 @@
 
 Each component is probed concurrently with a short timeout and reported on its own:
 ``{"status": "ok"|"degraded", "components": {"kafka": {"ok": true, "latency_ms": 3.1,
-"brokers": 1}, "redis": {...}, "database": {...}, "api": {...}}}``. ``GET /metrics`` serves
-the Prometheus registry.
+"brokers": 1}, "redis": {...}, "database": {...}, "api": {...}, "ingest": {...}}}``.
+
+``ingest`` is the ingest job's own report (:mod:`state.ingest_status`): its state, lag and
+last failure. A job that is down or failing makes the status word ``degraded`` but not the
+answer 503: the API still takes messages (they wait in the ingest topics), and a readiness
+probe must not take API replicas out of service for it. ``GET /metrics`` serves the
+Prometheus registry.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from starlette.responses import Response
 
 from api.context import Services, blocking, services
 from api.responses import JSON
+from setu.clock import now_ms
+from state import keys
+from state.ingest_status import ingest_view
 
 router = APIRouter(tags=["health"])
 
@@ -39,10 +47,15 @@ async def probe(check: Probe, timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, A
     return {"ok": True, "latency_ms": latency_ms, **details}
 
 
+# What the API needs to serve requests: 503 when one of these does not answer.
+SERVING = ("api", "kafka", "redis", "database")
+
+
 def overall(components: dict[str, dict[str, Any]]) -> tuple[int, str]:
-    """HTTP status and summary word of a health report."""
-    healthy = all(c["ok"] for c in components.values())
-    return (200, "ok") if healthy else (503, "degraded")
+    """HTTP status and summary word of a health report (see the module doc)."""
+    serving = all(components[name]["ok"] for name in SERVING if name in components)
+    everything = all(c["ok"] for c in components.values())
+    return (200 if serving else 503), ("ok" if everything else "degraded")
 
 
 def _probes(s: Services) -> dict[str, Probe]:
@@ -61,7 +74,18 @@ def _probes(s: Services) -> dict[str, Probe]:
     async def api() -> dict[str, Any]:
         return {}
 
-    return {"api": api, "kafka": kafka, "redis": redis, "database": database}
+    async def ingest() -> dict[str, Any]:
+        view = await ingest_state(s)
+        view.pop("topic_lags", None)  # per topic in each subscription's status
+        return view
+
+    return {"api": api, "kafka": kafka, "redis": redis, "database": database, "ingest": ingest}
+
+
+async def ingest_state(s: Services) -> dict[str, Any]:
+    """The ingest job's report as :func:`state.ingest_status.ingest_view` reads it."""
+    raw = await s.redis.hgetall(keys.ingest_status())
+    return ingest_view({k.decode(): v.decode() for k, v in raw.items()}, now_ms())
 
 
 @router.get("/v1/health", response_model=None, summary="State of the API and its dependencies")

@@ -27,7 +27,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
-from api.context import blocking
+from api.context import blocking, services
+from api.health import ingest_state
 from api.responses import JSON
 from api.schemas import errors
 from delivery.dead_letters import (
@@ -75,6 +76,18 @@ class SeekBody(_Body):
     timestamp_ms: int = Field(ge=0)
 
 
+class IngestOut(BaseModel):
+    """The ingest job as it last reported (state.ingest_status); ``lag``: this topic's."""
+
+    state: Literal["unknown", "starting", "running", "failed", "stopped", "down"]
+    ok: bool
+    since_ms: int | None = None
+    offsets_behind: int | None = None
+    last_batch_at_ms: int | None = None
+    lag: int | None = None
+    error: str | None = None
+
+
 class StatusOut(BaseModel):
     state: Literal["running", "paused", "stopped"]
     lag: int
@@ -83,6 +96,7 @@ class StatusOut(BaseModel):
     retry_backlog: int
     dead_lettered: int
     delivered_total: int
+    ingest: IngestOut
 
 
 class GroupOut(BaseModel):
@@ -181,6 +195,13 @@ async def status(request: Request, project: str, subscription: str) -> Response:
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
     fresh = [s for s in map(orjson.loads, stats) if now_ms() - s.get("at", 0) < STATS_FRESH_MS]
+    try:
+        ingest = await ingest_state(services(request))
+    except RedisError as exc:
+        raise DependencyUnavailable(f"Redis: {exc}") from exc
+    topic_lags = ingest.pop("topic_lags", {})
+    # Records of this topic the ingest job has still to read (known while it reports)
+    ingest["lag"] = topic_lags.get(names.ingest_topic(project, sub.topic))
     return JSON(
         {
             "state": sub.state.value,
@@ -190,6 +211,7 @@ async def status(request: Request, project: str, subscription: str) -> Response:
             "retry_backlog": sum(n for t, n in lag_by_topic.items() if t in retry_topics),
             "dead_lettered": counters["dead_lettered"],
             "delivered_total": counters["delivered_total"],
+            "ingest": ingest,
         }
     )
 

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 # What a watermark read says of a topic that does not exist (yet).
 _MISSING = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION})
+_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
 T = TypeVar("T")
 
 POLL_BATCH = 500
@@ -474,15 +475,21 @@ class KafkaReader:
         consumer = Consumer({**self._config, "group.id": "setu-records-held"}, logger=log)
         try:
             held = 0
+            deadline = time.monotonic() + timeout_s
             for partition in range(partitions):
-                try:
-                    low, high = consumer.get_watermark_offsets(
-                        TopicPartition(topic, partition), timeout=timeout_s, cached=False
-                    )
-                except KafkaException as exc:
-                    if exc.args[0].code() in _MISSING:
-                        return 0
-                    raise
+                while True:
+                    try:
+                        low, high = consumer.get_watermark_offsets(
+                            TopicPartition(topic, partition), timeout=timeout_s, cached=False
+                        )
+                        break
+                    except KafkaException as exc:
+                        code = exc.args[0].code()
+                        if code in _MISSING:
+                            return 0
+                        if code not in _MOVING or time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.1)  # a new topic's leaders are still being elected
                 held += high - low
             return held
         finally:

@@ -79,6 +79,7 @@ from spark.processor import (
     DedupFunction,
 )
 from spark.rejects import routed
+from spark.status import StatusReporter
 from spark.topics import MainTopicGuard
 
 log = logging.getLogger(__name__)
@@ -309,6 +310,14 @@ class CheckpointLayoutError(RuntimeError):
     """The checkpoint holds de-duplication state this job cannot read."""
 
 
+def root_cause(exc: BaseException, limit: int = 500) -> str:
+    """The innermost exception's line of a Spark error, not the query plan it carries."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    causes = [line for line in lines if "Exception:" in line or "Error:" in line]
+    found = causes[-1] if causes else (lines[0] if lines else type(exc).__name__)
+    return found[:limit]
+
+
 def check_checkpoint(checkpoint: str) -> None:
     """Refuses, with what to do, a local checkpoint whose state another operator wrote.
 
@@ -396,9 +405,11 @@ def run(settings: Settings) -> None:
         stopping.set()
 
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    spark = build_session(settings)
     client = redis.Redis.from_url(settings.redis_url)
     metrics, server, guard = IngestMetrics(), None, None
+    reporter = StatusReporter(client, metrics.last_batch_at).start()
+    spark = build_session(settings)
+    end_state = "stopped"
     try:
         if settings.ingest_metrics_port is not None:
             server = metrics.serve(settings.ingest_metrics_host, settings.ingest_metrics_port)
@@ -413,16 +424,24 @@ def run(settings: Settings) -> None:
         metrics.watch_rejects(guard.rejects)
         query = start(spark, settings, MarkPublisher(client), metrics=metrics, limits=guard.limits)
         log.info("ingest query %s started (%s)", query.id, settings.resolved_checkpoint_dir())
+        reporter.watch(lambda: (query.isActive, query.lastProgress))
         while not stopping.is_set() and query.isActive:
             query.awaitTermination(1)
         stop_between_batches(query)
-    except Exception:
+    except Exception as exc:
         # A signal sent to the whole process group also takes down the JVM under the query;
         # the checkpoint makes that as safe as a clean stop. Any other failure is fatal.
         if not stopping.is_set():
-            raise
+            end_state = "failed"
+            cause = root_cause(exc)
+            reporter.set_state("failed", error=cause)
+            log.exception("ingest query failed")
+            # Last, so that the end of the log (what `setu dev up` shows) says why.
+            log.error("ingest job failed: %s", cause)
+            raise SystemExit(1) from None
         log.warning("Spark went down with the stop signal; the next start resumes")
     finally:
+        reporter.stop(end_state)
         if guard is not None:
             guard.stop()
         if server is not None:

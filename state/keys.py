@@ -99,3 +99,8 @@ def producer_marks(project: str, topic: str) -> str:
 def worker_heartbeat(worker_id: str) -> str:
     """String with a TTL: present while the delivery worker is alive (for `--check` probes)."""
     return f"{PREFIX}:heartbeat:{worker_id}"
+
+
+def ingest_status() -> str:
+    """Hash of the ingest job's state, heartbeat and lag (state.ingest_status)."""
+    return f"{PREFIX}:ingest:status"

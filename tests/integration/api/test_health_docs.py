@@ -3,20 +3,54 @@
 from __future__ import annotations
 
 import pytest
+import redis
 
+from setu.clock import now_ms
+from state import keys
+from state.ingest_status import write_status
 from tests.integration.api.support import Api
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
 
-async def test_health_is_ok_and_names_every_component(api: Api) -> None:
+def report_ingest(redis_url: str, **fields: str | int) -> None:
+    """Writes the ingest job's report as a running job would."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.delete(keys.ingest_status())
+        write_status(client, fields)
+    finally:
+        client.close()
+
+
+async def test_health_is_ok_and_names_every_component(api: Api, redis_url: str) -> None:
+    # Given an ingest job that reports it runs, 12 records behind
+    report_ingest(redis_url, state="running", at=now_ms(), since=now_ms(), behind=12)
     response = await api.client.get("/v1/health")
     assert response.status_code == 200, response.text
     report = response.json()
     assert report["status"] == "ok"
-    assert set(report["components"]) == {"api", "kafka", "redis", "database"}
+    assert set(report["components"]) == {"api", "kafka", "redis", "database", "ingest"}
     assert all(c["ok"] for c in report["components"].values())
     assert report["components"]["kafka"]["brokers"] >= 1
+    assert report["components"]["ingest"]["offsets_behind"] == 12
+
+
+async def test_health_shows_an_ingest_job_that_fails_or_went_silent(
+    api: Api, redis_url: str
+) -> None:
+    # Given an ingest job that failed on a record, then went silent (crash-looping)
+    error = "org.apache.kafka.common.errors.RecordTooLargeException: The message is ..."
+    report_ingest(redis_url, state="failed", at=now_ms() - 60_000, error=error)
+    # When an operator asks for health
+    response = await api.client.get("/v1/health")
+    # Then the API still serves (200) but says degraded, with the job down and why
+    assert response.status_code == 200
+    report = response.json()
+    assert report["status"] == "degraded"
+    ingest = report["components"]["ingest"]
+    assert (ingest["ok"], ingest["state"], ingest["error"]) == (False, "down", error)
+    report_ingest(redis_url, state="running", at=now_ms())
 
 
 async def test_openapi_lists_the_design_routes_and_docs_render(api: Api) -> None:

@@ -1,0 +1,116 @@
+"""Reports the ingest job's state to Redis for the API and ``setu dev up``
+(:mod:`state.ingest_status` says what is written and how it is read)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import redis
+
+from setu.clock import now_ms
+from spark.metrics import offsets_behind
+from state.ingest_status import write_status
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[], "tuple[bool, Mapping[str, Any] | None]"]
+
+
+def topic_lags(progress: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """Per ingest topic, the records after the last batch's end (``latestOffset`` minus
+    ``endOffset`` of each partition, from a progress report); None without a report."""
+    if not progress:
+        return None
+    lags: dict[str, int] = {}
+    for source in progress.get("sources") or ():
+        ends, latest = _offsets(source.get("endOffset")), _offsets(source.get("latestOffset"))
+        for topic, partitions in latest.items():
+            done = ends.get(topic, {})
+            lags[topic] = lags.get(topic, 0) + sum(
+                max(0, int(offset) - int(done.get(partition, 0)))
+                for partition, offset in partitions.items()
+            )
+    return lags
+
+
+def _offsets(value: Any) -> dict[str, dict[str, int]]:
+    """A source's offsets: a JSON string or object of topic -> partition -> offset."""
+    if isinstance(value, str):
+        value = json.loads(value)
+    return value if isinstance(value, dict) else {}
+
+
+class StatusReporter:
+    """Writes the job's state at each change and a heartbeat every ``interval_s``."""
+
+    def __init__(
+        self,
+        client: redis.Redis[bytes],
+        last_batch_at: Callable[[], float | None],
+        interval_s: float = 2.0,
+    ) -> None:
+        self._client = client
+        self._last_batch_at = last_batch_at
+        self._interval_s = interval_s
+        self._progress: Progress = lambda: (False, None)
+        self._state = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ingest-status", daemon=True)
+
+    def start(self) -> StatusReporter:
+        self.set_state("starting")  # a failure before this start stays shown until a batch
+        self._thread.start()
+        return self
+
+    def watch(self, progress: Progress) -> None:
+        """The running query: its state and lag are reported from now on."""
+        self._progress = progress
+
+    def set_state(self, state: str, error: str | None = None) -> None:
+        """Records ``state`` now (``error`` "" clears the last failure, None keeps it)."""
+        fields: dict[str, str | int] = {"state": state, "at": now_ms()}
+        if state != self._state:
+            fields["since"] = now_ms()
+            self._state = state
+        if error is not None:
+            fields["error"] = error
+        self._write(fields)
+
+    def stop(self, state: str = "stopped") -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.set_state(state)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                active, progress = self._progress()
+            except Exception:  # the JVM is going away
+                active, progress = False, None
+            if self._state in ("starting", "running"):
+                state = "running" if active else self._state
+                fields: dict[str, str | int] = {"state": state, "at": now_ms()}
+                if state != self._state:
+                    fields["since"] = now_ms()
+                    self._state = state
+                behind = offsets_behind(progress)
+                if behind is not None:
+                    fields["behind"] = int(behind)
+                lags = topic_lags(progress)
+                if lags is not None:
+                    fields["lags"] = json.dumps(lags, sort_keys=True)
+                last = self._last_batch_at()
+                if last is not None:
+                    fields["last_batch"] = int(last * 1000)
+                    fields["error"] = ""  # a batch was written since the last failure
+                self._write(fields)
+
+    def _write(self, fields: Mapping[str, str | int]) -> None:
+        try:
+            write_status(self._client, fields)
+        except redis.RedisError as exc:  # reported again on the next beat
+            log.warning("could not report the ingest job's state: %s", exc)
