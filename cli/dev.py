@@ -14,13 +14,17 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+import redis
+
 from cli.dev_settings import DevSettings
 from cli.ports import PortBook
-from cli.probes import NotReady, StopRequested, http_ok
+from cli.probes import NotReady, StopRequested, http_ok, wait_until
 from cli.processes import EXIT_NOT_AVAILABLE, ChildSpec, tail
 from cli.services import DEFAULT_PORTS, SETUP_ERRORS, PortPlan, start_kafka, start_redis
-from cli.stack import Report, Stack, stop_on_signals
+from cli.stack import Report, Stack, death_reason, stop_on_signals
+from setu.clock import now_ms
 from setu.settings import Settings
+from state.ingest_status import ingest_view, read_status
 
 DEFAULT_API_PORT = 8080
 # Where the ingest job and the delivery worker serve /metrics (the chart's ports).
@@ -66,9 +70,12 @@ def setu_argv(*command: str) -> tuple[str, ...]:
     return (sys.executable, "-m", "cli.main", *command)
 
 
-def summary(api_url: str, api_up: bool, env: Mapping[str, str], logs: Path) -> str:
+def summary(
+    api_url: str, api_up: bool, env: Mapping[str, str], logs: Path, ingest_up: bool = True
+) -> str:
     """The lines printed once the stack is up."""
     api_line = f"{api_url}  (docs {api_url}/docs)" if api_up else f"{api_url}  (not up: see logs)"
+    ingest_line = "running" if ingest_up else f"not running yet: see {logs / 'ingest.log'}"
     metrics = [f"{api_url}/metrics"] + [
         f"{name} http://127.0.0.1:{env[key]}/metrics"
         for name, key in (
@@ -82,6 +89,7 @@ def summary(api_url: str, api_up: bool, env: Mapping[str, str], logs: Path) -> s
             "setu dev up: ready",
             f"  API       {api_line}",
             f"  Metrics   {', '.join(metrics)}",
+            f"  Ingest    {ingest_line}",
             f"  Kafka     {env['SETU_KAFKA_BOOTSTRAP']}",
             f"  Redis     {env['SETU_REDIS_URL']}",
             f"  Database  {env['SETU_DATABASE_URL']}",
@@ -116,9 +124,10 @@ def dev_up(settings: Settings, dev: DevSettings, report: Report) -> int:
     stack = Stack(stop, report)
     try:
         env, api_url = _start(settings, dev, stack, report)
-        api_up = _start_processes(stack, env, api_url, dev.ready_timeout_s, report)
+        api_up, ingest_up = _start_processes(stack, env, api_url, dev.ready_timeout_s, report)
         stack.supervisor.poll()
-        report(summary(api_url, api_up, env, settings.data_dir.resolve() / "logs"))
+        logs = settings.data_dir.resolve() / "logs"
+        report(summary(api_url, api_up, env, logs, ingest_up))
         stack.supervise()
         return 0
     except StopRequested:
@@ -182,19 +191,44 @@ def _start(
 
 def _start_processes(
     stack: Stack, env: dict[str, str], api_url: str, timeout_s: float, report: Report
-) -> bool:
-    """Starts api, ingest and deliver; True once the API answers its health check."""
+) -> tuple[bool, bool]:
+    """Starts api, ingest and deliver; whether the API answers its health check, and whether
+    the ingest query runs (so that a first message is not left waiting for Spark to start)."""
     logs = Path(env["SETU_DATA_DIR"]) / "logs"
 
     def spec(name: str) -> ChildSpec:
         return ChildSpec(name=name, argv=setu_argv(name), log_path=logs / f"{name}.log", env=env)
 
     report("starting the API, the ingest job and a delivery worker")
-    stack.start(spec("ingest"))
+    started_ms = now_ms()
+    ingest = stack.start(spec("ingest"))
     stack.start(spec("deliver"))
     try:
         stack.start(spec("api"), lambda: http_ok(f"{api_url}/v1/health"), timeout_s)
     except NotReady:
         # Reported by the supervisor, which also restarts it (or gives up if it cannot run).
+        return False, False
+    report("waiting for the ingest query to run")
+    try:
+        wait_until(
+            lambda: ingest_running(env["SETU_REDIS_URL"], started_ms),
+            "ingest",
+            timeout_s,
+            stack.stop,
+            died=lambda: death_reason(ingest),
+        )
+    except NotReady:
+        return True, False
+    return True, True
+
+
+def ingest_running(redis_url: str, since_ms: int) -> bool:
+    """Whether an ingest job started at or after ``since_ms`` reports its query running."""
+    client: redis.Redis[bytes] = redis.Redis.from_url(redis_url, socket_timeout=2)
+    try:
+        view = ingest_view(read_status(client), now_ms())
+    except redis.RedisError:
         return False
-    return True
+    finally:
+        client.close()
+    return bool(view["state"] == "running" and (view.get("since_ms") or 0) >= since_ms)

@@ -146,6 +146,8 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
         ingest_metrics = stack.wait_for_line(r"ingest (http://\S+/metrics)", 5).group(1)
         kafka = stack.wait_for_line(r"Kafka\s+(\S+)", 5).group(1)
         redis_url = stack.wait_for_line(r"Redis\s+(\S+)", 5).group(1)
+        # Ready means the ingest query runs already: a first message does not wait for Spark
+        assert stack.wait_for_line(r"Ingest\s+(\S+)", 5).group(1) == "running"
 
         # Then the API, the broker and Redis answer where it says, on the ports asked for
         assert api == f"http://127.0.0.1:{ports['api']}"
@@ -153,6 +155,7 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
         health = await_health(f"{api}/v1/health")
         assert health["status"] == "ok"
         assert {"kafka", "redis", "database"} <= set(health["components"])
+        assert health["components"]["ingest"]["state"] == "running"
         assert "setu_ingest_query_active" in await_text(ingest_metrics)
         admin = AdminClient({"bootstrap.servers": kafka})
         topic = "setu-dev-up-test"

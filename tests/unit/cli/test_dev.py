@@ -41,3 +41,6 @@ def test_the_summary_says_where_the_api_is() -> None:
     assert "worker http://127.0.0.1:19464/metrics" in text
     assert "127.0.0.1:19092" in text
     assert "/d/logs" in text
+    assert "Ingest    running" in text
+    waiting = summary("http://127.0.0.1:18080", True, env, Path("/d/logs"), ingest_up=False)
+    assert "Ingest    not running yet: see /d/logs/ingest.log" in waiting
