@@ -88,6 +88,17 @@ def run_ingest(settings: Settings) -> int:
     return 0
 
 
+def run_redrive(settings: Settings, project: str, topic: str, say: Callable[[str], None]) -> int:
+    """Copies a topic's set-aside ingest records to its main log (spark.redrive)."""
+    if not settings.kafka_bootstrap:
+        say("setu redrive: SETU_KAFKA_BOOTSTRAP is not set")
+        return 2
+    redrive = load("spark.redrive", "redrive")
+    done = redrive(settings.kafka_bootstrap, project, topic)
+    say(f"setu redrive: copied {done.copied} record(s) from {done.source} to {done.target}")
+    return 0
+
+
 def run_migrate(settings: Settings) -> int:
     upgrade = cast(Callable[[str], None], load("state.migrate", "upgrade"))
     upgrade(settings.resolved_database_url())

@@ -38,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     deliver = sub.add_parser("deliver", help="run a delivery worker")
     deliver.add_argument("--check", action="store_true", help="exit 0 if the worker is alive")
     sub.add_parser("ingest", help="run the Spark ingest job")
+    redrive = sub.add_parser(
+        "redrive", help="copy the records the ingest job set aside for a topic to its main log"
+    )
+    redrive.add_argument("project")
+    redrive.add_argument("topic")
     migrate = sub.add_parser("migrate", help="migrate the metadata store to the newest schema")
     migrate.add_argument("--check", action="store_true", help="exit 0 if already migrated")
     fetch = sub.add_parser("fetch", help="download the Kafka broker and Spark connector jars")
@@ -71,6 +76,8 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return commands.check_deliver(settings) if args.check else commands.run_deliver(settings)
     if command == "ingest":
         return commands.run_ingest(settings)
+    if command == "redrive":
+        return commands.run_redrive(settings, args.project, args.topic, say)
     if command == "migrate":
         return commands.check_migrate(settings) if args.check else commands.run_migrate(settings)
     if command == "fetch":

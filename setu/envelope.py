@@ -24,6 +24,8 @@ H_FAILURE_REASON = "setu-failure-reason"
 H_LAST_STATUS = "setu-last-status"
 H_FAILED_AT = "setu-failed-at"
 H_MAIN_OFFSET = "setu-main-offset"
+# Why the ingest job set a record aside in its topic's ingest reject topic (spark.rejects)
+H_REJECT_REASON = "setu-reject-reason"
 
 KafkaHeaders = list[tuple[str, bytes]]
 

@@ -28,7 +28,9 @@ from collections.abc import Mapping, Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as fn
 
-REASON_HEADER = "setu-reject-reason"
+from setu.envelope import H_REJECT_REASON
+
+REASON_HEADER = H_REJECT_REASON
 REJECTS_SUFFIX = ".ingest.rejects"
 # A record batch's framing and a record's framing around key, value and headers (v2 format,
 # varints at their longest): with them the estimate is never below a record's real size in a
