@@ -38,15 +38,17 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import FrameType
 from urllib.parse import urlparse
 
 import redis
+from confluent_kafka.admin import AdminClient
 from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as fn
@@ -62,7 +64,7 @@ from setu.envelope import (
     H_SEQUENCE_ID,
 )
 from setu.limits import MessageLimits
-from setu.names import INGEST_PATTERN
+from setu.names import INGEST_PATTERN, ingest_topic, parse_main_topic
 from setu.settings import Settings
 from spark.marks import HighsParam, MarkPublisher, ProducerHighs, by_topic
 from spark.metrics import CountsParam, IngestMetrics, TopicCounts
@@ -78,7 +80,7 @@ from spark.processor import (
     TOPIC,
     DedupFunction,
 )
-from spark.rejects import routed
+from spark.rejects import REJECTS_SUFFIX, routed
 from spark.status import StatusReporter
 from spark.topics import MainTopicGuard
 
@@ -275,7 +277,14 @@ def main_log_rows(accepted: DataFrame) -> DataFrame:
 class BatchWriter:
     """The ``foreachBatch`` function: write the main logs (setting aside, in the same write,
     the rows a main topic can never take: :mod:`spark.rejects`), then raise the producer
-    marks and count the batch."""
+    marks and count the batch.
+
+    A topic deleted through the API while its messages were in the batch fails the write.
+    The batch is then written once more without the rows of topics that are gone (both their
+    ingest and main topics), instead of failing the query for every topic. The second write
+    repeats what the first one wrote before it failed: an exact replay, in order, that
+    delivery skips by ingest offset (``delivery.replays``), as after a crash.
+    """
 
     def __init__(
         self,
@@ -295,15 +304,44 @@ class BatchWriter:
         # The sink's own limit, less a request's framing: no row above it is sent to Kafka.
         self._default_limit = MessageLimits(settings.max_message_bytes).topic_bytes
         self._limits = limits
+        self._bootstrap = _bootstrap(settings)
 
     def __call__(self, accepted: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         self._highs.value = {}
         self._counts.value = {}
         rows = routed(main_log_rows(accepted), self._limits(), self._default_limit)
-        rows.write.format("kafka").options(**self._options).save()
+        try:
+            rows.write.format("kafka").options(**self._options).save()
+        except Exception as exc:
+            main = fn.regexp_replace("topic", re.escape(REJECTS_SUFFIX) + "$", "")
+            in_batch = [row[0] for row in rows.select(main).distinct().collect()]
+            gone = deleted_topics(self._bootstrap, in_batch)
+            if not gone:
+                raise
+            log.warning(
+                "batch %d: topics %s were deleted while their messages were being written "
+                "(%s); writing the batch again without them",
+                batch_id,
+                ", ".join(sorted(gone)),
+                root_cause(exc),
+            )
+            self._highs.value = {}
+            self._counts.value = {}
+            kept = rows.where(~main.isin(*gone))
+            kept.write.format("kafka").options(**self._options).save()
         self._publisher.publish(by_topic(self._highs.value.items()))
         self._metrics.batch_written(self._counts.value, time.monotonic() - started)
+
+
+def deleted_topics(bootstrap: str, main_topics: Iterable[str]) -> set[str]:
+    """Those of ``main_topics`` whose main and ingest topics are both gone now."""
+    listed = set(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics)
+    gone = set()
+    for main in main_topics:
+        if main not in listed and ingest_topic(*parse_main_topic(main)) not in listed:
+            gone.add(main)
+    return gone
 
 
 class CheckpointLayoutError(RuntimeError):

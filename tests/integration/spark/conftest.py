@@ -204,7 +204,10 @@ class IngestWorld:
     def close(self) -> None:
         for consumer in self.consumers:
             consumer.close()
-        self.admin.delete_topics(self.topics)
+        # Every topic of the project, also those the job's guard created (reject topics)
+        listed = self.admin.list_topics(timeout=10).topics
+        mine = [t for t in listed if t.startswith(f"setu.{self.project}.")]
+        self.admin.delete_topics(sorted(set(self.topics) | set(mine)))
         for name in self.redis.scan_iter(f"{keys.PREFIX}:producers:{{{self.project}.*"):
             self.redis.delete(name)
         self.redis.close()

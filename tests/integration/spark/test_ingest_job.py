@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
+import json
 import threading
 import time
 from collections import defaultdict
 
 import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+from pyspark.sql import DataFrame
 
 from setu import names
-from setu.envelope import H_INGEST_OFFSET, H_INGEST_PARTITION
+from setu.envelope import H_INGEST_OFFSET, H_INGEST_PARTITION, Envelope
 from spark import job
+from spark.marks import HighsParam, MarkPublisher
+from spark.metrics import CountsParam, IngestMetrics
 from spark.processor import BUCKETS
 from spark.rejects import REASON_HEADER
 from spark.topics import MainTopicGuard
@@ -257,3 +262,44 @@ def test_a_record_its_main_topic_cannot_take_is_set_aside_and_ingest_goes_on(
 
 def ingest_of(topic: str, world: IngestWorld) -> str:
     return names.ingest_topic(world.project, topic)
+
+
+def batch_of(world: IngestWorld, messages: list[tuple[str, str]]) -> DataFrame:
+    """A micro-batch as the dedup step hands it to the writer: (Setu topic, message id)."""
+    rows = []
+    for offset, (topic, message_id) in enumerate(messages):
+        envelope = Envelope(message_id, message_id.encode(), group_id="g")
+        headers = [
+            {"key": name, "value": base64.b64encode(value or b"").decode()}
+            for name, value in envelope.kafka_headers()
+        ]
+        ingest = names.ingest_topic(world.project, topic)
+        rows.append((ingest, 0, offset, envelope.body, json.dumps(headers), envelope.key))
+    schema = "topic string, partition int, offset long, value binary, headers string, key binary"
+    return world.spark.createDataFrame(rows, schema)
+
+
+def test_a_batch_holding_messages_of_a_topic_deleted_meanwhile_is_written_without_them(
+    world: IngestWorld,
+) -> None:
+    # Given topic b, and topic a deleted through the API (its ingest and main topics) after
+    # the batch read a message of it
+    world.create_topic("a")
+    world.create_topic("b")
+    gone = [names.ingest_topic(world.project, "a"), names.main_topic(world.project, "a")]
+    for future in world.admin.delete_topics(gone).values():
+        future.result(timeout=30)
+    wait_for("a to go", lambda: not set(gone) & set(world.admin.list_topics(timeout=10).topics))
+    batch = batch_of(world, [("b", "b1"), ("a", "a1"), ("b", "b2")])
+    context = world.spark.sparkContext
+    writer = job.BatchWriter(
+        world.settings(),
+        context.accumulator({}, HighsParam()),
+        context.accumulator({}, CountsParam()),
+        MarkPublisher(world.redis),
+        IngestMetrics(),
+    )
+    # When the batch is written
+    writer(batch, 1)
+    # Then b's messages are in its main log (the batch once failed the query for every topic)
+    world.main_log("b").wait_for_ids({"b1", "b2"})
