@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from delivery import groups
 from delivery.backoff import next_attempt_at
@@ -552,13 +552,8 @@ class PartitionEngine:
         state = self.states[group]
         due = self._due(attempt.number, outcome)
         failure = Failure(attempt.number, outcome.status, outcome.reason, self.clock())
-        write = StateWrite(
-            self.partition,
-            group,
-            touches_group=True,
-            expected_version=state.version,
-            state=groups.head_waits(state, rec.message_id, failure, due),
-            retried=1,
+        write = self._group_write(
+            group, state, groups.head_waits(state, rec.message_id, failure, due), retried=1
         )
         queue = lane.queues.get(rec.tier)
         if queue is None:
@@ -631,12 +626,10 @@ class PartitionEngine:
         rec = attempt.record
         state = self.states[group]
         failure = Failure(attempt.number, outcome.status, outcome.reason, self.clock())
-        write = StateWrite(
-            self.partition,
+        write = self._group_write(
             group,
-            touches_group=True,
-            expected_version=state.version,
-            state=groups.reparked(
+            state,
+            groups.reparked(
                 state, rec.message_id, state.dlq_from if rec.tier != DLQ else rec.offset, failure
             ),
             outcomes=((rec.tier, rec.offset),) if rec.tier != DLQ else (),
@@ -655,14 +648,21 @@ class PartitionEngine:
     ) -> StateWrite:
         """The state write for a group whose head at (``tier``, ``offset``) got its 2xx."""
         state = self.states[group]
+        return self._group_write(
+            group, state, groups.head_done(state, tier, offset), outcomes=outcomes, delivered=1
+        )
+
+    def _group_write(
+        self, group: str, before: GroupState, after: GroupState | None, **more: Any
+    ) -> StateWrite:
+        """A write that changes ``group`` from ``before`` (version-checked) to ``after``."""
         return StateWrite(
             self.partition,
             group,
             touches_group=True,
-            expected_version=state.version,
-            state=groups.head_done(state, tier, offset),
-            outcomes=outcomes,
-            delivered=1,
+            expected_version=before.version,
+            state=after,
+            **more,
         )
 
     def _release(self, group: str, lane: Lane) -> None:
