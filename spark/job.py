@@ -50,7 +50,7 @@ from urllib.parse import urlparse
 import redis
 from confluent_kafka.admin import AdminClient
 from pyspark.accumulators import Accumulator
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as fn
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructType
@@ -274,16 +274,22 @@ def main_log_rows(accepted: DataFrame) -> DataFrame:
     )
 
 
+# How long a batch's write is tried again before the batch (and so the query) fails.
+WRITE_PATIENCE_S = 300.0
+
+
 class BatchWriter:
     """The ``foreachBatch`` function: write the main logs (setting aside, in the same write,
     the rows a main topic can never take: :mod:`spark.rejects`), then raise the producer
     marks and count the batch.
 
-    A topic deleted through the API while its messages were in the batch fails the write.
-    The batch is then written once more without the rows of topics that are gone (both their
-    ingest and main topics), instead of failing the query for every topic. The second write
-    repeats what the first one wrote before it failed: an exact replay, in order, that
-    delivery skips by ingest offset (``delivery.replays``), as after a crash.
+    A failed write does not fail the query (and so ingest for every topic) at once. A topic
+    deleted through the API while its messages were in the batch fails the write: the batch is
+    written again without the rows of topics that are gone (both their ingest and main
+    topics). Any other failure (the broker restarting, say) is tried again after a pause, for
+    up to ``WRITE_PATIENCE_S``. A write again repeats what the failed one wrote: an exact
+    replay, in order, that delivery skips by ingest offset (``delivery.replays``), as after a
+    crash.
     """
 
     def __init__(
@@ -308,30 +314,53 @@ class BatchWriter:
 
     def __call__(self, accepted: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        self._highs.value = {}
-        self._counts.value = {}
         rows = routed(main_log_rows(accepted), self._limits(), self._default_limit)
-        try:
-            rows.write.format("kafka").options(**self._options).save()
-        except Exception as exc:
-            main = fn.regexp_replace("topic", re.escape(REJECTS_SUFFIX) + "$", "")
-            in_batch = [row[0] for row in rows.select(main).distinct().collect()]
-            gone = deleted_topics(self._bootstrap, in_batch)
-            if not gone:
-                raise
-            log.warning(
-                "batch %d: topics %s were deleted while their messages were being written "
-                "(%s); writing the batch again without them",
-                batch_id,
-                ", ".join(sorted(gone)),
-                root_cause(exc),
-            )
-            self._highs.value = {}
-            self._counts.value = {}
-            kept = rows.where(~main.isin(*gone))
-            kept.write.format("kafka").options(**self._options).save()
+        self._write(rows, batch_id)
         self._publisher.publish(by_topic(self._highs.value.items()))
         self._metrics.batch_written(self._counts.value, time.monotonic() - started)
+
+    def _write(self, rows: DataFrame, batch_id: int) -> None:
+        """Writes the batch; a failed write is tried again (see the class doc), without the
+        topics deleted meanwhile, for up to ``WRITE_PATIENCE_S`` before the batch fails."""
+        deadline = time.monotonic() + WRITE_PATIENCE_S
+        main = fn.regexp_replace("topic", re.escape(REJECTS_SUFFIX) + "$", "")
+        kept, pause = rows, 1.0
+        while True:
+            # Every attempt computes the rows again (same state version, same decisions).
+            self._highs.value = {}
+            self._counts.value = {}
+            try:
+                kept.write.format("kafka").options(**self._options).save()
+                return
+            except Exception as exc:
+                cause = root_cause(exc)
+                gone = self._deleted_in(rows, main)
+                if gone:
+                    log.warning(
+                        "batch %d: topics %s were deleted while their messages were being "
+                        "written (%s); writing the batch again without them",
+                        batch_id,
+                        ", ".join(sorted(gone)),
+                        cause,
+                    )
+                    kept = rows.where(~main.isin(*gone))
+                    continue
+                if time.monotonic() + pause > deadline:
+                    raise
+                log.warning(
+                    "batch %d: writing failed (%s); trying again in %.0f s", batch_id, cause, pause
+                )
+                time.sleep(pause)
+                pause = min(pause * 2, 30.0)
+
+    def _deleted_in(self, rows: DataFrame, main: Column) -> set[str]:
+        """The main topics of ``rows`` deleted through the API; none while Kafka is away."""
+        try:
+            in_batch = [row[0] for row in rows.select(main).distinct().collect()]
+            return deleted_topics(self._bootstrap, in_batch)
+        except Exception as exc:  # the broker restarting, say: the write is tried again
+            log.warning("could not tell which topics are gone: %s", root_cause(exc))
+            return set()
 
 
 def deleted_topics(bootstrap: str, main_topics: Iterable[str]) -> set[str]:

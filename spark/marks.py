@@ -8,13 +8,17 @@ moves a mark backwards.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
 
 import redis
 from pyspark.accumulators import AccumulatorParam
 
 from setu.names import parse_ingest_topic
 from state import keys
+
+log = logging.getLogger(__name__)
 
 # KEYS[1] = marks hash; ARGV = producer, sequence, producer, sequence, ...
 _RAISE = """
@@ -66,14 +70,43 @@ class HighsParam(AccumulatorParam[ProducerHighs]):
 
 
 class MarkPublisher:
-    """Raises producer marks in Redis; one instance per job."""
+    """Raises producer marks in Redis; one instance per job.
 
-    def __init__(self, client: redis.Redis[bytes]) -> None:
+    Redis being restarted (refused connections, "loading the dataset") is waited out, up to
+    ``patience_s``: the batch is written already, and failing it would stop the job for every
+    topic only to replay the same batch. Raising a mark is idempotent, so a retry after a
+    partial publish is safe."""
+
+    def __init__(
+        self,
+        client: redis.Redis[bytes],
+        patience_s: float = 300.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self._client = client
         self._raise = client.register_script(_RAISE)
+        self._patience_s = patience_s
+        self._sleep = sleep
 
     def publish(self, marks: Mapping[str, Mapping[str, int]]) -> None:
-        """Raise every mark; raises redis errors (the batch then fails and is replayed)."""
+        """Raise every mark; raises redis errors once Redis stayed away for ``patience_s``
+        (the batch then fails and is replayed)."""
+        waited, pause = 0.0, 0.2
+        while True:
+            try:
+                self._publish(marks)
+                return
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+                if waited >= self._patience_s:
+                    raise
+                log.warning(
+                    "Redis is away (%s); publishing producer marks again in %.1f s", exc, pause
+                )
+                self._sleep(pause)
+                waited += pause
+                pause = min(pause * 2, 5.0)
+
+    def _publish(self, marks: Mapping[str, Mapping[str, int]]) -> None:
         for ingest_topic, producers in marks.items():
             project, topic = parse_ingest_topic(ingest_topic)
             args: list[str | int] = []

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from spark.marks import HighsParam, by_topic, merge_highs
+from collections.abc import Callable
+
+import pytest
+import redis
+
+from spark.marks import HighsParam, MarkPublisher, by_topic, merge_highs
 
 
 def test_merge_keeps_the_highest_sequence_per_producer() -> None:
@@ -23,3 +28,38 @@ def test_accumulator_is_indifferent_to_retried_tasks() -> None:
 def test_highs_are_grouped_by_ingest_topic() -> None:
     highs = [(("setu.p.t.ingest", "a"), 3), (("setu.p.u.ingest", "a"), 1)]
     assert by_topic(highs) == {"setu.p.t.ingest": {"a": 3}, "setu.p.u.ingest": {"a": 1}}
+
+
+class FlakyRedis:
+    """A client whose mark script fails ``failures`` times as a restarting Redis does."""
+
+    def __init__(self, failures: list[Exception]) -> None:
+        self.failures = failures
+        self.calls: list[tuple[list[str], list[str | int]]] = []
+
+    def register_script(self, script: str) -> Callable[..., None]:
+        def run(keys: list[str], args: list[str | int]) -> None:
+            if self.failures:
+                raise self.failures.pop(0)
+            self.calls.append((keys, args))
+
+        return run
+
+
+def test_publishing_marks_waits_out_a_redis_restart() -> None:
+    # Given Redis refusing connections, then loading its data, then back
+    client = FlakyRedis([redis.ConnectionError("refused"), redis.BusyLoadingError("loading")])
+    slept: list[float] = []
+    publisher = MarkPublisher(client, sleep=slept.append)  # type: ignore[arg-type]
+    # When a batch's marks are published
+    publisher.publish({"setu.p.t.ingest": {"p1": 7}})
+    # Then they are, after two growing pauses, and the batch goes on
+    assert client.calls == [(["setu:producers:{p.t}"], ["p1", 7])]
+    assert slept == [0.2, 0.4]
+
+
+def test_publishing_marks_gives_up_once_redis_stays_away() -> None:
+    client = FlakyRedis([redis.ConnectionError("refused")] * 100)
+    publisher = MarkPublisher(client, patience_s=1.0, sleep=lambda s: None)  # type: ignore[arg-type]
+    with pytest.raises(redis.ConnectionError):
+        publisher.publish({"setu.p.t.ingest": {"p1": 7}})
