@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import FrameType
+from typing import Any
 from urllib.parse import urlparse
 
 import redis
@@ -274,6 +275,8 @@ def main_log_rows(accepted: DataFrame) -> DataFrame:
     )
 
 
+# Failed query starts in a row (no batch written in between) before the job gives up.
+QUERY_RESTARTS = 12  # with the pauses of keep_running: about five minutes
 # How long a batch's write is tried again before the batch (and so the query) fails.
 WRITE_PATIENCE_S = 300.0
 
@@ -461,8 +464,50 @@ def stop_between_batches(query: StreamingQuery, patience_s: float = 30.0) -> Non
         log.warning("ingest query could not be stopped cleanly", exc_info=True)
 
 
+def keep_running(
+    start_query: Callable[[], StreamingQuery],
+    stopping: threading.Event,
+    reporter: StatusReporter,
+    batches: Callable[[], int],
+    backoff: Callable[[int], float] = lambda failures: min(2.0**failures, 30.0),
+) -> None:
+    """Runs the query until ``stopping`` is set, starting it again after a failure (see
+    :func:`run`); raises the failure once it stood ``QUERY_RESTARTS`` starts in a row."""
+    failures = 0
+    while True:
+        query = start_query()
+        reporter.set_state("starting")
+        reporter.watch(_progress_of(query))
+        before = batches()
+        try:
+            while not stopping.is_set() and query.isActive:
+                query.awaitTermination(1)
+            stop_between_batches(query)
+            return
+        except Exception as exc:
+            if stopping.is_set():
+                raise
+            # A batch written since the last start: the failure is not a standing one.
+            failures = 1 if batches() > before else failures + 1
+            if failures > QUERY_RESTARTS:
+                raise
+            cause = root_cause(exc)
+            reporter.set_state("failed", error=cause)
+            pause = backoff(failures)
+            log.error("ingest query failed (%s); starting it again in %.0f s", cause, pause)
+            if stopping.wait(pause):
+                return
+
+
+def _progress_of(query: StreamingQuery) -> Callable[[], tuple[bool, Any]]:
+    return lambda: (query.isActive, query.lastProgress)
+
+
 def run(settings: Settings) -> None:
-    """Run the job until SIGTERM/SIGINT (stops the query cleanly) or until the query fails."""
+    """Run the job until SIGTERM/SIGINT (stops the query cleanly). A failed query is started
+    again from its checkpoint in this process (the JVM stays warm, and a broker or Redis
+    restart does not stop the job); after ``QUERY_RESTARTS`` failures in a row without a
+    batch written in between, the job exits with the failure's root cause as its last line."""
     if not settings.redis_url:
         raise ValueError("SETU_REDIS_URL is required by the ingest job")
     check_checkpoint(settings.resolved_checkpoint_dir())  # before Spark takes its seconds
@@ -489,12 +534,14 @@ def run(settings: Settings) -> None:
             on_recreated=metrics.main_topic_recreated,
         ).start()
         metrics.watch_rejects(guard.rejects)
-        query = start(spark, settings, MarkPublisher(client), metrics=metrics, limits=guard.limits)
-        log.info("ingest query %s started (%s)", query.id, settings.resolved_checkpoint_dir())
-        reporter.watch(lambda: (query.isActive, query.lastProgress))
-        while not stopping.is_set() and query.isActive:
-            query.awaitTermination(1)
-        stop_between_batches(query)
+        publisher = MarkPublisher(client)
+
+        def start_query() -> StreamingQuery:
+            query = start(spark, settings, publisher, metrics=metrics, limits=guard.limits)
+            log.info("ingest query %s started (%s)", query.id, settings.resolved_checkpoint_dir())
+            return query
+
+        keep_running(start_query, stopping, reporter, metrics.batches)
     except Exception as exc:
         # A signal sent to the whole process group also takes down the JVM under the query;
         # the checkpoint makes that as safe as a clean stop. Any other failure is fatal.

@@ -96,6 +96,10 @@ class IngestMetrics(Collector):
         totals.batch_seconds.observe(seconds)
         totals.last_batch_at = time.time()
 
+    def batches(self) -> int:
+        """Batches this process wrote."""
+        return self._totals.batches
+
     def last_batch_at(self) -> float | None:
         """When this process last wrote a batch (Unix time), None before its first."""
         return self._totals.last_batch_at

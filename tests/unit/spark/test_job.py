@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 
 from setu.settings import Settings
+from spark import job
 from spark.job import (
     LOCAL_CHECKPOINT_FILE_MANAGER,
     CheckpointLayoutError,
@@ -80,3 +82,69 @@ def test_an_unreadable_state_metadata_file_is_reported(tmp_path: Path) -> None:
     (folder / "metadata").write_text("v1\n{not json")
     with pytest.raises(CheckpointLayoutError, match="cannot read"):
         check_checkpoint(str(tmp_path))
+
+
+class FakeQuery:
+    """A query that fails (awaitTermination raises) or runs until stopped."""
+
+    def __init__(self, fails: bool, wrote: list[int]) -> None:
+        self.fails = fails
+        self.isActive = True
+        self.lastProgress = None
+        self.status = {"isTriggerActive": False}
+        self._wrote = wrote
+
+    def awaitTermination(self, timeout: float) -> None:  # noqa: N802 (Spark's name)
+        if self.fails:
+            self.isActive = False
+            raise RuntimeError("org.apache.kafka.common.errors.TimeoutException: broker away")
+
+    def stop(self) -> None:
+        self.isActive = False
+
+
+class Reporter:
+    def __init__(self) -> None:
+        self.states: list[tuple[str, str | None]] = []
+
+    def set_state(self, state: str, error: str | None = None) -> None:
+        self.states.append((state, error))
+
+    def watch(self, progress: object) -> None:
+        pass
+
+
+def test_a_failed_query_is_started_again_in_the_same_process() -> None:
+    # Given a query that fails twice (a broker restarting), then runs
+    stopping = threading.Event()
+    plan = [True, True, False]
+    started: list[FakeQuery] = []
+
+    def start_query() -> FakeQuery:
+        query = FakeQuery(plan.pop(0), [])
+        if not query.fails:
+            stopping.set()  # runs until the job is asked to stop
+        started.append(query)
+        return query
+
+    reporter = Reporter()
+    # When the job runs it
+    job.keep_running(start_query, stopping, reporter, lambda: 0, backoff=lambda n: 0.0)  # type: ignore[arg-type]
+    # Then it was started three times, each failure reported with its root cause
+    assert len(started) == 3
+    failed = [error for state, error in reporter.states if state == "failed"]
+    assert failed == ["org.apache.kafka.common.errors.TimeoutException: broker away"] * 2
+
+
+def test_a_query_that_keeps_failing_without_a_batch_ends_the_job() -> None:
+    starts = []
+
+    def start_query() -> FakeQuery:
+        starts.append(1)
+        return FakeQuery(True, [])
+
+    with pytest.raises(RuntimeError, match="broker away"):
+        job.keep_running(  # type: ignore[arg-type]
+            start_query, threading.Event(), Reporter(), lambda: 0, backoff=lambda n: 0.0
+        )
+    assert len(starts) == job.QUERY_RESTARTS + 1
