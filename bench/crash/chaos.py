@@ -23,7 +23,11 @@ from typing import IO, Any
 
 import orjson
 
+from cli.processes import tail
+
 RESTART_PAUSE_S = 0.5
+# Lines of a component's log kept with each exit of its own, for the report.
+EXIT_LOG_LINES = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +91,15 @@ class EventLog:
             for e in self.events
             if e["action"] == action and (component is None or e["component"] == component)
         )
+
+    def exits_on_their_own(self) -> list[dict[str, Any]]:
+        """Exits other than the chaos loop's kills and a oneshot finishing: each fails the
+        run, with its component, exit code and the end of its log."""
+        return [
+            {"component": e["component"], "code": e.get("code"), "log": e.get("log", "")}
+            for e in self.events
+            if e["action"] == "exit" and not e.get("finished")
+        ]
 
     def close(self) -> None:
         if self._file:
@@ -252,8 +265,11 @@ class Chaos:
                 code = component.check_exit()
                 if code is None:
                     continue
-                self.events.record(component.name, "exit", code=code)
-                if component.spec.oneshot and code == 0:
+                finished = component.spec.oneshot and code == 0
+                # The end of its log says why (a finished producer has nothing to say).
+                why = "" if finished else tail(component.spec.log_path, EXIT_LOG_LINES)
+                self.events.record(component.name, "exit", code=code, finished=finished, log=why)
+                if finished:
                     continue
                 await asyncio.sleep(RESTART_PAUSE_S)
                 component.start()

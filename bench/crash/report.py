@@ -50,6 +50,10 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         exits = {k: v for k, v in chaos["exits_by_component"].items() if v}
         if exits:
             lines.append(f"       {'exits on their own':<48} {exits}")
+    for exit_ in report.get("exits_on_their_own", [])[:3]:
+        name, code = exit_["component"], exit_["code"]
+        lines.append(f"  {name} exited on its own (code {code}); the end of its log:")
+        lines += [f"    | {line}" for line in exit_["log"].splitlines()[-8:]]
     if report["violations"]:
         lines.append(f"  violations: {', '.join(report['violations'])}")
     return lines

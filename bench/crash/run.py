@@ -298,7 +298,11 @@ class CrashRun:
             "exits_by_component": {n: self.events.count("exit", n) for n in names},
         }
         report["drain"] = drained
+        exits = self.events.exits_on_their_own()
+        report["exits_on_their_own"] = exits[:10]
         extra = []
+        if exits:
+            extra.append("components_exited_on_their_own")
         if report["accepted"] == 0:
             extra.append("nothing_accepted")
         if kills < self.config.min_kill_events:

@@ -139,7 +139,9 @@ async def test_supervisor_restarts_crashed_components_but_not_finished_oneshots(
 ) -> None:
     # Given a component that crashes at once and a oneshot that finishes at once
     events = EventLog()
-    crashing = Component(spec(tmp_path, "api", "raise SystemExit(2)"), events)
+    crashing = Component(
+        spec(tmp_path, "api", "print('the reason', flush=True); raise SystemExit(2)"), events
+    )
     oneshot = Component(spec(tmp_path, "producer", "pass", oneshot=True), events)
     crashing.start()
     oneshot.start()
@@ -154,7 +156,13 @@ async def test_supervisor_restarts_crashed_components_but_not_finished_oneshots(
     assert events.count("restart", "api") >= 2
     producer_events = [e for e in events.events if e["component"] == "producer"]
     assert [(e["action"], e["code"]) for e in producer_events] == [("exit", 0)]
+    assert producer_events[0]["finished"] is True
     assert oneshot.starts == 1
+    # And each crash is kept with the end of the component's log, for the report
+    exits = events.exits_on_their_own()
+    assert {e["component"] for e in exits} == {"api"}
+    assert exits[0]["code"] == 2
+    assert "the reason" in exits[0]["log"]
     crashing.stop()
 
 

@@ -58,3 +58,14 @@ def test_summary_marks_each_check_and_the_report_round_trips(tmp_path: Path) -> 
     assert any("kill/restart events" in line and line.rstrip().endswith("7") for line in lines)
     write_report(report, tmp_path / "r" / "report.json")
     assert orjson.loads((tmp_path / "r" / "report.json").read_bytes()) == report
+
+
+def test_the_summary_shows_a_component_that_exited_on_its_own_with_its_log() -> None:
+    # Given a run in which the ingest job exited by itself once
+    report = check([Published("a1", "a", "h1", True)], [Call("a1", "a", "a1", 200, "h1")])
+    log = "starting\ningest job failed: redis.exceptions.ConnectionError: refused"
+    report["exits_on_their_own"] = [{"component": "ingest", "code": 1, "log": log}]
+    # Then the summary names it and shows why
+    lines = summary_lines(report)
+    assert "  ingest exited on its own (code 1); the end of its log:" in lines
+    assert "    | ingest job failed: redis.exceptions.ConnectionError: refused" in lines
