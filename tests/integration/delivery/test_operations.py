@@ -77,7 +77,9 @@ def test_status_and_group_state_follow_delivery(
         "retry_backlog": 2,
         "dead_lettered": 3,
         "delivered_total": 4,
+        "ingest": status["ingest"],  # no ingest job runs here (see test_health_docs)
     }
+    assert {"state", "ok", "lag"} <= set(status["ingest"])
 
 
 def test_dead_letters_are_browsed_then_unsidelined_in_order(
