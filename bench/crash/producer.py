@@ -62,12 +62,15 @@ class ProducerConfig:
     lanes: int
     messages_per_lane: int
     rate_per_second: float
+    large_body_bytes: int = 0  # see bench.crash.records.make_record
     request_timeout_s: float = 5.0
     # First and longest pause between attempts; pauses double up to the longest.
     backoff_s: tuple[float, float] = (0.05, 1.0)
 
     def record(self, lane: int, sequence: int) -> Record:
-        return make_record(self.run_id, self.groups, self.lanes, lane, sequence)
+        return make_record(
+            self.run_id, self.groups, self.lanes, lane, sequence, self.large_body_bytes
+        )
 
     def topic_path(self) -> str:
         return f"/v1/projects/{quote(self.project)}/topics/{quote(self.topic)}"
@@ -101,6 +104,7 @@ def produce_headers(record: Record, lane: int) -> dict[str, str]:
         f"X{sep}PRODUCER{sep}ID": record.producer_id,
         f"X{sep}SEQUENCE{sep}ID": str(record.sequence_id),
         "content-type": "application/octet-stream",
+        **{f"X{sep}TAG{sep}{n}": f"{n:03d}" * 33 + "x" for n in range(record.extra_headers)},
     }
 
 
@@ -252,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--messages-per-lane", type=int, required=True)
     parser.add_argument("--rate", type=float, default=0.0, help="messages/s overall; 0: no limit")
     parser.add_argument("--journal", type=Path, required=True)
+    parser.add_argument("--large-body-bytes", type=int, default=0, help="the API's size limit")
     args = parser.parse_args(argv)
     config = ProducerConfig(
         api=args.api,
@@ -262,6 +267,7 @@ def main(argv: list[str] | None = None) -> None:
         lanes=args.lanes,
         messages_per_lane=args.messages_per_lane,
         rate_per_second=args.rate,
+        large_body_bytes=args.large_body_bytes,
     )
     finished = asyncio.run(produce(config, args.journal))
     # Exit 0 only when every record was acknowledged; a stopped producer exits 3.

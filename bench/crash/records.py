@@ -21,6 +21,7 @@ class Record:
     producer_id: str
     sequence_id: int
     body: bytes
+    extra_headers: int = 0  # how many X_TAG_n headers of 100 characters it is sent with
 
     @property
     def payload_hash(self) -> str:
@@ -51,11 +52,22 @@ def _digest(run_id: str, lane: int, sequence: int) -> bytes:
     return hashlib.sha256(f"{run_id}/{lane}/{sequence}".encode()).digest()
 
 
-def make_record(run_id: str, groups: int, lanes: int, lane: int, sequence: int) -> Record:
+# One record in SHAPE_EVERY is large (its body exactly the size limit, or one byte under), one
+# carries many headers; the rest are small.
+SHAPE_EVERY = 256
+MANY_HEADERS = 40
+
+
+def make_record(
+    run_id: str, groups: int, lanes: int, lane: int, sequence: int, large_body_bytes: int = 0
+) -> Record:
     """The record ``lane`` publishes at ``sequence``; the same arguments give the same bytes.
 
     The body is the identity in text followed by 16 pseudo-random bytes (any value 0..255), so a
     body that was truncated, re-encoded or swapped with another message's shows as corrupt.
+    With ``large_body_bytes`` (the API's size limit), a few bodies are padded to exactly that
+    size or one byte under it, and a few records carry :data:`MANY_HEADERS` extra headers: every
+    stage must carry whatever the API accepts.
     """
     owned = lane_groups(groups, lanes, lane)
     digest = _digest(run_id, lane, sequence)
@@ -63,4 +75,10 @@ def make_record(run_id: str, groups: int, lanes: int, lane: int, sequence: int) 
     producer = producer_name(run_id, lane)
     message_id = f"{producer}-{sequence}"
     body = f"{message_id}|{group}|".encode() + digest[4:20]
-    return Record(message_id, group, producer, sequence, body)
+    shape, extra = digest[20] % SHAPE_EVERY, 0
+    if large_body_bytes and shape in (0, 1):
+        size = large_body_bytes - shape
+        body += (digest * (size // len(digest) + 1))[: size - len(body)]
+    elif large_body_bytes and shape == 2:
+        extra = MANY_HEADERS
+    return Record(message_id, group, producer, sequence, body, extra)

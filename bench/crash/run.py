@@ -47,6 +47,7 @@ from bench.crash.stack import (
     setu_specs,
 )
 from setu import names
+from setu.limits import DEFAULT_MAX_MESSAGE_BYTES
 from setu.model import RetryPolicy
 
 Say = Callable[[str], None]
@@ -235,6 +236,7 @@ class CrashRun:
             lanes=config.lanes,
             messages_per_lane=per_lane,
             rate_per_second=config.rate_per_second,
+            large_body_bytes=DEFAULT_MAX_MESSAGE_BYTES,  # the API's limit in the run
         )
         self._start(producer_spec(layout, shape, chaos=config.kill_producer))
         self._log(f"producing {per_lane * config.lanes} records over {config.groups} groups")

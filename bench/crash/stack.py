@@ -148,6 +148,7 @@ class ProduceShape:
     lanes: int
     messages_per_lane: int
     rate_per_second: float
+    large_body_bytes: int = 0
 
 
 def producer_spec(layout: StackLayout, shape: ProduceShape, *, chaos: bool) -> ComponentSpec:
@@ -174,6 +175,8 @@ def producer_spec(layout: StackLayout, shape: ProduceShape, *, chaos: bool) -> C
         str(shape.rate_per_second),
         "--journal",
         str(producer_journal(layout)),
+        "--large-body-bytes",
+        str(shape.large_body_bytes),
     ]
     return ComponentSpec(
         name="producer",

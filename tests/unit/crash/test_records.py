@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from bench.crash.records import lane_groups, make_record, payload_hash, producer_name
+from bench.crash.records import (
+    MANY_HEADERS,
+    lane_groups,
+    make_record,
+    payload_hash,
+    producer_name,
+)
 
 
 def test_same_identity_gives_the_same_bytes() -> None:
@@ -47,3 +53,19 @@ def test_record_identity_fits_the_header_rules() -> None:
     assert len(record.message_id) <= 100
     assert record.body.startswith(f"{record.message_id}|{record.group_id}|".encode())
     assert record.payload_hash == payload_hash(record.body)
+
+
+def test_a_few_records_are_at_the_size_limit_or_carry_many_headers() -> None:
+    # Given the records of one lane made with the API's size limit
+    limit = 1024 * 1024
+    records = [make_record("r", 10, 2, 0, seq, large_body_bytes=limit) for seq in range(3000)]
+    sizes = {len(r.body) for r in records}
+    # Then some bodies are exactly the limit, some one byte under, a few carry many headers,
+    # and the rest stay small; the same arguments give the same bytes
+    assert {limit, limit - 1} <= sizes
+    assert sum(r.extra_headers == MANY_HEADERS for r in records) >= 3
+    assert sum(len(r.body) < 200 for r in records) > 2900
+    again = make_record("r", 10, 2, 0, 17, large_body_bytes=limit)
+    assert again == records[17]
+    # And without a limit every record is small
+    assert all(len(make_record("r", 10, 2, 0, s).body) < 200 for s in range(300))
