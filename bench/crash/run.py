@@ -297,7 +297,10 @@ class CrashRun:
         report["kill_restart_events"] = kills
         report["chaos"] = {
             "kills_by_component": {n: self.events.count("kill", n) for n in names},
-            "exits_by_component": {n: self.events.count("exit", n) for n in names},
+            # Exits other than a kill or a finished producer (each fails the run)
+            "exits_by_component": {
+                n: sum(e["component"] == n for e in self.events.exits_on_their_own()) for n in names
+            },
         }
         report["drain"] = drained
         exits = self.events.exits_on_their_own()
