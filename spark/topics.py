@@ -133,7 +133,17 @@ class MainTopicGuard:
         self._limits = topic_limits(self._admin, mains)
         held = {i: ingest_rejects_topic(*parse_ingest_topic(i)) for i in ingests}
         counts = records_held(self._admin, [t for t in held.values() if t in topics])
-        self._rejects = {i: counts[r] for i, r in held.items() if r in counts}
+        held_now = {i: counts[r] for i, r in held.items() if r in counts}
+        for ingest, now_held in held_now.items():
+            before = self._rejects.get(ingest)
+            if before is not None and now_held > before:
+                log.error(
+                    "%d record(s) of %s were set aside in %s (README: rejected records)",
+                    now_held - before,
+                    main_topic(*parse_ingest_topic(ingest)),
+                    held[ingest],
+                )
+        self._rejects = held_now
 
     def _recreate(self, ingest: str, described: TopicMetadata) -> None:
         partitions = described.partitions
