@@ -23,7 +23,7 @@ does not send it again, and it is findable in the reject topic, never silently d
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as fn
@@ -40,18 +40,9 @@ RECORD_OVERHEAD_BYTES = 32
 HEADER_OVERHEAD_BYTES = 10
 
 
-def record_bytes(
-    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]
-) -> int:
-    """The size estimate of one record (what :func:`size_column` computes in Spark)."""
-    size = BATCH_OVERHEAD_BYTES + RECORD_OVERHEAD_BYTES + len(key or b"") + len(value or b"")
-    for name, header in headers:
-        size += HEADER_OVERHEAD_BYTES + len(name.encode()) + len(header or b"")
-    return size
-
-
 def size_column(key: Column, value: Column, headers: Column) -> Column:
-    """:func:`record_bytes` of sink rows (key and value binary, headers key/value structs)."""
+    """An estimate, never below the real size, of a sink row's record in a batch of its own
+    (key and value binary, headers key/value structs)."""
     header_bytes = fn.aggregate(
         headers,
         fn.lit(0).cast("long"),

@@ -22,7 +22,6 @@ import redis
 from state import keys
 
 STALE_MS = 15_000
-STATES = ("starting", "running", "failed", "stopped")
 
 
 def ingest_view(fields: Mapping[str, str], now_ms: int) -> dict[str, Any]:

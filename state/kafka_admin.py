@@ -25,7 +25,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from setu import names
 from setu.errors import Conflict, DependencyUnavailable, InvalidInput, SetuError
-from setu.limits import MessageLimits
+from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
 from setu.model import Subscription, Topic
 
 _REQUEST_ERRORS = frozenset(
@@ -116,7 +116,7 @@ class KafkaTopics:
         bootstrap: str,
         *,
         replication_factor: int = 1,
-        max_message_bytes: int = 1024 * 1024,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         timeout_s: float = 15.0,
         client_config: Mapping[str, Any] | None = None,
     ) -> None:
