@@ -57,9 +57,13 @@ def subscription_topics(project: str, subscription: str, tiers: int) -> list[str
     ]
 
 
+# A topic's ingest reject topic is its main topic's name with this suffix.
+INGEST_REJECTS_SUFFIX = ".ingest.rejects"
+
+
 def ingest_rejects_topic(project: str, topic: str) -> str:
     """Where the ingest job sets aside records it cannot write to the main log."""
-    return f"{ingest_topic(project, topic)}.rejects"
+    return f"{main_topic(project, topic)}{INGEST_REJECTS_SUFFIX}"
 
 
 def parse_main_topic(kafka_topic: str) -> tuple[str, str]:

@@ -65,7 +65,7 @@ from setu.envelope import (
     H_SEQUENCE_ID,
 )
 from setu.limits import MessageLimits
-from setu.names import INGEST_PATTERN, ingest_topic, parse_main_topic
+from setu.names import INGEST_PATTERN, INGEST_REJECTS_SUFFIX, ingest_topic, parse_main_topic
 from setu.settings import Settings
 from spark.marks import HighsParam, MarkPublisher, ProducerHighs, by_topic
 from spark.metrics import CountsParam, IngestMetrics, TopicCounts
@@ -81,7 +81,7 @@ from spark.processor import (
     TOPIC,
     DedupFunction,
 )
-from spark.rejects import REJECTS_SUFFIX, routed
+from spark.rejects import routed
 from spark.status import StatusReporter
 from spark.topics import MainTopicGuard
 
@@ -326,7 +326,7 @@ class BatchWriter:
         """Writes the batch; a failed write is tried again (see the class doc), without the
         topics deleted meanwhile, for up to ``WRITE_PATIENCE_S`` before the batch fails."""
         deadline = time.monotonic() + WRITE_PATIENCE_S
-        main = fn.regexp_replace("topic", re.escape(REJECTS_SUFFIX) + "$", "")
+        main = fn.regexp_replace("topic", re.escape(INGEST_REJECTS_SUFFIX) + "$", "")
         kept, pause = rows, 1.0
         while True:
             # Every attempt computes the rows again (same state version, same decisions).

@@ -29,9 +29,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as fn
 
 from setu.envelope import H_REJECT_REASON
+from setu.names import INGEST_REJECTS_SUFFIX
 
 REASON_HEADER = H_REJECT_REASON
-REJECTS_SUFFIX = ".ingest.rejects"
 # A record batch's framing and a record's framing around key, value and headers (v2 format,
 # varints at their longest): with them the estimate is never below a record's real size in a
 # batch of its own (the sink does not compress).
@@ -91,7 +91,7 @@ def routed(rows: DataFrame, limits: Mapping[str, int], default_limit: int) -> Da
     )
     return rows.select(
         fn.when(reason.isNull(), topic)
-        .otherwise(fn.concat(topic, fn.lit(REJECTS_SUFFIX)))
+        .otherwise(fn.concat(topic, fn.lit(INGEST_REJECTS_SUFFIX)))
         .alias("topic"),
         key.alias("key"),
         value.alias("value"),
