@@ -58,6 +58,10 @@ class StatusReporter:
         self._interval_s = interval_s
         self._progress: Progress = lambda: (False, None)
         self._state = ""
+        # Whether a failure may be shown (one from before this process too), and the last
+        # batch time when it happened: a batch written after it clears it (see _run).
+        self._error_shown = True
+        self._failed_after: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ingest-status", daemon=True)
 
@@ -72,12 +76,11 @@ class StatusReporter:
 
     def set_state(self, state: str, error: str | None = None) -> None:
         """Records ``state`` now (``error`` "" clears the last failure, None keeps it)."""
-        fields: dict[str, str | int] = {"state": state, "at": now_ms()}
-        if state != self._state:
-            fields["since"] = now_ms()
-            self._state = state
+        fields = self._changed(state)
         if error is not None:
             fields["error"] = error
+            self._error_shown = bool(error)
+            self._failed_after = self._last_batch_at()
         self._write(fields)
 
     def stop(self, state: str = "stopped") -> None:
@@ -85,29 +88,40 @@ class StatusReporter:
         self._thread.join(timeout=10)
         self.set_state(state)
 
+    def _changed(self, state: str) -> dict[str, str | int]:
+        """The fields that record ``state`` now, with ``since`` when it is a new one."""
+        fields: dict[str, str | int] = {"state": state, "at": now_ms()}
+        if state != self._state:
+            fields["since"] = now_ms()
+            self._state = state
+        return fields
+
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
-            try:
-                active, progress = self._progress()
-            except Exception:  # the JVM is going away
-                active, progress = False, None
-            if self._state in ("starting", "running"):
-                state = "running" if active else self._state
-                fields: dict[str, str | int] = {"state": state, "at": now_ms()}
-                if state != self._state:
-                    fields["since"] = now_ms()
-                    self._state = state
-                behind = offsets_behind(progress)
-                if behind is not None:
-                    fields["behind"] = int(behind)
-                lags = topic_lags(progress)
-                if lags is not None:
-                    fields["lags"] = json.dumps(lags, sort_keys=True)
-                last = self._last_batch_at()
-                if last is not None:
-                    fields["last_batch"] = int(last * 1000)
-                    fields["error"] = ""  # a batch was written since the last failure
-                self._write(fields)
+            self.beat()
+
+    def beat(self) -> None:
+        """One heartbeat, with the query's state and lag (the thread's, every interval_s)."""
+        try:
+            active, progress = self._progress()
+        except Exception:  # the JVM is going away
+            active, progress = False, None
+        if self._state not in ("starting", "running"):
+            return  # failed or stopped: written when it happened
+        fields = self._changed("running" if active else self._state)
+        behind = offsets_behind(progress)
+        if behind is not None:
+            fields["behind"] = int(behind)
+        lags = topic_lags(progress)
+        if lags is not None:
+            fields["lags"] = json.dumps(lags, sort_keys=True)
+        last = self._last_batch_at()
+        if last is not None:
+            fields["last_batch"] = int(last * 1000)
+            if self._error_shown and last != self._failed_after:
+                fields["error"] = ""  # a batch was written since the last failure
+                self._error_shown = False
+        self._write(fields)
 
     def _write(self, fields: Mapping[str, str | int]) -> None:
         try:
