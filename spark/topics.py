@@ -132,7 +132,7 @@ class MainTopicGuard:
         mains = [m for m in (main_topic(*parse_ingest_topic(i)) for i in ingests) if m in topics]
         self._limits = topic_limits(self._admin, mains)
         held = {i: ingest_rejects_topic(*parse_ingest_topic(i)) for i in ingests}
-        counts = records_held(self._admin, [t for t in held.values() if t in topics])
+        counts = records_held(self._admin, {t: topics[t] for t in held.values() if t in topics})
         held_now = {i: counts[r] for i, r in held.items() if r in counts}
         for ingest, now_held in held_now.items():
             before = self._rejects.get(ingest)
@@ -201,23 +201,28 @@ def topic_limits(admin: AdminClient, topics: list[str]) -> dict[str, int]:
     return out
 
 
-def records_held(admin: AdminClient, topics: list[str]) -> dict[str, int]:
-    """How many records each of ``topics`` holds now (latest minus earliest offsets)."""
-    if not topics:
-        return {}
-    described = admin.list_topics(timeout=10).topics
-    partitions = [
-        TopicPartition(t, p) for t in topics if t in described for p in described[t].partitions
-    ]
-    held = dict.fromkeys(topics, 0)
+def records_held(admin: AdminClient, topics: Mapping[str, TopicMetadata]) -> dict[str, int]:
+    """How many records each of ``topics`` (as just listed) holds now: latest minus earliest
+    offset, over the partitions that answered both."""
+    partitions = [TopicPartition(t, p) for t, meta in topics.items() for p in meta.partitions]
+    if not partitions:
+        return dict.fromkeys(topics, 0)
+    offsets: list[dict[TopicPartition, int]] = []
     latest, earliest = OffsetSpec.latest(), OffsetSpec.earliest()  # type: ignore[no-untyped-call]
-    for spec, sign in ((latest, 1), (earliest, -1)):
-        futures = admin.list_offsets({tp: spec for tp in partitions}, request_timeout=10)
-        for tp, future in futures.items():
+    for spec in (latest, earliest):
+        found = {}
+        requests = {tp: spec for tp in partitions}
+        for tp, future in admin.list_offsets(requests, request_timeout=10).items():
             try:
-                held[tp.topic] += sign * future.result().offset
+                found[tp] = future.result().offset
             except KafkaException:
                 continue
+        offsets.append(found)
+    held = dict.fromkeys(topics, 0)
+    ends, starts = offsets
+    for tp, end in ends.items():
+        if tp in starts:
+            held[tp.topic] += end - starts[tp]
     return held
 
 
