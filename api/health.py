@@ -25,7 +25,7 @@ from api.context import Services, blocking, services
 from api.responses import JSON
 from setu.clock import now_ms
 from state import keys
-from state.ingest_status import ingest_view
+from state.ingest_status import decoded, ingest_view
 
 router = APIRouter(tags=["health"])
 
@@ -84,8 +84,7 @@ def _probes(s: Services) -> dict[str, Probe]:
 
 async def ingest_state(s: Services) -> dict[str, Any]:
     """The ingest job's report as :func:`state.ingest_status.ingest_view` reads it."""
-    raw = await s.redis.hgetall(keys.ingest_status())
-    return ingest_view({k.decode(): v.decode() for k, v in raw.items()}, now_ms())
+    return ingest_view(decoded(await s.redis.hgetall(keys.ingest_status())), now_ms())
 
 
 @router.get("/v1/health", response_model=None, summary="State of the API and its dependencies")

@@ -60,5 +60,9 @@ def write_status(client: redis.Redis[bytes], fields: Mapping[str, str | int]) ->
 
 
 def read_status(client: redis.Redis[bytes]) -> dict[str, str]:
-    raw = client.hgetall(keys.ingest_status())
+    return decoded(client.hgetall(keys.ingest_status()))
+
+
+def decoded(raw: Mapping[bytes, bytes]) -> dict[str, str]:
+    """The status hash as Redis returns it, as text."""
     return {k.decode(): v.decode() for k, v in raw.items()}
