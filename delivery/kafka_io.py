@@ -69,12 +69,14 @@ class RebalanceListener(Protocol):
 
 @dataclass(slots=True)
 class Assignment:
-    """Where to start each assigned partition (offset < 0: from the committed offset), and
-    offsets to commit at once (an operator's seek) followed by ``after_commit`` on the loop."""
+    """Where to start each assigned partition (offset < 0: from the committed offset), which
+    of them start paused, and offsets to commit at once (an operator's seek) followed by
+    ``after_commit`` on the loop."""
 
     starts: list[TopicPartition]
     commit_now: list[TopicPartition]
     after_commit: Callable[[], Awaitable[None]] | None = None
+    paused: list[TopicPartition] = field(default_factory=list)
 
 
 def consumer_config(
@@ -259,6 +261,13 @@ class ConsumerThread:
         committed = consumer.committed(partitions, timeout=30)
         plan = self._wait(self._listener.assigned(committed))
         consumer.assign(plan.starts)
+        # librdkafka keeps a partition's pause through a revocation and a new assignment of
+        # the same partition: a pause made for the previous assignment (a retry tier held
+        # until a record is due, say) would stop the partition for good. Each assignment
+        # starts from the owner's own view.
+        consumer.resume(plan.starts)
+        if plan.paused:
+            consumer.pause(plan.paused)
         if plan.commit_now:
             consumer.commit(offsets=plan.commit_now, asynchronous=False)
             if plan.after_commit is not None:

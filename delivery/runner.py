@@ -414,9 +414,7 @@ class SubscriptionRunner:
             for (partition, tier), reasons in self._reasons.items()
             if reasons and partition in by_index
         ]
-        if paused:
-            self.post(lambda c: c.pause(paused))
-        return Assignment(starts, commit_now, mark_seeks if seeks else None)
+        return Assignment(starts, commit_now, mark_seeks if seeks else None, paused)
 
     async def revoked(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         indices = sorted({tp.partition for tp in partitions})
@@ -458,6 +456,20 @@ class SubscriptionRunner:
         if self._consumer is not None:
             self._consumer.post(command, then)
 
+    def _post_for(self, port: _Port, command: Callable[[Consumer], None], then: Any = None) -> None:
+        """Posts a command about ``port``'s partitions that runs only while the port is alive.
+        A pause or seek posted for an assignment and run after the next one (the consumer
+        thread runs commands between polls, and a rebalance happens inside a poll) would act
+        on partitions their new engine knows nothing of: a pause stopping them for good, a
+        seek skipping records. ``revoked`` marks the port dead before the consumer thread
+        goes on to the next assignment."""
+
+        def guarded(consumer: Consumer) -> None:
+            if port.alive:
+                command(consumer)
+
+        self.post(guarded, then)
+
     def _reason(self, partition: int, tier: int, reason: str, on: bool) -> None:
         """Adds or removes a reason to pause one tier partition; pauses on the first and
         resumes when none is left."""
@@ -467,13 +479,14 @@ class SubscriptionRunner:
             reasons.add(reason)
         else:
             reasons.discard(reason)
-        if before == bool(reasons):
+        port = self.ports.get(partition)
+        if before == bool(reasons) or port is None:
             return
         tp = [TopicPartition(self.topics[tier], partition)]
         if reasons:
-            self.post(lambda c: c.pause(tp))
+            self._post_for(port, lambda c: c.pause(tp))
         else:
-            self.post(lambda c: c.resume(tp))
+            self._post_for(port, lambda c: c.resume(tp))
 
     def hold(self, port: _Port, tier: int, offset: int, until_ms: int) -> None:
         """Pauses the tier partition back at ``offset`` until ``until_ms``; it is let go only
@@ -540,7 +553,7 @@ class SubscriptionRunner:
                 delay, self._seek, port, tier, offset, then, attempt + 1
             )
 
-        self.post(command, settled)
+        self._post_for(port, command, settled)
 
     def _buffered(self) -> dict[tuple[int, int], int]:
         return {

@@ -377,6 +377,41 @@ def test_two_workers_share_a_subscription_and_keep_order_through_rebalances(
         assert receiver.delivered(g) == ids[g]
 
 
+def test_a_retry_tier_held_across_a_rebalance_is_read_again_once_due(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    # Given a message whose first call failed, waiting in rq.1 for its due time (its tier
+    # partition is paused meanwhile), on a worker whose name sorts first
+    world.topic("t", partitions=1)
+    world.subscription(receiver.url, delays_ms=(15_000,))
+    receiver.fail_each("g", 1)
+    start_worker(worker_id=f"a-{world.project}")
+    [held] = world.publish("t", "g", 1)
+    wait_for("the first call", lambda: len(receiver.attempts(held)) == 1)
+    # When a second worker joins while it waits, and the range assignor gives the partition
+    # back to the first worker (a revocation and a new assignment of the same partition)
+    start_worker(worker_id=f"b-{world.project}")
+    wait_for("both workers in the group", lambda: group_members(world, "s") == 2, 60)
+    # Then the message is called again once due and delivered (the pause of the hold
+    # does not outlive the assignment it was made in)
+    wait_for("the held message delivered", lambda: receiver.delivered("g") == [held], 60)
+    assert [call.attempt for call in receiver.attempts(held)] == [1, 2]
+
+
+def group_members(world: World, sub: str) -> int:
+    """How many members the subscription's consumer group has once it is stable."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    from setu import names
+
+    admin = AdminClient({"bootstrap.servers": world.bootstrap})
+    group = names.consumer_group(world.project, sub)
+    [description] = admin.describe_consumer_groups([group]).values()
+    result = description.result(10)
+    return len(result.members) if result.state is ConsumerGroupState.STABLE else 0
+
+
 def group_is_empty(world: World, sub: str) -> bool:
     from confluent_kafka.admin import AdminClient
 

@@ -62,7 +62,11 @@ async def turns(n: int = 20) -> None:
         await asyncio.sleep(0)
 
 
-def runner_on(consumer: Consumer) -> tuple[SubscriptionRunner, _Port, Engine]:
+def runner_on(
+    consumer: Consumer, queued: list[tuple[Any, Any]] | None = None
+) -> tuple[SubscriptionRunner, _Port, Engine]:
+    """A runner with one port for partition 0. Its commands run at once, or, given
+    ``queued``, wait there as on the consumer thread until :func:`run_queued`."""
     runner = SubscriptionRunner(
         subscription(),
         RunnerConfig(bootstrap="127.0.0.1:1", worker_id="w"),
@@ -74,6 +78,9 @@ def runner_on(consumer: Consumer) -> tuple[SubscriptionRunner, _Port, Engine]:
 
     def post(command: Any, then: Any = None) -> None:
         # As the consumer thread does: run the command, then hand ``then`` to the loop.
+        if queued is not None:
+            queued.append((command, then))
+            return
         command(consumer)
         if then is not None:
             loop.call_soon(then)
@@ -82,7 +89,17 @@ def runner_on(consumer: Consumer) -> tuple[SubscriptionRunner, _Port, Engine]:
     port = _Port(runner, 0)
     engine = Engine()
     port.engine = engine  # type: ignore[assignment]
+    runner.ports[0] = port
     return runner, port, engine
+
+
+def run_queued(consumer: Consumer, queued: list[tuple[Any, Any]]) -> None:
+    loop = asyncio.get_running_loop()
+    for command, then in queued:
+        command(consumer)
+        if then is not None:
+            loop.call_soon(then)
+    queued.clear()
 
 
 async def test_a_refused_seek_is_tried_again_before_the_engine_reads_on() -> None:
@@ -119,4 +136,23 @@ async def test_a_given_up_partition_stops_seeking() -> None:
     await turns()
     # Then it is not tried again
     assert consumer.calls == ["seek 5"]
+    assert engine.unblocked_at == []
+
+
+async def test_a_pause_and_seek_of_a_given_up_partition_do_not_reach_its_next_assignment() -> None:
+    consumer = Consumer(refusals=0)
+    queued: list[tuple[Any, Any]] = []
+    runner, port, engine = runner_on(consumer, queued)
+    # Given a hold asked for while the partition was being given up, its pause and seek
+    # still waiting for the consumer thread (which runs commands between polls, and the
+    # rebalance happens inside a poll)
+    runner.hold(port, 1, 3, now_ms())
+    # When the partition is given up and assigned to this worker again before they run
+    port.alive = False
+    runner.ports[0] = _Port(runner, 0)
+    run_queued(consumer, queued)
+    await turns()
+    # Then neither reaches the consumer: the new assignment would stay paused for good, or
+    # skip the records before offset 3
+    assert consumer.calls == []
     assert engine.unblocked_at == []
