@@ -26,6 +26,7 @@ from setu.envelope import (
     H_PRODUCED_AT,
     H_PRODUCER_ID,
     H_SEQUENCE_ID,
+    H_TOPIC_INCARNATION,
     Envelope,
     KafkaHeaders,
 )
@@ -55,8 +56,11 @@ def ingest_headers(
     sequence_id: int | None,
     extra: Sequence[tuple[str, str]],
     produced_at_ms: int,
+    topic_incarnation: int = 0,
 ) -> KafkaHeaders:
-    """Exactly ``Envelope(...).kafka_headers()`` of a message just produced (no audit fields)."""
+    """Exactly ``Envelope(...).kafka_headers()`` of a message just produced (no audit fields);
+    ``topic_incarnation`` is stamped on messages with a producer id only (see
+    :func:`incarnation_for`)."""
     out: KafkaHeaders = [(name, value.encode()) for name, value in extra]
     out.append((H_MESSAGE_ID, message_id.encode()))
     if group_id is not None:
@@ -67,7 +71,15 @@ def ingest_headers(
         out.append((H_SEQUENCE_ID, str(sequence_id).encode()))
     if produced_at_ms:
         out.append((H_PRODUCED_AT, str(produced_at_ms).encode()))
+    if topic_incarnation and producer_id is not None:
+        out.append((H_TOPIC_INCARNATION, str(topic_incarnation).encode()))
     return out
+
+
+def incarnation_for(producer_id: str | None, topic_created_at_ms: int) -> int:
+    """The topic incarnation a message carries: only a message with a producer id needs one,
+    for its de-duplication (docs/ingest.md, "A topic created again")."""
+    return topic_created_at_ms if producer_id is not None else 0
 
 
 def decode_header_value(raw: bytes) -> str:
@@ -106,7 +118,12 @@ def check_forwarded_size(extra: Sequence[tuple[str, str]]) -> None:
 
 
 def single_envelope(
-    x_headers: Iterable[tuple[str, str]], body: bytes, *, grouped: bool, produced_at_ms: int
+    x_headers: Iterable[tuple[str, str]],
+    body: bytes,
+    *,
+    grouped: bool,
+    produced_at_ms: int,
+    topic_created_at_ms: int = 0,
 ) -> Envelope:
     """The envelope of a single produce; raises InvalidInput or PayloadTooLarge."""
     parsed = rules.parse_produce_headers(x_headers, grouped=grouped)
@@ -119,6 +136,7 @@ def single_envelope(
         sequence_id=parsed.sequence_id,
         headers=parsed.extra,
         produced_at_ms=produced_at_ms,
+        topic_incarnation=incarnation_for(parsed.producer_id, topic_created_at_ms),
     )
 
 
@@ -129,6 +147,7 @@ def parse_batch(
     produced_at_ms: int,
     max_message_bytes: int,
     max_messages: int,
+    topic_created_at_ms: int = 0,
 ) -> list[IngestRecord]:
     """Every message of a batch body as its record; raises on the first bad message."""
     try:
@@ -148,14 +167,22 @@ def parse_batch(
     out = []
     for index, message in enumerate(messages):
         try:
-            out.append(_batch_message(message, grouped, produced_at_ms, max_message_bytes))
+            out.append(
+                _batch_message(
+                    message, grouped, produced_at_ms, max_message_bytes, topic_created_at_ms
+                )
+            )
         except SetuError as exc:
             raise type(exc)(f"messages[{index}]: {exc.message}") from None
     return out
 
 
 def _batch_message(
-    message: Any, grouped: bool, produced_at_ms: int, max_message_bytes: int
+    message: Any,
+    grouped: bool,
+    produced_at_ms: int,
+    max_message_bytes: int,
+    topic_created_at_ms: int,
 ) -> IngestRecord:
     # Runs once per message of every batch: checks are inlined where a call would cost more.
     if not isinstance(message, dict):
@@ -186,7 +213,15 @@ def _batch_message(
         check_body_size(len(body), max_message_bytes)
     # The Kafka key: the GroupId, else the MessageId (as Envelope.key).
     key = (group_id if group_id is not None else message_id).encode()
-    headers = ingest_headers(message_id, group_id, producer_id, sequence_id, extra, produced_at_ms)
+    headers = ingest_headers(
+        message_id,
+        group_id,
+        producer_id,
+        sequence_id,
+        extra,
+        produced_at_ms,
+        incarnation_for(producer_id, topic_created_at_ms),
+    )
     return IngestRecord(message_id, key, body, headers)
 
 

@@ -104,7 +104,11 @@ async def produce_one(
     try:
         body = await read_body(receive, s.settings.max_message_bytes, declared)
         envelope = single_envelope(
-            x_headers, body, grouped=entry.topic.grouped, produced_at_ms=now_ms()
+            x_headers,
+            body,
+            grouped=entry.topic.grouped,
+            produced_at_ms=now_ms(),
+            topic_created_at_ms=entry.topic.created_at_ms,
         )
     except SetuError:
         s.metrics.count_produced(project, topic, "rejected")
@@ -137,6 +141,7 @@ async def produce_many(
             produced_at_ms=now_ms(),
             max_message_bytes=s.settings.max_message_bytes,
             max_messages=s.settings.max_batch_messages,
+            topic_created_at_ms=entry.topic.created_at_ms,
         )
     except SetuError:
         s.metrics.count_produced(project, topic, "rejected")

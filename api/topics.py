@@ -22,6 +22,7 @@ from setu.headers import PRODUCER_ID, check_id
 from setu.model import Topic
 from setu.names import validate_name
 from state import keys
+from state.producer_marks import last_sequence
 
 router = APIRouter(prefix="/v1/projects/{project}/topics", tags=["topics"])
 
@@ -98,10 +99,10 @@ async def get_producer_mark(
 ) -> Response:
     s = services(request)
     check_id(PRODUCER_ID, producer_id, required=True)
-    await blocking(s.store.get_topic, project, topic)
+    found = await blocking(s.store.get_topic, project, topic)
     try:
         raw = await s.redis.hget(keys.producer_marks(project, topic), producer_id)
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
-    last = -1 if raw is None else int(raw)
+    last = last_sequence(raw, found.created_at_ms)
     return JSON({"producer_id": producer_id, "last_sequence_id": last})

@@ -24,6 +24,10 @@ H_FAILURE_REASON = "setu-failure-reason"
 H_LAST_STATUS = "setu-last-status"
 H_FAILED_AT = "setu-failed-at"
 H_MAIN_OFFSET = "setu-main-offset"
+# Which life of its topic a message with a producer id was produced to: the topic's creation
+# time. De-duplication state and producer marks of a deleted topic never judge or answer for
+# a topic created again under the same name (docs/ingest.md, "A topic created again").
+H_TOPIC_INCARNATION = "setu-topic-incarnation"
 # Why the ingest job set a record aside in its topic's ingest reject topic (spark.rejects)
 H_REJECT_REASON = "setu-reject-reason"
 
@@ -41,6 +45,7 @@ class Envelope:
     sequence_id: int | None = None
     headers: tuple[tuple[str, str], ...] = ()
     produced_at_ms: int = 0
+    topic_incarnation: int = 0
     ingest_partition: int | None = None
     ingest_offset: int | None = None
     main_offset: int | None = None
@@ -70,6 +75,8 @@ class Envelope:
             out.append((H_SEQUENCE_ID, str(self.sequence_id).encode()))
         if self.produced_at_ms:
             out.append((H_PRODUCED_AT, str(self.produced_at_ms).encode()))
+        if self.topic_incarnation:
+            out.append((H_TOPIC_INCARNATION, str(self.topic_incarnation).encode()))
         optional: tuple[tuple[str, object | None], ...] = (
             (H_INGEST_PARTITION, self.ingest_partition),
             (H_INGEST_OFFSET, self.ingest_offset),
@@ -111,6 +118,7 @@ class Envelope:
             sequence_id=num(H_SEQUENCE_ID),
             headers=tuple(extra),
             produced_at_ms=num(H_PRODUCED_AT) or 0,
+            topic_incarnation=num(H_TOPIC_INCARNATION) or 0,
             ingest_partition=num(H_INGEST_PARTITION),
             ingest_offset=num(H_INGEST_OFFSET),
             main_offset=num(H_MAIN_OFFSET),

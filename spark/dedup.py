@@ -14,6 +14,14 @@ partitions (what ``GET .../producers/{id}`` answers) is the max of its partition
 sequence under a *new* message id is dropped when the producer already went past it in that
 message's partition, and passes otherwise.
 
+A topic deleted and created again under the same name starts with no marks: every message
+with a producer id carries its topic's *incarnation* (the topic's creation time, stamped by the
+API), each mark remembers the incarnation it was built under, and the first message of a newer
+incarnation of a topic drops that topic's older marks before anything is judged. A message
+stamped with an older incarnation than its topic's marks (an API replica whose topic cache had
+not yet seen the new topic) is judged as one of the current incarnation. docs/ingest.md, "A
+topic created again", says why and what remains.
+
 The decisions depend only on the marks and the rows, so a replayed batch decides exactly as
 before. :func:`decide_batch` states the rule one message at a time; :func:`decide_frame` is the
 same rule over a whole frame in a few vectorised passes (what the job runs), and
@@ -39,6 +47,7 @@ ProducerKey = tuple[str, str]
 
 # The columns of the frame :func:`decide_frame` reads.
 TOPIC, PRODUCER, PARTITION, OFFSET, SEQUENCE = "topic", "producer", "partition", "offset", "seq"
+INCARNATION = "incarnation"
 
 
 @dataclass(slots=True)
@@ -49,6 +58,8 @@ class ProducerMark:
     """Ingest partition -> highest sequence accepted there."""
     last_seen_ms: int = 0
     """Batch time at which the producer last sent a message (for least-recently-seen eviction)."""
+    incarnation: int = 0
+    """The topic incarnation the mark was built under (0: before incarnations were stamped)."""
 
     @property
     def high(self) -> int:
@@ -120,7 +131,27 @@ def decide_batch(
 def copy_mark(mark: ProducerMark | None) -> ProducerMark:
     if mark is None:
         return ProducerMark()
-    return ProducerMark(dict(mark.partitions), mark.last_seen_ms)
+    return ProducerMark(dict(mark.partitions), mark.last_seen_ms, mark.incarnation)
+
+
+def current_marks(
+    known: Mapping[ProducerKey, ProducerMark], incarnations: Mapping[str, int]
+) -> tuple[dict[ProducerKey, ProducerMark], dict[str, int]]:
+    """The marks that still judge, given the highest incarnation of each topic in a batch.
+
+    Per topic the current incarnation is the highest of the batch's and the marks'; a mark
+    built under an older one belongs to a deleted life of the topic and is dropped. Returns
+    the marks kept and each batch topic's current incarnation."""
+    current = dict(incarnations)
+    for (topic, _), mark in known.items():
+        if topic in current and mark.incarnation > current[topic]:
+            current[topic] = mark.incarnation
+    kept = {
+        owner: mark
+        for owner, mark in known.items()
+        if owner[0] not in current or mark.incarnation >= current[owner[0]]
+    }
+    return kept, current
 
 
 def least_recently_seen(marks: Mapping[K, ProducerMark], keep: int) -> list[K]:
@@ -152,6 +183,8 @@ class FrameDecision:
     """Per row of the frame, by position: keep it (True) or drop it as a duplicate."""
     highs: dict[ProducerKey, int]
     marks: dict[ProducerKey, ProducerMark]
+    dropped: frozenset[ProducerKey] = frozenset()
+    """Stored marks of an older incarnation of their topic, to forget (:func:`current_marks`)."""
 
 
 def decide_frame(
@@ -215,6 +248,32 @@ def decide_frame(
     return FrameDecision(keep, highs, marks)
 
 
+def frame_incarnations(frame: pd.DataFrame) -> dict[str, int]:
+    """Per topic with a producer's row in ``frame``: the highest incarnation its rows carry
+    (column ``INCARNATION``; 0 for rows stamped before incarnations existed)."""
+    with_producer = frame[frame[PRODUCER].notna()]
+    if with_producer.empty:
+        return {}
+    highest = with_producer.groupby(TOPIC, sort=False)[INCARNATION].max()
+    return {str(topic): int(incarnation) for topic, incarnation in highest.items()}
+
+
+def decide_incarnated(
+    frame: pd.DataFrame, known: Mapping[ProducerKey, ProducerMark], now_ms: int
+) -> tuple[FrameDecision, dict[ProducerKey, tuple[int, int]]]:
+    """:func:`decide_frame` after dropping the marks of older topic incarnations
+    (:func:`current_marks`). The decision's marks carry their topic's current incarnation;
+    the second value is each producer's batch high as (incarnation, sequence), as the
+    producer marks in Redis are raised (:mod:`spark.marks`)."""
+    kept, current = current_marks(known, frame_incarnations(frame))
+    decision = decide_frame(frame, kept, now_ms)
+    for (topic, _), mark in decision.marks.items():
+        mark.incarnation = current[topic]
+    highs = {owner: (current[owner[0]], high) for owner, high in decision.highs.items()}
+    dropped = frozenset(known.keys() - kept.keys())
+    return FrameDecision(decision.keep, decision.highs, decision.marks, dropped), highs
+
+
 def _partition_mark(mark: ProducerMark | None, partition: int) -> int:
     return NO_SEQUENCE if mark is None else mark.partitions.get(partition, NO_SEQUENCE)
 
@@ -227,15 +286,22 @@ def live_marks(marks: Mapping[K, ProducerMark], now_ms: int, ttl_ms: int) -> dic
 def encode_marks(marks: Mapping[ProducerKey, ProducerMark]) -> str:
     """One bucket's marks as one state store value (JSON)."""
     return json.dumps(
-        [[t, p, m.last_seen_ms, sorted(m.partitions.items())] for (t, p), m in marks.items()],
+        [
+            [t, p, m.last_seen_ms, sorted(m.partitions.items()), m.incarnation]
+            for (t, p), m in marks.items()
+        ],
         separators=(",", ":"),
     )
 
 
 def decode_marks(text: str) -> dict[ProducerKey, ProducerMark]:
+    """Inverse of :func:`encode_marks`; a mark stored before incarnations has incarnation 0."""
     out: dict[ProducerKey, ProducerMark] = {}
     item: list[Any]
     for item in json.loads(text):
-        topic, producer, last_seen_ms, partitions = item
-        out[(topic, producer)] = ProducerMark(dict(map(tuple, partitions)), last_seen_ms)
+        topic, producer, last_seen_ms, partitions = item[:4]
+        incarnation = item[4] if len(item) > 4 else 0
+        out[(topic, producer)] = ProducerMark(
+            dict(map(tuple, partitions)), last_seen_ms, incarnation
+        )
     return out

@@ -63,6 +63,7 @@ from setu.envelope import (
     H_MESSAGE_ID,
     H_PRODUCER_ID,
     H_SEQUENCE_ID,
+    H_TOPIC_INCARNATION,
 )
 from setu.limits import MessageLimits
 from setu.names import INGEST_PATTERN, INGEST_REJECTS_SUFFIX, ingest_topic, parse_main_topic
@@ -72,6 +73,7 @@ from spark.metrics import CountsParam, IngestMetrics, TopicCounts
 from spark.processor import (
     BUCKET,
     BUCKETS,
+    INCARNATION,
     OFFSET,
     PARTITION,
     PRODUCER,
@@ -197,12 +199,14 @@ def with_identity(raw: DataFrame) -> DataFrame:
     """Source rows -> the columns the job works on, headers packed as JSON for the processor.
 
     The producer column is null unless both producer id and a valid sequence are present; the
-    sequence column is -1 where there is no valid sequence.
+    sequence column is -1 where there is no valid sequence, the incarnation column 0 where the
+    record carries none (:mod:`spark.dedup`).
     """
     # One map per row, then plain lookups: far cheaper than a filter lambda per header name.
     header = fn.map_from_entries(fn.col(RAW_HEADERS))
     sequence = header[H_SEQUENCE_ID].cast("string").try_cast("bigint")
     producer = fn.when(sequence.isNotNull(), header[H_PRODUCER_ID].cast("string"))
+    incarnation = header[H_TOPIC_INCARNATION].cast("string").try_cast("bigint")
     key = fn.coalesce(header[H_GROUP_ID], header[H_MESSAGE_ID], fn.col(KEY))
     rows = raw.select(
         fn.col(TOPIC),
@@ -214,6 +218,7 @@ def with_identity(raw: DataFrame) -> DataFrame:
         key.alias(KEY),
         producer.alias(PRODUCER),
         fn.coalesce(sequence, fn.lit(-1).cast("bigint")).alias(SEQUENCE),
+        fn.coalesce(incarnation, fn.lit(0).cast("bigint")).alias(INCARNATION),
     )
     bucket = fn.pmod(fn.xxhash64(TOPIC, PARTITION), fn.lit(BUCKETS)).cast("int")
     return rows.withColumn(BUCKET, bucket)

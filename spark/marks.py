@@ -1,9 +1,13 @@
 """Producer high marks in Redis: what ``GET .../producers/{producer_id}`` answers.
 
 After a batch is in the main log the job raises, per (topic, producer), the hash field
-``state.keys.producer_marks(project, topic)[producer]`` to the highest sequence the batch
-accepted. The raise is a max-guarded Lua script, so a replayed batch or a late writer never
-moves a mark backwards.
+``state.keys.producer_marks(project, topic)[producer]`` to ``"<incarnation>:<sequence>"``: the
+highest sequence the batch accepted, under the topic incarnation it was accepted in
+(:mod:`spark.dedup`). The raise is a Lua script that compares (incarnation, sequence) pairs, so
+a replayed batch or a late writer never moves a mark backwards, and a late batch of a deleted
+topic never overwrites the mark of the topic created again under its name (the API answers a
+mark only for its topic's current incarnation). A value without a colon is a mark written
+before incarnations (incarnation 0).
 """
 
 from __future__ import annotations
@@ -20,40 +24,55 @@ from state import keys
 
 log = logging.getLogger(__name__)
 
-# KEYS[1] = marks hash; ARGV = producer, sequence, producer, sequence, ...
+# KEYS[1] = marks hash; ARGV = producer, incarnation, sequence, producer, ...
 _RAISE = """
-for i = 1, #ARGV, 2 do
-  local current = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
-  if tonumber(ARGV[i + 1]) > current then
-    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+for i = 1, #ARGV, 3 do
+  local current = redis.call('HGET', KEYS[1], ARGV[i])
+  local incarnation, sequence = -1, -1
+  if current then
+    local colon = string.find(current, ':', 1, true)
+    if colon then
+      incarnation = tonumber(string.sub(current, 1, colon - 1))
+      sequence = tonumber(string.sub(current, colon + 1))
+    else
+      incarnation, sequence = 0, tonumber(current)
+    end
+  end
+  local new_incarnation, new_sequence = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  if new_incarnation > incarnation
+      or (new_incarnation == incarnation and new_sequence > sequence) then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1] .. ':' .. ARGV[i + 2])
   end
 end
 return 0
 """
 
-TopicMarks = dict[str, dict[str, int]]
-"""Ingest topic -> producer id -> highest accepted sequence."""
+Mark = tuple[int, int]
+"""(topic incarnation, highest accepted sequence): compared as a pair, incarnation first."""
+
+TopicMarks = dict[str, dict[str, Mark]]
+"""Ingest topic -> producer id -> its mark."""
 
 
-def by_topic(highs: Iterable[tuple[tuple[str, str], int]]) -> TopicMarks:
-    """Group ((ingest topic, producer), sequence) pairs by topic, keeping each producer's max."""
+def by_topic(highs: Iterable[tuple[tuple[str, str], Mark]]) -> TopicMarks:
+    """Group ((ingest topic, producer), mark) pairs by topic, keeping each producer's max."""
     out: TopicMarks = {}
-    for (topic, producer), sequence in highs:
+    for (topic, producer), mark in highs:
         per_topic = out.setdefault(topic, {})
-        if sequence > per_topic.get(producer, -1):
-            per_topic[producer] = sequence
+        if mark > per_topic.get(producer, (-1, -1)):
+            per_topic[producer] = mark
     return out
 
 
-ProducerHighs = dict[tuple[str, str], int]
-"""(ingest topic, producer) -> highest accepted sequence, as gathered in one batch."""
+ProducerHighs = dict[tuple[str, str], Mark]
+"""(ingest topic, producer) -> its mark, as gathered in one batch."""
 
 
-def merge_highs(into: ProducerHighs, other: Mapping[tuple[str, str], int]) -> ProducerHighs:
+def merge_highs(into: ProducerHighs, other: Mapping[tuple[str, str], Mark]) -> ProducerHighs:
     """Raise ``into`` to ``other``, in place. Order and repetition do not matter (max)."""
-    for producer, sequence in other.items():
-        if sequence > into.get(producer, -1):
-            into[producer] = sequence
+    for producer, mark in other.items():
+        if mark > into.get(producer, (-1, -1)):
+            into[producer] = mark
     return into
 
 
@@ -88,7 +107,7 @@ class MarkPublisher:
         self._patience_s = patience_s
         self._sleep = sleep
 
-    def publish(self, marks: Mapping[str, Mapping[str, int]]) -> None:
+    def publish(self, marks: Mapping[str, Mapping[str, Mark]]) -> None:
         """Raise every mark; raises redis errors once Redis stayed away for ``patience_s``
         (the batch then fails and is replayed)."""
         waited, pause = 0.0, 0.2
@@ -106,11 +125,11 @@ class MarkPublisher:
                 waited += pause
                 pause = min(pause * 2, 5.0)
 
-    def _publish(self, marks: Mapping[str, Mapping[str, int]]) -> None:
+    def _publish(self, marks: Mapping[str, Mapping[str, Mark]]) -> None:
         for ingest_topic, producers in marks.items():
             project, topic = parse_ingest_topic(ingest_topic)
             args: list[str | int] = []
-            for producer, sequence in producers.items():
-                args += [producer, sequence]
+            for producer, (incarnation, sequence) in producers.items():
+                args += [producer, incarnation, sequence]
             if args:
                 self._raise(keys=[keys.producer_marks(project, topic)], args=args)

@@ -6,10 +6,10 @@ function emits a bucket's kept rows in (topic, partition, offset) order. Since a
 one ingest partition, the rows of each group leave this step in ingest order, in one task, and
 the Kafka sink can write them as they come: no second shuffle, no sort.
 
-State per bucket: one value, the marks of every (topic, producer) seen in the bucket
-(:func:`spark.dedup.encode_marks`). It travels to Python with the bucket's rows and back with
-the output, in the same Arrow stream: one state read and one write per bucket and batch, none per
-producer.
+State per bucket: one value, the marks of every (topic, producer) seen in the bucket, each with
+the topic incarnation it was built under (:func:`spark.dedup.encode_marks`). It travels to
+Python with the bucket's rows and back with the output, in the same Arrow stream: one state read
+and one write per bucket and batch, none per producer.
 
 Bounds. A mark idle for ``dedup_ttl_seconds`` is dropped the next time its bucket is read, before
 any decision, so it never judges a message again; the TTL is measured in batch time, so a
@@ -32,12 +32,13 @@ from pyspark.accumulators import Accumulator
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from spark.dedup import (
+    INCARNATION,
     OFFSET,
     PARTITION,
     PRODUCER,
     SEQUENCE,
     TOPIC,
-    decide_frame,
+    decide_incarnated,
     decode_marks,
     encode_marks,
     least_recently_seen,
@@ -46,7 +47,16 @@ from spark.dedup import (
 from spark.marks import ProducerHighs
 from spark.metrics import TopicCounts
 
-__all__ = ["BUCKET", "BUCKETS", "OFFSET", "PARTITION", "PRODUCER", "SEQUENCE", "TOPIC"]
+__all__ = [
+    "BUCKET",
+    "BUCKETS",
+    "INCARNATION",
+    "OFFSET",
+    "PARTITION",
+    "PRODUCER",
+    "SEQUENCE",
+    "TOPIC",
+]
 
 BUCKETS = 32
 """Fixed for the life of a checkpoint: changing it would move producers away from their marks."""
@@ -109,15 +119,15 @@ class DedupFunction:
         now_ms = int(state.getCurrentProcessingTimeMs())
         stored = decode_marks(state.get[0]) if state.exists else {}
         known = live_marks(stored, now_ms, self.ttl_ms)
-        decision = decide_frame(frame, known, now_ms)
-        marks = known | decision.marks
+        decision, highs = decide_incarnated(frame, known, now_ms)
+        marks = {o: m for o, m in known.items() if o not in decision.dropped} | decision.marks
         for producer in least_recently_seen(marks, self.cap):
             del marks[producer]
         if marks:
             state.update((encode_marks(marks),))
         else:
             state.remove()
-        if decision.highs:
-            self.highs.add(decision.highs)
+        if highs:
+            self.highs.add(highs)
         self.counts.add(topic_counts(frame[TOPIC], decision.keep))
         yield frame.loc[decision.keep, self.output_columns]

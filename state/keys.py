@@ -92,7 +92,8 @@ def worker_stats(project: str, subscription: str) -> str:
 
 
 def producer_marks(project: str, topic: str) -> str:
-    """Hash producer_id -> highest sequence id accepted into the main log (written by ingest)."""
+    """Hash producer_id -> "<topic incarnation>:<highest sequence id accepted into the main
+    log>" (written by ingest; read with :mod:`state.producer_marks`)."""
     return f"{PREFIX}:producers:{{{project}.{topic}}}"
 
 

@@ -30,6 +30,7 @@ from spark import job
 from spark.marks import MarkPublisher
 from spark.metrics import IngestMetrics
 from state import keys
+from state.producer_marks import parse_mark
 
 
 def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 90.0) -> None:
@@ -141,8 +142,10 @@ class IngestWorld:
         sequence_id: int | None = None,
         timestamp_ms: int = 0,
         body: bytes | None = None,
+        incarnation: int = 0,
     ) -> None:
-        """Produce like the API does; ``timestamp_ms`` (0 = now) is the record's CreateTime."""
+        """Produce like the API does; ``timestamp_ms`` (0 = now) is the record's CreateTime,
+        ``incarnation`` the topic's creation time the API stamps."""
         envelope = Envelope(
             message_id=message_id,
             body=f"body of {message_id}".encode() if body is None else body,
@@ -150,6 +153,7 @@ class IngestWorld:
             producer_id=producer_id,
             sequence_id=sequence_id,
             headers=(("X_TRACE", message_id),),
+            topic_incarnation=incarnation,
         )
         self.producer.produce(
             names.ingest_topic(self.project, topic),
@@ -181,8 +185,23 @@ class IngestWorld:
         return MainLog(consumer)
 
     def mark(self, topic: str, producer_id: str) -> int | None:
+        """The producer's highest accepted sequence in Redis, whatever its incarnation."""
+        found = self.marked(topic, producer_id)
+        return None if found is None else found[1]
+
+    def marked(self, topic: str, producer_id: str) -> tuple[int, int] | None:
+        """The producer's mark in Redis as (topic incarnation, sequence)."""
         raw = self.redis.hget(keys.producer_marks(self.project, topic), producer_id)
-        return None if raw is None else int(raw)
+        return None if raw is None else parse_mark(raw)
+
+    def delete_topic(self, topic: str) -> None:
+        """The ingest topic and main log gone, as the API deletes them."""
+        gone = [names.ingest_topic(self.project, topic), names.main_topic(self.project, topic)]
+        for future in self.admin.delete_topics(gone).values():
+            future.result(timeout=30)
+        wait_for(
+            "topics to go", lambda: not set(gone) & set(self.admin.list_topics(timeout=10).topics)
+        )
 
     @contextmanager
     def running_job(

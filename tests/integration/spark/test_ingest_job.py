@@ -279,6 +279,32 @@ def batch_of(world: IngestWorld, messages: list[tuple[str, str]]) -> DataFrame:
     return world.spark.createDataFrame(rows, schema)
 
 
+def test_a_topic_deleted_and_created_again_starts_without_its_old_producers(
+    world: IngestWorld,
+) -> None:
+    # Given producer p's messages 0..4 on topic t (created at time 1), ingested
+    world.create_topic("t")
+    old = {f"old{seq}" for seq in range(5)}
+    with world.running_job(world.settings()):
+        for seq in range(5):
+            world.send("t", f"old{seq}", f"g{seq}", "p", seq, incarnation=1)
+        world.flush()
+        world.main_log("t").wait_for_ids(old)
+        wait_for("p's mark at 4", lambda: world.marked("t", "p") == (1, 4))
+        # When t is deleted and created again (at time 2) and p starts over from 0
+        world.delete_topic("t")
+        world.create_topic("t")
+        for seq in range(3):
+            world.send("t", f"new{seq}", f"g{seq}", "p", seq, incarnation=2)
+        world.flush()
+        # Then its new messages are not taken for duplicates of the old ones, and its mark
+        # is the new topic's
+        log = world.main_log("t")
+        log.wait_for_ids({"new0", "new1", "new2"})
+        wait_for("p's new mark", lambda: world.marked("t", "p") == (2, 2))
+    assert sorted(log.ids()) == ["new0", "new1", "new2"]
+
+
 def test_a_batch_holding_messages_of_a_topic_deleted_meanwhile_is_written_without_them(
     world: IngestWorld,
 ) -> None:

@@ -16,12 +16,13 @@ from api.messages import (
     batch_results,
     batch_status,
     decode_header_value,
+    incarnation_for,
     ingest_headers,
     parse_batch,
     scan_headers,
     single_envelope,
 )
-from setu.envelope import Envelope
+from setu.envelope import H_TOPIC_INCARNATION, Envelope
 from setu.errors import InvalidInput, PayloadTooLarge
 
 
@@ -196,6 +197,7 @@ ids = st.text(min_size=1, max_size=100)
     producer=st.none() | st.tuples(ids, st.integers(0, 2**63 - 1)),
     extra=st.lists(st.tuples(st.from_regex(r"X-[A-Za-z]{1,8}", fullmatch=True), st.text())),
     produced_at_ms=st.integers(0, 2**45),
+    created_at_ms=st.integers(0, 2**45),
 )
 def test_ingest_headers_are_exactly_the_envelopes(
     message_id: str,
@@ -203,8 +205,10 @@ def test_ingest_headers_are_exactly_the_envelopes(
     producer: tuple[str, int] | None,
     extra: list[tuple[str, str]],
     produced_at_ms: int,
+    created_at_ms: int,
 ) -> None:
     producer_id, sequence_id = producer or (None, None)
+    incarnation = incarnation_for(producer_id, created_at_ms)
     envelope = Envelope(
         message_id,
         b"",
@@ -213,9 +217,38 @@ def test_ingest_headers_are_exactly_the_envelopes(
         sequence_id=sequence_id,
         headers=tuple(extra),
         produced_at_ms=produced_at_ms,
+        topic_incarnation=incarnation,
     )
-    built = ingest_headers(message_id, group_id, producer_id, sequence_id, extra, produced_at_ms)
+    built = ingest_headers(
+        message_id, group_id, producer_id, sequence_id, extra, produced_at_ms, incarnation
+    )
     assert built == envelope.kafka_headers()
+    assert Envelope.from_kafka(built, b"") == envelope
+
+
+def test_only_a_message_with_a_producer_id_carries_its_topics_incarnation() -> None:
+    def produced(*x_headers: tuple[str, str]) -> Envelope:
+        return single_envelope(
+            [("x-message-id", "m1"), *x_headers],
+            b"",
+            grouped=False,
+            produced_at_ms=1,
+            topic_created_at_ms=1_700_000_000_000,
+        )
+
+    with_producer = produced(("x-producer-id", "p"), ("x-sequence-id", "3"))
+    assert with_producer.topic_incarnation == 1_700_000_000_000
+    assert (H_TOPIC_INCARNATION, b"1700000000000") in with_producer.kafka_headers()
+    assert produced().topic_incarnation == 0
+    [record] = parse_batch(
+        b'{"messages":[{"message_id":"m","producer_id":"p","sequence_id":1,"body":""}]}',
+        grouped=False,
+        produced_at_ms=1,
+        max_message_bytes=10,
+        max_messages=10,
+        topic_created_at_ms=7,
+    )
+    assert (H_TOPIC_INCARNATION, b"7") in record.headers
 
 
 def test_batch_results_name_each_message() -> None:

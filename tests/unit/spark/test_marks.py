@@ -11,23 +11,32 @@ from spark.marks import HighsParam, MarkPublisher, by_topic, merge_highs
 
 
 def test_merge_keeps_the_highest_sequence_per_producer() -> None:
-    into = {("t", "a"): 5, ("t", "b"): 1}
-    merge_highs(into, {("t", "a"): 3, ("t", "b"): 4, ("u", "a"): 0})
-    assert into == {("t", "a"): 5, ("t", "b"): 4, ("u", "a"): 0}
+    into = {("t", "a"): (1, 5), ("t", "b"): (1, 1)}
+    merge_highs(into, {("t", "a"): (1, 3), ("t", "b"): (1, 4), ("u", "a"): (1, 0)})
+    assert into == {("t", "a"): (1, 5), ("t", "b"): (1, 4), ("u", "a"): (1, 0)}
+
+
+def test_a_newer_topic_incarnation_wins_over_a_higher_sequence() -> None:
+    # A late batch of a deleted topic and the first batch of the topic created again
+    into = {("t", "a"): (1, 50)}
+    merge_highs(into, {("t", "a"): (2, 3)})
+    assert into == {("t", "a"): (2, 3)}
+    merge_highs(into, {("t", "a"): (1, 60)})
+    assert into == {("t", "a"): (2, 3)}
 
 
 def test_accumulator_is_indifferent_to_retried_tasks() -> None:
     # Given a task's highs added twice (a retried task), in either order
     param = HighsParam()
-    task = {("t", "a"): 7}
+    task = {("t", "a"): (1, 7)}
     once = param.addInPlace(param.zero({}), task)
     twice = param.addInPlace(param.addInPlace(param.zero({}), task), dict(task))
-    assert once == twice == {("t", "a"): 7}
+    assert once == twice == {("t", "a"): (1, 7)}
 
 
 def test_highs_are_grouped_by_ingest_topic() -> None:
-    highs = [(("setu.p.t.ingest", "a"), 3), (("setu.p.u.ingest", "a"), 1)]
-    assert by_topic(highs) == {"setu.p.t.ingest": {"a": 3}, "setu.p.u.ingest": {"a": 1}}
+    highs = [(("setu.p.t.ingest", "a"), (1, 3)), (("setu.p.u.ingest", "a"), (2, 1))]
+    assert by_topic(highs) == {"setu.p.t.ingest": {"a": (1, 3)}, "setu.p.u.ingest": {"a": (2, 1)}}
 
 
 class FlakyRedis:
@@ -52,9 +61,9 @@ def test_publishing_marks_waits_out_a_redis_restart() -> None:
     slept: list[float] = []
     publisher = MarkPublisher(client, sleep=slept.append)  # type: ignore[arg-type]
     # When a batch's marks are published
-    publisher.publish({"setu.p.t.ingest": {"p1": 7}})
+    publisher.publish({"setu.p.t.ingest": {"p1": (5, 7)}})
     # Then they are, after two growing pauses, and the batch goes on
-    assert client.calls == [(["setu:producers:{p.t}"], ["p1", 7])]
+    assert client.calls == [(["setu:producers:{p.t}"], ["p1", 5, 7])]
     assert slept == [0.2, 0.4]
 
 
@@ -62,4 +71,4 @@ def test_publishing_marks_gives_up_once_redis_stays_away() -> None:
     client = FlakyRedis([redis.ConnectionError("refused")] * 100)
     publisher = MarkPublisher(client, patience_s=1.0, sleep=lambda s: None)  # type: ignore[arg-type]
     with pytest.raises(redis.ConnectionError):
-        publisher.publish({"setu.p.t.ingest": {"p1": 7}})
+        publisher.publish({"setu.p.t.ingest": {"p1": (5, 7)}})

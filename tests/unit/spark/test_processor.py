@@ -13,7 +13,7 @@ from spark.marks import ProducerHighs, merge_highs
 from spark.metrics import TopicCounts, add_counts
 from spark.processor import BUCKETS, DedupFunction
 
-COLUMNS = ["topic", "partition", "offset", "value", "producer", "seq"]
+COLUMNS = ["topic", "partition", "offset", "value", "producer", "seq", "incarnation"]
 OUTPUT = ["topic", "partition", "offset", "value"]
 
 
@@ -62,8 +62,9 @@ class FakeCounts:
 def run(
     function: DedupFunction, state: FakeState, rows: list[tuple[Any, ...]]
 ) -> list[tuple[Any, ...]]:
-    """Feed ``rows`` as two Arrow-sized chunks, as Spark may; return the emitted rows."""
-    frame = pd.DataFrame(rows, columns=COLUMNS)
+    """Feed ``rows`` as two Arrow-sized chunks, as Spark may; return the emitted rows. A row
+    without an incarnation has incarnation 0."""
+    frame = pd.DataFrame([row + (0,) * (len(COLUMNS) - len(row)) for row in rows], columns=COLUMNS)
     chunks: Iterator[pd.DataFrame] = iter(
         [frame.iloc[: len(rows) // 2], frame.iloc[len(rows) // 2 :]]
     )
@@ -105,7 +106,7 @@ def test_bucket_rows_leave_deduplicated_in_log_order() -> None:
         ("t", 1, 0, b"b0"),
         ("t", 1, 1, b"free"),
     ]
-    assert highs.value == {("t", "p"): 1}
+    assert highs.value == {("t", "p"): (0, 1)}
     assert decode_marks(state.get[0]) == {("t", "p"): ProducerMark({0: 1, 1: 0}, 1000)}
 
 
@@ -164,3 +165,41 @@ def test_kept_and_dropped_rows_are_counted_per_topic() -> None:
     run(function, FakeState(now_ms=2), [("u", 1, 2, b"z", None, -1)])
     # Then each topic's kept and dropped rows are counted
     assert counts.value == {"t": (2, 1), "u": (3, 0)}
+
+
+def test_a_topic_created_again_starts_with_none_of_its_old_marks() -> None:
+    # Given marks of producers p and q on topic t as first created (incarnation 1), and of p
+    # on topic u
+    function, highs = dedup()
+    old = {
+        ("t", "p"): ProducerMark({0: 50}, 1000, 1),
+        ("t", "q"): ProducerMark({0: 50}, 1000, 1),
+        ("u", "p"): ProducerMark({0: 50}, 1000, 1),
+    }
+    state = FakeState(now_ms=2000, value=(encode_marks(old),))
+    # When t, deleted and created again (incarnation 2), gets q's first messages
+    out = run(function, state, [("t", 0, 0, b"q1", "q", 1, 2), ("t", 0, 1, b"q2", "q", 2, 2)])
+    # Then they pass, q's mark starts over under incarnation 2, p's mark on the old t is
+    # gone, and u is untouched
+    assert [r[3] for r in out] == [b"q1", b"q2"]
+    assert highs.value == {("t", "q"): (2, 2)}
+    assert decode_marks(state.get[0]) == {
+        ("t", "q"): ProducerMark({0: 2}, 2000, 2),
+        ("u", "p"): ProducerMark({0: 50}, 1000, 1),
+    }
+
+
+def test_an_older_stamp_is_judged_as_the_topics_current_incarnation() -> None:
+    # Given p's mark at 5 under incarnation 2 of t
+    function, highs = dedup()
+    state = FakeState(now_ms=2000, value=(encode_marks({("t", "p"): ProducerMark({0: 5}, 1, 2)}),))
+    # When messages stamped with incarnation 1 arrive (an API replica that had not yet seen t
+    # created again)
+    out = run(function, state, [("t", 0, 7, b"dup", "p", 5, 1), ("t", 0, 8, b"new", "p", 6, 1)])
+    # Then they are de-duplicated against incarnation 2's mark, which they raise
+    assert [r[3] for r in out] == [b"new"]
+    assert highs.value == {("t", "p"): (2, 6)}
+
+
+def test_marks_stored_before_incarnations_read_as_incarnation_0() -> None:
+    assert decode_marks('[["t","p",7,[[0,5]]]]') == {("t", "p"): ProducerMark({0: 5}, 7, 0)}
