@@ -21,14 +21,17 @@ from cli.ports import PortBook
 from cli.probes import NotReady, StopRequested, http_ok, wait_until
 from cli.processes import EXIT_NOT_AVAILABLE, ChildSpec, tail
 from cli.services import DEFAULT_PORTS, SETUP_ERRORS, PortPlan, start_kafka, start_redis
+from cli.spark_local import LocalSparkCluster
 from cli.stack import Report, Stack, death_reason, stop_on_signals
 from setu.clock import now_ms
-from setu.settings import Settings
+from setu.settings import Settings, is_local_master
 from state.ingest_status import ingest_view, read_status
 
 DEFAULT_API_PORT = 8080
 # Where the ingest job and the delivery worker serve /metrics (the chart's ports).
 DEFAULT_METRICS_PORTS = {"ingest_metrics": 9465, "delivery_metrics": 9464}
+# A local Spark cluster's master (Spark's usual port) and its web UI.
+DEFAULT_SPARK_PORTS = {"spark_master": 7077, "spark_ui": 8090}
 
 
 class MigrationFailed(Exception):
@@ -76,6 +79,9 @@ def summary(
     """The lines printed once the stack is up."""
     api_line = f"{api_url}  (docs {api_url}/docs)" if api_up else f"{api_url}  (not up: see logs)"
     ingest_line = "running" if ingest_up else f"not running yet: see {logs / 'ingest.log'}"
+    master = env.get("SETU_SPARK_MASTER")
+    if master and not is_local_master(master):
+        ingest_line += f" (on the Spark cluster {master})"
     metrics = [f"{api_url}/metrics"] + [
         f"{name} http://127.0.0.1:{env[key]}/metrics"
         for name, key in (
@@ -156,7 +162,17 @@ def _start(
         }.items()
         if port is not None
     }
-    defaults = {**DEFAULT_PORTS, "api": DEFAULT_API_PORT, **DEFAULT_METRICS_PORTS}
+    explicit.update(
+        (name, port)
+        for name, port in (("spark_master", dev.spark_master_port), ("spark_ui", dev.spark_ui_port))
+        if port is not None
+    )
+    defaults = {
+        **DEFAULT_PORTS,
+        "api": DEFAULT_API_PORT,
+        **DEFAULT_METRICS_PORTS,
+        **DEFAULT_SPARK_PORTS,
+    }
     ports = PortPlan(explicit, book.load(), defaults, {})
     timeout = dev.ready_timeout_s
     kafka = settings.kafka_bootstrap
@@ -169,6 +185,18 @@ def _start(
     if redis_url is None:
         report("starting Redis")
         redis_url = start_redis(stack, data_dir / "redis", logs / "redis.log", ports, timeout)
+    spark_master = None
+    if dev.spark_workers > 0:
+        cluster = LocalSparkCluster(
+            data_dir / "spark" / "cluster",
+            port=ports.take("spark_master"),
+            ui_port=ports.take("spark_ui"),
+            workers=dev.spark_workers,
+            memory=dev.spark_worker_memory,
+        )
+        report(f"starting a Spark cluster: a master and {dev.spark_workers} worker(s)")
+        start_spark_cluster(stack, cluster, logs, timeout)
+        spark_master = cluster.master_url
     api_port = ports.take("api")
     ingest_metrics, delivery_metrics = ports.take("ingest_metrics"), ports.take("delivery_metrics")
     book.save(ports.chosen)
@@ -183,10 +211,26 @@ def _start(
         ingest_metrics,
         delivery_metrics,
     )
+    if spark_master is not None:
+        overrides["SETU_SPARK_MASTER"] = spark_master
     env = {**os.environ, **overrides}
     report("running migrations")
     run_migrations(env, logs / "migrate.log", report)
     return env, f"http://{settings.api_host}:{api_port}"
+
+
+def start_spark_cluster(
+    stack: Stack, cluster: LocalSparkCluster, logs: Path, timeout_s: float
+) -> None:
+    """Starts the master and the workers (supervised like every child); returns once every
+    worker has registered with the master."""
+    env = dict(os.environ)
+    stack.start(cluster.master_spec(logs / "spark-master.log", env))
+    for index in range(cluster.workers):
+        stack.start(cluster.worker_spec(index, logs / f"spark-worker-{index}.log", env))
+    wait_until(
+        lambda: cluster.alive_workers() >= cluster.workers, "spark workers", timeout_s, stack.stop
+    )
 
 
 def _start_processes(

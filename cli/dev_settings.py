@@ -20,5 +20,11 @@ class DevSettings(BaseSettings):
     kafka_controller_port: int | None = None
     redis_port: int | None = None
     kafka_heap: str = "512m"
+    # Run the ingest job on a local Spark standalone cluster of this many workers (one core
+    # and ``spark_worker_memory`` each) instead of inside its own process (0).
+    spark_workers: int = 0
+    spark_worker_memory: str = "1g"
+    spark_master_port: int | None = None
+    spark_ui_port: int | None = None
     # Kafka, Spark and the API share two cores at start-up: be patient.
     ready_timeout_s: float = 120.0

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from cli import commands
 from cli.commands import NotInstalled
+from cli.dev_settings import DevSettings
 from cli.maven import FetchFailed
 from cli.processes import EXIT_NOT_AVAILABLE
 from setu.settings import Settings
@@ -52,7 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     dev = sub.add_parser("dev", help="the whole stack on this machine")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True, metavar="ACTION")
-    dev_sub.add_parser("up", help="run everything until Ctrl-C (data under SETU_DATA_DIR)")
+    up = dev_sub.add_parser("up", help="run everything until Ctrl-C (data under SETU_DATA_DIR)")
+    up.add_argument(
+        "--spark-workers",
+        type=_workers,
+        metavar="N",
+        help="run ingest on a local Spark standalone cluster of N workers (SETU_DEV_SPARK_WORKERS)",
+    )
 
     services = sub.add_parser("services", help="throwaway Kafka, Redis, PostgreSQL for tests")
     services_sub = services.add_subparsers(dest="services_command", required=True, metavar="ACTION")
@@ -64,8 +71,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _workers(text: str) -> int:
+    count = int(text)
+    if count < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return count
+
+
 def say(line: str) -> None:
     print(line, flush=True)
+
+
+def dev_settings(args: argparse.Namespace) -> DevSettings:
+    """``SETU_DEV_*``, with ``--spark-workers`` winning over its variable."""
+    dev = DevSettings()
+    if args.spark_workers is not None:
+        dev = dev.model_copy(update={"spark_workers": args.spark_workers})
+    return dev
 
 
 def dispatch(args: argparse.Namespace, settings: Settings) -> int:
@@ -82,12 +104,10 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return commands.check_migrate(settings) if args.check else commands.run_migrate(settings)
     if command == "fetch":
         return commands.fetch_jars(settings, kafka=not args.spark_only)
-    from cli.dev_settings import DevSettings
-
     if command == "dev":
         from cli.dev import dev_up
 
-        return dev_up(settings, DevSettings(), say)
+        return dev_up(settings, dev_settings(args), say)
     if command == "services":
         from cli.testbed import testbed
 

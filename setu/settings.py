@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     spark_version: str = "4.2.0"
     spark_jars: str | None = None
     spark_checkpoint_dir: str | None = None
+    # More Spark properties for the ingest job, as a JSON object (they win over Setu's own):
+    # executor memory and cores on a cluster, a checkpoint file system's credentials, ...
+    spark_conf: dict[str, str] = Field(default_factory=dict)
     spark_trigger_ms: int = 250
     spark_max_offsets_per_trigger: int = 200_000
     spark_shuffle_partitions: int = 2
@@ -85,3 +88,9 @@ class Settings(BaseSettings):
         if self.spark_checkpoint_dir:
             return self.spark_checkpoint_dir
         return str((self.data_dir / "spark" / "checkpoint").resolve())
+
+
+def is_local_master(master: str) -> bool:
+    """``local``, ``local[N]`` and the like: Spark inside the job's process, no executors
+    elsewhere."""
+    return master.startswith("local")

@@ -36,12 +36,15 @@ state in memory and writes one small delta file per batch. A checkpoint written 
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import re
 import signal
+import sys
 import threading
 import time
+import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import FrameType
@@ -67,7 +70,7 @@ from setu.envelope import (
 )
 from setu.limits import MessageLimits
 from setu.names import INGEST_PATTERN, INGEST_REJECTS_SUFFIX, ingest_topic, parse_main_topic
-from setu.settings import Settings
+from setu.settings import Settings, is_local_master
 from spark.marks import HighsParam, MarkPublisher, ProducerHighs, by_topic
 from spark.metrics import CountsParam, IngestMetrics, TopicCounts
 from spark.processor import (
@@ -172,9 +175,33 @@ def session_config(settings: Settings) -> dict[str, str]:
         conf["spark.sql.streaming.checkpointFileManagerClass"] = LOCAL_CHECKPOINT_FILE_MANAGER
     if settings.spark_jars:
         conf["spark.jars"] = settings.spark_jars
-    if settings.spark_master.startswith("local"):
+    if is_local_master(settings.spark_master):
         conf["spark.ui.enabled"] = "false"
+    else:
+        # Executors run the Python of their machine; the same interpreter path is the usual
+        # case (one image for driver and executors), and SETU_SPARK_CONF can say otherwise.
+        conf["spark.pyspark.python"] = sys.executable
+    conf.update(settings.spark_conf)
     return conf
+
+
+# The packages the executors import (the dedup function and the accumulators' types).
+SHIPPED_PACKAGES = ("setu", "spark", "state")
+
+
+def ship_code(spark: SparkSession, folder: Path) -> Path:
+    """Sends this job's own code to the executors of a cluster, so that they run exactly the
+    driver's version of it (their Python needs Setu's dependencies, not Setu itself): a zip of
+    :data:`SHIPPED_PACKAGES` written to ``folder``, added with ``addPyFile``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    archive = folder / "setu-ingest.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as out:
+        for name in SHIPPED_PACKAGES:
+            package = Path(importlib.import_module(name).__path__[0])
+            for source in sorted(package.rglob("*.py")):
+                out.write(source, f"{name}/{source.relative_to(package)}")
+    spark.sparkContext.addPyFile(str(archive))
+    return archive
 
 
 def is_local_path(path: str) -> bool:
@@ -183,10 +210,14 @@ def is_local_path(path: str) -> bool:
 
 
 def build_session(settings: Settings) -> SparkSession:
+    """The job's session; on a cluster, with this job's code shipped to the executors."""
     builder = SparkSession.builder
     for key, value in session_config(settings).items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    if not is_local_master(settings.spark_master):
+        ship_code(spark, settings.data_dir.resolve() / "spark")
+    return spark
 
 
 def _bootstrap(settings: Settings) -> str:

@@ -49,6 +49,41 @@ def test_a_remote_checkpoint_keeps_spark_default_file_manager() -> None:
     assert MANAGER not in conf
 
 
+def test_on_a_cluster_the_executors_run_this_python_and_spark_conf_has_the_last_word() -> None:
+    import sys
+
+    conf = session_config(
+        Settings(
+            spark_master="spark://master:7077",
+            spark_conf={"spark.executor.memory": "4g", "spark.sql.shuffle.partitions": "8"},
+        )
+    )
+    assert conf["spark.pyspark.python"] == sys.executable
+    assert conf["spark.executor.memory"] == "4g"
+    assert conf["spark.sql.shuffle.partitions"] == "8"
+    assert "spark.pyspark.python" not in session_config(Settings(spark_master="local[2]"))
+
+
+def test_the_code_shipped_to_executors_holds_every_module_they_import(tmp_path: Path) -> None:
+    import zipfile
+
+    class Context:
+        added: list[str] = []
+
+        def addPyFile(self, path: str) -> None:  # noqa: N802 (Spark's name)
+            self.added.append(path)
+
+    class Session:
+        sparkContext = Context()  # noqa: N815 (Spark's name)
+
+    archive = job.ship_code(Session(), tmp_path)  # type: ignore[arg-type]
+    assert Session.sparkContext.added == [str(archive)]
+    names = set(zipfile.ZipFile(archive).namelist())
+    # The dedup function and the accumulators' types, and what they import
+    assert {"spark/processor.py", "spark/dedup.py", "spark/marks.py", "spark/metrics.py"} <= names
+    assert {"setu/names.py", "setu/metrics.py", "state/keys.py", "setu/__init__.py"} <= names
+
+
 def state_metadata(checkpoint: Path, operator: str, version: int = 1) -> None:
     """A state metadata file as Spark writes it into a checkpoint: format v1 in one file;
     v2 (transformWithState operators) in one file per batch."""
