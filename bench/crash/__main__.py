@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shared", action="store_true", help="use SETU_TEST_* Kafka and Redis")
     parser.add_argument("--database-url", help="default: SQLite in the work folder")
     parser.add_argument("--seed", type=int)
+    parser.add_argument(
+        "--spark-workers",
+        type=int,
+        default=0,
+        help="run ingest on a local Spark cluster of N workers, and kill them too",
+    )
     return parser
 
 
@@ -79,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         database_url=args.database_url,
         min_kill_events=args.min_kills,
         drain_timeout_s=600.0,
+        spark_workers=args.spark_workers,
     )
     if args.seed is not None:
         config = dataclasses.replace(config, seed=args.seed)

@@ -36,6 +36,7 @@ from bench.crash.journal import read_entries
 from bench.crash.plan import PlanShape, make_plan
 from bench.crash.setu_api import SetuApi
 from bench.crash.stack import (
+    SPARK_EXECUTOR_CONF,
     ProduceShape,
     StackLayout,
     migrate_argv,
@@ -45,6 +46,8 @@ from bench.crash.stack import (
     receiver_spec,
     setu_env,
     setu_specs,
+    spark_cluster,
+    spark_specs,
 )
 from setu import names
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES
@@ -85,6 +88,9 @@ class RunConfig:
     signing_secret: str | None = DEFAULT_SECRET
     seed: int = field(default_factory=lambda: random.randrange(2**31))
     extra_env: dict[str, str] = field(default_factory=dict)
+    # 0: the ingest job runs Spark in its own process (local[2]). N: on a local standalone
+    # cluster of N one-core workers, which the chaos loop kills too (cluster mode).
+    spark_workers: int = 0
 
 
 def migrate(layout: StackLayout) -> None:
@@ -170,6 +176,7 @@ class CrashRun:
                 raise ValueError("without own_brokers, kafka_bootstrap and redis_url are needed")
             kafka, redis_url = config.kafka_bootstrap, config.redis_url
         database = config.database_url or f"sqlite:///{config.workdir / 'setu.db'}"
+        spark_env = await self._start_spark_cluster() if config.spark_workers else {}
         return StackLayout(
             workdir=config.workdir,
             api_port=free_port(),
@@ -178,8 +185,25 @@ class CrashRun:
             redis_url=redis_url,
             database_url=database,
             workers=config.workers,
-            extra_env={**self._ingest_scope(), **config.extra_env},
+            extra_env={**self._ingest_scope(), **spark_env, **config.extra_env},
         )
+
+    async def _start_spark_cluster(self) -> dict[str, str]:
+        """A master (never killed) and ``spark_workers`` workers (killed like any component,
+        each with its executor); the variables that put the ingest job on them."""
+        cluster = spark_cluster(self.config.workdir, self.config.spark_workers, free_port)
+        for spec in spark_specs(cluster, self.config.workdir):
+            self._start(spec)
+        self._log(f"starting a Spark cluster of {cluster.workers} worker(s)")
+        await self._await(
+            lambda: cluster.alive_workers() == cluster.workers,
+            "spark workers",
+            self.config.startup_timeout_s,
+        )
+        return {
+            "SETU_SPARK_MASTER": cluster.master_url,
+            "SETU_SPARK_CONF": orjson.dumps(SPARK_EXECUTOR_CONF).decode(),
+        }
 
     def _ingest_scope(self) -> dict[str, str]:
         """Keeps the ingest job to this run's topic: on a shared broker, reading every other

@@ -11,15 +11,20 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.crash.chaos import ComponentSpec
+from cli.processes import ChildSpec
+from cli.spark_local import LocalSparkCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Up this long before a component may be killed again: Spark needs a while to start, and a
 # killed broker takes everything down with it for its restart (~20 s), so it dies less often.
-MIN_UPTIME_S = {"api": 2.0, "ingest": 25.0, "deliver": 3.0, "producer": 2.0}
+MIN_UPTIME_S = {"api": 2.0, "ingest": 25.0, "deliver": 3.0, "producer": 2.0, "spark": 30.0}
+# Each executor of the cluster mode: one core, a small heap (the state is small).
+SPARK_EXECUTOR_CONF = {"spark.executor.memory": "512m", "spark.executor.cores": "1"}
 BROKER_MIN_UPTIME_S = {"kafka": 120.0, "redis": 45.0}
 
 
@@ -196,3 +201,34 @@ def producer_journal(layout: StackLayout) -> Path:
 
 def receiver_journal(layout: StackLayout) -> Path:
     return layout.workdir / "receiver.journal"
+
+
+def spark_cluster(workdir: Path, workers: int, port: Callable[[], int]) -> LocalSparkCluster:
+    return LocalSparkCluster(
+        workdir / "spark-cluster", port=port(), ui_port=port(), workers=workers, memory="1g"
+    )
+
+
+def spark_specs(cluster: LocalSparkCluster, workdir: Path) -> list[ComponentSpec]:
+    """The master, out of chaos's reach (it only schedules, and a standalone master has no
+    state to recover without ZooKeeper), and the workers, killed like any component: a kill
+    takes the worker's executor with it."""
+    logs = workdir / "logs"
+    master = cluster.master_spec(logs / "spark-master.log", base_env())
+    specs = [_component(master, workdir, chaos=False)]
+    for index in range(cluster.workers):
+        worker = cluster.worker_spec(index, logs / f"spark-worker-{index}.log", base_env())
+        specs.append(_component(worker, workdir, chaos=True))
+    return specs
+
+
+def _component(child: ChildSpec, workdir: Path, *, chaos: bool) -> ComponentSpec:
+    return ComponentSpec(
+        name=child.name,
+        argv=child.argv,
+        env=dict(child.env or {}),
+        cwd=workdir,
+        log_path=child.log_path,
+        chaos=chaos,
+        min_uptime_s=MIN_UPTIME_S["spark"],
+    )
