@@ -9,6 +9,7 @@ from pathlib import Path
 
 from cli.processes import EXIT_NOT_AVAILABLE, Child, ChildSpec
 from cli.supervisor import Supervisor, restart_delay
+from tests.waiting import wait_for
 
 
 def alive(pid: int) -> bool:
@@ -19,13 +20,6 @@ def alive(pid: int) -> bool:
     # A zombie still answers kill(0); it no longer runs.
     state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     return state != "Z"
-
-
-def wait_for(condition: object, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def python_child(tmp_path: Path, code: str, **spec: object) -> Child:
@@ -48,7 +42,7 @@ def test_a_child_that_ignores_sigterm_is_killed_after_its_timeout(tmp_path: Path
         stop_timeout_s=1.0,
     )
     child.start()
-    wait_for(lambda: "ready" in (tmp_path / "child.log").read_text())
+    wait_for("the child ready", lambda: "ready" in (tmp_path / "child.log").read_text())
     # When it is stopped
     started = time.monotonic()
     child.stop()
@@ -69,18 +63,18 @@ def test_stopping_a_child_also_stops_what_it_started(tmp_path: Path) -> None:
         stop_timeout_s=1.0,
     )
     child.start()
-    wait_for(lambda: pid_file.exists() and pid_file.read_text() != "")
+    wait_for("the pid file", lambda: pid_file.exists() and pid_file.read_text() != "")
     grandchild = int(pid_file.read_text())
     # When the child is stopped
     child.stop()
     # Then the grandchild is gone too
-    wait_for(lambda: not alive(grandchild), timeout_s=5)
+    wait_for("the grandchild gone", lambda: not alive(grandchild), timeout_s=5)
 
 
 def test_the_output_of_a_child_goes_to_its_log(tmp_path: Path) -> None:
     child = python_child(tmp_path, "import sys; print('out'); print('err', file=sys.stderr)")
     child.start()
-    wait_for(lambda: child.exit_code() is not None)
+    wait_for("the child to exit", lambda: child.exit_code() is not None, 10)
     assert child.log_tail(2).splitlines() == ["out", "err"]
 
 
@@ -98,7 +92,7 @@ def test_a_child_that_dies_is_restarted_and_reported(tmp_path: Path) -> None:
         supervisor.poll()
         return counter.exists() and len(counter.read_text()) >= 2
 
-    wait_for(restarted, timeout_s=10)
+    wait_for("the restart", restarted, timeout_s=10)
     # Then it was started again, and its exit was reported with the code
     assert any("exited with code 1" in line for line in reports)
 
@@ -110,7 +104,7 @@ def test_a_child_whose_module_is_missing_is_not_restarted(tmp_path: Path) -> Non
     supervisor = Supervisor(reports.append)
     child.start()
     supervisor.watch(child)
-    wait_for(lambda: child.exit_code() is not None)
+    wait_for("the child to exit", lambda: child.exit_code() is not None, 10)
     # When it is polled past the first restart delay
     supervisor.poll()
     time.sleep(restart_delay(1) + 0.5)

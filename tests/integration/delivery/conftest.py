@@ -33,17 +33,9 @@ from setu.settings import Settings
 from state import keys, migrate
 from state.kafka_admin import KafkaTopics
 from state.metadata import MetadataStore
+from tests.waiting import wait_for as wait_for
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    """Polls ``condition`` until it holds; fails naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ never read or write topics of anyone else on the shared broker.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -31,15 +30,12 @@ from spark.marks import MarkPublisher
 from spark.metrics import IngestMetrics
 from state import keys
 from state.producer_marks import parse_mark
+from tests import waiting
 
 
-def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 90.0) -> None:
-    """Polls ``condition`` until it holds; fails naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.2)
+def wait_for(what: str, condition: Callable[[], object], timeout_s: float = 90.0) -> None:
+    """:func:`tests.waiting.wait_for` with the patience a Spark batch needs on two cores."""
+    waiting.wait_for(what, condition, timeout_s, every_s=0.2)
 
 
 @pytest.fixture(scope="session")

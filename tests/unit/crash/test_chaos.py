@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.crash.chaos import Candidate, Chaos, Component, ComponentSpec, EventLog, choose_victim
+from tests.waiting import wait_for
 
 
 @pytest.mark.parametrize(
@@ -66,14 +67,6 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def wait_for(condition: object, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
-
-
 # Starts a child that writes its pid to a file, then both sleep: a driver with its JVM.
 PARENT_WITH_CHILD = (
     "import subprocess, sys, time\n"
@@ -88,13 +81,17 @@ def test_kill_takes_down_the_whole_process_group(tmp_path: Path) -> None:
     # Given a component whose process started a child
     component = Component(spec(tmp_path, "spark", PARENT_WITH_CHILD), EventLog())
     component.start()
-    wait_for(lambda: (tmp_path / "child.pid").exists() and (tmp_path / "child.pid").read_text())
+    wait_for(
+        "the child pid",
+        lambda: (tmp_path / "child.pid").exists() and (tmp_path / "child.pid").read_text(),
+        5,
+    )
     child = int((tmp_path / "child.pid").read_text())
     # When it is killed
     component.kill()
     # Then the child is gone too
     assert not component.alive
-    wait_for(lambda: not pid_alive(child))
+    wait_for("the child gone", lambda: not pid_alive(child), 5)
     assert "up" in (tmp_path / "spark.log").read_text()
 
 
