@@ -698,6 +698,7 @@ class SubscriptionRunner:
             "in_flight": sum(p.engine.in_flight for p in self.ports.values()),
             "retry_backlog": sum(p.engine.retry_backlog() for p in self.ports.values()),
             "partitions": sorted(self.ports),
+            "paused": not self.gate.is_set(),
             "at": now_ms(),
         }
         key = keys.worker_stats(self.sub.project, self.sub.name)

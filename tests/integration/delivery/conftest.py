@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import socket
 import subprocess
@@ -40,6 +41,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 @dataclass(frozen=True)
 class Call:
+    path: str
     message_id: str
     group: str | None
     attempt: int
@@ -96,13 +98,16 @@ class Receiver:
         with self.lock:
             self.calls.append(call)
 
-    def delivered(self, group: str | None = None) -> list[str]:
-        """Message ids answered 2xx, in the order they arrived (repeats included)."""
+    def delivered(self, group: str | None = None, path: str | None = None) -> list[str]:
+        """Message ids answered 2xx (at ``path`` only, given one), in the order they arrived
+        (repeats included)."""
         with self.lock:
             return [
                 c.message_id
                 for c in self.calls
-                if 200 <= c.status < 300 and (group is None or c.group == group)
+                if 200 <= c.status < 300
+                and (group is None or c.group == group)
+                and (path is None or c.path == path)
             ]
 
     def attempts(self, message_id: str) -> list[Call]:
@@ -129,6 +134,7 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
             status = receiver._status(group, headers.get("x_message_id", ""))
             receiver.record(
                 Call(
+                    self.path,
                     headers.get("x_message_id", ""),
                     group,
                     int(headers.get("x_delivery_attempt", "0")),
@@ -249,6 +255,14 @@ class World:
 
     def redis(self) -> redis.Redis[bytes]:
         return redis.Redis.from_url(self.redis_url)
+
+    def worker_reports(self, sub: str = "s") -> list[dict[str, Any]]:
+        """What the workers running ``sub`` last reported of it (every 1 s or so)."""
+        client = self.redis()
+        try:
+            return [json.loads(v) for v in client.hvals(keys.worker_stats(self.project, sub))]
+        finally:
+            client.close()
 
 
 @pytest.fixture

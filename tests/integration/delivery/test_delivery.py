@@ -305,28 +305,40 @@ def test_lifecycle_changes_and_new_subscriptions_apply_without_a_restart(
 
     world.topic("t")
     world.subscription(receiver.url)
+    # A second subscription of the topic on the same worker, never paused: the sentinel
+    sentinel = "/sentinel"
+    world.subscription(receiver.url.replace("/hook", sentinel), name="sentinel")
     start_worker()
     first = world.publish("t", "g1", 2)
-    wait_for("delivered while running", lambda: receiver.delivered("g1") == first)
-    # When paused, nothing is delivered
+    wait_for("delivered while running", lambda: receiver.delivered("g1", "/hook") == first)
+    # When paused (the worker reports it), nothing is delivered: the sentinel delivers what
+    # was published meanwhile, and the paused subscription's worker reports in after that
     world.store.apply_lifecycle(world.project, "s", LifecycleAction.PAUSE)
-    time.sleep(0.6)  # longer than the worker's refresh interval
+    wait_for("the worker to pause", lambda: any(r["paused"] for r in world.worker_reports()))
     paused = world.publish("t", "g1", 2)
-    time.sleep(1.0)
-    assert receiver.delivered("g1") == first
+    wait_for("the sentinel delivered", lambda: receiver.delivered("g1", sentinel)[2:] == paused)
+    seen_ms = int(time.time() * 1000)
+    wait_for(
+        "a report of the paused runner after that",
+        lambda: any(r["at"] > seen_ms and r["paused"] for r in world.worker_reports()),
+    )
+    assert receiver.delivered("g1", "/hook") == first
     # When resumed, what waited is delivered
     world.store.apply_lifecycle(world.project, "s", LifecycleAction.RESUME)
-    wait_for("delivered after resume", lambda: receiver.delivered("g1") == first + paused)
+    wait_for("delivered after resume", lambda: receiver.delivered("g1", "/hook") == first + paused)
     # When stopped and started again, messages published meanwhile are delivered after start
     world.store.apply_lifecycle(world.project, "s", LifecycleAction.STOP)
     wait_for("consumer group empty", lambda: group_is_empty(world, "s"))
     stopped = world.publish("t", "g1", 2)
     world.store.apply_lifecycle(world.project, "s", LifecycleAction.START)
-    wait_for("delivered after start", lambda: receiver.delivered("g1") == first + paused + stopped)
+    wait_for(
+        "delivered after start",
+        lambda: receiver.delivered("g1", "/hook") == first + paused + stopped,
+    )
     # And a subscription created while the worker runs is picked up
     world.subscription(receiver.url + "?second", name="s2")
     later = world.publish("t", "g2", 1)
-    wait_for("both subscriptions deliver", lambda: receiver.delivered("g2") == later * 2)
+    wait_for("all three subscriptions deliver", lambda: receiver.delivered("g2") == later * 3)
 
 
 def test_seek_replays_the_main_log_from_a_time(
@@ -348,10 +360,12 @@ def test_seek_replays_the_main_log_from_a_time(
     wait_for("consumer group empty", lambda: group_is_empty(world, "s"))
     world.store.request_seek(world.project, "s", mark)
     world.store.apply_lifecycle(world.project, "s", LifecycleAction.START)
-    # Then the messages from the mark on are delivered again, once
+    # Then the messages from the mark on are delivered again, once: a message published
+    # after the replay arrives right behind it, with nothing repeated in between
     wait_for("replayed", lambda: receiver.delivered("g1") == before + after + after)
-    time.sleep(1.5)
-    assert receiver.delivered("g1") == before + after + after
+    sentinel = world.publish("t", "g1", 1)
+    wait_for("the sentinel", lambda: sentinel[0] in receiver.delivered("g1"))
+    assert receiver.delivered("g1") == before + after + after + sentinel
 
 
 def test_two_workers_share_a_subscription_and_keep_order_through_rebalances(
