@@ -131,20 +131,9 @@ def fetch_jars(settings: Settings, *, kafka: bool = True) -> int:
 
 def check_deliver(settings: Settings) -> int:
     """0 while this machine's delivery worker keeps its Redis heartbeat key alive, else 1."""
-    import socket
-
-    import redis
-
-    worker_heartbeat = cast(Callable[[str], str], load("state.keys", "worker_heartbeat"))
-    if not settings.redis_url:
-        print("SETU_REDIS_URL is not set", file=sys.stderr)
+    check = cast(Callable[[Settings], str | None], load("delivery.worker", "check"))
+    problem = check(settings)
+    if problem is not None:
+        print(problem, file=sys.stderr)
         return 1
-    key = worker_heartbeat(settings.worker_id or socket.gethostname())
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
-    try:
-        return 0 if client.exists(key) else 1
-    except redis.RedisError as error:
-        print(f"redis: {error}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
+    return 0

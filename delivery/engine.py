@@ -289,25 +289,25 @@ class PartitionEngine:
         self.in_flight -= 1
         group = attempt.record.group
         lane = self.lanes.get(group) if (self._grouped and group is not None) else None
-        if lane is not None and lane.delivering is attempt:
-            lane.delivering = None
-            rec = attempt.record
-            if (
-                rec.tier == MAIN
-                and outcome.verdict is Verdict.DELIVERED
-                and lane.busy is None
-                and not lane.release
-                and not any(lane.queues.values())
-            ):
-                # The common case: a healthy group's message delivered, nothing waiting.
-                del self.lanes[group]  # type: ignore[arg-type]
-                self.trackers[MAIN].finish(rec.offset)
-                self.effects.delivered(self.partition, MAIN, rec.offset)
-                return
-            lane.result = (attempt, outcome)
-            self._pump(group, lane)  # type: ignore[arg-type]
-        else:
+        if lane is None or group is None or lane.delivering is not attempt:
             self._settle(None, None, attempt, outcome)
+            return
+        lane.delivering = None
+        rec = attempt.record
+        if (
+            rec.tier == MAIN
+            and outcome.verdict is Verdict.DELIVERED
+            and lane.busy is None
+            and not lane.release
+            and not any(lane.queues.values())
+        ):
+            # The common case: a healthy group's message delivered, nothing waiting.
+            del self.lanes[group]
+            self.trackers[MAIN].finish(rec.offset)
+            self.effects.delivered(self.partition, MAIN, rec.offset)
+            return
+        lane.result = (attempt, outcome)
+        self._pump(group, lane)
 
     def moved(self, move: Move, offsets: list[int]) -> Transition:
         """The copies of ``move`` are acknowledged at ``offsets``: the write to persist next."""
@@ -387,9 +387,9 @@ class PartitionEngine:
         if transition.releases and write.state is not None:
             self._revisit_dlq(write.state.dlq_from)
         lane = self.lanes.get(group) if group is not None else None
-        if lane is not None and lane.busy is transition:
+        if lane is not None and group is not None and lane.busy is transition:
             lane.busy = None
-            self._pump(group, lane)  # type: ignore[arg-type]
+            self._pump(group, lane)
 
     # Output: what the runner reads
 

@@ -70,17 +70,19 @@ def run(settings: Settings) -> None:
         store.close()
 
 
-def check(settings: Settings) -> bool:
-    """Whether this machine's worker keeps its heartbeat alive (``setu deliver --check``)."""
+def check(settings: Settings) -> str | None:
+    """None while this machine's worker keeps its heartbeat alive, else why not
+    (``setu deliver --check``)."""
     if not settings.redis_url:
-        return False
+        return "SETU_REDIS_URL is not set"
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
     try:
-        return bool(client.exists(keys.worker_heartbeat(worker_id(settings))))
-    except redis.RedisError:
-        return False
+        alive = client.exists(keys.worker_heartbeat(worker_id(settings)))
+    except redis.RedisError as error:
+        return f"redis: {error}"
     finally:
         client.close()
+    return None if alive else "no heartbeat from this machine's worker"
 
 
 def _run_loop(main: object) -> None:
