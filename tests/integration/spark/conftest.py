@@ -163,6 +163,19 @@ class IngestWorld:
     def flush(self) -> None:
         assert self.producer.flush(30) == 0
 
+    def main_size(self, topic: str) -> int:
+        """How many records the topic's main log holds now (its partitions' high marks)."""
+        main = names.main_topic(self.project, topic)
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "sizes"})
+        try:
+            partitions = consumer.list_topics(main, timeout=10).topics[main].partitions
+            return sum(
+                consumer.get_watermark_offsets(TopicPartition(main, p), timeout=10)[1]
+                for p in partitions
+            )
+        finally:
+            consumer.close()
+
     def main_log(self, topic: str) -> MainLog:
         return self.log_of(names.main_topic(self.project, topic))
 

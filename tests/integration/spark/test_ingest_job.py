@@ -279,6 +279,29 @@ def batch_of(world: IngestWorld, messages: list[tuple[str, str]]) -> DataFrame:
     return world.spark.createDataFrame(rows, schema)
 
 
+def test_a_hot_topics_backlog_does_not_hold_a_quiet_topic_back(world: IngestWorld) -> None:
+    # Given a hot topic with a backlog of 12 batches (1,000 records a batch)
+    world.create_topic("hot")
+    world.create_topic("quiet")
+    for n in range(12_000):
+        world.send("hot", f"h{n}", f"g{n % 50}")
+    world.flush()
+    hot = world.main_log("hot")
+    quiet = world.main_log("quiet")
+    with world.running_job(world.settings(spark_max_offsets_per_trigger=1_000)):
+        hot.wait_for_ids({"h0"})
+        # When a quiet topic gets one message while the backlog drains
+        world.send("quiet", "q1", "g1")
+        world.flush()
+        written = world.main_size("hot")
+        quiet.wait_for_ids({"q1"})
+        # Then it is written with the batch in progress or the next one (each partition with
+        # records waiting gets a share of every batch), not after the backlog
+        assert world.main_size("hot") - written <= 2_000
+        assert world.main_size("hot") < 12_000
+        hot.wait_for_ids({f"h{n}" for n in range(12_000)})
+
+
 def test_a_topic_deleted_and_created_again_starts_without_its_old_producers(
     world: IngestWorld,
 ) -> None:
