@@ -71,6 +71,11 @@ class MainLog:
     def ids(self) -> list[str]:
         return [e.message_id for _, _, e in self.records]
 
+    def read_ids(self) -> set[str]:
+        """The ids read so far, after reading what is there now."""
+        self.poll()
+        return set(self.ids())
+
     def wait_for_ids(self, wanted: set[str], timeout_s: float = 120.0) -> None:
         def arrived() -> bool:
             self.poll()

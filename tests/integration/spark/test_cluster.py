@@ -163,19 +163,19 @@ def test_ingest_on_a_cluster_rides_out_a_lost_worker_and_its_own_restart(
     producer.start()
     try:
         # When one worker dies (with its executor) while messages keep coming
-        wait_for("a third through", lambda: len(log.ids()) > MESSAGES // 3, 240)
+        wait_for("a third through", lambda: len(log.read_ids()) > MESSAGES // 3, 240)
         cluster.kill_worker(0)
         killed = time.monotonic()
         marker = len(sent.ids)
         wait_for(
             "messages sent after the kill",
-            lambda: {f"m{marker}", f"m{marker + 50}"} <= set(log.ids()),
+            lambda: {f"m{marker}", f"m{marker + 50}"} <= log.read_ids(),
             240,
         )
         recovered = time.monotonic() - killed
         print(f"cluster: a message sent after the worker died arrived {recovered:.1f} s later")
         # And the job itself is killed and started again (from its checkpoint)
-        wait_for("two thirds through", lambda: len(log.ids()) > 2 * MESSAGES // 3, 240)
+        wait_for("two thirds through", lambda: len(log.read_ids()) > 2 * MESSAGES // 3, 240)
         assert ingest.pid is not None
         os.killpg(ingest.pid, signal.SIGKILL)  # the driver and its JVM, mid-batch
         ingest.stop()
@@ -184,7 +184,7 @@ def test_ingest_on_a_cluster_rides_out_a_lost_worker_and_its_own_restart(
         sent.done.wait(120)
         # Then every message is in the main log once, each group in the order it was sent,
         # and no message sent twice is there twice
-        wait_for("everything", lambda: sent.ids | {"first"} <= set(log.ids()), 300)
+        wait_for("everything", lambda: sent.ids | {"first"} <= log.read_ids(), 300)
     finally:
         ingest.stop()
     reads = first_reads(log)
