@@ -5,9 +5,10 @@ state that repeating the request repairs.
   before Kafka is touched), ensure the Kafka topics (idempotent), then insert the row. A crash
   after the Kafka step leaves topics that the retried create adopts.
 - Delete: mark the row deleting (it vanishes from reads and from the workers' polling), remove
-  the Kafka side (consumer group, then topics), then Redis state, and only then the row. A
-  crash in between leaves a marked row that a repeated DELETE finishes; a re-create of the same
-  name never sees stale topics, offsets or group state.
+  the Kafka side (consumer group, then topics; a topic's ingest topic is emptied and kept, see
+  ``state.retired_topics``), then Redis state, and only then the row. A crash in between leaves
+  a marked row that a repeated DELETE finishes; a re-create of the same name never sees stale
+  topics, messages or group state.
 
 Store and admin calls block, so each runs in the thread pool.
 """
@@ -24,9 +25,10 @@ from redis.exceptions import RedisError
 
 from api.context import Services, blocking
 from api.validation import IPAddress, check_grouping, check_update, endpoint_host, refuse_private
+from setu import names
 from setu.errors import Conflict, DependencyUnavailable
 from setu.model import Subscription, Topic
-from state import keys
+from state import keys, retired_topics
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,13 @@ async def create_topic(s: Services, topic: Topic) -> tuple[Topic, bool]:
     await blocking(s.kafka_admin.ensure_topic, existing or topic)
     if existing is not None:
         return existing, False
+    # A topic created again under a deleted one's name continues its kept ingest topic:
+    # emptied of what reached it since (produces to the deleted topic), then no longer
+    # skipped by the ingest job, before the topic can take messages (state.retired_topics).
+    ingest = names.ingest_topic(topic.project, topic.name)
+    if await retired_topics.is_retired(s.redis, ingest):
+        await blocking(s.kafka_admin.empty, ingest)
+        await retired_topics.reopen(s.redis, ingest)
     created = await blocking(s.store.create_topic, topic)
     s.topics.invalidate(topic.project, topic.name)
     return created
@@ -46,6 +55,9 @@ async def create_topic(s: Services, topic: Topic) -> tuple[Topic, bool]:
 async def delete_topic(s: Services, project: str, name: str) -> None:
     topic = await blocking(s.store.mark_topic_deleting, project, name)
     s.topics.invalidate(project, name)
+    # The ingest job skips the topic's records from its next batch on; the ingest topic is
+    # then emptied and kept (state.retired_topics).
+    await retired_topics.retire(s.redis, names.ingest_topic(project, name))
     await blocking(s.kafka_admin.delete_topic, topic)
     await blocking(s.store.delete_topic, project, name)
     s.topics.invalidate(project, name)

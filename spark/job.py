@@ -69,7 +69,14 @@ from setu.envelope import (
     H_TOPIC_INCARNATION,
 )
 from setu.limits import MessageLimits
-from setu.names import INGEST_PATTERN, INGEST_REJECTS_SUFFIX, ingest_topic, parse_main_topic
+from setu.names import (
+    INGEST_PATTERN,
+    INGEST_REJECTS_SUFFIX,
+    ingest_topic,
+    main_topic,
+    parse_ingest_topic,
+    parse_main_topic,
+)
 from setu.settings import Settings, is_local_master
 from spark.marks import HighsParam, MarkPublisher, ProducerHighs, by_topic
 from spark.metrics import CountsParam, IngestMetrics, TopicCounts
@@ -89,6 +96,7 @@ from spark.processor import (
 from spark.rejects import routed
 from spark.status import StatusReporter
 from spark.topics import MainTopicGuard
+from state.retired_topics import RetiredTopics
 
 log = logging.getLogger(__name__)
 
@@ -322,13 +330,13 @@ class BatchWriter:
     the rows a main topic can never take: :mod:`spark.rejects`), then raise the producer
     marks and count the batch.
 
-    A failed write does not fail the query (and so ingest for every topic) at once. A topic
-    deleted through the API while its messages were in the batch fails the write: the batch is
-    written again without the rows of topics that are gone (both their ingest and main
-    topics). Any other failure (the broker restarting, say) is tried again after a pause, for
-    up to ``WRITE_PATIENCE_S``. A write again repeats what the failed one wrote: an exact
-    replay, in order, that delivery skips by ingest offset (``delivery.replays``), as after a
-    crash.
+    Rows of a topic deleted through the API are not written: its ingest topic is retired
+    (``state.retired_topics``, read at every batch). A write that fails because a topic went
+    away meanwhile is written again without the rows of topics that are gone (retired, or
+    both ingest and main topics missing). Any other failure (the broker restarting, say) is
+    tried again after a pause, for up to ``WRITE_PATIENCE_S``. A write again repeats what the
+    failed one wrote: an exact replay, in order, that delivery skips by ingest offset
+    (``delivery.replays``), as after a crash.
     """
 
     def __init__(
@@ -339,8 +347,10 @@ class BatchWriter:
         publisher: MarkPublisher,
         metrics: IngestMetrics,
         limits: Callable[[], Mapping[str, int]] = dict,
+        retired: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
-        """``limits`` tells the main topics' current ``max.message.bytes`` (spark.topics)."""
+        """``limits`` tells the main topics' current ``max.message.bytes`` (spark.topics),
+        ``retired`` the ingest topics of deleted topics (state.retired_topics)."""
         self._options = sink_options(settings)
         self._highs = highs
         self._counts = counts
@@ -349,21 +359,27 @@ class BatchWriter:
         # The sink's own limit, less a request's framing: no row above it is sent to Kafka.
         self._default_limit = MessageLimits(settings.max_message_bytes).topic_bytes
         self._limits = limits
+        self._retired = retired
         self._bootstrap = _bootstrap(settings)
 
     def __call__(self, accepted: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        retired = self._retired()
         rows = routed(main_log_rows(accepted), self._limits(), self._default_limit)
-        self._write(rows, batch_id)
-        self._publisher.publish(by_topic(self._highs.value.items()))
+        self._write(rows, batch_id, {main_topic(*parse_ingest_topic(t)) for t in retired})
+        highs = [
+            (owner, mark) for owner, mark in self._highs.value.items() if owner[0] not in retired
+        ]
+        self._publisher.publish(by_topic(highs))
         self._metrics.batch_written(self._counts.value, time.monotonic() - started)
 
-    def _write(self, rows: DataFrame, batch_id: int) -> None:
-        """Writes the batch; a failed write is tried again (see the class doc), without the
-        topics deleted meanwhile, for up to ``WRITE_PATIENCE_S`` before the batch fails."""
+    def _write(self, rows: DataFrame, batch_id: int, retired: set[str]) -> None:
+        """Writes the batch without the rows of ``retired`` main topics; a failed write is
+        tried again (see the class doc), without the topics deleted meanwhile, for up to
+        ``WRITE_PATIENCE_S`` before the batch fails."""
         deadline = time.monotonic() + WRITE_PATIENCE_S
         main = fn.regexp_replace("topic", re.escape(INGEST_REJECTS_SUFFIX) + "$", "")
-        kept, pause = rows, 1.0
+        kept, pause = (rows.where(~main.isin(*retired)) if retired else rows), 1.0
         while True:
             # Every attempt computes the rows again (same state version, same decisions).
             self._highs.value = {}
@@ -373,7 +389,7 @@ class BatchWriter:
                 return
             except Exception as exc:
                 cause = root_cause(exc)
-                gone = self._deleted_in(rows, main)
+                gone = self._deleted_in(rows, main) | retired
                 if gone:
                     log.warning(
                         "batch %d: topics %s were deleted while their messages were being "
@@ -465,12 +481,14 @@ def start(
     pattern: str | None = None,
     metrics: IngestMetrics | None = None,
     limits: Callable[[], Mapping[str, int]] = dict,
+    retired: Callable[[], frozenset[str]] = frozenset,
 ) -> StreamingQuery:
     """Start the query; it resumes from the checkpoint if one exists.
 
     It reads the topics matching ``pattern``, else ``settings.spark_ingest_pattern``, else
     every ingest topic. ``metrics`` (if given) counts its batches and watches it; ``limits``
-    tells the main topics' ``max.message.bytes`` (:meth:`MainTopicGuard.limits`).
+    tells the main topics' ``max.message.bytes`` (:meth:`MainTopicGuard.limits`), ``retired``
+    the ingest topics of deleted topics (:class:`state.retired_topics.RetiredTopics`).
     """
     pattern = ingest_pattern(settings, pattern)
     metrics = metrics or IngestMetrics()
@@ -479,7 +497,7 @@ def start(
     query = (
         deduplicated(spark, settings, highs, counts, pattern)
         .writeStream.queryName(QUERY_NAME)
-        .foreachBatch(BatchWriter(settings, highs, counts, publisher, metrics, limits))
+        .foreachBatch(BatchWriter(settings, highs, counts, publisher, metrics, limits, retired))
         .option("checkpointLocation", settings.resolved_checkpoint_dir())
         .trigger(processingTime=f"{settings.spark_trigger_ms} milliseconds")
         .start()
@@ -564,16 +582,20 @@ def run(settings: Settings) -> None:
             log.info(
                 "metrics at http://%s:%d/metrics", settings.ingest_metrics_host, server.server_port
             )
+        retired = RetiredTopics(client)
         guard = MainTopicGuard(
             _bootstrap(settings),
             ingest_pattern(settings),
             on_recreated=metrics.main_topic_recreated,
+            retired=retired,
         ).start()
         metrics.watch_rejects(guard.rejects)
         publisher = MarkPublisher(client)
 
         def start_query() -> StreamingQuery:
-            query = start(spark, settings, publisher, metrics=metrics, limits=guard.limits)
+            query = start(
+                spark, settings, publisher, metrics=metrics, limits=guard.limits, retired=retired
+            )
             log.info("ingest query %s started (%s)", query.id, settings.resolved_checkpoint_dir())
             return query
 

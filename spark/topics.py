@@ -66,12 +66,16 @@ class MainTopicGuard:
         interval_s: float = 2.0,
         grace_s: float = 10.0,
         on_recreated: Callable[[str], None] = lambda topic: None,
+        retired: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
+        """``retired`` tells the ingest topics of deleted topics, which the guard leaves alone
+        (state.retired_topics)."""
         self._admin = AdminClient({"bootstrap.servers": bootstrap})
         self._pattern = pattern
         self._interval_s = interval_s
         self._grace_s = grace_s
         self._on_recreated = on_recreated
+        self._retired = retired
         self._missing_since: dict[str, float] = {}
         self._limits: dict[str, int] = {}
         self._rejects: dict[str, int] = {}
@@ -107,13 +111,15 @@ class MainTopicGuard:
         """One look at the broker; returns the main topics created again."""
         meta = self._admin.list_topics(timeout=10)
         now = time.monotonic()
-        self._missing_since = orphaned(set(meta.topics), self._pattern, self._missing_since, now)
-        self._look_at_rejects_and_limits(meta.topics)
+        retired = self._retired()
+        topics = {name: t for name, t in meta.topics.items() if name not in retired}
+        self._missing_since = orphaned(set(topics), self._pattern, self._missing_since, now)
+        self._look_at_rejects_and_limits(topics)
         created = []
         for ingest, since in list(self._missing_since.items()):
             if now - since < self._grace_s:
                 continue
-            described = meta.topics[ingest]
+            described = topics[ingest]
             if described.error is not None or not described.partitions:
                 continue
             self._recreate(ingest, described)

@@ -3,6 +3,8 @@
 A Setu topic owns its ingest topic and its main log; a subscription owns its retry tiers
 ``rq.1..N`` and its DLQ, plus its consumer group. All of them get the Setu topic's partition
 count (DESIGN §1: a group lives on the same partition index everywhere) and its retention.
+Deleting a topic deletes them all but its ingest topic, which is emptied and kept, so that a
+topic created again under the name continues its offsets (``state.retired_topics``).
 
 Contract: every method blocks (call it from a worker thread) and is idempotent. ``ensure_*``
 succeeds when the topics already exist with the right partition count and raises Conflict when
@@ -19,8 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.cimpl import NewTopic
 
 from setu import names
@@ -126,10 +129,61 @@ class KafkaTopics:
         self._timeout_s = timeout_s
 
     def ensure_topic(self, topic: Topic) -> None:
-        self._ensure(topic_specs(topic, self._replication, self._max_message_bytes))
+        ingest = names.ingest_topic(topic.project, topic.name)
+        kept = self.partition_count(ingest)
+        if kept is not None and kept != topic.partitions:
+            raise Conflict(
+                f"topic {topic.name!r} existed before with {kept} partitions, and its ingest "
+                f"log {ingest} is kept so that ingest never reads its offsets backwards: "
+                f"create it with {kept} partitions, or under another name"
+            )
+        specs = topic_specs(topic, self._replication, self._max_message_bytes)
+        self._ensure(specs)
+        if kept is not None:
+            self._configure(specs[0])
+
+    def _configure(self, spec: TopicSpec) -> None:
+        """Sets ``spec``'s config on its existing topic (a kept ingest topic takes the new
+        topic's retention)."""
+        resource = ConfigResource(
+            ConfigResource.Type.TOPIC,
+            spec.name,
+            incremental_configs=[
+                ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+                for name, value in spec.config.items()
+            ],
+        )
+        futures = self._admin.incremental_alter_configs([resource])
+        deadline = time.monotonic() + self._timeout_s
+        for future in futures.values():
+            error = _error_of(future, deadline - time.monotonic())
+            if error is not None:
+                raise _translate(error, f"to configure {spec.name}")
 
     def delete_topic(self, topic: Topic) -> None:
-        self._delete([spec.name for spec in topic_specs(topic, 1, self._max_message_bytes)])
+        """Deletes the topic's Kafka topics but its ingest topic, which is emptied instead
+        (``state.retired_topics`` says why)."""
+        ingest = names.ingest_topic(topic.project, topic.name)
+        specs = topic_specs(topic, 1, self._max_message_bytes)
+        self._delete([spec.name for spec in specs if spec.name != ingest])
+        self.empty(ingest)
+
+    def empty(self, kafka_topic: str) -> None:
+        """Deletes every record ``kafka_topic`` holds now (its offsets go on from there); a
+        topic that does not exist is left alone."""
+        count = self.partition_count(kafka_topic)
+        if count is None:
+            return
+        deadline = time.monotonic() + self._timeout_s
+        futures = self._admin.delete_records(
+            [TopicPartition(kafka_topic, p, OFFSET_END) for p in range(count)],
+            request_timeout=self._timeout_s,
+            operation_timeout=self._timeout_s,
+        )
+        for partition, future in futures.items():
+            error = _error_of(future, deadline - time.monotonic())
+            if error is not None:
+                raise _translate(error, f"to empty {kafka_topic} [{partition.partition}]")
 
     def ensure_subscription(self, sub: Subscription, topic: Topic) -> None:
         self._ensure(subscription_specs(sub, topic, self._replication, self._max_message_bytes))

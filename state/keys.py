@@ -105,3 +105,10 @@ def worker_heartbeat(worker_id: str) -> str:
 def ingest_status() -> str:
     """Hash of the ingest job's state, heartbeat and lag (state.ingest_status)."""
     return f"{PREFIX}:ingest:status"
+
+
+def retired_ingest_topics() -> str:
+    """Set of the ingest topics of deleted topics: kept in Kafka (emptied) so that a topic
+    created again under the name continues their offsets, and skipped by the ingest job
+    (``state.retired_topics``)."""
+    return f"{PREFIX}:ingest:retired"

@@ -127,18 +127,55 @@ async def test_topics_of_an_unknown_project_are_404(api: Api) -> None:
     assert_error(await api.client.get(f"/v1/projects/{missing}/topics/t"), 404, "not_found")
 
 
-async def test_topic_delete_removes_its_kafka_topics(api: Api, project: str) -> None:
-    await api.client.post(f"/v1/projects/{project}/topics", json={"name": "t", "partitions": 1})
-    assert (await api.client.delete(f"/v1/projects/{project}/topics/t")).status_code == 204
-    assert await partitions(api, ingest_topic(project, "t")) is None
+async def test_topic_delete_removes_its_kafka_topics_but_empties_and_keeps_its_ingest_log(
+    api: Api, project: str
+) -> None:
+    # Given topic t with three messages in its ingest log
+    topics = f"/v1/projects/{project}/topics"
+    await api.client.post(topics, json={"name": "t", "partitions": 1})
+    for n in range(3):
+        sent = await api.client.post(
+            f"{topics}/t/produce", content=b"x", headers={"X_MESSAGE_ID": f"m{n}"}
+        )
+        assert sent.status_code == 200
+    ingest = ingest_topic(project, "t")
+    # When it is deleted
+    assert (await api.client.delete(f"{topics}/t")).status_code == 204
+    # Then its main and reject topics are gone, and its ingest log is kept, empty, and
+    # retired (the ingest job skips it), so that its offsets never go backwards
     assert await partitions(api, main_topic(project, "t")) is None
-    assert_error(await api.client.get(f"/v1/projects/{project}/topics/t"), 404, "not_found")
-    assert_error(await api.client.delete(f"/v1/projects/{project}/topics/t"), 404, "not_found")
-    # And the name can be used again at once
-    again = await api.client.post(
-        f"/v1/projects/{project}/topics", json={"name": "t", "partitions": 2}
-    )
-    assert again.status_code == 201
+    assert await partitions(api, ingest_rejects_topic(project, "t")) is None
+    assert await asyncio.to_thread(watermarks, api.settings.kafka_bootstrap or "", ingest) == (3, 3)
+    redis = aioredis.from_url(api.settings.redis_url or "")
+    try:
+        assert await redis.sismember(keys.retired_ingest_topics(), ingest)
+        assert_error(await api.client.get(f"{topics}/t"), 404, "not_found")
+        assert_error(await api.client.delete(f"{topics}/t"), 404, "not_found")
+        # And the name can be used again at once with the same partitions (another count is
+        # refused, saying which), continuing the ingest log's offsets
+        refused = await api.client.post(topics, json={"name": "t", "partitions": 2})
+        assert_error(refused, 409, "conflict")
+        assert "1 partitions" in refused.json()["error"]["message"]
+        again = await api.client.post(topics, json={"name": "t", "partitions": 1})
+        assert again.status_code == 201
+        assert not await redis.sismember(keys.retired_ingest_topics(), ingest)
+    finally:
+        await redis.aclose()
+    sent = await api.client.post(f"{topics}/t/produce", content=b"x", headers={"X_MESSAGE_ID": "n"})
+    assert sent.status_code == 200
+    assert await asyncio.to_thread(watermarks, api.settings.kafka_bootstrap or "", ingest) == (3, 4)
+
+
+def watermarks(bootstrap: str, kafka_topic: str) -> tuple[int, int]:
+    """(low, high) of partition 0 of ``kafka_topic``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("marks")})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(kafka_topic, 0), timeout=10)
+        return int(low), int(high)
+    finally:
+        consumer.close()
 
 
 async def test_project_with_a_topic_and_topic_with_a_subscription_cannot_be_deleted(

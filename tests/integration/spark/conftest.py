@@ -24,12 +24,15 @@ from cli.jars import resolve_spark_jars
 from setu import names
 from setu.envelope import Envelope
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
+from setu.model import Topic
 from setu.settings import Settings
 from spark import job
 from spark.marks import MarkPublisher
 from spark.metrics import IngestMetrics
 from state import keys
+from state.kafka_admin import KafkaTopics
 from state.producer_marks import parse_mark
+from state.retired_topics import RetiredTopics
 from tests import waiting
 
 
@@ -208,14 +211,23 @@ class IngestWorld:
         raw = self.redis.hget(keys.producer_marks(self.project, topic), producer_id)
         return None if raw is None else parse_mark(raw)
 
-    def delete_topic(self, topic: str) -> None:
-        """The ingest topic and main log gone, as the API deletes them."""
-        gone = [names.ingest_topic(self.project, topic), names.main_topic(self.project, topic)]
-        for future in self.admin.delete_topics(gone).values():
+    def delete_topic(self, topic: str, partitions: int = 3) -> None:
+        """As the API deletes a topic: its ingest topic retired, then its other Kafka topics
+        deleted and the ingest topic emptied (state.retired_topics)."""
+        ingest = names.ingest_topic(self.project, topic)
+        self.redis.sadd(keys.retired_ingest_topics(), ingest)
+        KafkaTopics(self.bootstrap).delete_topic(Topic(self.project, topic, partitions=partitions))
+
+    def create_again(self, topic: str) -> None:
+        """As the API creates a deleted topic again: its main topic made, its kept ingest
+        topic emptied and no longer retired."""
+        main = names.main_topic(self.project, topic)
+        ingest = names.ingest_topic(self.project, topic)
+        partitions = len(self.admin.list_topics(ingest, timeout=10).topics[ingest].partitions)
+        for future in self.admin.create_topics([NewTopic(main, partitions, 1)]).values():
             future.result(timeout=30)
-        wait_for(
-            "topics to go", lambda: not set(gone) & set(self.admin.list_topics(timeout=10).topics)
-        )
+        KafkaTopics(self.bootstrap).empty(ingest)
+        self.redis.srem(keys.retired_ingest_topics(), ingest)
 
     @contextmanager
     def running_job(
@@ -232,7 +244,8 @@ class IngestWorld:
     ) -> StreamingQuery:
         publisher = MarkPublisher(self.redis)
         pattern = job.project_pattern(self.project)
-        return job.start(self.spark, settings, publisher, pattern, self.metrics, limits)
+        retired = RetiredTopics(self.redis)
+        return job.start(self.spark, settings, publisher, pattern, self.metrics, limits, retired)
 
     def close(self) -> None:
         for consumer in self.consumers:
@@ -243,6 +256,9 @@ class IngestWorld:
         self.admin.delete_topics(sorted(set(self.topics) | set(mine)))
         for name in self.redis.scan_iter(f"{keys.PREFIX}:producers:{{{self.project}.*"):
             self.redis.delete(name)
+        for retired in self.redis.smembers(keys.retired_ingest_topics()):
+            if retired.decode().startswith(f"setu.{self.project}."):
+                self.redis.srem(keys.retired_ingest_topics(), retired)
         self.redis.close()
 
 

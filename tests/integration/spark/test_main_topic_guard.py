@@ -8,6 +8,7 @@ from confluent_kafka.admin._config import ConfigResource
 from setu import names
 from spark import job
 from spark.topics import MainTopicGuard
+from state.retired_topics import RetiredTopics
 
 from .conftest import IngestWorld, wait_for
 
@@ -88,3 +89,20 @@ def test_ingest_goes_on_for_every_topic_after_a_main_topic_is_deleted(world: Ing
             world.main_log("a").wait_for_ids({"a2"}, timeout_s=90)
     finally:
         guard.stop()
+
+
+def test_the_topics_of_a_deleted_topic_are_left_alone(world: IngestWorld) -> None:
+    # Given topic a deleted through the API: its ingest topic kept, emptied and retired
+    world.create_topic("a")
+    world.delete_topic("a")
+    guard = MainTopicGuard(
+        world.bootstrap,
+        job.project_pattern(world.project),
+        grace_s=0,
+        retired=RetiredTopics(world.redis),
+    )
+    # When the guard looks, then it makes neither a main topic nor a reject topic for it
+    assert guard.check() == []
+    listed = world.admin.list_topics(timeout=10).topics
+    assert names.main_topic(world.project, "a") not in listed
+    assert names.ingest_rejects_topic(world.project, "a") not in listed
