@@ -106,7 +106,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def create_app(settings: Settings) -> FastAPI:
-    """The Setu HTTP API (DESIGN §5), with OpenAPI at /openapi.json and docs at /docs."""
+    """The Setu HTTP API (docs/design.md §5), with OpenAPI at /openapi.json and docs at /docs."""
     app = FastAPI(
         title="Setu",
         version=_version(),

@@ -82,7 +82,7 @@ async def resolve(host: str) -> list[IPAddress]:
 
 
 async def check_endpoint(s: Services, url: str) -> None:
-    """Refuses private and loopback webhooks unless settings allow them (DESIGN §6)."""
+    """Refuses private and loopback webhooks unless settings allow them (docs/design.md §6)."""
     host = endpoint_host(url)
     if s.settings.allow_private_endpoints:
         return

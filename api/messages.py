@@ -1,4 +1,4 @@
-"""Produce requests turned into envelopes: pure functions, no I/O (DESIGN §2, §5).
+"""Produce requests turned into envelopes: pure functions, no I/O (docs/design.md §2, §5).
 
 Single produce: the body is the message, headers carry its identity. Batch produce: a JSON
 document ``{"messages": [{message_id, group_id?, producer_id?, sequence_id?, headers?,

@@ -1,4 +1,4 @@
-"""Operator endpoints of a subscription's delivery (DESIGN §5): status, group state, dead
+"""Operator endpoints of a subscription's delivery (docs/design.md §5): status, group state, dead
 letters (browse and unsideline) and seek.
 
 - ``status``: ``lag`` is the records between the consumer group's committed offsets and the

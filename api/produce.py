@@ -1,6 +1,6 @@
-"""Produce endpoints: a 2xx only after Kafka acknowledged the write (DESIGN §3).
+"""Produce endpoints: a 2xx only after Kafka acknowledged the write (docs/design.md §3).
 
-Single produce takes the raw body and the headers of DESIGN §2 and answers
+Single produce takes the raw body and the headers of docs/design.md §2 and answers
 ``{"message_id": ...}``. Batch produce answers ``{"results": [{message_id, status, error?}]}``
 with 200 when every message was acknowledged, 207 when some were not (those may or may not be
 in Kafka: retry them with the same ids), and 503 when none was.

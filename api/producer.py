@@ -60,7 +60,7 @@ def producer_config(
     max_message_bytes: int,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """librdkafka settings of the API's producer (DESIGN §1, §3)."""
+    """librdkafka settings of the API's producer (docs/design.md §1, §3)."""
     return {
         "bootstrap.servers": bootstrap,
         "enable.idempotence": True,

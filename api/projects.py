@@ -1,4 +1,5 @@
-"""Projects: ``/v1/projects`` (DESIGN §5). A project may be deleted only when it is empty."""
+"""Projects: ``/v1/projects`` (docs/design.md §5). A project may be deleted only when it is
+empty."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Subscriptions: ``/v1/projects/{project}/subscriptions`` (DESIGN §5).
+"""Subscriptions: ``/v1/projects/{project}/subscriptions`` (docs/design.md §5).
 
 Create makes the retry-tier and dead-letter topics and starts the subscription ``running``.
 PUT replaces the configuration when its ``version`` matches (409 otherwise); more retry tiers

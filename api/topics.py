@@ -1,4 +1,4 @@
-"""Topics: ``/v1/projects/{project}/topics`` and producer marks (DESIGN §5).
+"""Topics: ``/v1/projects/{project}/topics`` and producer marks (docs/design.md §5).
 
 Creating a topic creates its Kafka ingest topic and main log; deleting it removes both, and is
 refused (409) while subscriptions read it.

@@ -1,4 +1,4 @@
-"""Pure rules of the control plane that a request's shape alone cannot express (DESIGN §5).
+"""Pure rules of the control plane that a request's shape alone cannot express (docs/design.md §5).
 
 Shapes and numeric bounds live in :mod:`api.schemas` (they show in the OpenAPI); the rules here
 relate fields to each other, to the topic, or to the outside world's addresses. Each raises

@@ -17,7 +17,7 @@ How the modules fit (outside in):
   ``backoff``, ``signing``, ``ratelimit`` are pure functions and small objects.
 - ``dead_letters``: browsing and choosing what an unsideline delivers again.
 
-Where the mechanism goes beyond DESIGN §4's suggestion, and why:
+Where the mechanism goes beyond docs/design.md §4's suggestion, and why:
 
 1. *Per-tier counts instead of one parked count.* A group's state counts its unfinished
    messages per tier. With a single count and "park in the head's tier", a main message that

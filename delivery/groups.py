@@ -1,4 +1,4 @@
-"""The state of a failed group and every change to it (DESIGN §4), as pure functions.
+"""The state of a failed group and every change to it (docs/design.md §4), as pure functions.
 
 A healthy group has no state. A failed group's state counts, per tier, how many of its messages
 sit there unfinished. The mechanism keeps one invariant, which is what makes order hold:

@@ -86,7 +86,7 @@ def consumer_config(
         "bootstrap.servers": bootstrap,
         "group.id": group,
         "client.id": client_id,
-        # All tiers of a partition index land on one worker (DESIGN §1).
+        # All tiers of a partition index land on one worker (docs/design.md §1).
         "partition.assignment.strategy": "range",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -109,7 +109,7 @@ def producer_config(bootstrap: str, client_id: str, limits: MessageLimits) -> di
         "client.id": client_id,
         "acks": "all",
         "enable.idempotence": True,
-        # The Java client's partitioner, as every producer in Setu (DESIGN §1).
+        # The Java client's partitioner, as every producer in Setu (docs/design.md §1).
         "partitioner": "murmur2_random",
         "linger.ms": 2,
         "message.timeout.ms": 30000,

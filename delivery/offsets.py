@@ -1,4 +1,4 @@
-"""Which offset of one Kafka partition may be committed (DESIGN §3, "Offsets").
+"""Which offset of one Kafka partition may be committed (docs/design.md §3, "Offsets").
 
 Messages finish out of order (group B's message may finish before group A's earlier one). The
 committed offset must never pass a message whose outcome is not yet durable, so the

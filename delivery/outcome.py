@@ -1,4 +1,4 @@
-"""What one webhook call's answer means (DESIGN §3, "Delivery outcome").
+"""What one webhook call's answer means (docs/design.md §3, "Delivery outcome").
 
 2xx is delivered. 408, 425, 429, 5xx, a timeout and a connection error are retried, unless the
 subscription lists its own retryable codes. Every other answer (3xx, other 4xx, 1xx) is

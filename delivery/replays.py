@@ -4,8 +4,8 @@ The ingest job commits a micro-batch only after its Kafka write returned; a cras
 (or a failed step after the write, such as Redis being down for the producer marks) makes the
 next run write the batch again: the main log then holds the same records twice, the second
 run right after the first, in the same order. Their main offsets differ, so recorded outcomes
-(keyed by tier and offset) do not catch them, yet DESIGN §3 forbids a second webhook call for
-a message already delivered.
+(keyed by tier and offset) do not catch them, yet docs/design.md §3 forbids a second webhook
+call for a message already delivered.
 
 Every main record carries the ingest partition and offset it came from, and within one main
 partition the records of one ingest partition arrive in increasing ingest offset, except in

@@ -1,4 +1,5 @@
-"""One webhook call per attempt: the request (DESIGN §5), the subscription's limits, the outcome.
+"""One webhook call per attempt: the request (docs/design.md §5), the subscription's limits,
+the outcome.
 
 Every call carries the body as published, the producer's ``X_*`` headers, ``X_MESSAGE_ID``,
 ``X_GROUP_ID`` (when the message has one), ``X_DELIVERY_ATTEMPT`` (1-based), the endpoint's own

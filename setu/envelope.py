@@ -56,7 +56,7 @@ class Envelope:
 
     @property
     def key(self) -> bytes:
-        """The Kafka key: the GroupId, else the MessageId (DESIGN §1)."""
+        """The Kafka key: the GroupId, else the MessageId (docs/design.md §1)."""
         return (self.group_id if self.group_id is not None else self.message_id).encode()
 
     def evolve(self, **changes: object) -> Envelope:

@@ -1,4 +1,4 @@
-"""Produce-API header rules (DESIGN §2), as one pure function over a header mapping.
+"""Produce-API header rules (docs/design.md §2), as one pure function over a header mapping.
 
 Header names are case-insensitive and ``X_`` / ``X-`` spellings are equivalent, because common
 proxies drop names with underscores.
@@ -86,7 +86,7 @@ def check_identity(
 
 
 def parse_produce_headers(headers: Iterable[tuple[str, str]], *, grouped: bool) -> ProduceHeaders:
-    """Apply DESIGN §2 to raw HTTP headers; raise InvalidInput on any broken rule.
+    """Apply docs/design.md §2 to raw HTTP headers; raise InvalidInput on any broken rule.
 
     Identity headers may appear once each (in either spelling); other ``X_*`` headers are kept
     as given, in order, and everything else (Host, Content-Type, ...) is dropped.

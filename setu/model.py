@@ -1,7 +1,7 @@
 """The control-plane records: projects, topics and subscriptions, as frozen dataclasses.
 
 The metadata store persists them, the API validates and shows them, the delivery workers run
-them. Defaults are those of DESIGN §5.
+them. Defaults are those of docs/design.md §5.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 DEFAULT_RETRY_DELAYS_MS: tuple[int, ...] = (5_000, 60_000, 600_000)
-# 408, 425, 429 and every 5xx are retried unless a subscription says otherwise (DESIGN §3).
+# 408, 425, 429 and every 5xx are retried unless a subscription says otherwise (docs/design.md §3).
 DEFAULT_RETRYABLE_CODES: tuple[int, ...] = (408, 425, 429, *range(500, 600))
 
 

@@ -1,4 +1,4 @@
-"""De-duplication by producer sequence (DESIGN §3), as pure functions over plain data.
+"""De-duplication by producer sequence (docs/design.md §3), as pure functions over plain data.
 
 Pulsar's PIP-6, per ingest partition: per (topic, producer id, ingest partition) the job keeps
 the highest sequence accepted, and a message whose sequence is not greater is a duplicate.

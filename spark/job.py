@@ -13,7 +13,7 @@ One Structured Streaming query, Spark's own Kafka source and sink:
    out of that task (a projection only: no shuffle that could reorder them). One task writes its
    rows in order through one idempotent producer (``acks=all``, ``enable.idempotence``, at most
    5 requests in flight), so retries cannot reorder a partition; the sink's default partitioner
-   is murmur2 on the key, as DESIGN §1 requires. Key = GroupId, else MessageId; headers are
+   is murmur2 on the key, as docs/design.md §1 requires. Key = GroupId, else MessageId; headers are
    carried over plus ``setu-ingest-partition`` / ``setu-ingest-offset``.
 4. After the write returns (every record acknowledged), raise the producers' high marks in Redis
    (:mod:`spark.marks`) and count the batch (:mod:`spark.metrics`); the dedup step gathers the

@@ -1,4 +1,4 @@
-"""The group-state store: what delivery keeps in Redis for one subscription (DESIGN §4).
+"""The group-state store: what delivery keeps in Redis for one subscription (docs/design.md §4).
 
 Per partition index it holds the failed groups (a hash per group, absent when healthy), the
 records whose outcome is durable above the committed offsets (so replays after a crash skip

@@ -2,7 +2,7 @@
 
 A Setu topic owns its ingest topic and its main log; a subscription owns its retry tiers
 ``rq.1..N`` and its DLQ, plus its consumer group. All of them get the Setu topic's partition
-count (DESIGN §1: a group lives on the same partition index everywhere) and its retention.
+count (docs/design.md §1: a group lives on the same partition index everywhere) and its retention.
 Deleting a topic deletes them all but its ingest topic, which is emptied and kept, so that a
 topic created again under the name continues its offsets (``state.retired_topics``).
 

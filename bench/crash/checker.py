@@ -12,9 +12,9 @@ Checks, each a count that must be 0:
   unsideline, so the expected order is the full published order (optional messages that never
   arrived are left out).
 - ``early_calls``: calls (any status) of a message made before an earlier message of its group,
-  one that was eventually delivered, had been delivered (DESIGN §3: "b is never sent before a
-  has been delivered"). The receiver journals a 2xx before answering it, so journal order is a
-  safe stand-in for time.
+  one that was eventually delivered, had been delivered (docs/design.md §3: "b is never sent
+  before a has been delivered"). The receiver journals a 2xx before answering it, so journal
+  order is a safe stand-in for time.
 - ``corrupt_calls``: calls whose body hash or ``X_GROUP_ID`` differ from what was published.
 - ``unknown_calls``: calls for a message id that was never published.
 - ``webhook_id_mismatches``: calls whose ``webhook-id`` is not the message id.
@@ -25,7 +25,7 @@ Checks, each a count that must be 0:
   group) after fewer than N+1 attempts although their last answer was retryable: every message
   keeps its own retry budget (docs/delivery.md). The DLQ is read at the end of the run.
 
-Reported, not judged: ``raw_duplicates`` (2xx calls beyond the first per message; DESIGN §3
+Reported, not judged: ``raw_duplicates`` (2xx calls beyond the first per message; docs/design.md §3
 allows these at the HTTP boundary after a crash) and call counts by status.
 """
 

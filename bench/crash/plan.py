@@ -4,7 +4,7 @@ During the run the receiver answers 503 to every call of a *failing group* insid
 time windows, and a 4xx to every call of a *rejected message*. Short windows end before the
 subscription's retry tiers run out, so the group recovers in a retry tier; long ones outlast
 them, so the group is dead-lettered and parked. A rejected message is dead-lettered at once and
-parks its group (DESIGN §3, ``park`` policy).
+parks its group (docs/design.md §3, ``park`` policy).
 
 A window opens at the group's first call at or after its planned start and lasts its planned
 length from there (:class:`FailureSchedule`). Fixed wall-clock windows would mostly fall between

@@ -77,7 +77,7 @@ class SetuApi:
         signing_secret: str | None,
         timeout_ms: int,
     ) -> None:
-        """Project, grouped topic and grouped ``park`` subscription (DESIGN §5)."""
+        """Project, grouped topic and grouped ``park`` subscription (docs/design.md §5)."""
         await self.call("POST", "/v1/projects", json={"name": self.project})
         topic = {"name": self.topic, "grouped": True, "partitions": partitions}
         await self.call("POST", f"{self._p}/topics", json=topic)

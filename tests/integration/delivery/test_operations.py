@@ -1,4 +1,4 @@
-"""The operator endpoints of delivery (DESIGN §5) against a running worker."""
+"""The operator endpoints of delivery (docs/design.md §5) against a running worker."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""How the operator endpoints show a group's state (DESIGN §5: exactly these five fields)."""
+"""How the operator endpoints show a group's state (docs/design.md §5: exactly these five
+fields)."""
 
 from __future__ import annotations
 

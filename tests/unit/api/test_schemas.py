@@ -1,4 +1,4 @@
-"""Request bodies: defaults of DESIGN §5, strict types, bounds; views hide the secret."""
+"""Request bodies: defaults of docs/design.md §5, strict types, bounds; views hide the secret."""
 
 from __future__ import annotations
 

@@ -341,7 +341,7 @@ class World:
         self.effects.persists.append(self.engine.moved(move, offsets))
 
     def check_budget(self, message_id: str, attempts: int, last_status: int | None) -> None:
-        """Every message keeps its own retry budget (DESIGN §4): one dead-lettered after a
+        """Every message keeps its own retry budget (docs/design.md §4): one dead-lettered after a
         retryable failure has failed N+1 attempts of its own."""
         if last_status is not None and not self.sub.retry.is_retryable(last_status):
             return

@@ -1,4 +1,4 @@
-"""Hypothesis stateful tests of group delivery with crash-and-restart steps (DESIGN §4).
+"""Hypothesis stateful tests of group delivery with crash-and-restart steps (docs/design.md §4).
 
 The invariant, checked on every 2xx: per group, first deliveries follow the published order
 minus dead-lettered messages (``skip``), and nothing after a parked message is delivered before

@@ -1,4 +1,4 @@
-"""The dedup decision (DESIGN §3, per ingest partition) over plain rows: no Spark here."""
+"""The dedup decision (docs/design.md §3, per ingest partition) over plain rows: no Spark here."""
 
 from __future__ import annotations
 
