@@ -1,7 +1,8 @@
 """Topics: ``/v1/projects/{project}/topics`` and producer marks (docs/design.md §5).
 
-Creating a topic creates its Kafka ingest topic and main log; deleting it removes both, and is
-refused (409) while subscriptions read it.
+Creating a topic creates its Kafka ingest topic, main log and ingest reject topic; deleting it
+removes the main log and the reject topic and empties and keeps the ingest topic
+(``state.retired_topics``), and is refused (409) while subscriptions read it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@
     setu deliver [--check]    one delivery worker
     setu ingest               the Spark ingest job
     setu migrate [--check]    migrate the metadata store to the newest schema
-    setu dev up               Kafka, Redis, SQLite, ingest, API and a worker on this machine
+    setu redrive P T          copy topic T's set-aside ingest records to its main log
+    setu dev up [--spark-workers N]
+                              Kafka, Redis, SQLite, ingest, API and a worker on this machine
     setu fetch [--spark-only] download the Kafka and Spark connector jars into the cache
     setu services run -- CMD  run CMD with throwaway Kafka/Redis/PostgreSQL (SETU_TEST_*)
     setu services up          the same services, until Ctrl-C

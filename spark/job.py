@@ -3,7 +3,8 @@
 One Structured Streaming query, Spark's own Kafka source and sink:
 
 1. Read every ingest topic by pattern (``setu.names.INGEST_PATTERN``); a topic created later is
-   picked up at the next trigger, from its first offset.
+   picked up at the next metadata refresh (``SETU_SPARK_TOPIC_REFRESH_MS``), from its first
+   offset.
 2. De-duplicate (:mod:`spark.dedup`) in :class:`spark.processor.DedupFunction`
    (``applyInPandasWithState``, one state value per bucket, checkpointed state store).
    Rows are grouped by ingest partition, so all rows of a group (one key, one ingest partition)

@@ -1,10 +1,11 @@
 """The Kafka topics behind Setu's topics and subscriptions, created and deleted by AdminClient.
 
-A Setu topic owns its ingest topic and its main log; a subscription owns its retry tiers
-``rq.1..N`` and its DLQ, plus its consumer group. All of them get the Setu topic's partition
-count (docs/design.md §1: a group lives on the same partition index everywhere) and its retention.
-Deleting a topic deletes them all but its ingest topic, which is emptied and kept, so that a
-topic created again under the name continues its offsets (``state.retired_topics``).
+A Setu topic owns its ingest topic, main log and ingest reject topic; a subscription owns its
+retry tiers ``rq.1..N`` and its DLQ, plus its consumer group. All of them get the Setu topic's
+partition count (docs/design.md §1: a group lives on the same partition index everywhere) and
+its retention. Deleting a topic deletes them all but its ingest topic, which is emptied and
+kept, so that a topic created again under the name continues its offsets
+(``state.retired_topics``).
 
 Contract: every method blocks (call it from a worker thread) and is idempotent. ``ensure_*``
 succeeds when the topics already exist with the right partition count and raises Conflict when
