@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from confluent_kafka import KafkaException
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.responses import Response
@@ -30,7 +30,7 @@ from starlette.responses import Response
 from api.context import blocking, services
 from api.health import ingest_state
 from api.responses import JSON
-from api.schemas import errors
+from api.schemas import Body, errors
 from delivery.dead_letters import (
     MAX_SCAN,
     DeadLetter,
@@ -40,7 +40,7 @@ from delivery.dead_letters import (
     parse_cursor,
 )
 from delivery.kafka_io import KafkaReader, record_of
-from delivery.tiers import DLQ, MAIN, is_retry, tier_name, topic_of
+from delivery.tiers import DLQ, is_retry, tier_name, topic_of, topics_by_tier
 from setu import names
 from setu.clock import now_ms
 from setu.errors import DependencyUnavailable, InvalidInput
@@ -58,11 +58,7 @@ router = APIRouter(
 STATS_FRESH_MS = 10_000
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class UnsidelineBody(_Body):
+class UnsidelineBody(Body):
     group_ids: list[Annotated[str, Field(min_length=1, max_length=100)]] | None = Field(
         None, max_length=10_000
     )
@@ -72,7 +68,7 @@ class UnsidelineBody(_Body):
     failed_before: int | None = Field(None, ge=0, description="epoch ms")
 
 
-class SeekBody(_Body):
+class SeekBody(Body):
     timestamp_ms: int = Field(ge=0)
 
 
@@ -170,11 +166,6 @@ async def _kafka(call: Any, *args: Any) -> Any:
         raise DependencyUnavailable(f"Kafka: {exc}") from exc
 
 
-def _tier_topics(sub: Subscription, partitions: int) -> dict[str, int]:
-    tiers = [MAIN, *range(1, sub.retry.tiers + 1), DLQ]
-    return {topic_of(sub, tier): partitions for tier in tiers}
-
-
 @router.get(
     "/status",
     summary="Lag, calls in flight, failed groups, retry backlog and lifetime counters",
@@ -183,7 +174,7 @@ def _tier_topics(sub: Subscription, partitions: int) -> dict[str, int]:
 )
 async def status(request: Request, project: str, subscription: str) -> Response:
     sub, partitions = await _subscription(request, project, subscription)
-    topics = _tier_topics(sub, partitions)
+    topics = dict.fromkeys(topics_by_tier(sub), partitions)
     group = names.consumer_group(project, subscription)
     lag_by_topic: dict[str, int] = await _kafka(_reader(request).lag, group, topics)
     retry_topics = {topic_of(sub, t) for t in range(1, sub.retry.tiers + 1)}

@@ -26,30 +26,32 @@ Delay = Annotated[int, Field(ge=0, le=MAX_RETRY_DELAY_MS)]
 StatusCode = Annotated[int, Field(ge=100, le=599)]
 
 
-class _Body(BaseModel):
+class Body(BaseModel):
+    """A request body: no unknown fields, no type coercion."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class ProjectCreate(_Body):
+class ProjectCreate(Body):
     name: Name
     description: str = Field("", max_length=1000)
 
 
-class TopicCreate(_Body):
+class TopicCreate(Body):
     name: Name
     grouped: bool = False
     partitions: int = Field(6, ge=1, le=MAX_PARTITIONS)
     retention_hours: int = Field(168, ge=1, le=MAX_RETENTION_HOURS)
 
 
-class EndpointBody(_Body):
+class EndpointBody(Body):
     url: str = Field(max_length=2048, examples=["https://hooks.example.com/orders"])
     method: Literal["POST", "PUT", "PATCH"] = "POST"
     headers: dict[str, str] = Field(default_factory=dict, max_length=64)
     timeout_ms: int = Field(10_000, ge=MIN_TIMEOUT_MS, le=MAX_TIMEOUT_MS)
 
 
-class RetryBody(_Body):
+class RetryBody(Body):
     delays_ms: list[Delay] = Field(
         default_factory=lambda: list(DEFAULT_RETRY_DELAYS_MS), max_length=names.MAX_RETRY_TIERS
     )
@@ -57,7 +59,7 @@ class RetryBody(_Body):
     retryable_codes: list[StatusCode] | None = Field(None, max_length=500)
 
 
-class SubscriptionConfig(_Body):
+class SubscriptionConfig(Body):
     """What a subscription does; shared by create and update."""
 
     # None: as grouped as its topic.

@@ -28,8 +28,12 @@ def validate_name(kind: str, name: str) -> str:
     return name
 
 
+# An ingest topic is its main topic's name plus this.
+INGEST_SUFFIX = ".ingest"
+
+
 def ingest_topic(project: str, topic: str) -> str:
-    return f"{PREFIX}.{project}.{topic}.ingest"
+    return f"{main_topic(project, topic)}{INGEST_SUFFIX}"
 
 
 def main_topic(project: str, topic: str) -> str:

@@ -73,6 +73,7 @@ from setu.limits import MessageLimits
 from setu.names import (
     INGEST_PATTERN,
     INGEST_REJECTS_SUFFIX,
+    INGEST_SUFFIX,
     ingest_topic,
     main_topic,
     parse_ingest_topic,
@@ -313,7 +314,7 @@ def main_log_rows(accepted: DataFrame) -> DataFrame:
     )
     headers = fn.concat(fn.from_json(fn.col(RAW_HEADERS), HEADERS_TYPE), ingest_headers)
     return accepted.select(
-        fn.regexp_replace(TOPIC, r"\.ingest$", "").alias("topic"),
+        fn.regexp_replace(TOPIC, re.escape(INGEST_SUFFIX) + "$", "").alias("topic"),
         fn.col(KEY).alias("key"),
         fn.col(VALUE).alias("value"),
         headers.alias("headers"),
