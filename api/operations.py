@@ -7,7 +7,7 @@ letters (browse and unsideline) and seek.
   totals kept in Redis.
 - ``dlq/unsideline`` records requests that the worker owning each partition carries out (one
   writer per group): a parked group is delivered again as a whole, in order; a letter
-  dead-lettered on its own is delivered again on its own. See :mod:`delivery.dead_letters`.
+  dead-lettered on its own is delivered again on its own. See :mod:`setu.ordering.dead_letters`.
 - ``seek`` works on stopped subscriptions only: it records the time in the metadata store
   (bumping ``seek_generation``); when the subscription starts, each worker taking over a
   partition starts the main log at the first offset at or after that time, once per
@@ -31,7 +31,12 @@ from api.context import blocking, services
 from api.health import ingest_state
 from api.responses import JSON
 from api.schemas import Body, errors
-from delivery.dead_letters import (
+from delivery.kafka_io import KafkaReader, record_of
+from setu import names
+from setu.clock import now_ms
+from setu.errors import DependencyUnavailable, InvalidInput
+from setu.model import Subscription
+from setu.ordering.dead_letters import (
     MAX_SCAN,
     DeadLetter,
     Selector,
@@ -39,15 +44,11 @@ from delivery.dead_letters import (
     is_live,
     parse_cursor,
 )
-from delivery.kafka_io import KafkaReader, record_of
-from delivery.tiers import DLQ, is_retry, tier_name, topic_of, topics_by_tier
-from setu import names
-from setu.clock import now_ms
-from setu.errors import DependencyUnavailable, InvalidInput
-from setu.model import Subscription
+from setu.ordering.state import GroupState
+from setu.ordering.tiers import DLQ, is_retry, tier_name, topic_of, topics_by_tier
 from setu.partitioner import partition_for
 from state import keys
-from state.groups import GroupState, RedisGroupStore
+from state.groups import RedisGroupStore
 from state.metadata import MetadataStore
 
 router = APIRouter(
@@ -217,7 +218,7 @@ def group_view(group_id: str, state: GroupState | None) -> dict[str, Any]:
             "parked": 0,
             "head_message_id": None,
         }
-    # A group on a lap is retrying its released head in that tier (see delivery.groups).
+    # A group on a lap is retrying its released head in that tier (see setu.ordering.groups).
     tier = state.lap or state.head_tier
     return {
         "group_id": group_id,
@@ -252,7 +253,7 @@ async def _live_letters(
     keep: Any,
 ) -> tuple[list[tuple[DeadLetter, GroupState | None]], int, bool]:
     """Live dead letters of one partition from ``start`` (see
-    :func:`delivery.dead_letters.is_live`), each with its group's state, reading at most
+    :func:`setu.ordering.dead_letters.is_live`), each with its group's state, reading at most
     ``budget`` records; with the offset to continue from and whether the end was reached."""
     topic = topic_of(sub, DLQ)
     messages, position, end = await _kafka(_reader(request).read, topic, partition, start, budget)

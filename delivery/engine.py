@@ -20,18 +20,18 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from delivery import groups
 from delivery.backoff import next_attempt_at
-from delivery.fencing import is_stale_copy
-from delivery.groups import Failure, Kind, Route
 from delivery.offsets import OffsetTracker
 from delivery.outcome import Outcome, Verdict
-from delivery.records import Record
 from delivery.replays import IngestMarks
-from delivery.tiers import DLQ, MAIN, after_failure, is_retry, next_tier
 from setu.envelope import Envelope
 from setu.model import DeadLetterPolicy, Subscription
-from state.groups import GroupState, PartitionSnapshot, StateWrite
+from setu.ordering import groups
+from setu.ordering.fencing import is_stale_copy
+from setu.ordering.groups import Failure, Kind, Route
+from setu.ordering.records import Record
+from setu.ordering.state import GroupState, PartitionSnapshot, StateWrite
+from setu.ordering.tiers import DLQ, MAIN, after_failure, is_retry, next_tier
 
 # Parks and forwards of one group go out together, up to this many copies.
 MAX_MOVE_BATCH = 256
@@ -211,7 +211,7 @@ class PartitionEngine:
 
     def _stale(self, rec: Record) -> bool:
         """Skips a copy written by a worker that had lost the partition (see
-        :mod:`delivery.fencing`): its source is this owner's to handle."""
+        :mod:`setu.ordering.fencing`): its source is this owner's to handle."""
         if not is_stale_copy(self.fences, rec.tier, rec.offset, rec.epoch):
             return False
         self._pass_over(rec)
@@ -547,7 +547,7 @@ class PartitionEngine:
         """The head failed in its retry tier with attempts of its own to spare: it waits there,
         in memory and first in its lane's queue, for its own backoff; its attempts and due
         time go to the group's state, so a successor that reads the record again goes on
-        from them (see :func:`delivery.tiers.after_failure`)."""
+        from them (see :func:`setu.ordering.tiers.after_failure`)."""
         rec = attempt.record
         state = self.states[group]
         due = self._due(attempt.number, outcome)
@@ -567,7 +567,7 @@ class PartitionEngine:
         """A dead letter delivered again. Success finishes it. A failure that is retried sends
         it through the retry tiers again: a single letter as a loose copy (which ends in the
         DLQ as a new letter if it keeps failing), a group's head on a lap (see
-        :mod:`delivery.groups`). A failure that is not retried, or no retry tiers, leaves it
+        :mod:`setu.ordering.groups`). A failure that is not retried, or no retry tiers, leaves it
         dead: a single letter as a new letter with its latest attempt, a group parked on it."""
         rec = attempt.record
         offset = rec.offset
@@ -598,7 +598,7 @@ class PartitionEngine:
     def _settle_lap(
         self, group: str, lane: Lane | None, attempt: Attempt, outcome: Outcome
     ) -> None:
-        """The lap's copy of a released head was attempted (see :mod:`delivery.groups`)."""
+        """The lap's copy of a released head was attempted (see :mod:`setu.ordering.groups`)."""
         rec = attempt.record
         state = self.states[group]
         to = next_tier(rec.tier, self._tiers)

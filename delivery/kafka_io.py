@@ -29,9 +29,9 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from delivery.records import Record, parse_record
 from setu.envelope import KafkaHeaders
 from setu.limits import MessageLimits
+from setu.ordering.records import Record, parse_record
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ and label value below):
 - ``setu_delivery_reparked_total``: released dead letters that failed for good and parked
   their group again.
 - ``setu_delivery_stale_copies_total``: copies of a worker that had lost the partition,
-  skipped (see :mod:`delivery.fencing`).
+  skipped (see :mod:`setu.ordering.fencing`).
 - ``setu_delivery_runner_failures_total{error}``: runners that gave up and were restarted,
   by error class (``Fenced`` when a stalled worker was fenced out).
 

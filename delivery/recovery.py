@@ -12,7 +12,7 @@ means the replayed source is skipped (its outcome is now recorded) and never cop
 Copies made from a dead letter delivered again are the exception: the DLQ is read again below
 its committed offset, so the source's offset says nothing. A single letter's copy still needs
 its change while the letter is pending release; a lap's first copy while the group's state
-could still start that lap (:func:`delivery.groups.lap_pending`) and the copy itself has no
+could still start that lap (:func:`setu.ordering.groups.lap_pending`) and the copy itself has no
 recorded outcome (a copy of an earlier lap of a group released again looks pending too).
 """
 
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from delivery import groups
-from delivery.fencing import is_stale_copy
-from delivery.records import Record
-from delivery.tiers import DLQ
-from state.groups import GroupState, StateWrite
+from setu.ordering import groups
+from setu.ordering.fencing import is_stale_copy
+from setu.ordering.records import Record
+from setu.ordering.state import GroupState, StateWrite
+from setu.ordering.tiers import DLQ
 
 
 def missing_writes(

@@ -28,7 +28,6 @@ from redis.asyncio import Redis
 
 from delivery.dispatcher import Dispatcher
 from delivery.engine import Attempt, Move, PartitionEngine, Transition
-from delivery.groups import Kind
 from delivery.http import HttpClient
 from delivery.kafka_io import (
     Assignment,
@@ -39,16 +38,17 @@ from delivery.kafka_io import (
     record_of,
 )
 from delivery.metrics import DeliveryMetrics, RunnerFigures
-from delivery.records import copy_headers
 from delivery.replays import decode_marks, encode_marks
 from delivery.takeover import take_over
-from delivery.tiers import DLQ, MAIN, tier_name, topics_by_tier
 from delivery.webhook import WebhookSender
 from delivery.writer import StateWriter
 from setu import names
 from setu.clock import now_ms
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
 from setu.model import Subscription, SubscriptionState
+from setu.ordering.groups import Kind
+from setu.ordering.records import copy_headers
+from setu.ordering.tiers import DLQ, MAIN, tier_name, topics_by_tier
 from state import keys
 from state.groups import RedisGroupStore
 
@@ -91,7 +91,7 @@ class _Port:
         self.runner = runner
         self.partition = partition
         self.engine: PartitionEngine
-        self.epoch = 0  # this worker's owner epoch of the partition (delivery.fencing)
+        self.epoch = 0  # this worker's owner epoch of the partition (setu.ordering.fencing)
         self.alive = True
         self.draining = False
         self.tasks: set[asyncio.Task[None]] = set()  # Kafka writes in progress

@@ -2,7 +2,7 @@
 assigning it and the first record being read.
 
 0. Claim the partition: bump its owner epoch, which fences the previous owner's writes (see
-   :mod:`delivery.fencing`); everything below is written under the new epoch.
+   :mod:`setu.ordering.fencing`); everything below is written under the new epoch.
 1. Read the retry tiers' and the DLQ's tails (committed offset to end) and complete the state
    changes a crash cut short (:mod:`delivery.recovery`), so no source is copied twice. Where
    the tails ended becomes this epoch's fence; dead letters below the DLQ's first offset are
@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from delivery.fencing import KEEP_FENCES
 from delivery.kafka_io import KafkaReader, record_of
-from delivery.records import Record
 from delivery.recovery import missing_writes
-from delivery.tiers import DLQ, MAIN, is_retry
 from setu.model import Subscription
-from state.groups import GroupStore, PartitionSnapshot
+from setu.ordering.fencing import KEEP_FENCES
+from setu.ordering.records import Record
+from setu.ordering.state import PartitionSnapshot
+from setu.ordering.tiers import DLQ, MAIN, is_retry
+from state.groups import GroupStore
 
 
 @dataclass(slots=True)

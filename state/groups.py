@@ -24,139 +24,60 @@ Contract (both :class:`RedisGroupStore` and :class:`state.groups_stub.StubGroupS
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import orjson
 from redis.asyncio import Redis
 
-from setu import names
+from setu.ordering.state import (
+    EMPTY_COUNTS,
+    Fenced,
+    GroupState,
+    PartitionSnapshot,
+    StaleGroupState,
+    StateWrite,
+)
 from state import keys
 
-MAIN_TIER = 0
-DLQ_TIER = names.MAX_RETRY_TIERS + 1
-EMPTY_COUNTS: tuple[int, ...] = (0,) * (DLQ_TIER + 1)
 # Outcome scores: tier * 2**48 + offset stays exact in a double and orders by tier first.
 TIER_SCORE = 2**48
 
 
-class StaleGroupState(Exception):
-    """Raised when a group's stored version is not the one the writer expected."""
+def encode_state(state: GroupState, partition: int) -> dict[str, str]:
+    """A group's state as the fields of its Redis hash."""
+    return {
+        "v": str(state.version),
+        "p": str(partition),
+        "counts": ",".join(map(str, state.counts)),
+        "head": state.head if state.head is not None else "",
+        "released": "1" if state.released else "0",
+        "dlq_from": str(state.dlq_from),
+        "failed_at": str(state.failed_at_ms),
+        "lap": str(state.lap),
+        "attempts": str(state.attempts),
+        "status": "" if state.last_status is None else str(state.last_status),
+        "reason": state.reason,
+        "due": str(state.due_at_ms),
+    }
 
 
-class Fenced(Exception):
-    """Raised when a write names an owner epoch that is no longer its partition's epoch."""
-
-    def __init__(self, partitions: Sequence[int], message: str) -> None:
-        super().__init__(message)
-        self.partitions = tuple(partitions)
-
-
-@dataclass(frozen=True, slots=True)
-class GroupState:
-    """One failed group. ``counts[t]`` is how many of its messages are unfinished in tier t.
-
-    ``head`` is the head's message id, or None for "the first one reached in the head tier".
-    ``released``, ``dlq_from`` and ``failed_at_ms`` matter while the group is in the DLQ:
-    dead letters at DLQ offsets >= ``dlq_from`` are the group's, and ``released`` says an
-    operator asked for them to be delivered. ``lap`` is the retry tier where a released head
-    that failed again is being retried (0: none); ``attempts``, ``last_status`` and
-    ``reason`` describe the head's latest failure when it is newer than its dead letter's, or
-    (in a retry tier) the failures of a head that waits where it is for its next attempt,
-    which is due at ``due_at_ms`` (0: at once). ``version`` fences concurrent writers.
-    """
-
-    counts: tuple[int, ...] = EMPTY_COUNTS
-    head: str | None = None
-    released: bool = False
-    dlq_from: int = -1
-    failed_at_ms: int = 0
-    version: int = 0
-    lap: int = 0
-    attempts: int = 0
-    last_status: int | None = None
-    reason: str = ""
-    due_at_ms: int = 0
-
-    @property
-    def head_tier(self) -> int:
-        return max(t for t, n in enumerate(self.counts) if n > 0)
-
-    @property
-    def lowest_tier(self) -> int:
-        return min(t for t, n in enumerate(self.counts) if n > 0)
-
-    @property
-    def parked(self) -> int:
-        return sum(self.counts)
-
-    def tier_above(self, tier: int) -> int:
-        """The lowest non-empty tier above ``tier``."""
-        return min(t for t, n in enumerate(self.counts) if n > 0 and t > tier)
-
-    def to_fields(self, partition: int) -> dict[str, str]:
-        return {
-            "v": str(self.version),
-            "p": str(partition),
-            "counts": ",".join(map(str, self.counts)),
-            "head": self.head if self.head is not None else "",
-            "released": "1" if self.released else "0",
-            "dlq_from": str(self.dlq_from),
-            "failed_at": str(self.failed_at_ms),
-            "lap": str(self.lap),
-            "attempts": str(self.attempts),
-            "status": "" if self.last_status is None else str(self.last_status),
-            "reason": self.reason,
-            "due": str(self.due_at_ms),
-        }
-
-    @classmethod
-    def from_fields(cls, fields: Mapping[str, str]) -> GroupState:
-        counts = tuple(int(n) for n in fields["counts"].split(","))
-        counts = (counts + EMPTY_COUNTS)[: len(EMPTY_COUNTS)]
-        return cls(
-            counts=counts,
-            head=fields.get("head") or None,
-            released=fields.get("released") == "1",
-            dlq_from=int(fields.get("dlq_from", "-1")),
-            failed_at_ms=int(fields.get("failed_at", "0")),
-            version=int(fields["v"]),
-            lap=int(fields.get("lap") or "0"),
-            attempts=int(fields.get("attempts") or "0"),
-            last_status=int(fields["status"]) if fields.get("status") else None,
-            reason=fields.get("reason", ""),
-            due_at_ms=int(fields.get("due") or "0"),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class StateWrite:
-    """One atomic change. ``state`` None with ``touches_group`` deletes the group (healthy)."""
-
-    partition: int
-    group: str | None = None
-    touches_group: bool = False
-    expected_version: int = 0
-    state: GroupState | None = None
-    outcomes: tuple[tuple[int, int], ...] = ()  # (tier, offset) now durable
-    delivered: int = 0
-    dead_lettered: int = 0
-    retried: int = 0
-    redelivered: tuple[int, ...] = ()  # single dead letters delivered again, or copied out
-    releases_done: tuple[int, ...] = ()  # DLQ offsets no longer pending release
-    release_request_done: bool = False  # the group's release request was taken up
-
-
-@dataclass(slots=True)
-class PartitionSnapshot:
-    """What a worker loads when it is assigned a partition index."""
-
-    states: dict[str, GroupState] = field(default_factory=dict)
-    outcomes: set[tuple[int, int]] = field(default_factory=set)
-    pending_releases: set[int] = field(default_factory=set)
-    release_requests: set[str] = field(default_factory=set)
-    seek_generation: int = 0
-    fences: dict[int, dict[int, int]] = field(default_factory=dict)  # epoch -> tier -> offset
+def decode_state(fields: Mapping[str, str]) -> GroupState:
+    """Inverse of :func:`encode_state`."""
+    counts = tuple(int(n) for n in fields["counts"].split(","))
+    counts = (counts + EMPTY_COUNTS)[: len(EMPTY_COUNTS)]
+    return GroupState(
+        counts=counts,
+        head=fields.get("head") or None,
+        released=fields.get("released") == "1",
+        dlq_from=int(fields.get("dlq_from", "-1")),
+        failed_at_ms=int(fields.get("failed_at", "0")),
+        version=int(fields["v"]),
+        lap=int(fields.get("lap") or "0"),
+        attempts=int(fields.get("attempts") or "0"),
+        last_status=int(fields["status"]) if fields.get("status") else None,
+        reason=fields.get("reason", ""),
+        due_at_ms=int(fields.get("due") or "0"),
+    )
 
 
 COUNTERS = ("delivered_total", "dead_lettered", "retried")
@@ -172,7 +93,7 @@ class GroupStore(Protocol):
         self, partition: int, epoch: int, ends: Mapping[int, int], keep: int = 64
     ) -> None:
         """Records where each tier ended when ``epoch`` took the partition over (see
-        :mod:`delivery.fencing`); keeps the ``keep`` latest epochs' fences."""
+        :mod:`setu.ordering.fencing`); keeps the ``keep`` latest epochs' fences."""
 
     async def load(self, partition: int) -> PartitionSnapshot: ...
 
@@ -394,9 +315,7 @@ class RedisGroupStore:
                 pipe.hgetall(keys.group_state(p, s, g))
             for g, raw in zip(groups, await pipe.execute(), strict=True):
                 if raw:
-                    snap.states[g] = GroupState.from_fields(
-                        {_text(k): _text(v) for k, v in raw.items()}
-                    )
+                    snap.states[g] = decode_state({_text(k): _text(v) for k, v in raw.items()})
         pipe = self._redis.pipeline(transaction=False)
         pipe.zrange(keys.delivered(p, s, partition), 0, -1)
         pipe.zrange(keys.pending_releases(p, s, partition), 0, -1)
@@ -482,7 +401,7 @@ class RedisGroupStore:
             "release_done": write.release_request_done,
         }
         if write.touches_group and write.state is not None:
-            fields = write.state.to_fields(partition)
+            fields = encode_state(write.state, partition)
             out["fields"] = [x for kv in fields.items() for x in kv]
         return out
 
@@ -525,7 +444,7 @@ class RedisGroupStore:
         raw = await self._redis.hgetall(keys.group_state(self._project, self._sub, group_id))
         if not raw:
             return None
-        return GroupState.from_fields({_text(k): _text(v) for k, v in raw.items()})
+        return decode_state({_text(k): _text(v) for k, v in raw.items()})
 
     async def states_of(self, group_ids: Iterable[str]) -> dict[str, GroupState]:
         names = sorted(set(group_ids))
@@ -537,7 +456,7 @@ class RedisGroupStore:
         out = {}
         for g, raw in zip(names, await pipe.execute(), strict=True):
             if raw:
-                out[g] = GroupState.from_fields({_text(k): _text(v) for k, v in raw.items()})
+                out[g] = decode_state({_text(k): _text(v) for k, v in raw.items()})
         return out
 
     async def failed_count(self) -> int:

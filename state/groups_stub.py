@@ -8,14 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from state.groups import (
-    COUNTERS,
-    Fenced,
-    GroupState,
-    PartitionSnapshot,
-    StaleGroupState,
-    StateWrite,
-)
+from setu.ordering.state import Fenced, GroupState, PartitionSnapshot, StaleGroupState, StateWrite
+from state.groups import COUNTERS
 
 
 @dataclass(slots=True)

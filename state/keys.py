@@ -31,7 +31,7 @@ def failed_groups(project: str, subscription: str) -> str:
 def delivered(project: str, subscription: str, partition: int) -> str:
     """Sorted set of the records of one partition index whose outcome is durable (delivered with
     a recorded 2xx, moved, parked) above the committed offsets, so replays skip them. Member
-    ``{tier}:{offset}``, score ``tier * 2**48 + offset`` (see delivery.tiers)."""
+    ``{tier}:{offset}``, score ``tier * 2**48 + offset`` (see setu.ordering.tiers)."""
     return f"{_sub(project, subscription)}:delivered:{partition}"
 
 

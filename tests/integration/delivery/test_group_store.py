@@ -8,17 +8,16 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from state import keys
-from state.groups import (
+from setu.ordering.state import (
     DLQ_TIER,
     EMPTY_COUNTS,
     Fenced,
     GroupState,
-    GroupStore,
-    RedisGroupStore,
     StaleGroupState,
     StateWrite,
 )
+from state import keys
+from state.groups import GroupStore, RedisGroupStore
 from state.groups_stub import StubGroupStore
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ from redis.asyncio import Redis
 
 from delivery.http import HttpClient
 from delivery.runner import RunnerConfig, SubscriptionRunner, _Port
-from delivery.tiers import DLQ
 from setu import names
+from setu.ordering.tiers import DLQ
 from tests.integration.delivery.conftest import Receiver, World
 
 pytestmark = pytest.mark.integration

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from api.operations import group_view
-from delivery.tiers import DLQ
-from state.groups import EMPTY_COUNTS, GroupState
+from setu.ordering.state import EMPTY_COUNTS, GroupState
+from setu.ordering.tiers import DLQ
 
 
 def counts(**by_tier: int) -> tuple[int, ...]:

@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from delivery.engine import Attempt, Move, PartitionEngine, Transition
-from delivery.groups import Kind, releasable
 from delivery.outcome import Outcome, classify_error, classify_status
-from delivery.records import Record, copy_headers, parse_record
 from delivery.recovery import missing_writes
-from delivery.tiers import DLQ, MAIN
 from setu.envelope import Envelope, KafkaHeaders
 from setu.model import DeadLetterPolicy, Endpoint, RetryPolicy, Subscription
-from state.groups import Fenced
+from setu.ordering.groups import Kind, releasable
+from setu.ordering.records import Record, copy_headers, parse_record
+from setu.ordering.state import Fenced
+from setu.ordering.tiers import DLQ, MAIN
 from state.groups_stub import StubGroupStore
 
 T = TypeVar("T")

@@ -8,8 +8,8 @@ from typing import Any
 from delivery.dispatcher import Dispatcher
 from delivery.engine import Attempt
 from delivery.outcome import Outcome, Verdict
-from delivery.records import Record
 from setu.envelope import Envelope
+from setu.ordering.records import Record
 
 
 class Sender:

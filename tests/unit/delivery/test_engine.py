@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from delivery.groups import Kind
 from delivery.outcome import classify_status
-from delivery.records import copy_headers, parse_record
-from delivery.tiers import DLQ, MAIN
 from setu.envelope import Envelope
 from setu.model import DeadLetterPolicy
-from state.groups import Fenced
+from setu.ordering.groups import Kind
+from setu.ordering.records import copy_headers, parse_record
+from setu.ordering.state import Fenced
+from setu.ordering.tiers import DLQ, MAIN
 from tests.unit.delivery.sim import World, run, subscription
 
 

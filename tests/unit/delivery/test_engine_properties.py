@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from delivery.records import parse_record
 from setu.model import DeadLetterPolicy, Subscription
+from setu.ordering.records import parse_record
 from tests.unit.delivery.sim import World, subscription
 
 GROUPS = ("g1", "g2", "g3")

@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from delivery.metrics import DeliveryMetrics, RunnerFigures
 from delivery.outcome import Outcome, Verdict
-from state.groups import Fenced
+from setu.ordering.state import Fenced
 
 
 def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -13,8 +13,8 @@ from redis.asyncio import Redis
 from delivery import runner as runner_module
 from delivery.http import HttpClient
 from delivery.runner import RunnerConfig, SubscriptionRunner, _Port
-from delivery.tiers import DLQ
 from setu.clock import now_ms
+from setu.ordering.tiers import DLQ
 from tests.unit.delivery.sim import subscription
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from delivery.engine import Transition
 from delivery.writer import StateWriter
-from state.groups import StateWrite
+from setu.ordering.state import StateWrite
 from state.groups_stub import StubGroupStore
 
 

@@ -4,12 +4,12 @@ from dataclasses import replace
 
 import pytest
 
-from delivery.dead_letters import DeadLetter, Selector, choose, is_live, parse_cursor
-from delivery.groups import Kind
-from delivery.records import Record
-from delivery.tiers import DLQ
 from setu.envelope import Envelope
-from state.groups import EMPTY_COUNTS, GroupState
+from setu.ordering.dead_letters import DeadLetter, Selector, choose, is_live, parse_cursor
+from setu.ordering.groups import Kind
+from setu.ordering.records import Record
+from setu.ordering.state import EMPTY_COUNTS, GroupState
+from setu.ordering.tiers import DLQ
 
 
 def letter(

@@ -9,7 +9,7 @@ Unsideline (:func:`choose`) never moves messages itself; it records requests tha
 owning each partition carries out, so a group's state has one writer:
 
 - A group parked in the DLQ (``park`` policy) is released as a whole: its dead letters are
-  delivered in place, in DLQ order, which is published order (see :mod:`delivery.groups`).
+  delivered in place, in DLQ order, which is published order (see :mod:`setu.ordering.groups`).
   Selecting any of its letters (by group id, message id, or a head that failed before the
   given time) releases the group; selecting only a later letter would break order.
 - A letter dead-lettered on its own (``skip`` policy, ungrouped, or without a group) is
@@ -18,7 +18,7 @@ owning each partition carries out, so a group's state has one writer:
 A released letter that fails again goes through the retry tiers again, its attempt count
 going on from where it was. A single letter is copied to the first retry tier (its old letter
 is finished) and, failing in the last tier, becomes a new dead letter. A group's head goes on
-a lap (:mod:`delivery.groups`) and, failing in the last tier, parks the group on the same
+a lap (:mod:`setu.ordering.groups`) and, failing in the last tier, parks the group on the same
 letter again, which then shows the latest attempt count, status and reason.
 """
 
@@ -28,11 +28,11 @@ import base64
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
-from delivery.fencing import is_stale_copy
-from delivery.groups import releasable
-from delivery.records import Record
-from delivery.tiers import DLQ
-from state.groups import GroupState
+from setu.ordering.fencing import is_stale_copy
+from setu.ordering.groups import releasable
+from setu.ordering.records import Record
+from setu.ordering.state import GroupState
+from setu.ordering.tiers import DLQ
 
 # A browse request reads at most this many records before returning a cursor.
 MAX_SCAN = 50_000
@@ -97,7 +97,7 @@ def is_live(
     """Whether a dead letter still waits for an operator. A single letter is, until it is
     delivered again (``redelivered``); a group's letter while its group is parked in the DLQ
     from that letter or an earlier one on (``state`` is its group's). A copy written by a
-    worker that had lost the partition (``fences``, see :mod:`delivery.fencing`) never is."""
+    worker that had lost the partition (``fences``, see :mod:`setu.ordering.fencing`) never is."""
     record = letter.record
     if is_stale_copy(fences or {}, record.tier, record.offset, record.epoch):
         return False

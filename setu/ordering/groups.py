@@ -39,8 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from delivery.tiers import DLQ, MAIN
-from state.groups import GroupState
+from setu.ordering.state import GroupState
+from setu.ordering.tiers import DLQ, MAIN
 
 
 class Kind(StrEnum):
@@ -174,7 +174,7 @@ def forwarded(state: GroupState, from_tier: int, to_tier: int, n: int = 1) -> Gr
 
 def head_waits(state: GroupState, message_id: str, failure: Failure, due_at_ms: int) -> GroupState:
     """The head failed in its tier with attempts of its own to spare (see
-    :func:`delivery.tiers.after_failure`): it stays where it is, first in its tier, and is
+    :func:`setu.ordering.tiers.after_failure`): it stays where it is, first in its tier, and is
     attempted again at ``due_at_ms``; its attempts so far are kept here, since its record in
     the tier does not carry them."""
     return replace(

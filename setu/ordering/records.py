@@ -4,7 +4,7 @@ A copy written to a retry tier or the DLQ carries the message's envelope plus he
 delivery's own: why it was written (``setu-kind``), where from (``setu-origin``, tier and
 offset, so recovery can tell whether that move reached Redis), when it is due
 (``setu-due-at``) and under which owner epoch of its partition (``setu-epoch``, so copies of
-a worker that had lost the partition can be told apart; see :mod:`delivery.fencing`).
+a worker that had lost the partition can be told apart; see :mod:`setu.ordering.fencing`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from delivery.groups import Kind
 from setu.envelope import Envelope, KafkaHeaders
+from setu.ordering.groups import Kind
 
 H_KIND = "setu-kind"
 H_ORIGIN = "setu-origin"

@@ -1,11 +1,11 @@
-"""Which copies a worker that had lost its partition wrote (delivery.fencing)."""
+"""Which copies a worker that had lost its partition wrote (setu.ordering.fencing)."""
 
 from __future__ import annotations
 
 import pytest
 
-from delivery.fencing import is_stale_copy
-from delivery.tiers import DLQ
+from setu.ordering.fencing import is_stale_copy
+from setu.ordering.tiers import DLQ
 
 # Epoch 3 took over when rq.1 ended at 10 and the DLQ at 4; epoch 5 at 20 and 9.
 FENCES = {3: {1: 10, DLQ: 4}, 5: {1: 20, DLQ: 9}}

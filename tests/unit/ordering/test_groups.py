@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import pytest
 
-from delivery import groups
-from delivery.groups import Kind, Route
-from delivery.tiers import DLQ, MAIN, next_tier, parse_tier_name, tier_name
-from state.groups import EMPTY_COUNTS, GroupState
+from setu.ordering import groups
+from setu.ordering.groups import Kind, Route
+from setu.ordering.state import EMPTY_COUNTS, GroupState
+from setu.ordering.tiers import DLQ, MAIN, next_tier, parse_tier_name, tier_name
 
 
 def state(

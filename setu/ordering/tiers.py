@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from setu import names
 from setu.model import Subscription
-from state.groups import DLQ_TIER, MAIN_TIER
 
-MAIN = MAIN_TIER
-DLQ = DLQ_TIER
+MAIN = 0
+DLQ = names.MAX_RETRY_TIERS + 1
 ALL_TIERS = tuple(range(DLQ + 1))
 
 
