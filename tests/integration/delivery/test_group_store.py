@@ -9,13 +9,13 @@ import pytest
 from redis.asyncio import Redis
 
 from setu.ordering.state import (
-    DLQ_TIER,
     EMPTY_COUNTS,
     Fenced,
     GroupState,
     StaleGroupState,
     StateWrite,
 )
+from setu.ordering.tiers import DLQ
 from state import keys
 from state.groups import GroupStore, RedisGroupStore
 from state.groups_stub import StubGroupStore
@@ -99,9 +99,9 @@ async def test_outcomes_and_counters_change_with_the_state(store: GroupStore) ->
         )
     )
     await store.apply(StateWrite(3, None, outcomes=((1, 4),), dead_lettered=1))
-    await store.record_delivered(3, [(0, 12), (DLQ_TIER - 1, 2**40)])
+    await store.record_delivered(3, [(0, 12), (DLQ - 1, 2**40)])
     snapshot = await store.load(3)
-    assert snapshot.outcomes == {(0, 10), (0, 11), (1, 4), (0, 12), (DLQ_TIER - 1, 2**40)}
+    assert snapshot.outcomes == {(0, 10), (0, 11), (1, 4), (0, 12), (DLQ - 1, 2**40)}
     assert await store.counters() == {"delivered_total": 2, "dead_lettered": 1, "retried": 2}
 
 
@@ -140,7 +140,7 @@ async def test_dead_letters_retention_removed_are_forgotten(store: GroupStore) -
 
 async def test_a_lap_and_the_latest_failure_round_trip(store: GroupStore) -> None:
     state = GroupState(
-        counts=failed(DLQ_TIER, 2).counts,
+        counts=failed(DLQ, 2).counts,
         head="m",
         dlq_from=12,
         version=4,
@@ -187,11 +187,11 @@ async def test_a_write_under_a_superseded_epoch_changes_nothing(store: GroupStor
 
 async def test_fences_are_kept_for_the_latest_epochs(store: GroupStore) -> None:
     for epoch in range(1, 6):
-        await store.record_fences(0, epoch, {1: epoch * 10, DLQ_TIER: epoch}, keep=3)
+        await store.record_fences(0, epoch, {1: epoch * 10, DLQ: epoch}, keep=3)
     assert (await store.load(0)).fences == {
-        3: {1: 30, DLQ_TIER: 3},
-        4: {1: 40, DLQ_TIER: 4},
-        5: {1: 50, DLQ_TIER: 5},
+        3: {1: 30, DLQ: 3},
+        4: {1: 40, DLQ: 4},
+        5: {1: 50, DLQ: 5},
     }
     assert (await store.load(1)).fences == {}
     assert await store.fences(0) == (await store.load(0)).fences
@@ -199,7 +199,7 @@ async def test_fences_are_kept_for_the_latest_epochs(store: GroupStore) -> None:
 
 async def test_released_dlq_fields_round_trip(store: GroupStore) -> None:
     state = GroupState(
-        counts=failed(DLQ_TIER, 2).counts, head=None, released=True, dlq_from=12, version=4
+        counts=failed(DLQ, 2).counts, head=None, released=True, dlq_from=12, version=4
     )
     await store.apply(StateWrite(0, "g", touches_group=True, expected_version=0, state=state))
     assert await store.group("g") == state
