@@ -28,7 +28,8 @@ from api.validation import IPAddress, check_grouping, check_update, endpoint_hos
 from setu import names
 from setu.errors import Conflict, DependencyUnavailable
 from setu.model import Subscription, Topic
-from state import keys, retired_topics
+from state import retired_topics
+from state.groups import RedisGroupStore
 
 log = logging.getLogger(__name__)
 
@@ -122,16 +123,8 @@ async def delete_subscription(s: Services, project: str, name: str) -> None:
 
 async def clear_subscription_state(redis: Redis[bytes], project: str, subscription: str) -> int:
     """Deletes every Redis key of the subscription; returns how many there were."""
-    removed = 0
     try:
-        batch: list[bytes | str] = []
-        async for key in redis.scan_iter(match=keys.subscription_pattern(project, subscription)):
-            batch.append(key)
-            if len(batch) >= 500:
-                removed += await redis.unlink(*batch)
-                batch.clear()
-        if batch:
-            removed += await redis.unlink(*batch)
+        removed = await RedisGroupStore(redis, project, subscription).clear()
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
     if removed:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any, Literal
 
-import orjson
 from confluent_kafka import KafkaException
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
@@ -47,16 +46,13 @@ from setu.ordering.dead_letters import (
 from setu.ordering.state import GroupState
 from setu.ordering.tiers import DLQ, is_retry, tier_name, topic_of, topics_by_tier
 from setu.partitioner import partition_for
-from state import keys
+from state import workers
 from state.groups import RedisGroupStore
 from state.metadata import MetadataStore
 
 router = APIRouter(
     prefix="/v1/projects/{project}/subscriptions/{subscription}", tags=["operations"]
 )
-
-# A worker's figures older than this are ignored (it reports every 2 s).
-STATS_FRESH_MS = 10_000
 
 
 class UnsidelineBody(Body):
@@ -183,10 +179,9 @@ async def status(request: Request, project: str, subscription: str) -> Response:
     try:
         failed = await groups.failed_count()
         counters = await groups.counters()
-        stats = await _redis(request).hvals(keys.worker_stats(project, subscription))
+        fresh = await workers.fresh_reports(_redis(request), project, subscription, now_ms())
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
-    fresh = [s for s in map(orjson.loads, stats) if now_ms() - s.get("at", 0) < STATS_FRESH_MS]
     try:
         ingest = await ingest_state(services(request))
     except RedisError as exc:
@@ -357,8 +352,7 @@ async def unsideline(
         if body.group_ids is not None:
             names_ = sorted(set(body.group_ids))
         else:
-            members = await _redis(request).smembers(keys.failed_groups(project, subscription))
-            names_ = sorted(m.decode() for m in members)
+            names_ = await groups.failed_groups()
         found = await asyncio.gather(*(groups.group(g) for g in names_))
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc

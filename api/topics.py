@@ -22,8 +22,7 @@ from setu.errors import DependencyUnavailable
 from setu.headers import PRODUCER_ID, check_id
 from setu.model import Topic
 from setu.names import validate_name
-from state import keys
-from state.producer_marks import last_sequence
+from state.producer_marks import read_last_sequence
 
 router = APIRouter(prefix="/v1/projects/{project}/topics", tags=["topics"])
 
@@ -102,8 +101,7 @@ async def get_producer_mark(
     check_id(PRODUCER_ID, producer_id, required=True)
     found = await blocking(s.store.get_topic, project, topic)
     try:
-        raw = await s.redis.hget(keys.producer_marks(project, topic), producer_id)
+        last = await read_last_sequence(s.redis, project, topic, producer_id, found.created_at_ms)
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
-    last = last_sequence(raw, found.created_at_ms)
     return JSON({"producer_id": producer_id, "last_sequence_id": last})

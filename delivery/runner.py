@@ -22,7 +22,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from redis.asyncio import Redis
 
@@ -49,7 +48,7 @@ from setu.model import Subscription, SubscriptionState
 from setu.ordering.groups import Kind
 from setu.ordering.records import copy_headers
 from setu.ordering.tiers import DLQ, MAIN, tier_name, topics_by_tier
-from state import keys
+from state import workers
 from state.groups import RedisGroupStore
 
 log = logging.getLogger(__name__)
@@ -701,13 +700,13 @@ class SubscriptionRunner:
             "paused": not self.gate.is_set(),
             "at": now_ms(),
         }
-        key = keys.worker_stats(self.sub.project, self.sub.name)
-        await self.redis.hset(key, self.config.worker_id, orjson.dumps(figures))
+        await workers.report(
+            self.redis, self.sub.project, self.sub.name, self.config.worker_id, figures
+        )
 
     async def _forget_stats(self) -> None:
         with contextlib.suppress(Exception):
-            key = keys.worker_stats(self.sub.project, self.sub.name)
-            await self.redis.hdel(key, self.config.worker_id)
+            await workers.forget(self.redis, self.sub.project, self.sub.name, self.config.worker_id)
 
     async def _drain(self, port: _Port) -> None:
         """Lets calls and writes in progress finish; calls not yet made are dropped."""

@@ -33,7 +33,7 @@ from delivery.runner import RunnerConfig, SubscriptionRunner
 from setu.limits import MessageLimits
 from setu.model import Subscription, SubscriptionState
 from setu.settings import Settings
-from state import keys
+from state import workers
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def check(settings: Settings) -> str | None:
         return "SETU_REDIS_URL is not set"
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
     try:
-        alive = client.exists(keys.worker_heartbeat(worker_id(settings)))
+        alive = workers.is_alive(client, worker_id(settings))
     except redis.RedisError as error:
         return f"redis: {error}"
     finally:
@@ -139,7 +139,7 @@ async def serve(
         await producer.close()
         http.close()
         with contextlib.suppress(Exception):
-            await client.delete(keys.worker_heartbeat(name))
+            await workers.stop_beating(client, name)
         await client.aclose()  # type: ignore[attr-defined]
 
 
@@ -159,10 +159,9 @@ def _on_loop(
 
 
 async def _heartbeat(client: Redis[bytes], name: str, stop: asyncio.Event) -> None:
-    key = keys.worker_heartbeat(name)
     while not stop.is_set():
         try:
-            await client.set(key, b"alive", px=HEARTBEAT_TTL_MS)
+            await workers.beat(client, name, HEARTBEAT_TTL_MS)
         except redis.RedisError as exc:
             log.warning("heartbeat: %s", exc)
         with contextlib.suppress(TimeoutError):

@@ -1,14 +1,6 @@
-"""Producer high marks in Redis: what ``GET .../producers/{producer_id}`` answers.
-
-After a batch is in the main log the job raises, per (topic, producer), the hash field
-``state.keys.producer_marks(project, topic)[producer]`` to ``"<incarnation>:<sequence>"``: the
-highest sequence the batch accepted, under the topic incarnation it was accepted in
-(:mod:`spark.dedup`). The raise is a Lua script that compares (incarnation, sequence) pairs, so
-a replayed batch or a late writer never moves a mark backwards, and a late batch of a deleted
-topic never overwrites the mark of the topic created again under its name (the API answers a
-mark only for its topic's current incarnation). A value without a colon is a mark written
-before incarnations (incarnation 0).
-"""
+"""Producer marks from the ingest job: each batch gathers its producers' highest accepted
+sequences (an accumulator), and :class:`MarkPublisher` raises them in Redis once the batch is in
+the main log (:mod:`state.producer_marks` holds the stored form and the max-guarded raise)."""
 
 from __future__ import annotations
 
@@ -20,35 +12,9 @@ import redis
 from pyspark.accumulators import AccumulatorParam
 
 from setu.names import parse_ingest_topic
-from state import keys
+from state.producer_marks import Mark, ProducerMarks
 
 log = logging.getLogger(__name__)
-
-# KEYS[1] = marks hash; ARGV = producer, incarnation, sequence, producer, ...
-_RAISE = """
-for i = 1, #ARGV, 3 do
-  local current = redis.call('HGET', KEYS[1], ARGV[i])
-  local incarnation, sequence = -1, -1
-  if current then
-    local colon = string.find(current, ':', 1, true)
-    if colon then
-      incarnation = tonumber(string.sub(current, 1, colon - 1))
-      sequence = tonumber(string.sub(current, colon + 1))
-    else
-      incarnation, sequence = 0, tonumber(current)
-    end
-  end
-  local new_incarnation, new_sequence = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
-  if new_incarnation > incarnation
-      or (new_incarnation == incarnation and new_sequence > sequence) then
-    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1] .. ':' .. ARGV[i + 2])
-  end
-end
-return 0
-"""
-
-Mark = tuple[int, int]
-"""(topic incarnation, highest accepted sequence): compared as a pair, incarnation first."""
 
 TopicMarks = dict[str, dict[str, Mark]]
 """Ingest topic -> producer id -> its mark."""
@@ -102,8 +68,7 @@ class MarkPublisher:
         patience_s: float = 300.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self._client = client
-        self._raise = client.register_script(_RAISE)
+        self._marks = ProducerMarks(client)
         self._patience_s = patience_s
         self._sleep = sleep
 
@@ -127,9 +92,4 @@ class MarkPublisher:
 
     def _publish(self, marks: Mapping[str, Mapping[str, Mark]]) -> None:
         for ingest_topic, producers in marks.items():
-            project, topic = parse_ingest_topic(ingest_topic)
-            args: list[str | int] = []
-            for producer, (incarnation, sequence) in producers.items():
-                args += [producer, incarnation, sequence]
-            if args:
-                self._raise(keys=[keys.producer_marks(project, topic)], args=args)
+            self._marks.raise_marks(*parse_ingest_topic(ingest_topic), producers)

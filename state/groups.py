@@ -136,6 +136,15 @@ class GroupStore(Protocol):
 
     async def failed_count(self) -> int: ...
 
+    async def failed_groups(self) -> list[str]:
+        """The ids of the subscription's failed groups, sorted."""
+        ...
+
+    async def clear(self) -> int:
+        """Forgets everything of the subscription (it is being deleted); returns how many
+        records (Redis keys) there were."""
+        ...
+
     async def counters(self) -> dict[str, int]: ...
 
     async def redelivered(self, partition: int) -> set[int]:
@@ -461,6 +470,23 @@ class RedisGroupStore:
 
     async def failed_count(self) -> int:
         return int(await self._redis.scard(keys.failed_groups(self._project, self._sub)))
+
+    async def failed_groups(self) -> list[str]:
+        members = await self._redis.smembers(keys.failed_groups(self._project, self._sub))
+        return sorted(_text(m) for m in members)
+
+    async def clear(self) -> int:
+        removed = 0
+        batch: list[bytes | str] = []
+        pattern = keys.subscription_pattern(self._project, self._sub)
+        async for key in self._redis.scan_iter(match=pattern):
+            batch.append(key)
+            if len(batch) >= 500:
+                removed += await self._redis.unlink(*batch)
+                batch.clear()
+        if batch:
+            removed += await self._redis.unlink(*batch)
+        return removed
 
     async def counters(self) -> dict[str, int]:
         raw = await self._redis.hgetall(keys.counters(self._project, self._sub))

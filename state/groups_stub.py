@@ -140,6 +140,16 @@ class StubGroupStore:
     async def failed_count(self) -> int:
         return len(self.groups)
 
+    async def failed_groups(self) -> list[str]:
+        return sorted(self.groups)
+
+    async def clear(self) -> int:
+        removed = len(self.groups) + len(self.partitions) + (1 if any(self.totals.values()) else 0)
+        self.groups.clear()
+        self.partitions.clear()
+        self.totals = dict.fromkeys(COUNTERS, 0)
+        return removed
+
     async def counters(self) -> dict[str, int]:
         return dict(self.totals)
 

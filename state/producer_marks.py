@@ -1,9 +1,72 @@
-"""Reading a producer's mark: the hash field ``keys.producer_marks(project, topic)[producer]``
-that the ingest job raises (``spark/marks.py`` writes it)."""
+"""Producer marks in Redis: per (topic, producer), the hash field
+``keys.producer_marks(project, topic)[producer]``, ``"<incarnation>:<sequence>"``. The ingest job
+raises them after each batch (``spark/marks.py``); ``GET …/producers/{id}`` reads them.
+
+The raise is a Lua script that compares (incarnation, sequence) pairs, so a replayed batch or a
+late writer never moves a mark backwards, and a late batch of a deleted topic never overwrites
+the mark of the topic created again under its name. A value without a colon was written before
+incarnations (incarnation 0).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import redis
+from redis.asyncio import Redis
+
+from state import keys
+
 NO_SEQUENCE = -1
+
+Mark = tuple[int, int]
+"""(topic incarnation, highest accepted sequence): compared as a pair, incarnation first."""
+
+# KEYS[1] = marks hash; ARGV = producer, incarnation, sequence, producer, ...
+_RAISE = """
+for i = 1, #ARGV, 3 do
+  local current = redis.call('HGET', KEYS[1], ARGV[i])
+  local incarnation, sequence = -1, -1
+  if current then
+    local colon = string.find(current, ':', 1, true)
+    if colon then
+      incarnation = tonumber(string.sub(current, 1, colon - 1))
+      sequence = tonumber(string.sub(current, colon + 1))
+    else
+      incarnation, sequence = 0, tonumber(current)
+    end
+  end
+  local new_incarnation, new_sequence = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  if new_incarnation > incarnation
+      or (new_incarnation == incarnation and new_sequence > sequence) then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1] .. ':' .. ARGV[i + 2])
+  end
+end
+return 0
+"""
+
+
+class ProducerMarks:
+    """Raises marks (the ingest job, synchronous)."""
+
+    def __init__(self, client: redis.Redis[bytes]) -> None:
+        self._raise = client.register_script(_RAISE)
+
+    def raise_marks(self, project: str, topic: str, marks: Mapping[str, Mark]) -> None:
+        """Raises each producer's mark of ``topic`` to the given one where it is higher."""
+        args: list[str | int] = []
+        for producer, (incarnation, sequence) in marks.items():
+            args += [producer, incarnation, sequence]
+        if args:
+            self._raise(keys=[keys.producer_marks(project, topic)], args=args)
+
+
+async def read_last_sequence(
+    client: Redis[bytes], project: str, topic: str, producer: str, topic_incarnation: int
+) -> int:
+    """What ``GET …/producers/{id}`` answers (see :func:`last_sequence`)."""
+    raw = await client.hget(keys.producer_marks(project, topic), producer)
+    return last_sequence(raw, topic_incarnation)
 
 
 def parse_mark(raw: bytes | str) -> tuple[int, int]:

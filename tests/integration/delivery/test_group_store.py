@@ -17,7 +17,7 @@ from setu.ordering.state import (
 )
 from setu.ordering.tiers import DLQ
 from state import keys
-from state.groups import GroupStore, RedisGroupStore
+from state.groups import COUNTERS, GroupStore, RedisGroupStore
 from state.groups_stub import StubGroupStore
 
 pytestmark = pytest.mark.integration
@@ -54,6 +54,23 @@ async def test_a_failed_group_round_trips_and_is_counted(store: GroupStore) -> N
     assert await store.failed_count() == 1
     assert (await store.load(2)).states == {"g": state}
     assert (await store.load(1)).states == {}
+
+
+async def test_failed_groups_are_listed_and_a_cleared_store_holds_nothing(
+    store: GroupStore,
+) -> None:
+    # Given two failed groups on two partitions, one delivered outcome and a counter
+    for partition, group in ((1, "b"), (2, "a")):
+        write = StateWrite(partition, group, touches_group=True, state=failed(1), retried=1)
+        await store.apply(write)
+    await store.record_delivered(1, [(0, 5)])
+    # Then they are listed by id
+    assert await store.failed_groups() == ["a", "b"]
+    # And once cleared (the subscription is deleted), nothing of them is left
+    assert await store.clear() > 0
+    assert await store.failed_groups() == []
+    assert await store.counters() == dict.fromkeys(COUNTERS, 0)
+    assert (await store.load(1)).outcomes == set()
 
 
 async def test_a_group_becoming_healthy_leaves_no_state(store: GroupStore) -> None:
