@@ -6,10 +6,9 @@ partial install and a missing module is reported as such (exit code 3), not as a
 
 from __future__ import annotations
 
-import importlib
 import sys
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from setu.settings import Settings
 
@@ -18,22 +17,18 @@ class NotInstalled(Exception):
     """Raised when the module (or the function in it) that a command runs does not exist."""
 
 
-def load(module: str, attribute: str) -> Any:
-    """``module.attribute``; NotInstalled if that module or attribute is missing.
-
-    A missing module *inside* ``module``'s own imports is a real error and is re-raised.
-    """
+@contextmanager
+def installed(module: str) -> Iterator[None]:
+    """Around the import of ``module``: its absence (or its package's) in a partial install
+    raises NotInstalled; a module missing *inside* ``module``'s own imports is a real error
+    and is re-raised."""
     try:
-        loaded = importlib.import_module(module)
+        yield
     except ModuleNotFoundError as error:
         missing = error.name or ""
         if module == missing or module.startswith(missing + "."):
             raise NotInstalled(f"{module} is not present in this installation") from error
         raise
-    try:
-        return getattr(loaded, attribute)
-    except AttributeError as error:
-        raise NotInstalled(f"{module}.{attribute} is not present in this installation") from error
 
 
 def local_address(host: str) -> str:
@@ -49,7 +44,8 @@ def run_api(settings: Settings) -> int:
     """Serves the HTTP API with uvicorn until SIGINT/SIGTERM."""
     import uvicorn
 
-    create_app = cast(Callable[[Settings], Any], load("api.app", "create_app"))
+    with installed("api.app"):
+        from api.app import create_app
     app = create_app(settings)
     uvicorn.run(
         app,
@@ -71,14 +67,16 @@ def check_api(settings: Settings) -> int:
 
 
 def run_deliver(settings: Settings) -> int:
-    run = cast(Callable[[Settings], None], load("delivery.worker", "run"))
+    with installed("delivery.worker"):
+        from delivery.worker import run
     run(settings)
     return 0
 
 
 def run_ingest(settings: Settings) -> int:
     """Runs the Spark job, with the Kafka connector jars from the cache unless SETU_SPARK_JARS."""
-    run = cast(Callable[[Settings], None], load("spark.job", "run"))
+    with installed("spark.job"):
+        from spark.job import run
     if not settings.spark_jars:
         from cli.jars import resolve_spark_jars
 
@@ -93,22 +91,24 @@ def run_redrive(settings: Settings, project: str, topic: str, say: Callable[[str
     if not settings.kafka_bootstrap:
         say("setu redrive: SETU_KAFKA_BOOTSTRAP is not set")
         return 2
-    redrive = load("spark.redrive", "redrive")
+    with installed("spark.redrive"):
+        from spark.redrive import redrive
     done = redrive(settings.kafka_bootstrap, project, topic)
     say(f"setu redrive: copied {done.copied} record(s) from {done.source} to {done.target}")
     return 0
 
 
 def run_migrate(settings: Settings) -> int:
-    upgrade = cast(Callable[[str], None], load("state.migrate", "upgrade"))
+    with installed("state.migrate"):
+        from state.migrate import upgrade
     upgrade(settings.resolved_database_url())
     return 0
 
 
 def check_migrate(settings: Settings) -> int:
     """0 when the database is at the newest revision this code knows, else 1."""
-    current = cast(Callable[[str], str | None], load("state.migrate", "current"))
-    head = cast(Callable[[], str], load("state.migrate", "head"))
+    with installed("state.migrate"):
+        from state.migrate import current, head
     at, want = current(settings.resolved_database_url()), head()
     if at != want:
         print(f"database at revision {at or 'none'}, code needs {want}", file=sys.stderr)
@@ -131,7 +131,8 @@ def fetch_jars(settings: Settings, *, kafka: bool = True) -> int:
 
 def check_deliver(settings: Settings) -> int:
     """0 while this machine's delivery worker keeps its Redis heartbeat key alive, else 1."""
-    check = cast(Callable[[Settings], str | None], load("delivery.worker", "check"))
+    with installed("delivery.worker"):
+        from delivery.worker import check
     problem = check(settings)
     if problem is not None:
         print(problem, file=sys.stderr)

@@ -2,22 +2,18 @@ from __future__ import annotations
 
 import pytest
 
-from cli.commands import NotInstalled, load, local_address
+from cli.commands import NotInstalled, installed, local_address
 from cli.main import build_parser
 
 
-def test_a_present_function_is_loaded() -> None:
-    assert load("cli.commands", "load") is load
-
-
 def test_a_missing_module_is_reported_as_not_installed() -> None:
-    with pytest.raises(NotInstalled, match=r"cli\.no_such_module"):
-        load("cli.no_such_module", "run")
+    with pytest.raises(NotInstalled, match=r"cli\.no_such_module"), installed("cli.no_such_module"):
+        import cli.no_such_module  # type: ignore[import-not-found]  # noqa: F401
 
 
-def test_a_missing_function_is_reported_as_not_installed() -> None:
-    with pytest.raises(NotInstalled, match=r"cli\.commands\.no_such_function"):
-        load("cli.commands", "no_such_function")
+def test_a_module_missing_inside_an_installed_one_is_a_real_error() -> None:
+    with pytest.raises(ModuleNotFoundError), installed("cli.commands"):
+        import cli.no_such_dependency  # type: ignore[import-not-found]  # noqa: F401
 
 
 @pytest.mark.parametrize(
