@@ -125,12 +125,11 @@ class ConsumerThread:
     def __init__(
         self,
         config: dict[str, Any],
-        topics: Sequence[str],
         loop: asyncio.AbstractEventLoop,
         listener: RebalanceListener,
     ) -> None:
         self._config = config
-        self._topics = list(topics)
+        self._topics: list[str] = []
         self._loop = loop
         self._listener = listener
         # (command, callback, whether the callback takes the command's result and error)
@@ -148,7 +147,9 @@ class ConsumerThread:
         self._done: asyncio.Future[None] = loop.create_future()
         self._thread = threading.Thread(target=self._run, name=f"consumer-{config['group.id']}")
 
-    def start(self) -> None:
+    def start(self, topics: Sequence[str]) -> None:
+        """Subscribes to ``topics`` and starts polling."""
+        self._topics = list(topics)
         self._thread.start()
 
     def post(

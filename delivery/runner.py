@@ -17,22 +17,21 @@ import asyncio
 import contextlib
 import logging
 import random
+import threading
 from collections import defaultdict
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from redis.asyncio import Redis
 
 from delivery.dispatcher import Dispatcher
 from delivery.engine import Attempt, Move, PartitionEngine, Transition
-from delivery.http import HttpClient
 from delivery.kafka_io import (
     Assignment,
-    AsyncProducer,
-    ConsumerThread,
     KafkaReader,
+    RebalanceListener,
     consumer_config,
     record_of,
 )
@@ -43,13 +42,16 @@ from delivery.webhook import WebhookSender
 from delivery.writer import StateWriter
 from setu import names
 from setu.clock import now_ms
+from setu.envelope import KafkaHeaders
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
 from setu.model import Subscription, SubscriptionState
 from setu.ordering.groups import Kind
 from setu.ordering.records import copy_headers
 from setu.ordering.tiers import DLQ, MAIN, tier_name, topics_by_tier
 from state import workers
-from state.groups import RedisGroupStore
+from state.groups import GroupStore
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,50 @@ class RunnerConfig:
     # Records the subscription may hold in memory before it stops consuming (at least this,
     # and at least 8 x max_in_flight).
     max_buffered: int = 2048
+    # A seek librdkafka refused is tried again after this long (doubling, see SEEK_RETRY_S).
+    seek_retry_s: float = SEEK_RETRY_S
+
+
+class ConsumerPort(Protocol):
+    """The runner's consumer (:class:`delivery.kafka_io.ConsumerThread`)."""
+
+    flowing: threading.Event
+
+    @property
+    def done(self) -> asyncio.Future[None]: ...
+
+    @property
+    def running(self) -> bool: ...
+
+    def start(self, topics: Sequence[str]) -> None: ...
+
+    def post(
+        self, command: Callable[[Consumer], Any], then: Callable[[], None] | None = None
+    ) -> None: ...
+
+    async def call(self, command: Callable[[Consumer], T]) -> T: ...
+
+    async def close(self) -> None: ...
+
+
+class CopyWriter(Protocol):
+    """Writes copies to a tier (:class:`delivery.kafka_io.AsyncProducer`)."""
+
+    async def send(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes, KafkaHeaders]]
+    ) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class RunnerParts:
+    """What one runner works with; the composition root builds them."""
+
+    store: GroupStore
+    sender: WebhookSender
+    reader: KafkaReader
+    copies: CopyWriter
+    redis: Redis[bytes]  # the worker's live figures (state.workers)
+    consumer: Callable[[dict[str, Any], asyncio.AbstractEventLoop, RebalanceListener], ConsumerPort]
 
 
 class _Port:
@@ -185,19 +231,25 @@ class SubscriptionRunner:
         self,
         sub: Subscription,
         config: RunnerConfig,
-        redis: Redis[bytes],
-        producer: AsyncProducer,
-        client: HttpClient,
+        parts: RunnerParts,
         metrics: DeliveryMetrics | None = None,
     ) -> None:
+        """Built on the event loop; ``parts`` come from the process's composition root
+        (:func:`delivery.worker.runner_parts`), or are stubs in tests."""
         self.sub = sub
         self.metrics = (metrics or DeliveryMetrics()).subscription(sub.project, sub.name)
         self.config = config
-        self.redis = redis
-        self.producer = producer
-        self.store = RedisGroupStore(redis, sub.project, sub.name)
-        self.sender = WebhookSender(sub, client)
-        self.reader = KafkaReader(config.bootstrap)
+        self.redis = parts.redis
+        self.producer = parts.copies
+        self.store = parts.store
+        self.sender = parts.sender
+        self.reader = parts.reader
+        group = names.consumer_group(sub.project, sub.name)
+        self._consumer = parts.consumer(
+            consumer_config(config.bootstrap, group, config.worker_id, config.limits),
+            asyncio.get_running_loop(),
+            self,
+        )
         self.tiers = topics_by_tier(sub)  # topic -> tier
         self.topics = {tier: topic for topic, tier in self.tiers.items()}
         self.ports: dict[int, _Port] = {}
@@ -208,7 +260,6 @@ class SubscriptionRunner:
         self._committed: dict[tuple[int, int], int] = {}
         self._stopped = asyncio.Event()
         self._fatal: BaseException | None = None
-        self._consumer: ConsumerThread | None = None
         self.dispatcher: Dispatcher | None = None
         self._housekeeping: set[asyncio.Task[None]] = set()
         self._full_since: float | None = None
@@ -219,20 +270,11 @@ class SubscriptionRunner:
         """Consumes until :meth:`stop`; raises what made it give up, if anything did."""
         loop = asyncio.get_running_loop()
         await self._adopt_dropped_tiers()
-        group = names.consumer_group(self.sub.project, self.sub.name)
-        consumer = ConsumerThread(
-            consumer_config(
-                self.config.bootstrap, group, self.config.worker_id, self.config.limits
-            ),
-            list(self.tiers),
-            loop,
-            self,
-        )
-        self._consumer = consumer
+        consumer = self._consumer
         self.dispatcher = Dispatcher(
             self.sender, self.gate, self.sub.max_in_flight, self.fail, self.metrics.call
         )
-        consumer.start()
+        consumer.start(list(self.tiers))
         background = [
             loop.create_task(self._every(self.config.commit_interval_ms, self.commit)),
             loop.create_task(self._every(self.config.release_poll_ms, self._poll_releases)),
@@ -452,8 +494,7 @@ class SubscriptionRunner:
     # Pauses and seeks
 
     def post(self, command: Any, then: Any = None) -> None:
-        if self._consumer is not None:
-            self._consumer.post(command, then)
+        self._consumer.post(command, then)
 
     def _post_for(self, port: _Port, command: Callable[[Consumer], None], then: Any = None) -> None:
         """Posts a command about ``port``'s partitions that runs only while the port is alive.
@@ -547,7 +588,7 @@ class SubscriptionRunner:
                 offset,
                 failed[0],
             )
-            delay = min(SEEK_RETRY_S * 2**attempt, SEEK_RETRY_MAX_S)
+            delay = min(self.config.seek_retry_s * 2**attempt, SEEK_RETRY_MAX_S)
             asyncio.get_running_loop().call_later(
                 delay, self._seek, port, tier, offset, then, attempt + 1
             )
@@ -566,8 +607,6 @@ class SubscriptionRunner:
         Stopping is cheap (nothing fetched is thrown away) but must stay short; when the
         worker stays full, its partitions are paused instead."""
         consumer = self._consumer
-        if consumer is None:
-            return
         limit = max(self.config.max_buffered, 8 * self.sub.max_in_flight)
         total = sum(self._buffered().values())
         loop_time = asyncio.get_running_loop().time()
@@ -625,7 +664,7 @@ class SubscriptionRunner:
         """Flush, then commit what every engine says is safe, then forget older outcomes."""
         await self.flush_delivered()
         consumer = self._consumer
-        if consumer is None or not consumer.running:
+        if not consumer.running:
             return
         offsets: list[TopicPartition] = []
         for port in list(self.ports.values()):

@@ -27,13 +27,15 @@ import redis
 from redis.asyncio import Redis
 
 from delivery.http import HttpClient
-from delivery.kafka_io import AsyncProducer, producer_config
+from delivery.kafka_io import AsyncProducer, ConsumerThread, KafkaReader, producer_config
 from delivery.metrics import DeliveryMetrics, RunnerFigures
-from delivery.runner import RunnerConfig, SubscriptionRunner
+from delivery.runner import RunnerConfig, RunnerParts, SubscriptionRunner
+from delivery.webhook import WebhookSender
 from setu.limits import MessageLimits
 from setu.model import Subscription, SubscriptionState
 from setu.settings import Settings
 from state import workers
+from state.groups import RedisGroupStore
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,26 @@ def _run_loop(main: object) -> None:
         asyncio.run(main)  # type: ignore[arg-type]
 
 
+def runner_parts(
+    sub: Subscription,
+    config: RunnerConfig,
+    client: Redis[bytes],
+    producer: AsyncProducer,
+    http: HttpClient,
+) -> RunnerParts:
+    """The collaborators of ``sub``'s runner in a delivery process: its group store in Redis,
+    its webhook sender on the shared HTTP client, a reader and a consumer thread of its own,
+    and the process's producer for copies."""
+    return RunnerParts(
+        store=RedisGroupStore(client, sub.project, sub.name),
+        sender=WebhookSender(sub, http),
+        reader=KafkaReader(config.bootstrap),
+        copies=producer,
+        redis=client,
+        consumer=ConsumerThread,
+    )
+
+
 async def serve(
     settings: Settings, source: SubscriptionSource, stop: asyncio.Event | None = None
 ) -> None:
@@ -115,7 +137,9 @@ async def serve(
     metrics = DeliveryMetrics()
     worker = Worker(
         source,
-        lambda sub: SubscriptionRunner(sub, config, client, producer, http, metrics),
+        lambda sub: SubscriptionRunner(
+            sub, config, runner_parts(sub, config, client, producer, http), metrics
+        ),
     )
     metrics.watch(lambda: _on_loop(loop, worker.figures))
     server = None

@@ -4,18 +4,21 @@ just assigned from its committed offset is still looking that offset up."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, TopicPartition
 from redis.asyncio import Redis
 
 from delivery.http import HttpClient
-from delivery.runner import RunnerConfig, SubscriptionRunner, _Port
+from delivery.kafka_io import KafkaReader
+from delivery.runner import RunnerConfig, RunnerParts, SubscriptionRunner, _Port
+from delivery.webhook import WebhookSender
 from setu import names
 from setu.ordering.tiers import DLQ
+from state.groups_stub import StubGroupStore
+from tests.consumers import ConsumerStub
 from tests.integration.delivery.conftest import Receiver, World
+from tests.unit.delivery.test_runner import NoCopies
 
 pytestmark = pytest.mark.integration
 
@@ -63,24 +66,15 @@ async def test_a_seek_right_after_an_assignment_takes_before_the_engine_reads_on
     # and a runner whose consumer was just assigned that partition from its committed offset
     consumer = Consumer(config)
     watched = Watched(consumer)
-    runner = SubscriptionRunner(
-        sub,
-        RunnerConfig(bootstrap=world.bootstrap, worker_id="w"),
-        Redis(),
-        producer=None,  # type: ignore[arg-type]
-        client=HttpClient(),
+    parts = RunnerParts(
+        store=StubGroupStore(),
+        sender=WebhookSender(sub, HttpClient()),
+        reader=KafkaReader(world.bootstrap),
+        copies=NoCopies(),
+        redis=Redis(),
+        consumer=ConsumerStub(watched).factory,
     )
-    loop = asyncio.get_running_loop()
-
-    def post(command: Any, then: Any = None) -> None:
-        # As the consumer thread does: run the command (a failure is only logged), then hand
-        # ``then`` to the loop.
-        with contextlib.suppress(KafkaException):
-            command(watched)
-        if then is not None:
-            loop.call_soon(then)
-
-    runner.post = post  # type: ignore[method-assign]
+    runner = SubscriptionRunner(sub, RunnerConfig(bootstrap=world.bootstrap, worker_id="w"), parts)
     port = _Port(runner, 0)
     engine = Engine()
     port.engine = engine  # type: ignore[assignment]

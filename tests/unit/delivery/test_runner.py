@@ -6,15 +6,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from redis.asyncio import Redis
 
-from delivery import runner as runner_module
 from delivery.http import HttpClient
-from delivery.runner import RunnerConfig, SubscriptionRunner, _Port
+from delivery.kafka_io import KafkaReader
+from delivery.runner import RunnerConfig, RunnerParts, SubscriptionRunner, _Port
+from delivery.webhook import WebhookSender
 from setu.clock import now_ms
 from setu.ordering.tiers import DLQ
+from state.groups_stub import StubGroupStore
+from tests.consumers import ConsumerStub
 from tests.unit.delivery.sim import subscription
 
 
@@ -50,56 +52,39 @@ class Engine:
         self.done.set()
 
 
-@pytest.fixture(autouse=True)
-def retry_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Refused seeks are tried again on the next turn of the loop, not after a delay."""
-    monkeypatch.setattr(runner_module, "SEEK_RETRY_S", 0.0)
-
-
 async def turns(n: int = 20) -> None:
     """Lets the loop run ``n`` times (each retry takes two: the seek, then its settling)."""
     for _ in range(n):
         await asyncio.sleep(0)
 
 
-def runner_on(
-    consumer: Consumer, queued: list[tuple[Any, Any]] | None = None
-) -> tuple[SubscriptionRunner, _Port, Engine]:
-    """A runner with one port for partition 0. Its commands run at once, or, given
-    ``queued``, wait there as on the consumer thread until :func:`run_queued`."""
-    runner = SubscriptionRunner(
-        subscription(),
-        RunnerConfig(bootstrap="127.0.0.1:1", worker_id="w"),
-        Redis(),
-        producer=None,  # type: ignore[arg-type]
-        client=HttpClient(),
+class NoCopies:
+    """The runner's copy writer, in tests that make no copies."""
+
+    async def send(self, topic: str, partition: int, records: Any) -> list[int]:
+        raise AssertionError("this test makes no copies")
+
+
+def runner_on(consumer: Consumer, queue: bool = False) -> tuple[SubscriptionRunner, _Port, Engine]:
+    """A runner with one port for partition 0, on stubs. Its consumer's commands run at once,
+    or, given ``queue``, wait as on the consumer thread until the stub runs them."""
+    sub = subscription()
+    stub = ConsumerStub(consumer, queue=queue)
+    parts = RunnerParts(
+        store=StubGroupStore(),
+        sender=WebhookSender(sub, HttpClient()),
+        reader=KafkaReader("127.0.0.1:1"),
+        copies=NoCopies(),
+        redis=Redis(),
+        consumer=stub.factory,
     )
-    loop = asyncio.get_running_loop()
-
-    def post(command: Any, then: Any = None) -> None:
-        # As the consumer thread does: run the command, then hand ``then`` to the loop.
-        if queued is not None:
-            queued.append((command, then))
-            return
-        command(consumer)
-        if then is not None:
-            loop.call_soon(then)
-
-    runner.post = post  # type: ignore[method-assign]
+    config = RunnerConfig(bootstrap="127.0.0.1:1", worker_id="w", seek_retry_s=0.0)
+    runner = SubscriptionRunner(sub, config, parts)
     port = _Port(runner, 0)
     engine = Engine()
     port.engine = engine  # type: ignore[assignment]
     runner.ports[0] = port
     return runner, port, engine
-
-
-def run_queued(consumer: Consumer, queued: list[tuple[Any, Any]]) -> None:
-    loop = asyncio.get_running_loop()
-    for command, then in queued:
-        command(consumer)
-        if then is not None:
-            loop.call_soon(then)
-    queued.clear()
 
 
 async def test_a_refused_seek_is_tried_again_before_the_engine_reads_on() -> None:
@@ -141,8 +126,7 @@ async def test_a_given_up_partition_stops_seeking() -> None:
 
 async def test_a_pause_and_seek_of_a_given_up_partition_do_not_reach_its_next_assignment() -> None:
     consumer = Consumer(refusals=0)
-    queued: list[tuple[Any, Any]] = []
-    runner, port, engine = runner_on(consumer, queued)
+    runner, port, engine = runner_on(consumer, queue=True)
     # Given a hold asked for while the partition was being given up, its pause and seek
     # still waiting for the consumer thread (which runs commands between polls, and the
     # rebalance happens inside a poll)
@@ -150,7 +134,9 @@ async def test_a_pause_and_seek_of_a_given_up_partition_do_not_reach_its_next_as
     # When the partition is given up and assigned to this worker again before they run
     port.alive = False
     runner.ports[0] = _Port(runner, 0)
-    run_queued(consumer, queued)
+    stub = runner._consumer
+    assert isinstance(stub, ConsumerStub)
+    stub.run_queued()
     await turns()
     # Then neither reaches the consumer: the new assignment would stay paused for good, or
     # skip the records before offset 3
