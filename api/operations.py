@@ -16,7 +16,6 @@ letters (browse and unsideline) and seek.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any, Literal
 
 from confluent_kafka import KafkaException
@@ -30,22 +29,17 @@ from api.context import blocking, services
 from api.health import ingest_state
 from api.responses import JSON
 from api.schemas import Body, errors
-from delivery.kafka_io import KafkaReader, record_of
+from delivery.kafka_io import DeadLetterReader, KafkaReader
+from delivery.operations import DeadLetterOps
 from setu import names
 from setu.clock import now_ms
 from setu.errors import DependencyUnavailable, InvalidInput
 from setu.model import Subscription
 from setu.ordering.dead_letters import (
-    MAX_SCAN,
-    DeadLetter,
     Selector,
-    choose,
-    is_live,
-    parse_cursor,
 )
 from setu.ordering.state import GroupState
 from setu.ordering.tiers import DLQ, is_retry, tier_name, topic_of, topics_by_tier
-from setu.partitioner import partition_for
 from state import workers
 from state.groups import RedisGroupStore
 from state.metadata import MetadataStore
@@ -239,42 +233,9 @@ async def group(request: Request, project: str, subscription: str, group_id: str
     return JSON(group_view(group_id, state))
 
 
-async def _live_letters(
-    request: Request,
-    sub: Subscription,
-    partition: int,
-    start: int,
-    budget: int,
-    keep: Any,
-) -> tuple[list[tuple[DeadLetter, GroupState | None]], int, bool]:
-    """Live dead letters of one partition from ``start`` (see
-    :func:`setu.ordering.dead_letters.is_live`), each with its group's state, reading at most
-    ``budget`` records; with the offset to continue from and whether the end was reached."""
-    topic = topic_of(sub, DLQ)
-    messages, position, end = await _kafka(_reader(request).read, topic, partition, start, budget)
-    letters = []
-    for msg in messages:
-        try:
-            letters.append(DeadLetter(partition, record_of(DLQ, msg)))
-        except ValueError:
-            continue
-    groups = RedisGroupStore(_redis(request), sub.project, sub.name)
-    try:
-        done = await groups.redelivered(partition)
-        fences = await groups.fences(partition)
-        states = await groups.states_of(
-            letter.record.group
-            for letter in letters
-            if not letter.single and letter.record.group is not None
-        )
-    except RedisError as exc:
-        raise DependencyUnavailable(f"Redis: {exc}") from exc
-    live = []
-    for letter in letters:
-        state = states.get(letter.record.group or "")
-        if is_live(letter, state, done, fences) and keep(letter):
-            live.append((letter, state))
-    return live, position, end
+async def _dead_letter_ops(request: Request, sub: Subscription, partitions: int) -> DeadLetterOps:
+    store = RedisGroupStore(_redis(request), sub.project, sub.name)
+    return DeadLetterOps(store, DeadLetterReader(_reader(request), topic_of(sub, DLQ)), partitions)
 
 
 @router.get(
@@ -292,41 +253,17 @@ async def dead_letters(
     after: Annotated[str | None, Query(max_length=64)] = None,
 ) -> Response:
     sub, partitions = await _subscription(request, project, subscription)
+    ops = await _dead_letter_ops(request, sub, partitions)
     try:
-        first, start = parse_cursor(after)
+        page = await ops.browse(group_id, limit, after)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
-    if group_id is not None:
-        order = [partition_for(group_id.encode(), partitions)]
-    else:
-        order = list(range(partitions))
-    out: list[tuple[DeadLetter, GroupState | None]] = []
-    scanned = 0
-    next_cursor: str | None = None
-    for partition in (p for p in order if p >= first):
-        position = start if partition == first else 0
-        while len(out) < limit and scanned < MAX_SCAN:
-            letters, position, end = await _live_letters(
-                request,
-                sub,
-                partition,
-                position,
-                min(1000, MAX_SCAN - scanned),
-                lambda letter: group_id is None or letter.record.group == group_id,
-            )
-            scanned += 1000
-            for found in letters:
-                if len(out) < limit:
-                    out.append(found)
-            if end:
-                break
-        if len(out) >= limit:
-            next_cursor = out[-1][0].cursor
-            break
-        if scanned >= MAX_SCAN:
-            next_cursor = f"{partition}:{max(position - 1, 0)}"
-            break
-    return JSON({"messages": [letter.view(state) for letter, state in out], "next": next_cursor})
+    except RedisError as exc:
+        raise DependencyUnavailable(f"Redis: {exc}") from exc
+    except (KafkaException, TimeoutError) as exc:
+        raise DependencyUnavailable(f"Kafka: {exc}") from exc
+    views = [letter.view(state) for letter, state in page.letters]
+    return JSON({"messages": views, "next": page.next_cursor})
 
 
 @router.post(
@@ -347,37 +284,13 @@ async def unsideline(
         message_ids=frozenset(body.message_ids) if body.message_ids is not None else None,
         failed_before=body.failed_before,
     )
-    groups = RedisGroupStore(_redis(request), project, subscription)
+    ops = await _dead_letter_ops(request, sub, partitions)
     try:
-        if body.group_ids is not None:
-            names_ = sorted(set(body.group_ids))
-        else:
-            names_ = await groups.failed_groups()
-        found = await asyncio.gather(*(groups.group(g) for g in names_))
+        releases = await ops.release(selector)
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
-    states = {g: s for g, s in zip(names_, found, strict=True) if s is not None}
-    partition_of = {g: partition_for(g.encode(), partitions) for g in states}
-    if body.group_ids is not None:
-        scan = sorted({partition_for(g.encode(), partitions) for g in body.group_ids})
-    else:
-        scan = list(range(partitions))
-    letters: list[DeadLetter] = []
-    for partition in scan:
-        position, end = 0, False
-        while not end:
-            found_letters, position, end = await _live_letters(
-                request, sub, partition, position, 5000, lambda _: True
-            )
-            letters.extend(letter for letter, _ in found_letters)
-    releases = choose(letters, states, partition_of, selector)
-    try:
-        for partition in sorted(set(releases.groups) | set(releases.letters)):
-            await groups.request_release(
-                partition, releases.groups.get(partition, ()), releases.letters.get(partition, ())
-            )
-    except RedisError as exc:
-        raise DependencyUnavailable(f"Redis: {exc}") from exc
+    except (KafkaException, TimeoutError) as exc:
+        raise DependencyUnavailable(f"Kafka: {exc}") from exc
     return JSON({"requeued": releases.requeued})
 
 

@@ -32,6 +32,7 @@ from confluent_kafka import (
 from setu.envelope import KafkaHeaders
 from setu.limits import MessageLimits
 from setu.ordering.records import Record, parse_record
+from setu.ordering.tiers import DLQ
 
 log = logging.getLogger(__name__)
 
@@ -521,3 +522,24 @@ class KafkaReader:
             return out
         finally:
             consumer.close()
+
+
+class DeadLetterReader:
+    """A subscription's DLQ read through a :class:`KafkaReader`
+    (:class:`delivery.operations.DeadLetterLog`)."""
+
+    def __init__(self, reader: KafkaReader, topic: str) -> None:
+        self._reader = reader
+        self._topic = topic
+
+    async def read(self, partition: int, start: int, budget: int) -> tuple[list[Record], int, bool]:
+        messages, position, end = await asyncio.to_thread(
+            self._reader.read, self._topic, partition, start, budget
+        )
+        records = []
+        for msg in messages:
+            try:
+                records.append(record_of(DLQ, msg))
+            except ValueError:
+                continue  # not a Setu record
+        return records, position, end
