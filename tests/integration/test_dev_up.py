@@ -83,7 +83,7 @@ def processes_mentioning(marker: str) -> list[str]:
 
 
 @contextmanager
-def dev_up(data_dir: Path, ports: dict[str, int]) -> Iterator[DevUp]:
+def dev_up(data_dir: Path, ports: dict[str, int], *options: str) -> Iterator[DevUp]:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -95,10 +95,12 @@ def dev_up(data_dir: Path, ports: dict[str, int]) -> Iterator[DevUp]:
         SETU_DEV_KAFKA_PORT=str(ports["kafka"]),
         SETU_DEV_KAFKA_CONTROLLER_PORT=str(ports["controller"]),
         SETU_DEV_REDIS_PORT=str(ports["redis"]),
+        SETU_DEV_SPARK_MASTER_PORT=str(ports["spark"]),
+        SETU_DEV_SPARK_UI_PORT=str(ports["spark_ui"]),
         PYTHONUNBUFFERED="1",
     )
     process = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "dev", "up"],
+        [sys.executable, "-m", "cli.main", "dev", "up", *options],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -136,8 +138,9 @@ def await_health(url: str) -> dict[str, Any]:
 def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> None:
     # Given ports nobody else uses (a shared broker may hold 9092/9093 on this machine)
     data_dir = tmp_path / "setu-data"
-    ports = {name: any_free_port() for name in ("api", "kafka", "controller", "redis")}
-    assert len(set(ports.values())) == 4
+    names = ("api", "kafka", "controller", "redis", "spark", "spark_ui")
+    ports = {name: any_free_port() for name in names}
+    assert len(set(ports.values())) == len(names)
 
     # When the stack is brought up
     with dev_up(data_dir, ports) as stack:
@@ -172,9 +175,14 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
         assert stack.seen[-1] == "setu dev up: stopped"
     assert processes_mentioning(str(data_dir)) == []
 
-    # When it is brought up again on the same data dir
-    with dev_up(data_dir, ports) as again:
+    # When it is brought up again on the same data dir, with ingest on a local Spark cluster
+    with dev_up(data_dir, ports, "--spark-workers", "1") as again:
         again.wait_for_line(r"setu dev up: ready", START_TIMEOUT_S)
+        # Then the ingest query runs on the cluster, from the same checkpoint
+        master = f"spark://127.0.0.1:{ports['spark']}"
+        assert again.wait_for_line(r"Ingest\s+(.+)", 5).group(1) == (
+            f"running (on the Spark cluster {master})"
+        )
         # Then the broker kept its topics and Redis its keys (storage is not formatted again)
         metadata = AdminClient({"bootstrap.servers": kafka}).list_topics(timeout=30)
         assert len(metadata.topics[topic].partitions) == 2
@@ -184,4 +192,4 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
         assert again.stop() == 0
     assert processes_mentioning(str(data_dir)) == []
     logs = {p.name for p in (data_dir / "logs").iterdir()}
-    assert {"kafka.log", "redis.log", "api.log", "migrate.log"} <= logs
+    assert {"kafka.log", "redis.log", "api.log", "migrate.log", "spark-worker-0.log"} <= logs
