@@ -586,9 +586,8 @@ def test_a_flaky_endpoint_dead_letters_nothing_when_every_message_has_attempts_t
     assert not world.store.groups
 
 
-def test_a_follower_that_becomes_head_in_the_last_tier_waits_there_with_its_own_backoff() -> None:
-    # Given g1-1 delivered from rq.2 after two failures, and g1-2 waiting behind it in rq.2
-    world = World(subscription(delays=(300, 800)))
+def follower_heads_the_last_tier(world: World) -> None:
+    """g1-1 delivered from rq.2 after two failures; g1-2, behind it there, now in flight."""
     world.publish("g1")
     world.publish("g1")
     poll_all(world)
@@ -605,6 +604,12 @@ def test_a_follower_that_becomes_head_in_the_last_tier_waits_there_with_its_own_
     world.respond(0, 200)  # g1-1 delivered; g1-2 is the head in rq.2
     settle(world)
     assert in_flight(world) == ["g1-2"]
+
+
+def test_a_follower_that_becomes_head_in_the_last_tier_waits_there_with_its_own_backoff() -> None:
+    # Given g1-1 delivered from rq.2 after two failures, and g1-2 waiting behind it in rq.2
+    world = World(subscription(delays=(300, 800)))
+    follower_heads_the_last_tier(world)
     # When g1-2 fails its first call there
     failed_at = world.now
     world.respond(0, 503)
@@ -619,6 +624,22 @@ def test_a_follower_that_becomes_head_in_the_last_tier_waits_there_with_its_own_
     world.crash()
     poll_all(world)
     assert [(a.number, a.not_before_ms) for a in world.effects.dispatches] == [(2, failed_at + 315)]
+
+
+def test_a_head_waiting_in_its_tier_honours_retry_after() -> None:
+    from delivery.outcome import classify_status
+
+    # Given g1-2 the head in rq.2, in flight
+    world = World(subscription(delays=(300, 800)))
+    follower_heads_the_last_tier(world)
+    # When it is answered 429 with Retry-After: 5
+    failed_at = world.now
+    attempt = world.effects.dispatches.pop()
+    world.engine.on_result(attempt, classify_status(429, world.sub.retry, "5", failed_at))
+    settle(world)
+    # Then it waits in place for the 5 s the endpoint asked, not the tier's 300 ms
+    state = world.store.groups["g1"][1]
+    assert (state.head, state.attempts, state.due_at_ms) == ("g1-2", 1, failed_at + 5_000)
 
 
 def test_a_group_released_again_after_a_failed_lap_is_delivered_after_a_crash() -> None:
