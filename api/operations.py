@@ -20,14 +20,14 @@ from typing import Annotated, Any, Literal
 
 from confluent_kafka import KafkaException
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
 from api.context import blocking, services
 from api.health import ingest_state
-from api.responses import JSON
+from api.responses import Out, reply
 from api.schemas import Body, errors
 from delivery.kafka_io import DeadLetterReader, KafkaReader
 from delivery.operations import DeadLetterOps
@@ -63,7 +63,7 @@ class SeekBody(Body):
     timestamp_ms: int = Field(ge=0)
 
 
-class IngestOut(BaseModel):
+class IngestOut(Out):
     """The ingest job as it last reported (state.ingest_status); ``lag``: this topic's."""
 
     state: Literal["unknown", "starting", "running", "failed", "stopped", "down"]
@@ -75,7 +75,7 @@ class IngestOut(BaseModel):
     error: str | None = None
 
 
-class StatusOut(BaseModel):
+class StatusOut(Out):
     state: Literal["running", "paused", "stopped"]
     lag: int
     in_flight: int
@@ -86,7 +86,7 @@ class StatusOut(BaseModel):
     ingest: IngestOut
 
 
-class GroupOut(BaseModel):
+class GroupOut(Out):
     group_id: str
     state: Literal["healthy", "retrying", "dead_lettered"]
     tier: str | None
@@ -94,7 +94,7 @@ class GroupOut(BaseModel):
     head_message_id: str | None
 
 
-class DeadLetterOut(BaseModel):
+class DeadLetterOut(Out):
     message_id: str
     group_id: str | None
     partition: int
@@ -110,16 +110,16 @@ class DeadLetterOut(BaseModel):
     body_encoding: Literal["base64"]
 
 
-class DeadLettersOut(BaseModel):
+class DeadLettersOut(Out):
     messages: list[DeadLetterOut]
     next: str | None
 
 
-class RequeuedOut(BaseModel):
+class RequeuedOut(Out):
     requeued: int
 
 
-class SeekOut(BaseModel):
+class SeekOut(Out):
     state: Literal["running", "paused", "stopped"]
     seek_to_ms: int
     seek_generation: int
@@ -183,7 +183,8 @@ async def status(request: Request, project: str, subscription: str) -> Response:
     topic_lags = ingest.pop("topic_lags", {})
     # Records of this topic the ingest job has still to read (known while it reports)
     ingest["lag"] = topic_lags.get(names.ingest_topic(project, sub.topic))
-    return JSON(
+    return reply(
+        StatusOut,
         {
             "state": sub.state.value,
             "lag": sum(lag_by_topic.values()),
@@ -193,7 +194,7 @@ async def status(request: Request, project: str, subscription: str) -> Response:
             "dead_lettered": counters["dead_lettered"],
             "delivered_total": counters["delivered_total"],
             "ingest": ingest,
-        }
+        },
     )
 
 
@@ -230,7 +231,7 @@ async def group(request: Request, project: str, subscription: str, group_id: str
         state = await RedisGroupStore(_redis(request), project, subscription).group(group_id)
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
-    return JSON(group_view(group_id, state))
+    return reply(GroupOut, group_view(group_id, state))
 
 
 async def _dead_letter_ops(request: Request, sub: Subscription, partitions: int) -> DeadLetterOps:
@@ -263,7 +264,7 @@ async def dead_letters(
     except (KafkaException, TimeoutError) as exc:
         raise DependencyUnavailable(f"Kafka: {exc}") from exc
     views = [letter.view(state) for letter, state in page.letters]
-    return JSON({"messages": views, "next": page.next_cursor})
+    return reply(DeadLettersOut, {"messages": views, "next": page.next_cursor})
 
 
 @router.post(
@@ -291,7 +292,7 @@ async def unsideline(
         raise DependencyUnavailable(f"Redis: {exc}") from exc
     except (KafkaException, TimeoutError) as exc:
         raise DependencyUnavailable(f"Kafka: {exc}") from exc
-    return JSON({"requeued": releases.requeued})
+    return reply(RequeuedOut, {"requeued": releases.requeued})
 
 
 @router.post(
@@ -302,10 +303,11 @@ async def unsideline(
 )
 async def seek(request: Request, project: str, subscription: str, body: SeekBody) -> Response:
     sub = await blocking(_store(request).request_seek, project, subscription, body.timestamp_ms)
-    return JSON(
+    return reply(
+        SeekOut,
         {
             "state": sub.state.value,
             "seek_to_ms": sub.seek_to_ms,
             "seek_generation": sub.seek_generation,
-        }
+        },
     )

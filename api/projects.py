@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from api.context import blocking, services
-from api.responses import JSON
+from api.responses import reply
 from api.schemas import ProjectCreate, ProjectOut, ProjectsOut, errors, project_view
 from setu.model import Project
 from setu.names import validate_name
@@ -25,13 +25,13 @@ router = APIRouter(prefix="/v1/projects", tags=["projects"])
 async def create_project(request: Request, body: ProjectCreate) -> Response:
     project = Project(name=validate_name("project", body.name), description=body.description)
     stored, created = await blocking(services(request).store.create_project, project)
-    return JSON(project_view(stored), status_code=201 if created else 200)
+    return reply(ProjectOut, project_view(stored), 201 if created else 200)
 
 
 @router.get("", response_model=None, responses={200: {"model": ProjectsOut}})
 async def list_projects(request: Request) -> Response:
     found = await blocking(services(request).store.list_projects)
-    return JSON({"projects": [project_view(p) for p in found]})
+    return reply(ProjectsOut, {"projects": [project_view(p) for p in found]})
 
 
 @router.get(
@@ -39,7 +39,7 @@ async def list_projects(request: Request) -> Response:
 )
 async def get_project(request: Request, project: str) -> Response:
     found = await blocking(services(request).store.get_project, project)
-    return JSON(project_view(found))
+    return reply(ProjectOut, project_view(found))
 
 
 @router.delete(

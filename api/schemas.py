@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.responses import Out
 from setu import names
 from setu.model import DEFAULT_RETRY_DELAYS_MS, Project, Subscription, Topic
 
@@ -151,32 +152,32 @@ def subscription_view(sub: Subscription) -> dict[str, Any]:
 # Response documentation
 
 
-class ErrorDetail(BaseModel):
+class ErrorDetail(Out):
     code: str
     message: str
 
 
-class ErrorOut(BaseModel):
+class ErrorOut(Out):
     error: ErrorDetail
 
 
-class ProjectOut(BaseModel):
+class ProjectOut(Out):
     name: str
     description: str
     created_at_ms: int
 
 
-class ProjectsOut(BaseModel):
+class ProjectsOut(Out):
     projects: list[ProjectOut]
 
 
-class KafkaTopicsOut(BaseModel):
+class KafkaTopicsOut(Out):
     ingest_topic: str
     main_topic: str
     ingest_rejects_topic: str
 
 
-class TopicOut(BaseModel):
+class TopicOut(Out):
     project: str
     name: str
     grouped: bool
@@ -188,29 +189,29 @@ class TopicOut(BaseModel):
     ingest_rejected: int | None = None
 
 
-class TopicsOut(BaseModel):
+class TopicsOut(Out):
     topics: list[TopicOut]
 
 
-class EndpointOut(BaseModel):
+class EndpointOut(Out):
     url: str
     method: str
     headers: dict[str, str]
     timeout_ms: int
 
 
-class RetryOut(BaseModel):
+class RetryOut(Out):
     delays_ms: list[int]
     retryable_codes: list[int] | None
 
 
-class SubscriptionKafkaOut(BaseModel):
+class SubscriptionKafkaOut(Out):
     consumer_group: str
     retry_topics: list[str]
     dlq_topic: str
 
 
-class SubscriptionOut(BaseModel):
+class SubscriptionOut(Out):
     project: str
     name: str
     topic: str
@@ -227,30 +228,30 @@ class SubscriptionOut(BaseModel):
     kafka: SubscriptionKafkaOut
 
 
-class SubscriptionsOut(BaseModel):
+class SubscriptionsOut(Out):
     subscriptions: list[SubscriptionOut]
 
 
-class StateOut(BaseModel):
+class StateOut(Out):
     state: Literal["running", "paused", "stopped"]
 
 
-class ProducerMarkOut(BaseModel):
+class ProducerMarkOut(Out):
     producer_id: str
     last_sequence_id: int
 
 
-class MessageIdOut(BaseModel):
+class MessageIdOut(Out):
     message_id: str
 
 
-class BatchResultOut(BaseModel):
+class BatchResultOut(Out):
     message_id: str
     status: Literal["ok", "error"]
     error: str | None = None
 
 
-class BatchOut(BaseModel):
+class BatchOut(Out):
     results: list[BatchResultOut]
 
 

@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from api import control
 from api.context import blocking, services
-from api.responses import JSON
+from api.responses import reply
 from api.schemas import (
     StateOut,
     SubscriptionConfig,
@@ -101,13 +101,13 @@ async def create_subscription(request: Request, project: str, body: Subscription
         default_grouped=topic.grouped,
     )
     stored, created = await control.create_subscription(s, sub)
-    return JSON(subscription_view(stored), status_code=201 if created else 200)
+    return reply(SubscriptionOut, subscription_view(stored), 201 if created else 200)
 
 
 @router.get("", response_model=None, responses={200: {"model": SubscriptionsOut}, **errors(404)})
 async def list_subscriptions(request: Request, project: str) -> Response:
     found = await blocking(services(request).store.list_subscriptions, project)
-    return JSON({"subscriptions": [subscription_view(sub) for sub in found]})
+    return reply(SubscriptionsOut, {"subscriptions": [subscription_view(sub) for sub in found]})
 
 
 @router.get(
@@ -117,7 +117,7 @@ async def list_subscriptions(request: Request, project: str) -> Response:
 )
 async def get_subscription(request: Request, project: str, subscription: str) -> Response:
     found = await blocking(services(request).store.get_subscription, project, subscription)
-    return JSON(subscription_view(found))
+    return reply(SubscriptionOut, subscription_view(found))
 
 
 @router.put(
@@ -147,7 +147,7 @@ async def update_subscription(
         default_grouped=current.grouped,
     )
     updated = await control.update_subscription(s, sub, body.version)
-    return JSON(subscription_view(updated))
+    return reply(SubscriptionOut, subscription_view(updated))
 
 
 @router.delete(
@@ -167,7 +167,7 @@ async def _lifecycle(
 ) -> Response:
     store = services(request).store
     updated = await blocking(store.apply_lifecycle, project, subscription, action)
-    return JSON({"state": updated.state.value})
+    return reply(StateOut, {"state": updated.state.value})
 
 
 _LIFECYCLE_RESPONSES = {200: {"model": StateOut}, **errors(404, 409)}

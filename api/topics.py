@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from api import control
 from api.context import blocking, services
-from api.responses import JSON
+from api.responses import reply
 from api.schemas import ProducerMarkOut, TopicCreate, TopicOut, TopicsOut, errors, topic_view
 from delivery.kafka_io import KafkaReader
 from setu import names
@@ -47,13 +47,13 @@ async def create_topic(request: Request, project: str, body: TopicCreate) -> Res
         retention_hours=body.retention_hours,
     )
     stored, created = await control.create_topic(services(request), topic)
-    return JSON(topic_view(stored), status_code=201 if created else 200)
+    return reply(TopicOut, topic_view(stored), 201 if created else 200)
 
 
 @router.get("", response_model=None, responses={200: {"model": TopicsOut}, **errors(404)})
 async def list_topics(request: Request, project: str) -> Response:
     found = await blocking(services(request).store.list_topics, project)
-    return JSON({"topics": [topic_view(t) for t in found]})
+    return reply(TopicsOut, {"topics": [topic_view(t) for t in found]})
 
 
 @router.get(
@@ -73,7 +73,7 @@ async def get_topic(request: Request, project: str, topic: str) -> Response:
         held = await blocking(reader.records_held, rejects, found.partitions)
     except KafkaException as exc:
         raise DependencyUnavailable(f"Kafka: {exc}") from exc
-    return JSON({**topic_view(found), "ingest_rejected": held})
+    return reply(TopicOut, {**topic_view(found), "ingest_rejected": held})
 
 
 @router.delete(
@@ -104,4 +104,4 @@ async def get_producer_mark(
         last = await read_last_sequence(s.redis, project, topic, producer_id, found.created_at_ms)
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
-    return JSON({"producer_id": producer_id, "last_sequence_id": last})
+    return reply(ProducerMarkOut, {"producer_id": producer_id, "last_sequence_id": last})

@@ -158,3 +158,17 @@ def test_request_with_a_bad_subscription_name_is_refused() -> None:
         to_subscription(
             "p", body.name, Topic("p", "t"), body, signing_secret=None, default_grouped=False
         )
+
+
+def test_a_view_that_drifts_from_its_documented_model_is_refused() -> None:
+    import pydantic
+    import pytest
+
+    from api.responses import reply
+    from api.schemas import ProducerMarkOut
+
+    assert reply(ProducerMarkOut, {"producer_id": "p", "last_sequence_id": 3}).status_code == 200
+    with pytest.raises(pydantic.ValidationError):
+        reply(ProducerMarkOut, {"producer_id": "p", "last_sequence_id": 3, "secret": "x"})
+    with pytest.raises(pydantic.ValidationError):
+        reply(ProducerMarkOut, {"producer_id": "p"})
