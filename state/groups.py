@@ -34,6 +34,7 @@ from setu.ordering.state import (
     Fenced,
     GroupState,
     PartitionSnapshot,
+    ReleaseRequests,
     StaleGroupState,
     StateWrite,
 )
@@ -122,12 +123,13 @@ class GroupStore(Protocol):
 
     async def clear_outcomes(self, partition: int, tier: int) -> None: ...
 
-    async def poll_releases(self, partition: int) -> tuple[set[str], set[int]]:
-        """Pending group release requests and single dead letters to deliver again."""
+    async def poll_releases(self, partition: int) -> ReleaseRequests:
+        """What operators asked of the partition and is still to be carried out."""
 
     async def request_release(
         self, partition: int, groups: Iterable[str], offsets: Iterable[int]
-    ) -> None: ...
+    ) -> None:
+        """Adds to the partition's :class:`ReleaseRequests`."""
 
     async def group(self, group_id: str) -> GroupState | None: ...
 
@@ -428,13 +430,13 @@ class RedisGroupStore:
         key = keys.delivered(self._project, self._sub, partition)
         await self._redis.zremrangebyscore(key, tier * TIER_SCORE, (tier + 1) * TIER_SCORE - 1)
 
-    async def poll_releases(self, partition: int) -> tuple[set[str], set[int]]:
+    async def poll_releases(self, partition: int) -> ReleaseRequests:
         p, s = self._project, self._sub
         pipe = self._redis.pipeline(transaction=False)
         pipe.smembers(keys.release_requests(p, s, partition))
         pipe.zrange(keys.pending_releases(p, s, partition), 0, -1)
         groups, offsets = await pipe.execute()
-        return {_text(g) for g in groups}, {int(o) for o in offsets}
+        return ReleaseRequests({_text(g) for g in groups}, {int(o) for o in offsets})
 
     async def request_release(
         self, partition: int, groups: Iterable[str], offsets: Iterable[int]

@@ -8,7 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from setu.ordering.state import Fenced, GroupState, PartitionSnapshot, StaleGroupState, StateWrite
+from setu.ordering.state import (
+    Fenced,
+    GroupState,
+    PartitionSnapshot,
+    ReleaseRequests,
+    StaleGroupState,
+    StateWrite,
+)
 from state.groups import COUNTERS
 
 
@@ -119,9 +126,9 @@ class StubGroupStore:
         part = self._p(partition)
         part.outcomes = {(t, o) for t, o in part.outcomes if t != tier}
 
-    async def poll_releases(self, partition: int) -> tuple[set[str], set[int]]:
+    async def poll_releases(self, partition: int) -> ReleaseRequests:
         part = self._p(partition)
-        return set(part.requests), set(part.pending)
+        return ReleaseRequests(set(part.requests), set(part.pending))
 
     async def request_release(
         self, partition: int, groups: Iterable[str], offsets: Iterable[int]

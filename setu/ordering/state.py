@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from setu.ordering.tiers import DLQ
 
@@ -96,3 +97,12 @@ class PartitionSnapshot:
     release_requests: set[str] = field(default_factory=set)
     seek_generation: int = 0
     fences: dict[int, dict[int, int]] = field(default_factory=dict)  # epoch -> tier -> offset
+
+
+class ReleaseRequests(NamedTuple):
+    """What operators asked of one partition index and its worker has still to carry out (an
+    unsideline): ``groups`` to deliver again from the DLQ as a whole and in order, and single
+    dead ``letters`` (DLQ offsets) to deliver again on their own."""
+
+    groups: set[str]
+    letters: set[int]
