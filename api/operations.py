@@ -40,9 +40,9 @@ from setu.ordering.dead_letters import (
 )
 from setu.ordering.state import GroupState
 from setu.ordering.tiers import DLQ, is_retry, tier_name, topic_of, topics_by_tier
-from state import workers
 from state.groups import RedisGroupStore
 from state.metadata import MetadataStore
+from state.workers import RedisWorkers
 
 router = APIRouter(
     prefix="/v1/projects/{project}/subscriptions/{subscription}", tags=["operations"]
@@ -173,7 +173,7 @@ async def status(request: Request, project: str, subscription: str) -> Response:
     try:
         failed = await groups.failed_count()
         counters = await groups.counters()
-        fresh = await workers.fresh_reports(_redis(request), project, subscription, now_ms())
+        fresh = await RedisWorkers(_redis(request)).fresh(project, subscription, now_ms())
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
     try:

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
-from redis.asyncio import Redis
 
 from delivery.dispatcher import Dispatcher
 from delivery.engine import Attempt, Move, PartitionEngine, Transition
@@ -48,8 +47,8 @@ from setu.model import Subscription, SubscriptionState
 from setu.ordering.groups import Kind
 from setu.ordering.records import copy_headers
 from setu.ordering.tiers import DLQ, MAIN, tier_name, topics_by_tier
-from state import workers
 from state.groups import GroupStore
+from state.workers import WorkerReports
 
 T = TypeVar("T")
 
@@ -125,7 +124,7 @@ class RunnerParts:
     sender: WebhookSender
     reader: KafkaReader
     copies: CopyWriter
-    redis: Redis[bytes]  # the worker's live figures (state.workers)
+    reports: WorkerReports  # the worker's live figures (state.workers)
     consumer: Callable[[dict[str, Any], asyncio.AbstractEventLoop, RebalanceListener], ConsumerPort]
 
 
@@ -239,7 +238,7 @@ class SubscriptionRunner:
         self.sub = sub
         self.metrics = (metrics or DeliveryMetrics()).subscription(sub.project, sub.name)
         self.config = config
-        self.redis = parts.redis
+        self.reports = parts.reports
         self.producer = parts.copies
         self.store = parts.store
         self.sender = parts.sender
@@ -739,13 +738,11 @@ class SubscriptionRunner:
             "paused": not self.gate.is_set(),
             "at": now_ms(),
         }
-        await workers.report(
-            self.redis, self.sub.project, self.sub.name, self.config.worker_id, figures
-        )
+        await self.reports.report(self.sub.project, self.sub.name, self.config.worker_id, figures)
 
     async def _forget_stats(self) -> None:
         with contextlib.suppress(Exception):
-            await workers.forget(self.redis, self.sub.project, self.sub.name, self.config.worker_id)
+            await self.reports.forget(self.sub.project, self.sub.name, self.config.worker_id)
 
     async def _drain(self, port: _Port) -> None:
         """Lets calls and writes in progress finish; calls not yet made are dropped."""

@@ -36,6 +36,7 @@ from setu.model import Subscription, SubscriptionState
 from setu.settings import Settings
 from state import workers
 from state.groups import RedisGroupStore
+from state.workers import RedisWorkers
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def runner_parts(
         sender=WebhookSender(sub, http),
         reader=KafkaReader(config.bootstrap),
         copies=producer,
-        redis=client,
+        reports=RedisWorkers(client),
         consumer=ConsumerThread,
     )
 
@@ -163,7 +164,7 @@ async def serve(
         await producer.close()
         http.close()
         with contextlib.suppress(Exception):
-            await workers.stop_beating(client, name)
+            await RedisWorkers(client).stop_beating(name)
         await client.aclose()  # type: ignore[attr-defined]
 
 
@@ -183,9 +184,10 @@ def _on_loop(
 
 
 async def _heartbeat(client: Redis[bytes], name: str, stop: asyncio.Event) -> None:
+    beats = RedisWorkers(client)
     while not stop.is_set():
         try:
-            await workers.beat(client, name, HEARTBEAT_TTL_MS)
+            await beats.beat(name, HEARTBEAT_TTL_MS)
         except redis.RedisError as exc:
             log.warning("heartbeat: %s", exc)
         with contextlib.suppress(TimeoutError):

@@ -1,12 +1,17 @@
-"""What delivery workers tell the rest of Setu through Redis: that they are alive (a heartbeat
-key with a TTL, which ``setu deliver --check`` probes) and, per subscription they run, their
-live figures (one hash field per worker, which the status view sums over the fresh ones).
+"""What delivery workers tell the rest of Setu: that they are alive (a heartbeat with a TTL,
+which ``setu deliver --check`` probes) and, per subscription they run, their live figures (one
+record per worker, which the status view sums over the fresh ones).
+
+Contract (:class:`RedisWorkers` and :class:`StubWorkers`, the same tests on both): a report
+replaces the worker's previous one for that subscription; :meth:`WorkerReports.fresh` returns
+the reports whose ``at`` (epoch ms) is within :data:`STATS_FRESH_MS` of ``now_ms``; a
+forgotten worker's report is gone; a heartbeat lives for its TTL unless stopped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import redis
@@ -19,38 +24,78 @@ from state import keys
 STATS_FRESH_MS = 10_000
 
 
-async def beat(client: Redis[bytes], worker_id: str, ttl_ms: int) -> None:
-    await client.set(keys.worker_heartbeat(worker_id), b"alive", px=ttl_ms)
+class WorkerReports(Protocol):
+    async def beat(self, worker_id: str, ttl_ms: int) -> None: ...
+
+    async def stop_beating(self, worker_id: str) -> None: ...
+
+    async def report(
+        self, project: str, subscription: str, worker_id: str, figures: Mapping[str, Any]
+    ) -> None:
+        """The worker's figures for one subscription, ``at`` (epoch ms) among them."""
+
+    async def forget(self, project: str, subscription: str, worker_id: str) -> None: ...
+
+    async def fresh(self, project: str, subscription: str, now_ms: int) -> list[dict[str, Any]]:
+        """The figures of the workers that reported within :data:`STATS_FRESH_MS`."""
+        ...
 
 
-async def stop_beating(client: Redis[bytes], worker_id: str) -> None:
-    await client.delete(keys.worker_heartbeat(worker_id))
+class RedisWorkers:
+    """Heartbeats as keys with a TTL, figures as one hash per subscription."""
+
+    def __init__(self, client: Redis[bytes]) -> None:
+        self._client = client
+
+    async def beat(self, worker_id: str, ttl_ms: int) -> None:
+        await self._client.set(keys.worker_heartbeat(worker_id), b"alive", px=ttl_ms)
+
+    async def stop_beating(self, worker_id: str) -> None:
+        await self._client.delete(keys.worker_heartbeat(worker_id))
+
+    async def report(
+        self, project: str, subscription: str, worker_id: str, figures: Mapping[str, Any]
+    ) -> None:
+        key = keys.worker_stats(project, subscription)
+        await self._client.hset(key, worker_id, orjson.dumps(figures))
+
+    async def forget(self, project: str, subscription: str, worker_id: str) -> None:
+        await self._client.hdel(keys.worker_stats(project, subscription), worker_id)
+
+    async def fresh(self, project: str, subscription: str, now_ms: int) -> list[dict[str, Any]]:
+        raw = await self._client.hvals(keys.worker_stats(project, subscription))
+        return _fresh([orjson.loads(r) for r in raw], now_ms)
+
+
+class StubWorkers:
+    """In memory; time is what the caller says it is."""
+
+    def __init__(self) -> None:
+        self.beats: dict[str, int] = {}  # worker -> ttl_ms
+        self.reports: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+
+    async def beat(self, worker_id: str, ttl_ms: int) -> None:
+        self.beats[worker_id] = ttl_ms
+
+    async def stop_beating(self, worker_id: str) -> None:
+        self.beats.pop(worker_id, None)
+
+    async def report(
+        self, project: str, subscription: str, worker_id: str, figures: Mapping[str, Any]
+    ) -> None:
+        self.reports.setdefault((project, subscription), {})[worker_id] = dict(figures)
+
+    async def forget(self, project: str, subscription: str, worker_id: str) -> None:
+        self.reports.get((project, subscription), {}).pop(worker_id, None)
+
+    async def fresh(self, project: str, subscription: str, now_ms: int) -> list[dict[str, Any]]:
+        return _fresh(list(self.reports.get((project, subscription), {}).values()), now_ms)
+
+
+def _fresh(reports: list[dict[str, Any]], now_ms: int) -> list[dict[str, Any]]:
+    return [r for r in reports if now_ms - r.get("at", 0) < STATS_FRESH_MS]
 
 
 def is_alive(client: redis.Redis[bytes], worker_id: str) -> bool:
-    """Whether the worker's heartbeat lives (raises redis errors)."""
+    """Whether the worker's heartbeat lives (the CLI probe, synchronous; raises redis errors)."""
     return bool(client.exists(keys.worker_heartbeat(worker_id)))
-
-
-async def report(
-    client: Redis[bytes],
-    project: str,
-    subscription: str,
-    worker_id: str,
-    figures: Mapping[str, Any],
-) -> None:
-    """The worker's figures for one subscription, with ``at`` (epoch ms) among them."""
-    await client.hset(keys.worker_stats(project, subscription), worker_id, orjson.dumps(figures))
-
-
-async def forget(client: Redis[bytes], project: str, subscription: str, worker_id: str) -> None:
-    await client.hdel(keys.worker_stats(project, subscription), worker_id)
-
-
-async def fresh_reports(
-    client: Redis[bytes], project: str, subscription: str, now_ms: int
-) -> list[dict[str, Any]]:
-    """The figures of the workers that reported within :data:`STATS_FRESH_MS`."""
-    raw = await client.hvals(keys.worker_stats(project, subscription))
-    reports = [orjson.loads(r) for r in raw]
-    return [r for r in reports if now_ms - r.get("at", 0) < STATS_FRESH_MS]

@@ -7,7 +7,6 @@ import asyncio
 
 import pytest
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, TopicPartition
-from redis.asyncio import Redis
 
 from delivery.http import HttpClient
 from delivery.kafka_io import KafkaReader
@@ -16,6 +15,7 @@ from delivery.webhook import WebhookSender
 from setu import names
 from setu.ordering.tiers import DLQ
 from state.groups_stub import StubGroupStore
+from state.workers import StubWorkers
 from tests.consumers import ConsumerStub
 from tests.integration.delivery.conftest import Receiver, World
 from tests.unit.delivery.test_runner import NoCopies
@@ -71,7 +71,7 @@ async def test_a_seek_right_after_an_assignment_takes_before_the_engine_reads_on
         sender=WebhookSender(sub, HttpClient()),
         reader=KafkaReader(world.bootstrap),
         copies=NoCopies(),
-        redis=Redis(),
+        reports=StubWorkers(),
         consumer=ConsumerStub(watched).factory,
     )
     runner = SubscriptionRunner(sub, RunnerConfig(bootstrap=world.bootstrap, worker_id="w"), parts)

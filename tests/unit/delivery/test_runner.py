@@ -7,7 +7,6 @@ import asyncio
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from redis.asyncio import Redis
 
 from delivery.http import HttpClient
 from delivery.kafka_io import KafkaReader
@@ -16,6 +15,7 @@ from delivery.webhook import WebhookSender
 from setu.clock import now_ms
 from setu.ordering.tiers import DLQ
 from state.groups_stub import StubGroupStore
+from state.workers import StubWorkers
 from tests.consumers import ConsumerStub
 from tests.unit.delivery.sim import subscription
 
@@ -75,7 +75,7 @@ def runner_on(consumer: Consumer, queue: bool = False) -> tuple[SubscriptionRunn
         sender=WebhookSender(sub, HttpClient()),
         reader=KafkaReader("127.0.0.1:1"),
         copies=NoCopies(),
-        redis=Redis(),
+        reports=StubWorkers(),
         consumer=stub.factory,
     )
     config = RunnerConfig(bootstrap="127.0.0.1:1", worker_id="w", seek_retry_s=0.0)
