@@ -11,6 +11,7 @@ incarnations (incarnation 0).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 import redis
 from redis.asyncio import Redis
@@ -46,11 +47,26 @@ return 0
 """
 
 
+class MarkStore(Protocol):
+    """What the ingest job does with marks: raise them; and read one back."""
+
+    def raise_marks(self, project: str, topic: str, marks: Mapping[str, Mark]) -> None: ...
+
+    def mark(self, project: str, topic: str, producer: str) -> Mark | None: ...
+
+
 class ProducerMarks:
-    """Raises marks (the ingest job, synchronous)."""
+    """Raises marks (the ingest job, synchronous). :class:`StubProducerMarks` keeps the same
+    contract in memory (the same tests run on both)."""
 
     def __init__(self, client: redis.Redis[bytes]) -> None:
+        self._client = client
         self._raise = client.register_script(_RAISE)
+
+    def mark(self, project: str, topic: str, producer: str) -> Mark | None:
+        """The producer's stored mark, whatever its incarnation."""
+        raw = self._client.hget(keys.producer_marks(project, topic), producer)
+        return None if raw is None else parse_mark(raw)
 
     def raise_marks(self, project: str, topic: str, marks: Mapping[str, Mark]) -> None:
         """Raises each producer's mark of ``topic`` to the given one where it is higher."""
@@ -86,3 +102,19 @@ def last_sequence(raw: bytes | str | None, topic_incarnation: int) -> int:
     if incarnation not in (0, topic_incarnation):
         return NO_SEQUENCE
     return sequence
+
+
+class StubProducerMarks:
+    """:class:`ProducerMarks` in memory."""
+
+    def __init__(self) -> None:
+        self.marks: dict[tuple[str, str, str], Mark] = {}
+
+    def raise_marks(self, project: str, topic: str, marks: Mapping[str, Mark]) -> None:
+        for producer, mark in marks.items():
+            key = (project, topic, producer)
+            if mark > self.marks.get(key, (-1, -1)):
+                self.marks[key] = mark
+
+    def mark(self, project: str, topic: str, producer: str) -> Mark | None:
+        return self.marks.get((project, topic, producer))
