@@ -19,9 +19,9 @@ from setu.model import Subscription, Topic
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 # RFC 9110 token characters: what an HTTP header name may contain.
-_TOKEN_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_TOKEN_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # Visible ASCII, Latin-1 and inner spaces or tabs: no CR, LF or NUL can reach a request.
-_VALUE_RE = re.compile(r"^[\t\x20-\x7e\x80-\U0010ffff]*$")
+_VALUE_RE = re.compile(r"[\t\x20-\x7e\x80-\U0010ffff]*")
 MAX_HEADER_VALUE_CHARS = 8192
 
 # Headers Setu writes itself on webhook calls, or that belong to the HTTP connection.
@@ -41,9 +41,10 @@ _LOCAL_NAMES = ("localhost", "localhost.localdomain")
 
 def check_header(where: str, name: str, value: str) -> None:
     """A header that may go on an HTTP request as it is."""
-    if not _TOKEN_RE.match(name):
+    # fullmatch: "$" would also match before a final newline, letting a "\n" through.
+    if not _TOKEN_RE.fullmatch(name):
         raise InvalidInput(f"{where}: {name!r} is not a valid HTTP header name")
-    if len(value) > MAX_HEADER_VALUE_CHARS or not _VALUE_RE.match(value):
+    if len(value) > MAX_HEADER_VALUE_CHARS or not _VALUE_RE.fullmatch(value):
         raise InvalidInput(f"{where}: value of {name!r} has control characters or is too long")
 
 

@@ -24,6 +24,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -213,10 +214,19 @@ class _Pool:
         self.idle.clear()
 
 
+class UnsafeRequest(HttpError):
+    """A request line or header holds a control character: it is never sent."""
+
+
 def encode_request(
     method: str, target: Target, headers: Sequence[tuple[str, str]], body: bytes
 ) -> bytes:
-    """The bytes of one request. Header values were checked when they entered Setu."""
+    """The bytes of one request. Everything was checked when it entered Setu; a CR, LF or
+    other control character found here anyway is refused (:class:`UnsafeRequest`), never
+    written: it would split the request or start a header of someone else's choosing."""
+    for part in (method, target.path, *(p for header in headers for p in header)):
+        if _UNSAFE.search(part):
+            raise UnsafeRequest(f"control character in the request: {part[:40]!r}")
     lines = [
         f"{method} {target.path} HTTP/1.1",
         f"host: {target.origin.host_header}",
@@ -224,6 +234,9 @@ def encode_request(
     ]
     lines.extend(f"{name}: {value}" for name, value in headers)
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 class HttpClient:

@@ -48,6 +48,10 @@ def check_id(kind: str, value: str | None, *, required: bool) -> str | None:
         return None
     if len(value) > MAX_ID_CHARS:
         raise InvalidInput(f"{kind} must be at most {MAX_ID_CHARS} characters")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        # Ids travel as header values on every webhook call: a CR or LF would start a header
+        # of the producer's choosing there.
+        raise InvalidInput(f"{kind} must not contain control characters")
     return value
 
 
@@ -56,6 +60,9 @@ def check_sequence(value: str | int | None) -> int | None:
     if value is None or value == "":
         return None
     if isinstance(value, bool):
+        raise InvalidInput(f"{SEQUENCE_ID} must be an integer 0..{MAX_SEQUENCE}")
+    # Plain ASCII digits only: int() also takes "1_000", " 7 " and non-ASCII digits.
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
         raise InvalidInput(f"{SEQUENCE_ID} must be an integer 0..{MAX_SEQUENCE}")
     try:
         number = int(value)

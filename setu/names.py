@@ -12,7 +12,7 @@ import re
 
 from setu.errors import InvalidInput
 
-NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 PREFIX = "setu"
 # Matches every ingest topic and nothing else (names cannot contain dots).
 INGEST_PATTERN = r"setu\.[a-z0-9-]+\.[a-z0-9-]+\.ingest"
@@ -21,7 +21,8 @@ MAX_RETRY_TIERS = 9
 
 def validate_name(kind: str, name: str) -> str:
     """Return ``name`` if it is a valid resource name, else raise InvalidInput."""
-    if not NAME_RE.match(name):
+    # fullmatch: "$" would also match before a final newline ("shop\n" passed).
+    if not NAME_RE.fullmatch(name):
         raise InvalidInput(
             f"{kind} name {name!r} must be 1..63 lower-case letters, digits or inner hyphens"
         )

@@ -9,6 +9,7 @@ import pytest
 from api.validation import (
     check_endpoint_headers,
     check_grouping,
+    check_header,
     check_update,
     endpoint_host,
     is_private_address,
@@ -155,3 +156,12 @@ def test_update_may_not_change_what_a_subscription_reads(
 
 def test_update_may_change_delivery() -> None:
     check_update(_sub(), _sub(endpoint=Endpoint("https://other/y"), max_in_flight=5))
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("X-A", "v\n"), ("X-A", "v\r\nX-B: w"), ("X-A\n", "v"), ("X-A", "v\x00")]
+)
+def test_a_header_with_a_line_break_is_refused(name: str, value: str) -> None:
+    # "$" matched before a final newline, so "v\n" passed the value check
+    with pytest.raises(InvalidInput):
+        check_header("endpoint.headers", name, value)

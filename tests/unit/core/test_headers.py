@@ -3,7 +3,13 @@ from __future__ import annotations
 import pytest
 
 from setu.errors import InvalidInput
-from setu.headers import ProduceHeaders, parse_produce_headers
+from setu.headers import (
+    MESSAGE_ID,
+    ProduceHeaders,
+    check_id,
+    check_sequence,
+    parse_produce_headers,
+)
 
 
 def parse(*pairs: tuple[str, str], grouped: bool = False) -> ProduceHeaders:
@@ -78,3 +84,21 @@ def test_group_id_is_optional_on_an_ungrouped_topic() -> None:
 def test_largest_sequence_is_accepted() -> None:
     got = parse(("x-message-id", "m"), ("x-producer-id", "p"), ("x-sequence-id", str(2**63 - 1)))
     assert got.sequence_id == 2**63 - 1
+
+
+@pytest.mark.parametrize("value", ["m1\r\nAuthorization: Bearer x", "m1\n", "m\x00", "m\x7f"])
+def test_an_id_with_a_control_character_is_refused(value: str) -> None:
+    # Ids go out as header values on every webhook call: CR/LF would inject headers there
+    with pytest.raises(InvalidInput, match="control characters"):
+        check_id(MESSAGE_ID, value, required=True)
+
+
+@pytest.mark.parametrize("value", ["1_000", " 7", "7 ", "+7", "\u0663", "7\n"])
+def test_a_sequence_id_is_plain_ascii_digits(value: str) -> None:
+    with pytest.raises(InvalidInput):
+        check_sequence(value)
+
+
+def test_plain_sequence_ids_still_pass() -> None:
+    assert check_sequence("42") == 42
+    assert check_sequence(42) == 42

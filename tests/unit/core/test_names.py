@@ -57,3 +57,10 @@ def test_parse_ingest_topic_round_trips() -> None:
     assert names.parse_ingest_topic(names.ingest_topic("p", "t")) == ("p", "t")
     with pytest.raises(ValueError, match="not an ingest topic"):
         names.parse_ingest_topic("setu.p.t")
+
+
+@pytest.mark.parametrize("name", ["shop\n", "shop\r", "\nshop", "sh\nop"])
+def test_a_name_with_a_line_break_is_refused(name: str) -> None:
+    # "$" matched before a final newline: "shop\n" was taken (and the project created)
+    with pytest.raises(InvalidInput):
+        names.validate_name("project", name)

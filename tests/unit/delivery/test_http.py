@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from delivery.http import HttpClient, HttpError, Target, encode_request
+from delivery.http import HttpClient, HttpError, Target, UnsafeRequest, encode_request
 
 Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]
 
@@ -201,3 +201,29 @@ def test_request_line_and_host(url: str, first_lines: list[bytes]) -> None:
 def test_only_http_urls_are_accepted(url: str) -> None:
     with pytest.raises(ValueError, match="not an http"):
         Target.parse(url)
+
+
+@pytest.mark.parametrize(
+    "headers", [[("x_message_id", "m\r\nAuthorization: x")], [("x-a\n", "v")], [("x-a", "\x00")]]
+)
+def test_the_encoder_refuses_control_characters_whatever_it_is_given(
+    headers: list[tuple[str, str]],
+) -> None:
+    target = Target.parse("http://example.com/hook")
+    with pytest.raises(UnsafeRequest):
+        encode_request("POST", target, headers, b"")
+
+
+async def test_an_unsafe_request_is_dead_lettered_not_retried() -> None:
+    from delivery.outcome import Verdict
+    from delivery.webhook import WebhookSender
+    from setu.envelope import Envelope
+    from tests.unit.delivery.sim import subscription
+
+    # Given a message whose id holds a CR LF (it got past validation somehow)
+    sender = WebhookSender(subscription(), HttpClient())
+    envelope = Envelope("m1\r\nAuthorization: x", b"{}", group_id="g")
+    # When it is sent, nothing goes out and the outcome is final
+    outcome = await sender.send(envelope, 1)
+    assert outcome.verdict is Verdict.DEAD_LETTER
+    assert "control character" in (outcome.error or "")
