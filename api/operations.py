@@ -60,7 +60,7 @@ class UnsidelineBody(Body):
 
 
 class SeekBody(Body):
-    timestamp_ms: int = Field(ge=0)
+    timestamp_ms: int = Field(ge=0, le=2**63 - 1)
 
 
 class IngestOut(Out):

@@ -89,7 +89,11 @@ def literal_host_is_private(host: str) -> bool:
 
 def endpoint_host(url: str) -> str:
     """The host of a webhook URL, after checking the URL's form: http(s), a host, no
-    credentials (they belong in endpoint headers, where GET does not echo them in a URL)."""
+    credentials (they belong in endpoint headers, where GET does not echo them in a URL), no
+    space or control character (it would go out inside the request line), a host name DNS
+    can carry."""
+    if any(c <= " " or c == "\x7f" for c in url):
+        raise InvalidInput("endpoint.url may not contain spaces or control characters")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -103,7 +107,16 @@ def endpoint_host(url: str) -> str:
         raise InvalidInput("endpoint.url may not carry credentials; use endpoint.headers")
     if port == 0:
         raise InvalidInput("endpoint.url has port 0")
-    return parts.hostname
+    host = parts.hostname
+    try:
+        encoded = host.encode("idna")
+    except UnicodeError as exc:  # a label over 63 characters, say
+        raise InvalidInput(
+            f"endpoint.url host {host[:80]!r} is not a valid host name: {exc}"
+        ) from None
+    if len(encoded) > 253:
+        raise InvalidInput("endpoint.url host is longer than 253 characters")
+    return host
 
 
 def refuse_private(host: str, resolved: Iterable[IPAddress], allow_private: bool) -> None:

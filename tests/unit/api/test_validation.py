@@ -165,3 +165,27 @@ def test_a_header_with_a_line_break_is_refused(name: str, value: str) -> None:
     # "$" matched before a final newline, so "v\n" passed the value check
     with pytest.raises(InvalidInput):
         check_header("endpoint.headers", name, value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://" + "a" * 64 + ".example.com/hook",  # a label over 63: an IDNA error, was a 500
+        "http://example.com/a b",
+        "http://example.com/\x01",
+        "http://example.com/hook\n",
+    ],
+)
+def test_a_webhook_url_dns_or_a_request_line_cannot_carry_is_refused(url: str) -> None:
+    with pytest.raises(InvalidInput):
+        endpoint_host(url)
+
+
+def test_a_seek_past_the_largest_timestamp_is_invalid_input() -> None:
+    import pydantic
+
+    from api.operations import SeekBody
+
+    assert SeekBody(timestamp_ms=2**63 - 1).timestamp_ms == 2**63 - 1
+    with pytest.raises(pydantic.ValidationError):
+        SeekBody(timestamp_ms=2**63)
