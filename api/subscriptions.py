@@ -24,7 +24,7 @@ from api.schemas import (
     errors,
     subscription_view,
 )
-from api.validation import check_endpoint_headers
+from api.validation import check_endpoint_headers, check_signing_secret
 from setu.errors import InvalidInput
 from setu.model import (
     DeadLetterPolicy,
@@ -72,7 +72,7 @@ def to_subscription(
         dead_letter_policy=DeadLetterPolicy(config.dead_letter_policy),
         max_in_flight=config.max_in_flight,
         rate_limit_per_second=config.rate_limit_per_second,
-        signing_secret=signing_secret,
+        signing_secret=None if signing_secret is None else check_signing_secret(signing_secret),
         state=SubscriptionState.RUNNING,
     )
 

@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
+from delivery.signing import signing_key
 from setu import headers as produce_headers
 from setu.errors import InvalidInput
 from setu.model import Subscription, Topic
@@ -144,3 +145,20 @@ def check_update(current: Subscription, new: Subscription) -> None:
         raise InvalidInput("topic of a subscription cannot change; create another subscription")
     if new.grouped != current.grouped:
         raise InvalidInput("grouped cannot change; create another subscription")
+
+
+# A signing key shorter than this is guessable: "whsec_" alone gave an empty HMAC key.
+MIN_SIGNING_KEY_BYTES = 16
+
+
+def check_signing_secret(secret: str) -> str:
+    """A signing secret whose key holds at least 128 bits (``whsec_`` + base64, or the text
+    itself), with no control characters."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in secret):
+        raise InvalidInput("signing_secret must not contain control characters")
+    if len(signing_key(secret)) < MIN_SIGNING_KEY_BYTES:
+        raise InvalidInput(
+            f"signing_secret must hold a key of at least {MIN_SIGNING_KEY_BYTES} bytes (128 "
+            "bits): whsec_ followed by base64 of at least 16 random bytes"
+        )
+    return secret

@@ -13,6 +13,8 @@ from state import keys
 from tests.integration.api.support import Api, assert_error
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
+# A signing secret with a 20-byte key (at least 16 are required).
+SECRET = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM="
 
 HOOK = "https://hooks.example.com/orders"
 
@@ -37,7 +39,7 @@ async def test_create_starts_running_with_its_kafka_topics(api: Api, project: st
     await make_topic(api, project, partitions=3)
     created = await api.client.post(
         f"/v1/projects/{project}/subscriptions",
-        json=body(retry={"delays_ms": [100, 200]}, signing_secret="whsec_abc"),
+        json=body(retry={"delays_ms": [100, 200]}, signing_secret=SECRET),
     )
     assert created.status_code == 201, created.text
     view = created.json()
@@ -45,7 +47,7 @@ async def test_create_starts_running_with_its_kafka_topics(api: Api, project: st
     assert view["version"] == 1
     assert view["grouped"] is True  # as its topic
     assert view["has_signing_secret"] is True
-    assert "signing_secret" not in view and "whsec_abc" not in created.text
+    assert "signing_secret" not in view and SECRET not in created.text
     for name in (
         retry_topic(project, "s", 1),
         retry_topic(project, "s", 2),
@@ -130,7 +132,7 @@ async def test_subscription_to_an_unknown_topic_is_404(api: Api, project: str) -
 async def test_put_replaces_config_with_optimistic_versions(api: Api, project: str) -> None:
     await make_topic(api, project)
     url = f"/v1/projects/{project}/subscriptions/s"
-    await api.client.post(f"/v1/projects/{project}/subscriptions", json=body(signing_secret="k1"))
+    await api.client.post(f"/v1/projects/{project}/subscriptions", json=body(signing_secret=SECRET))
     # When the retry tiers grow from 3 to 4
     update = {
         "version": 1,
@@ -239,3 +241,16 @@ async def test_delete_removes_topics_and_redis_state(
     )
     # And the topic may now be deleted
     assert (await api.client.delete(f"/v1/projects/{project}/topics/t")).status_code == 204
+
+
+@pytest.mark.parametrize("secret", ["whsec_", "whsec_abc", "k1", "a-passphrase"])
+async def test_a_weak_signing_secret_is_refused(api: Api, project: str, secret: str) -> None:
+    # "whsec_" alone gave an empty HMAC key: anyone could forge the signatures
+    await make_topic(api, project)
+    refused = await api.client.post(
+        f"/v1/projects/{project}/subscriptions", json=body(signing_secret=secret)
+    )
+    assert_error(refused, 400, "invalid_input")
+    assert "16 bytes" in refused.json()["error"]["message"]
+    listed = await api.client.get(f"/v1/projects/{project}/subscriptions")
+    assert listed.json()["subscriptions"] == []
