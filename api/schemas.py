@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.responses import Out
 from setu import names
@@ -28,9 +28,26 @@ StatusCode = Annotated[int, Field(ge=100, le=599)]
 
 
 class Body(BaseModel):
-    """A request body: no unknown fields, no type coercion."""
+    """A request body: no unknown fields, no type coercion, no NUL character in any text (the
+    metadata store cannot keep one: PostgreSQL refused it with a 500)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="after")
+    def _no_nul(self) -> Body:
+        if _holds_nul(self.model_dump()):
+            raise ValueError("text fields may not contain NUL characters")
+        return self
+
+
+def _holds_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(v) for v in value)
+    return False
 
 
 class ProjectCreate(Body):

@@ -220,3 +220,10 @@ async def test_producer_mark_reads_the_ingest_jobs_redis_hash(
         400,
         "invalid_input",
     )
+
+
+async def test_a_nul_character_is_a_400_and_creates_nothing(api: Api) -> None:
+    name = unique()
+    refused = await api.client.post("/v1/projects", json={"name": name, "description": "a\x00"})
+    assert_error(refused, 400, "invalid_input")
+    assert_error(await api.client.get(f"/v1/projects/{name}"), 404, "not_found")

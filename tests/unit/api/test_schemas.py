@@ -172,3 +172,20 @@ def test_a_view_that_drifts_from_its_documented_model_is_refused() -> None:
         reply(ProducerMarkOut, {"producer_id": "p", "last_sequence_id": 3, "secret": "x"})
     with pytest.raises(pydantic.ValidationError):
         reply(ProducerMarkOut, {"producer_id": "p"})
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"name": "shop", "description": "a\x00b"},
+        {"name": "shop\x00"},
+    ],
+)
+def test_a_nul_character_in_a_body_is_invalid_input(body: dict[str, object]) -> None:
+    # PostgreSQL cannot store NUL in text: it answered 500
+    import pydantic
+
+    from api.schemas import ProjectCreate
+
+    with pytest.raises(pydantic.ValidationError):
+        ProjectCreate.model_validate(body)
