@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 from setu.ordering.state import GroupState
 from setu.ordering.tiers import DLQ, MAIN
@@ -177,16 +178,7 @@ def head_waits(state: GroupState, message_id: str, failure: Failure, due_at_ms: 
     :func:`setu.ordering.tiers.after_failure`): it stays where it is, first in its tier, and is
     attempted again at ``due_at_ms``; its attempts so far are kept here, since its record in
     the tier does not carry them."""
-    return replace(
-        state,
-        head=message_id,
-        attempts=failure.attempts,
-        last_status=failure.status,
-        reason=failure.reason,
-        failed_at_ms=failure.at_ms,
-        due_at_ms=due_at_ms,
-        version=state.version + 1,
-    )
+    return _head_failed(state, message_id, failure, due_at_ms=due_at_ms)
 
 
 def head_done(state: GroupState, tier: int, offset: int) -> GroupState | None:
@@ -228,18 +220,24 @@ class Failure:
 def reparked(state: GroupState, message_id: str, offset: int, failure: Failure) -> GroupState:
     """A released dead letter failed for good (after its lap, or at once): the group parks on
     it, where it is."""
+    return _head_failed(state, message_id, failure, released=False, dlq_from=offset, lap=0)
+
+
+def _head_failed(
+    state: GroupState, message_id: str, failure: Failure, due_at_ms: int = 0, **changes: Any
+) -> GroupState:
+    """``state`` with ``message_id`` its head and ``failure`` its head's latest failure, due
+    again at ``due_at_ms`` (0: not waiting in place), plus ``changes``."""
     return replace(
         state,
-        released=False,
         head=message_id,
-        dlq_from=offset,
-        lap=0,
         attempts=failure.attempts,
         last_status=failure.status,
         reason=failure.reason,
         failed_at_ms=failure.at_ms,
-        due_at_ms=0,
+        due_at_ms=due_at_ms,
         version=state.version + 1,
+        **changes,
     )
 
 
@@ -261,19 +259,7 @@ def lap_moved(
 ) -> GroupState:
     """The lap's copy of the head (its letter at DLQ ``offset``) is now in retry tier
     ``to_tier``: started from the DLQ, or moved up one tier."""
-    return replace(
-        state,
-        released=False,
-        head=message_id,
-        dlq_from=offset,
-        lap=to_tier,
-        attempts=failure.attempts,
-        last_status=failure.status,
-        reason=failure.reason,
-        failed_at_ms=failure.at_ms,
-        due_at_ms=0,
-        version=state.version + 1,
-    )
+    return _head_failed(state, message_id, failure, released=False, dlq_from=offset, lap=to_tier)
 
 
 def lap_done(state: GroupState) -> GroupState | None:
