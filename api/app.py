@@ -29,6 +29,7 @@ from setu.settings import Settings
 from state import migrate
 from state.kafka_admin import KafkaTopics
 from state.metadata import MetadataStore
+from state.retired_topics import RedisRetiredList
 
 
 def _required(value: str | None, variable: str) -> str:
@@ -63,10 +64,12 @@ async def open_services(settings: Settings, metrics: ApiMetrics) -> Services:
     )
     producer.start()
     metrics.watch_producer_queue(producer.__len__)
+    client: Redis[bytes] = Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
     return Services(
         settings=settings,
         store=store,
-        redis=Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5),
+        redis=client,
+        retired=RedisRetiredList(client),
         kafka_admin=KafkaTopics(
             bootstrap,
             replication_factor=settings.kafka_replication_factor,

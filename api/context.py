@@ -20,6 +20,7 @@ from api.topic_cache import TopicCache
 from setu.settings import Settings
 from state.kafka_admin import KafkaTopics
 from state.metadata import MetadataStore
+from state.retired_topics import RetiredList
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -30,6 +31,7 @@ class Services:
     settings: Settings
     store: MetadataStore
     redis: Redis[bytes]
+    retired: RetiredList
     kafka_admin: KafkaTopics
     producer: AckedProducer
     topics: TopicCache

@@ -28,7 +28,6 @@ from api.validation import IPAddress, check_grouping, check_update, endpoint_hos
 from setu import names
 from setu.errors import Conflict, DependencyUnavailable
 from setu.model import Subscription, Topic
-from state import retired_topics
 from state.groups import RedisGroupStore
 
 log = logging.getLogger(__name__)
@@ -45,9 +44,9 @@ async def create_topic(s: Services, topic: Topic) -> tuple[Topic, bool]:
     # emptied of what reached it since (produces to the deleted topic), then no longer
     # skipped by the ingest job, before the topic can take messages (state.retired_topics).
     ingest = names.ingest_topic(topic.project, topic.name)
-    if await retired_topics.is_retired(s.redis, ingest):
+    if await s.retired.is_retired(ingest):
         await blocking(s.kafka_admin.empty, ingest)
-        await retired_topics.reopen(s.redis, ingest)
+        await s.retired.reopen(ingest)
     created = await blocking(s.store.create_topic, topic)
     s.topics.invalidate(topic.project, topic.name)
     return created
@@ -58,7 +57,7 @@ async def delete_topic(s: Services, project: str, name: str) -> None:
     s.topics.invalidate(project, name)
     # The ingest job skips the topic's records from its next batch on; the ingest topic is
     # then emptied and kept (state.retired_topics).
-    await retired_topics.retire(s.redis, names.ingest_topic(project, name))
+    await s.retired.retire(names.ingest_topic(project, name))
     await blocking(s.kafka_admin.delete_topic, topic)
     await blocking(s.store.delete_topic, project, name)
     s.topics.invalidate(project, name)

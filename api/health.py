@@ -24,8 +24,7 @@ from starlette.responses import Response
 from api.context import Services, blocking, services
 from api.responses import JSON
 from setu.clock import now_ms
-from state import keys
-from state.ingest_status import decoded, ingest_view
+from state.ingest_status import ingest_view, read_status_async
 
 router = APIRouter(tags=["health"])
 
@@ -84,7 +83,7 @@ def _probes(s: Services) -> dict[str, Probe]:
 
 async def ingest_state(s: Services) -> dict[str, Any]:
     """The ingest job's report as :func:`state.ingest_status.ingest_view` reads it."""
-    return ingest_view(decoded(await s.redis.hgetall(keys.ingest_status())), now_ms())
+    return ingest_view(await read_status_async(s.redis), now_ms())
 
 
 @router.get("/v1/health", response_model=None, summary="State of the API and its dependencies")

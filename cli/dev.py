@@ -25,7 +25,7 @@ from cli.spark_local import LocalSparkCluster
 from cli.stack import Report, Stack, death_reason, stop_on_signals
 from setu.clock import now_ms
 from setu.settings import Settings, is_local_master
-from state.ingest_status import ingest_view, read_status
+from state.ingest_status import RedisIngestStatus, ingest_view
 
 DEFAULT_API_PORT = 8080
 # Where the ingest job and the delivery worker serve /metrics (the chart's ports).
@@ -270,7 +270,7 @@ def ingest_running(redis_url: str, since_ms: int) -> bool:
     """Whether an ingest job started at or after ``since_ms`` reports its query running."""
     client: redis.Redis[bytes] = redis.Redis.from_url(redis_url, socket_timeout=2)
     try:
-        view = ingest_view(read_status(client), now_ms())
+        view = ingest_view(RedisIngestStatus(client).read(), now_ms())
     except redis.RedisError:
         return False
     finally:

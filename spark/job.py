@@ -98,6 +98,7 @@ from spark.processor import (
 from spark.rejects import routed
 from spark.status import StatusReporter
 from spark.topics import MainTopicGuard
+from state.ingest_status import RedisIngestStatus
 from state.retired_topics import RetiredTopics
 
 log = logging.getLogger(__name__)
@@ -575,7 +576,7 @@ def run(settings: Settings) -> None:
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     client = redis.Redis.from_url(settings.redis_url)
     metrics, server, guard = IngestMetrics(), None, None
-    reporter = StatusReporter(client, metrics.last_batch_at).start()
+    reporter = StatusReporter(RedisIngestStatus(client), metrics.last_batch_at).start()
     spark = build_session(settings)
     end_state = "stopped"
     try:

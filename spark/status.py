@@ -1,4 +1,4 @@
-"""Reports the ingest job's state to Redis for the API and ``setu dev up``
+"""Reports the ingest job's state for the API and ``setu dev up``
 (:mod:`state.ingest_status` says what is written and how it is read)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import redis
 
 from setu.clock import now_ms
 from spark.metrics import offsets_behind
-from state.ingest_status import write_status
+from state.ingest_status import IngestStatus
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +49,11 @@ class StatusReporter:
 
     def __init__(
         self,
-        client: redis.Redis[bytes],
+        store: IngestStatus,
         last_batch_at: Callable[[], float | None],
         interval_s: float = 2.0,
     ) -> None:
-        self._client = client
+        self._store = store
         self._last_batch_at = last_batch_at
         self._interval_s = interval_s
         self._progress: Progress = lambda: (False, None)
@@ -125,6 +125,6 @@ class StatusReporter:
 
     def _write(self, fields: Mapping[str, str | int]) -> None:
         try:
-            write_status(self._client, fields)
+            self._store.write(fields)
         except redis.RedisError as exc:  # reported again on the next beat
             log.warning("could not report the ingest job's state: %s", exc)

@@ -9,15 +9,21 @@ ingest partition had still to read after the last batch), ``last_batch`` (epoch 
 (JSON: per ingest topic, records still to read after the last batch).
 :func:`ingest_view` turns that into what readers show; a heartbeat older than
 :data:`STALE_MS` means the job is not running at all (killed, or crash-looping).
+
+Contract (:class:`RedisIngestStatus` and :class:`StubIngestStatus`, the same tests on both):
+:meth:`~IngestStatus.write` merges fields into the report, an empty ``error`` removes the
+last failure; :meth:`~IngestStatus.read` returns the report as text. The API reads it with
+:func:`read_status_async` on its own event loop.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import redis
+import redis.asyncio
 
 from state import keys
 
@@ -47,22 +53,53 @@ def ingest_view(fields: Mapping[str, str], now_ms: int) -> dict[str, Any]:
     return view
 
 
-def write_status(client: redis.Redis[bytes], fields: Mapping[str, str | int]) -> None:
-    """Merges ``fields`` into the job's status hash (the job's side); an empty ``error``
-    removes the last failure."""
-    key = keys.ingest_status()
-    mapping: dict[str | bytes, str | int] = {k: v for k, v in fields.items() if k != "error"}
-    if "error" in fields and not fields["error"]:
-        client.hdel(key, "error")
-    elif "error" in fields:
-        mapping["error"] = fields["error"]
-    client.hset(key, mapping=mapping)
+class IngestStatus(Protocol):
+    def write(self, fields: Mapping[str, str | int]) -> None:
+        """Merges ``fields`` into the report; an empty ``error`` removes the last failure."""
+
+    def read(self) -> dict[str, str]: ...
 
 
-def read_status(client: redis.Redis[bytes]) -> dict[str, str]:
-    return decoded(client.hgetall(keys.ingest_status()))
+class RedisIngestStatus:
+    """The report as one Redis hash (``state.keys.ingest_status``)."""
+
+    def __init__(self, client: redis.Redis[bytes]) -> None:
+        self._client = client
+
+    def write(self, fields: Mapping[str, str | int]) -> None:
+        key = keys.ingest_status()
+        mapping: dict[str | bytes, str | int] = {k: v for k, v in fields.items() if k != "error"}
+        if "error" in fields and not fields["error"]:
+            self._client.hdel(key, "error")
+        elif "error" in fields:
+            mapping["error"] = fields["error"]
+        self._client.hset(key, mapping=mapping)
+
+    def read(self) -> dict[str, str]:
+        return _decoded(self._client.hgetall(keys.ingest_status()))
 
 
-def decoded(raw: Mapping[bytes, bytes]) -> dict[str, str]:
-    """The status hash as Redis returns it, as text."""
+class StubIngestStatus:
+    """In memory."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, str] = {}
+
+    def write(self, fields: Mapping[str, str | int]) -> None:
+        for name, value in fields.items():
+            if name == "error" and not value:
+                self.fields.pop("error", None)
+            else:
+                self.fields[name] = str(value)
+
+    def read(self) -> dict[str, str]:
+        return dict(self.fields)
+
+
+async def read_status_async(client: redis.asyncio.Redis[bytes]) -> dict[str, str]:
+    """:meth:`RedisIngestStatus.read` for a caller on an event loop (the API)."""
+    return _decoded(await client.hgetall(keys.ingest_status()))
+
+
+def _decoded(raw: Mapping[bytes, bytes]) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in raw.items()}

@@ -12,6 +12,7 @@ leaving their main topics alone.
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import redis
 import redis.asyncio
@@ -22,27 +23,59 @@ from state import keys
 log = logging.getLogger(__name__)
 
 
-async def retire(client: redis.asyncio.Redis[bytes], ingest_topic: str) -> None:
-    """Marks ``ingest_topic`` retired (its topic is being deleted)."""
-    try:
-        await client.sadd(keys.retired_ingest_topics(), ingest_topic)
-    except redis.RedisError as exc:
-        raise DependencyUnavailable(f"Redis: {exc}") from exc
+class RetiredList(Protocol):
+    """The API's side of the list. Contract (:class:`RedisRetiredList` and
+    :class:`StubRetiredList`, the same tests on both): a retired topic is listed until it is
+    reopened; retiring or reopening twice is the same as once."""
+
+    async def retire(self, ingest_topic: str) -> None:
+        """Marks ``ingest_topic`` retired (its topic is being deleted)."""
+
+    async def is_retired(self, ingest_topic: str) -> bool: ...
+
+    async def reopen(self, ingest_topic: str) -> None:
+        """Takes ``ingest_topic`` off the list (its topic is being created again)."""
 
 
-async def is_retired(client: redis.asyncio.Redis[bytes], ingest_topic: str) -> bool:
-    try:
-        return bool(await client.sismember(keys.retired_ingest_topics(), ingest_topic))
-    except redis.RedisError as exc:
-        raise DependencyUnavailable(f"Redis: {exc}") from exc
+class RedisRetiredList:
+    """One Redis set; a Redis error is :class:`DependencyUnavailable` (a 503)."""
+
+    def __init__(self, client: redis.asyncio.Redis[bytes]) -> None:
+        self._client = client
+
+    async def retire(self, ingest_topic: str) -> None:
+        try:
+            await self._client.sadd(keys.retired_ingest_topics(), ingest_topic)
+        except redis.RedisError as exc:
+            raise DependencyUnavailable(f"Redis: {exc}") from exc
+
+    async def is_retired(self, ingest_topic: str) -> bool:
+        try:
+            return bool(await self._client.sismember(keys.retired_ingest_topics(), ingest_topic))
+        except redis.RedisError as exc:
+            raise DependencyUnavailable(f"Redis: {exc}") from exc
+
+    async def reopen(self, ingest_topic: str) -> None:
+        try:
+            await self._client.srem(keys.retired_ingest_topics(), ingest_topic)
+        except redis.RedisError as exc:
+            raise DependencyUnavailable(f"Redis: {exc}") from exc
 
 
-async def reopen(client: redis.asyncio.Redis[bytes], ingest_topic: str) -> None:
-    """Takes ``ingest_topic`` off the retired list (its topic is being created again)."""
-    try:
-        await client.srem(keys.retired_ingest_topics(), ingest_topic)
-    except redis.RedisError as exc:
-        raise DependencyUnavailable(f"Redis: {exc}") from exc
+class StubRetiredList:
+    """In memory."""
+
+    def __init__(self) -> None:
+        self.topics: set[str] = set()
+
+    async def retire(self, ingest_topic: str) -> None:
+        self.topics.add(ingest_topic)
+
+    async def is_retired(self, ingest_topic: str) -> bool:
+        return ingest_topic in self.topics
+
+    async def reopen(self, ingest_topic: str) -> None:
+        self.topics.discard(ingest_topic)
 
 
 class RetiredTopics:

@@ -7,7 +7,7 @@ import redis
 
 from setu.clock import now_ms
 from state import keys
-from state.ingest_status import write_status
+from state.ingest_status import RedisIngestStatus
 from tests.integration.api.support import Api
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -18,7 +18,7 @@ def report_ingest(redis_url: str, **fields: str | int) -> None:
     client = redis.Redis.from_url(redis_url)
     try:
         client.delete(keys.ingest_status())
-        write_status(client, fields)
+        RedisIngestStatus(client).write(fields)
     finally:
         client.close()
 
