@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import gc
 import importlib.metadata
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from redis.asyncio import Redis
 
-from api import health, operations, produce, projects, subscriptions, topics
+from api import health, keys, operations, produce, projects, subscriptions, topics
+from api.auth import Authenticator
 from api.context import Services, blocking
 from api.metrics import ApiMetrics, MetricsMiddleware
 from api.produce import ProduceFastPath
@@ -38,6 +40,12 @@ def _required(value: str | None, variable: str) -> str:
     return value
 
 
+log = logging.getLogger(__name__)
+
+# A bootstrap key of 22 random base64 characters or more carries 128 bits.
+MIN_ADMIN_KEY_CHARS = 22
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("setu")
@@ -45,10 +53,20 @@ def _version() -> str:
         return "0.0.0"
 
 
+def check_admin_key(settings: Settings) -> None:
+    """Refuses a guessable bootstrap key; warns when authentication is off."""
+    if not settings.auth_enabled:
+        log.warning("SETU_AUTH_ENABLED=false: every request is answered as an admin's")
+    key = settings.admin_key.get_secret_value() if settings.admin_key else None
+    if key is not None and len(key) < MIN_ADMIN_KEY_CHARS:
+        raise SystemExit(f"SETU_ADMIN_KEY must be at least {MIN_ADMIN_KEY_CHARS} characters")
+
+
 async def open_services(settings: Settings, metrics: ApiMetrics) -> Services:
     bootstrap = _required(settings.kafka_bootstrap, "SETU_KAFKA_BOOTSTRAP")
     redis_url = _required(settings.redis_url, "SETU_REDIS_URL")
     database_url = settings.resolved_database_url()
+    check_admin_key(settings)
     await blocking(migrate.require_head, database_url)
     store = MetadataStore(database_url)
 
@@ -80,6 +98,11 @@ async def open_services(settings: Settings, metrics: ApiMetrics) -> Services:
         producer=producer,
         topics=TopicCache(load_topic),
         metrics=metrics,
+        auth=Authenticator(
+            store.keys,
+            settings.admin_key.get_secret_value() if settings.admin_key else None,
+            enabled=settings.auth_enabled,
+        ),
     )
 
 
@@ -99,6 +122,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.redis = s.redis
     app.state.kafka_admin = s.kafka_admin
     app.state.producer = s.producer
+    app.state.authenticator = s.auth
     # Everything built so far lives as long as the process: keep it out of the collector's
     # full passes, which otherwise walk it every few hundred requests.
     gc.freeze()
@@ -126,6 +150,6 @@ def create_app(settings: Settings) -> FastAPI:
     # Added first, so it runs inside the metrics middleware.
     app.add_middleware(ProduceFastPath)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    for module in (projects, topics, produce, subscriptions, operations, health):
+    for module in (projects, keys, topics, produce, subscriptions, operations, health):
         app.include_router(module.router)
     return app

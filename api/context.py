@@ -14,6 +14,7 @@ from fastapi import Request
 from redis.asyncio import Redis
 from starlette.concurrency import run_in_threadpool
 
+from api.auth import Authenticator
 from api.metrics import ApiMetrics
 from api.producer import AckedProducer
 from api.topic_cache import TopicCache
@@ -36,6 +37,7 @@ class Services:
     producer: AckedProducer
     topics: TopicCache
     metrics: ApiMetrics
+    auth: Authenticator
 
 
 def services(request: Request) -> Services:

@@ -19,12 +19,13 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from confluent_kafka import KafkaException
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import Field
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
+from api.auth import allow, authorize
 from api.context import blocking, services
 from api.health import ingest_state
 from api.responses import Out, reply
@@ -32,6 +33,7 @@ from api.schemas import Body, errors
 from delivery.kafka_io import DeadLetterReader, KafkaReader
 from delivery.operations import DeadLetterOps
 from setu import names
+from setu.access import Permission
 from setu.clock import now_ms
 from setu.errors import DependencyUnavailable, InvalidInput
 from setu.model import Subscription
@@ -45,7 +47,10 @@ from state.metadata import MetadataStore
 from state.workers import RedisWorkers
 
 router = APIRouter(
-    prefix="/v1/projects/{project}/subscriptions/{subscription}", tags=["operations"]
+    dependencies=[Depends(authorize)],
+    responses=errors(401, 403),
+    prefix="/v1/projects/{project}/subscriptions/{subscription}",
+    tags=["operations"],
 )
 
 
@@ -163,6 +168,7 @@ async def _kafka(call: Any, *args: Any) -> Any:
     response_model=None,
     responses={200: {"model": StatusOut}, **errors(404, 503)},
 )
+@allow(Permission.READ)
 async def status(request: Request, project: str, subscription: str) -> Response:
     sub, partitions = await _subscription(request, project, subscription)
     topics = dict.fromkeys(topics_by_tier(sub), partitions)
@@ -225,6 +231,7 @@ def group_view(group_id: str, state: GroupState | None) -> dict[str, Any]:
     response_model=None,
     responses={200: {"model": GroupOut}, **errors(404, 503)},
 )
+@allow(Permission.READ)
 async def group(request: Request, project: str, subscription: str, group_id: str) -> Response:
     await _subscription(request, project, subscription)
     try:
@@ -245,6 +252,7 @@ async def _dead_letter_ops(request: Request, sub: Subscription, partitions: int)
     response_model=None,
     responses={200: {"model": DeadLettersOut}, **errors(400, 404, 503)},
 )
+@allow(Permission.READ_BODIES)
 async def dead_letters(
     request: Request,
     project: str,
@@ -273,6 +281,7 @@ async def dead_letters(
     response_model=None,
     responses={200: {"model": RequeuedOut}, **errors(400, 404, 503)},
 )
+@allow(Permission.OPERATE)
 async def unsideline(
     request: Request, project: str, subscription: str, body: UnsidelineBody
 ) -> Response:
@@ -301,6 +310,7 @@ async def unsideline(
     response_model=None,
     responses={200: {"model": SeekOut}, **errors(400, 404, 409)},
 )
+@allow(Permission.OPERATE)
 async def seek(request: Request, project: str, subscription: str, body: SeekBody) -> Response:
     sub = await blocking(_store(request).request_seek, project, subscription, body.timestamp_ms)
     return reply(

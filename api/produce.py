@@ -19,10 +19,11 @@ import time
 from collections.abc import Iterable
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.auth import allow, authorize, header_value
 from api.context import Services, services
 from api.messages import (
     batch_results,
@@ -35,10 +36,11 @@ from api.messages import (
 from api.metrics import ROUTE_KEY
 from api.responses import error_body
 from api.schemas import BatchOut, MessageIdOut, errors
+from setu.access import Permission, check
 from setu.clock import now_ms
 from setu.errors import DependencyUnavailable, InvalidInput, PayloadTooLarge, SetuError
 
-router = APIRouter(tags=["produce"])
+router = APIRouter(dependencies=[Depends(authorize)], responses=errors(401, 403), tags=["produce"])
 
 TOPIC_PATH = "/v1/projects/{project}/topics/{topic}"
 PRODUCE_PATH = TOPIC_PATH + "/produce"
@@ -185,6 +187,8 @@ class ProduceFastPath:
         handler = produce_many if batch else produce_one
         try:
             s = scope["app"].state.services
+            who = await s.auth.principal(header_value(scope["headers"]))
+            check(who, Permission.PRODUCE, project, topic)
             status, body = await handler(s, project, topic, scope["headers"], receive)
         except SetuError as exc:
             status, body = exc.status, orjson.dumps(error_body(exc.code, exc.message))
@@ -209,6 +213,7 @@ class ProduceFastPath:
     responses={200: {"model": MessageIdOut}, **errors(400, 404, 413, 503)},
     openapi_extra={"parameters": _IDENTITY_DOC, "requestBody": _RAW_BODY_DOC},
 )
+@allow(Permission.PRODUCE)
 async def produce(request: Request, project: str, topic: str) -> Response:
     status, body = await produce_one(
         services(request), project, topic, request.scope["headers"], request.receive
@@ -227,6 +232,7 @@ async def produce(request: Request, project: str, topic: str) -> Response:
     },
     openapi_extra={"requestBody": _BATCH_BODY_DOC},
 )
+@allow(Permission.PRODUCE)
 async def produce_batch(request: Request, project: str, topic: str) -> Response:
     status, body = await produce_many(
         services(request), project, topic, request.scope["headers"], request.receive

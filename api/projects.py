@@ -3,16 +3,23 @@ empty."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
+from api.auth import allow, authorize, caller
 from api.context import blocking, services
 from api.responses import reply
 from api.schemas import ProjectCreate, ProjectOut, ProjectsOut, errors, project_view
+from setu.access import Permission
 from setu.model import Project
 from setu.names import validate_name
 
-router = APIRouter(prefix="/v1/projects", tags=["projects"])
+router = APIRouter(
+    dependencies=[Depends(authorize)],
+    responses=errors(401, 403),
+    prefix="/v1/projects",
+    tags=["projects"],
+)
 
 
 @router.post(
@@ -22,6 +29,7 @@ router = APIRouter(prefix="/v1/projects", tags=["projects"])
     summary="Create a project (the same body again: 200, a different one: 409)",
     responses={201: {"model": ProjectOut}, 200: {"model": ProjectOut}, **errors(400, 409)},
 )
+@allow(Permission.ADMIN)
 async def create_project(request: Request, body: ProjectCreate) -> Response:
     project = Project(name=validate_name("project", body.name), description=body.description)
     stored, created = await blocking(services(request).store.create_project, project)
@@ -29,14 +37,18 @@ async def create_project(request: Request, body: ProjectCreate) -> Response:
 
 
 @router.get("", response_model=None, responses={200: {"model": ProjectsOut}})
+@allow(Permission.SIGNED_IN)
 async def list_projects(request: Request) -> Response:
+    """The projects the caller's key is for: every one for an admin key."""
+    who = caller(request)
     found = await blocking(services(request).store.list_projects)
-    return reply(ProjectsOut, {"projects": [project_view(p) for p in found]})
+    return reply(ProjectsOut, {"projects": [project_view(p) for p in found if who.sees(p.name)]})
 
 
 @router.get(
     "/{project}", response_model=None, responses={200: {"model": ProjectOut}, **errors(404)}
 )
+@allow(Permission.READ)
 async def get_project(request: Request, project: str) -> Response:
     found = await blocking(services(request).store.get_project, project)
     return reply(ProjectOut, project_view(found))
@@ -49,6 +61,7 @@ async def get_project(request: Request, project: str) -> Response:
     summary="Delete an empty project (409 while it has topics)",
     responses=errors(404, 409),
 )
+@allow(Permission.ADMIN)
 async def delete_project(request: Request, project: str) -> Response:
     await blocking(services(request).store.delete_project, project)
     return Response(status_code=204)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.responses import Out
 from setu import names
+from setu.access import ApiKey
 from setu.model import DEFAULT_RETRY_DELAYS_MS, Project, Subscription, Topic
 
 MAX_PARTITIONS = 1000
@@ -275,3 +276,60 @@ class BatchOut(Out):
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` entries for error statuses."""
     return {status: {"model": ErrorOut} for status in statuses}
+
+
+MAX_KEY_TOPICS = 100
+
+
+class KeyCreate(Body):
+    """A new key of the project in the path (``POST /v1/projects/{p}/keys``)."""
+
+    name: str = Field(min_length=1, max_length=100, examples=["orders-service"])
+    role: Literal["owner", "operator", "producer", "viewer"]
+    # A producer key limited to these topics (None: every topic of the project).
+    topics: list[Name] | None = Field(None, min_length=1, max_length=MAX_KEY_TOPICS)
+    expires_at_ms: int | None = Field(None, ge=0, le=2**63 - 1)
+
+
+class AnyKeyCreate(Body):
+    """A new key of any project, or an admin key (``POST /v1/keys``)."""
+
+    name: str = Field(min_length=1, max_length=100, examples=["platform-admin"])
+    role: Literal["admin", "owner", "operator", "producer", "viewer"]
+    # Required for every role but admin, refused for admin.
+    project: Name | None = None
+    topics: list[Name] | None = Field(None, min_length=1, max_length=MAX_KEY_TOPICS)
+    expires_at_ms: int | None = Field(None, ge=0, le=2**63 - 1)
+
+
+class KeyOut(Out):
+    id: str
+    name: str
+    role: str
+    project: str | None
+    topics: list[str] | None
+    created_at_ms: int
+    expires_at_ms: int | None
+    last_used_at_ms: int | None
+
+
+class KeyCreatedOut(KeyOut):
+    # The key itself: shown in this answer only, never again.
+    key: str
+
+
+class KeysOut(Out):
+    keys: list[KeyOut]
+
+
+def key_view(key: ApiKey) -> dict[str, Any]:
+    return {
+        "id": key.key_id,
+        "name": key.name,
+        "role": key.role.value,
+        "project": key.project,
+        "topics": list(key.topics) if key.topics is not None else None,
+        "created_at_ms": key.created_at_ms,
+        "expires_at_ms": key.expires_at_ms,
+        "last_used_at_ms": key.last_used_at_ms,
+    }

@@ -8,10 +8,11 @@ The signing secret is write-only: views show ``has_signing_secret``.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from api import control
+from api.auth import allow, authorize
 from api.context import blocking, services
 from api.responses import reply
 from api.schemas import (
@@ -25,6 +26,7 @@ from api.schemas import (
     subscription_view,
 )
 from api.validation import check_endpoint_headers, check_signing_secret
+from setu.access import Permission
 from setu.errors import InvalidInput
 from setu.model import (
     DeadLetterPolicy,
@@ -37,7 +39,12 @@ from setu.model import (
 from setu.names import validate_name
 from state.lifecycle import LifecycleAction
 
-router = APIRouter(prefix="/v1/projects/{project}/subscriptions", tags=["subscriptions"])
+router = APIRouter(
+    dependencies=[Depends(authorize)],
+    responses=errors(401, 403),
+    prefix="/v1/projects/{project}/subscriptions",
+    tags=["subscriptions"],
+)
 
 
 def to_subscription(
@@ -88,6 +95,7 @@ def to_subscription(
         **errors(400, 404, 409, 503),
     },
 )
+@allow(Permission.MANAGE)
 async def create_subscription(request: Request, project: str, body: SubscriptionCreate) -> Response:
     s = services(request)
     await control.check_endpoint(s, body.endpoint.url)
@@ -105,6 +113,7 @@ async def create_subscription(request: Request, project: str, body: Subscription
 
 
 @router.get("", response_model=None, responses={200: {"model": SubscriptionsOut}, **errors(404)})
+@allow(Permission.READ)
 async def list_subscriptions(request: Request, project: str) -> Response:
     found = await blocking(services(request).store.list_subscriptions, project)
     return reply(SubscriptionsOut, {"subscriptions": [subscription_view(sub) for sub in found]})
@@ -115,6 +124,7 @@ async def list_subscriptions(request: Request, project: str) -> Response:
     response_model=None,
     responses={200: {"model": SubscriptionOut}, **errors(404)},
 )
+@allow(Permission.READ)
 async def get_subscription(request: Request, project: str, subscription: str) -> Response:
     found = await blocking(services(request).store.get_subscription, project, subscription)
     return reply(SubscriptionOut, subscription_view(found))
@@ -126,6 +136,7 @@ async def get_subscription(request: Request, project: str, subscription: str) ->
     summary="Replace a subscription's configuration (409 unless version matches)",
     responses={200: {"model": SubscriptionOut}, **errors(400, 404, 409, 503)},
 )
+@allow(Permission.MANAGE)
 async def update_subscription(
     request: Request, project: str, subscription: str, body: SubscriptionUpdate
 ) -> Response:
@@ -157,6 +168,7 @@ async def update_subscription(
     summary="Delete a subscription, its Kafka topics, consumer group and Redis state",
     responses=errors(404, 409, 503),
 )
+@allow(Permission.MANAGE)
 async def delete_subscription(request: Request, project: str, subscription: str) -> Response:
     await control.delete_subscription(services(request), project, subscription)
     return Response(status_code=204)
@@ -179,6 +191,7 @@ _LIFECYCLE_RESPONSES = {200: {"model": StateOut}, **errors(404, 409)}
     response_model=None,
     responses=_LIFECYCLE_RESPONSES,
 )
+@allow(Permission.OPERATE)
 async def start(request: Request, project: str, subscription: str) -> Response:
     return await _lifecycle(request, project, subscription, LifecycleAction.START)
 
@@ -189,6 +202,7 @@ async def start(request: Request, project: str, subscription: str) -> Response:
     response_model=None,
     responses=_LIFECYCLE_RESPONSES,
 )
+@allow(Permission.OPERATE)
 async def stop(request: Request, project: str, subscription: str) -> Response:
     return await _lifecycle(request, project, subscription, LifecycleAction.STOP)
 
@@ -199,6 +213,7 @@ async def stop(request: Request, project: str, subscription: str) -> Response:
     response_model=None,
     responses=_LIFECYCLE_RESPONSES,
 )
+@allow(Permission.OPERATE)
 async def pause(request: Request, project: str, subscription: str) -> Response:
     return await _lifecycle(request, project, subscription, LifecycleAction.PAUSE)
 
@@ -209,5 +224,6 @@ async def pause(request: Request, project: str, subscription: str) -> Response:
     response_model=None,
     responses=_LIFECYCLE_RESPONSES,
 )
+@allow(Permission.OPERATE)
 async def resume(request: Request, project: str, subscription: str) -> Response:
     return await _lifecycle(request, project, subscription, LifecycleAction.RESUME)

@@ -8,23 +8,30 @@ removes the main log and the reject topic and empties and keeps the ingest topic
 from __future__ import annotations
 
 from confluent_kafka import KafkaException
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
 from api import control
+from api.auth import allow, authorize
 from api.context import blocking, services
 from api.responses import reply
 from api.schemas import ProducerMarkOut, TopicCreate, TopicOut, TopicsOut, errors, topic_view
 from delivery.kafka_io import KafkaReader
 from setu import names
+from setu.access import Permission
 from setu.errors import DependencyUnavailable
 from setu.headers import PRODUCER_ID, check_id
 from setu.model import Topic
 from setu.names import validate_name
 from state.producer_marks import read_last_sequence
 
-router = APIRouter(prefix="/v1/projects/{project}/topics", tags=["topics"])
+router = APIRouter(
+    dependencies=[Depends(authorize)],
+    responses=errors(401, 403),
+    prefix="/v1/projects/{project}/topics",
+    tags=["topics"],
+)
 
 
 @router.post(
@@ -38,6 +45,7 @@ router = APIRouter(prefix="/v1/projects/{project}/topics", tags=["topics"])
         **errors(400, 404, 409, 503),
     },
 )
+@allow(Permission.MANAGE)
 async def create_topic(request: Request, project: str, body: TopicCreate) -> Response:
     topic = Topic(
         project=project,
@@ -51,6 +59,7 @@ async def create_topic(request: Request, project: str, body: TopicCreate) -> Res
 
 
 @router.get("", response_model=None, responses={200: {"model": TopicsOut}, **errors(404)})
+@allow(Permission.READ)
 async def list_topics(request: Request, project: str) -> Response:
     found = await blocking(services(request).store.list_topics, project)
     return reply(TopicsOut, {"topics": [topic_view(t) for t in found]})
@@ -62,6 +71,7 @@ async def list_topics(request: Request, project: str) -> Response:
     summary="A topic, with how many records its ingest reject topic holds",
     responses={200: {"model": TopicOut}, **errors(404, 503)},
 )
+@allow(Permission.READ)
 async def get_topic(request: Request, project: str, topic: str) -> Response:
     s = services(request)
     found = await blocking(s.store.get_topic, project, topic)
@@ -83,6 +93,7 @@ async def get_topic(request: Request, project: str, topic: str) -> Response:
     summary="Delete a topic and its Kafka topics (409 while subscriptions exist)",
     responses=errors(404, 409, 503),
 )
+@allow(Permission.MANAGE)
 async def delete_topic(request: Request, project: str, topic: str) -> Response:
     await control.delete_topic(services(request), project, topic)
     return Response(status_code=204)
@@ -94,6 +105,7 @@ async def delete_topic(request: Request, project: str, topic: str) -> Response:
     summary="Highest sequence id accepted from a producer (-1 if none)",
     responses={200: {"model": ProducerMarkOut}, **errors(400, 404, 503)},
 )
+@allow(Permission.READ_PRODUCER)
 async def get_producer_mark(
     request: Request, project: str, topic: str, producer_id: str
 ) -> Response:

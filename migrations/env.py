@@ -9,8 +9,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from state.metadata import make_engine, write_options
 from state.schema import metadata
+from state.sql import make_engine, write_options
 
 
 def _migrate(conn: Connection) -> None:

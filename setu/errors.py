@@ -2,6 +2,8 @@
 
 SetuError
 ├── InvalidInput            400  validation
+├── Unauthorized            401  no key, or an unknown, revoked or expired one
+├── Forbidden               403  a key without the right
 ├── NotFound                404  unknown project, topic, subscription, group
 ├── Conflict                409  different re-create, version mismatch, not empty
 ├── PayloadTooLarge         413  body over the configured limit
@@ -28,6 +30,20 @@ class InvalidInput(SetuError):
 
     status = 400
     code = "invalid_input"
+
+
+class Unauthorized(SetuError):
+    """Raised when a request carries no valid API key."""
+
+    status = 401
+    code = "unauthorized"
+
+
+class Forbidden(SetuError):
+    """Raised when a valid key does not grant what a request asks."""
+
+    status = 403
+    code = "forbidden"
 
 
 class NotFound(SetuError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES
@@ -44,6 +44,11 @@ class Settings(BaseSettings):
     max_batch_bytes: int = 32 * MIB
     produce_timeout_ms: int = 10_000
     allow_private_endpoints: bool = False
+    # Security (docs/security.md). The bootstrap admin key, accepted besides stored keys.
+    admin_key: SecretStr | None = None
+    # False answers every request as an admin would: only for benchmarks and experiments on a
+    # machine of one's own (the API logs a warning at every start).
+    auth_enabled: bool = True
 
     # Kafka
     kafka_replication_factor: int = 1

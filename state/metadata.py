@@ -1,4 +1,5 @@
-"""The metadata store: projects, topics and subscriptions in SQL (SQLite or PostgreSQL).
+"""The metadata store: projects, topics and subscriptions in SQL (SQLite or PostgreSQL); API
+keys have their own part (:mod:`state.api_keys`), on the same database.
 
 Contract:
 
@@ -21,18 +22,15 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from contextlib import AbstractContextManager
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import event
-from sqlalchemy.engine import Connection, Engine, Row
-from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.engine import Connection, Row
+from sqlalchemy.exc import IntegrityError
 
 from setu.clock import now_ms
-from setu.errors import Conflict, DependencyUnavailable, NotFound
+from setu.errors import Conflict, NotFound
 from setu.model import (
     DeadLetterPolicy,
     Endpoint,
@@ -42,45 +40,10 @@ from setu.model import (
     SubscriptionState,
     Topic,
 )
+from state.api_keys import KeyStore, revoke_project_keys
 from state.lifecycle import LifecycleAction, next_state
 from state.schema import projects, subscriptions, topics
-
-_WRITE = "setu_write"
-
-
-def make_engine(url: str) -> Engine:
-    """An engine for ``url``. SQLite gets foreign keys, WAL, a busy timeout, and write
-    transactions that take the write lock up front (``BEGIN IMMEDIATE``), so two writers wait
-    for each other instead of failing with "database is locked" half-way through."""
-    parsed = sa.make_url(url)
-    if not parsed.drivername.startswith("sqlite"):
-        connect_args = {"connect_timeout": 5} if parsed.drivername.startswith("postgresql") else {}
-        return sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
-    if parsed.database and parsed.database != ":memory:":
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = sa.create_engine(url, connect_args={"timeout": 30})
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # Let SQLAlchemy, not the sqlite3 module, decide when transactions begin.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        write = conn.get_execution_options().get(_WRITE, False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
-
-    return engine
-
-
-def write_options() -> dict[str, bool]:
-    """Execution options marking a connection as a writer (used by migrations too)."""
-    return {_WRITE: True}
+from state.sql import make_engine, transaction
 
 
 def _project(row: Row[Any]) -> Project:
@@ -172,20 +135,13 @@ class MetadataStore:
 
     def __init__(self, url: str) -> None:
         self._engine = make_engine(url)
+        self.keys = KeyStore(self._engine)
 
     def close(self) -> None:
         self._engine.dispose()
 
-    @contextmanager
-    def _tx(self, *, write: bool = False) -> Iterator[Connection]:
-        try:
-            with self._engine.connect() as conn:
-                if write:
-                    conn.execution_options(**write_options())
-                with conn.begin():
-                    yield conn
-        except (OperationalError, InterfaceError) as exc:
-            raise DependencyUnavailable(f"metadata database: {exc.orig or exc}") from exc
+    def _tx(self, *, write: bool = False) -> AbstractContextManager[Connection]:
+        return transaction(self._engine, write=write)
 
     def ping(self) -> None:
         """Raises DependencyUnavailable unless the database answers ``SELECT 1``."""
@@ -232,6 +188,7 @@ class MetadataStore:
             if count:
                 raise Conflict(f"project {name!r} still has {count} topic(s); delete them first")
             conn.execute(sa.delete(projects).where(projects.c.name == name))
+            revoke_project_keys(conn, name)
 
     # Topics
 

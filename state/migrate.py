@@ -16,7 +16,7 @@ from alembic.script import ScriptDirectory
 
 import migrations
 from setu.errors import DependencyUnavailable
-from state.metadata import make_engine, write_options
+from state.sql import make_engine, write_options
 
 SCRIPT_LOCATION = str(Path(migrations.__file__).resolve().parent)
 

@@ -84,3 +84,22 @@ subscriptions = sa.Table(
     ),
     sa.Index("ix_subscriptions_topic", "project", "topic"),
 )
+
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("key_id", sa.String(16), primary_key=True),
+    sa.Column("name", sa.String(100), nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),
+    # NULL only for admin keys (every project).
+    sa.Column("project", NAME, nullable=True),
+    # JSON list of topic names a producer key is limited to; NULL means every topic.
+    sa.Column("topics", sa.JSON, nullable=True),
+    # SHA-256 of the whole token, hex (setu.access).
+    sa.Column("digest", sa.String(64), nullable=False),
+    sa.Column("created_at_ms", sa.BigInteger, nullable=False),
+    sa.Column("expires_at_ms", sa.BigInteger, nullable=True),
+    sa.Column("last_used_at_ms", sa.BigInteger, nullable=True),
+    sa.Column("revoked_at_ms", sa.BigInteger, nullable=True),
+    sa.Index("ix_api_keys_project", "project"),
+)

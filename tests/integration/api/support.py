@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -20,6 +21,10 @@ from setu.settings import Settings
 from state import migrate
 
 
+# The bootstrap admin key of every API the tests start; ``Api.client`` sends it.
+ADMIN_KEY = "test-admin-" + secrets.token_urlsafe(24)
+
+
 @dataclass
 class Api:
     client: httpx.AsyncClient
@@ -33,14 +38,18 @@ async def running_api(
 ) -> AsyncIterator[Api]:
     """A migrated SQLite store in ``data_dir`` and the app's lifespan around a client.
     ``fast_path=False`` leaves produce to the FastAPI routes."""
-    config = Settings(data_dir=data_dir, **settings)
+    config = Settings(data_dir=data_dir, **{"admin_key": ADMIN_KEY, **settings})
     migrate.upgrade(config.resolved_database_url())
     app = create_app(config)
     if not fast_path:
         app.user_middleware = [m for m in app.user_middleware if m.cls is not ProduceFastPath]
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://setu") as client:
+        async with httpx.AsyncClient(
+            transport=transport,
+            base_url="http://setu",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        ) as client:
             yield Api(client, app, config)
 
 

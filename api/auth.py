@@ -1,0 +1,176 @@
+"""Authentication and the access rule of every route (docs/security.md).
+
+Every ``/v1`` route but ``GET /v1/health`` needs ``Authorization: Bearer <key>``.
+:class:`Authenticator` turns the header into a :class:`~setu.access.Principal`: the bootstrap
+admin key (``SETU_ADMIN_KEY``) or a stored key, looked up by its public id and compared by
+digest. Keys are cached for ``ttl_s`` (2 s) per API process, so a revocation or an expiry
+holds on every replica within that time while a busy producer costs one query per key per
+TTL; the last-used time is written at most once a minute per key, off the request.
+
+Each route declares the permission it needs with :func:`allow`; the router-level dependency
+:func:`authorize` checks it against the caller and the route's ``project`` (and ``topic``)
+path parameters. A route that declares nothing is refused to every caller (and the access test
+in ``tests/integration/api/test_access.py`` fails), so forgetting a rule never opens a route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.ttl_cache import LoadingCache
+from setu.access import (
+    ApiKey,
+    Permission,
+    Principal,
+    Role,
+    check,
+    digest,
+    parse_token,
+    same_digest,
+)
+from setu.clock import now_ms
+from setu.errors import Forbidden, Unauthorized
+from state.api_keys import KeyStore
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_RULE_ATTRIBUTE = "__setu_permission__"
+
+ADMIN_KEY_ID = "bootstrap"
+_TOUCH_EVERY_MS = 60_000
+
+
+def allow(permission: Permission) -> Callable[[F], F]:
+    """Declares what a route needs; put it under the route decorator."""
+
+    def mark(endpoint: F) -> F:
+        setattr(endpoint, _RULE_ATTRIBUTE, permission)
+        return endpoint
+
+    return mark
+
+
+def rule_of(endpoint: Callable[..., Any]) -> Permission | None:
+    permission = getattr(endpoint, _RULE_ATTRIBUTE, None)
+    return permission if isinstance(permission, Permission) else None
+
+
+class Authenticator:
+    """Finds the caller of a request; see the module doc."""
+
+    def __init__(
+        self,
+        keys: KeyStore,
+        admin_key: str | None,
+        *,
+        enabled: bool = True,
+        ttl_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._keys = keys
+        self._admin_digest = digest(admin_key) if admin_key else None
+        self.enabled = enabled
+        self._cache: LoadingCache[str, ApiKey] = LoadingCache(
+            self._load, ttl_s=ttl_s, negative_ttl_s=ttl_s, clock=clock
+        )
+        self._touched: dict[str, int] = {}
+        self._touching: set[asyncio.Task[None]] = set()
+
+    async def principal(self, authorization: str | None) -> Principal:
+        """The caller a request's ``Authorization`` header names; Unauthorized otherwise."""
+        if not self.enabled:
+            return Principal(ADMIN_KEY_ID, "auth disabled", Role.ADMIN, None)
+        token = _bearer(authorization)
+        if self._admin_digest is not None and same_digest(digest(token), self._admin_digest):
+            return Principal(ADMIN_KEY_ID, "SETU_ADMIN_KEY", Role.ADMIN, None)
+        parsed = parse_token(token)
+        if parsed is None:
+            raise Unauthorized("unknown API key")
+        key_id, token_digest = parsed
+        key = await self._cache.get(key_id)
+        if key is None or not same_digest(key.digest, token_digest):
+            raise Unauthorized("unknown API key")
+        now = now_ms()
+        if key.revoked_at_ms is not None:
+            raise Unauthorized("this API key was revoked")
+        if not key.usable(now):
+            raise Unauthorized("this API key has expired")
+        self._touch(key_id, now)
+        return key.principal()
+
+    def forget(self, key_id: str) -> None:
+        """Drops a key from this process's cache (it was just revoked here)."""
+        self._cache.invalidate(key_id)
+
+    async def _load(self, key_id: str) -> ApiKey | None:
+        return await asyncio.to_thread(self._keys.find, key_id)
+
+    def _touch(self, key_id: str, now: int) -> None:
+        if now - self._touched.get(key_id, 0) < _TOUCH_EVERY_MS:
+            return
+        if len(self._touched) > 100_000:
+            self._touched.clear()
+        self._touched[key_id] = now
+        task = asyncio.create_task(asyncio.to_thread(self._keys.touch, key_id, now))
+        self._touching.add(task)
+        task.add_done_callback(self._touched_done)
+
+    def _touched_done(self, task: asyncio.Task[None]) -> None:
+        self._touching.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("could not record a key's last use: %s", task.exception())
+
+
+def _bearer(authorization: str | None) -> str:
+    if not authorization:
+        raise Unauthorized("an API key is needed: Authorization: Bearer <key>")
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("an API key is needed: Authorization: Bearer <key>")
+    return token
+
+
+def header_value(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The ``Authorization`` value among raw ASGI headers (the produce fast path)."""
+    for name, value in headers:
+        if name == b"authorization":
+            return value.decode("latin-1")
+    return None
+
+
+# Declares the scheme in OpenAPI (so /docs can authorize); the check itself is ours.
+_bearer_scheme = HTTPBearer(auto_error=False, description="An API key (docs/security.md)")
+
+
+async def authorize(
+    request: Request,
+    _: HTTPAuthorizationCredentials | None = Depends(_bearer_scheme),  # noqa: B008
+) -> Principal:
+    """The router-level dependency: the caller, once it may do what the route needs."""
+    authenticator: Authenticator = request.app.state.authenticator
+    who = await authenticator.principal(request.headers.get("authorization"))
+    route = request.scope.get("route")
+    need = rule_of(route.endpoint) if route is not None else None
+    if need is None:
+        log.error("route %s declares no access rule; refused", request.url.path)
+        raise Forbidden("this route declares no access rule")
+    params = request.path_params
+    check(who, need, params.get("project"), params.get("topic"))
+    request.state.principal = who
+    return who
+
+
+def caller(request: Request) -> Principal:
+    """The principal :func:`authorize` found for this request."""
+    who: Principal = request.state.principal
+    return who
