@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Depends, Request
@@ -32,7 +33,7 @@ from setu.access import (
     Role,
     check,
     digest,
-    parse_token,
+    key_id_of,
     same_digest,
 )
 from setu.clock import now_ms
@@ -64,6 +65,16 @@ def rule_of(endpoint: Callable[..., Any]) -> Permission | None:
     return permission if isinstance(permission, Permission) else None
 
 
+@dataclass(frozen=True, slots=True)
+class _Known:
+    key: ApiKey
+    principal: Principal
+
+
+_BOOTSTRAP = Principal(ADMIN_KEY_ID, "SETU_ADMIN_KEY", Role.ADMIN, None)
+_UNCHECKED = Principal(ADMIN_KEY_ID, "auth disabled", Role.ADMIN, None)
+
+
 class Authenticator:
     """Finds the caller of a request; see the module doc."""
 
@@ -79,7 +90,7 @@ class Authenticator:
         self._keys = keys
         self._admin_digest = digest(admin_key) if admin_key else None
         self.enabled = enabled
-        self._cache: LoadingCache[str, ApiKey] = LoadingCache(
+        self._cache: LoadingCache[str, _Known] = LoadingCache(
             self._load, ttl_s=ttl_s, negative_ttl_s=ttl_s, clock=clock
         )
         self._touched: dict[str, int] = {}
@@ -88,31 +99,32 @@ class Authenticator:
     async def principal(self, authorization: str | None) -> Principal:
         """The caller a request's ``Authorization`` header names; Unauthorized otherwise."""
         if not self.enabled:
-            return Principal(ADMIN_KEY_ID, "auth disabled", Role.ADMIN, None)
+            return _UNCHECKED
         token = _bearer(authorization)
-        if self._admin_digest is not None and same_digest(digest(token), self._admin_digest):
-            return Principal(ADMIN_KEY_ID, "SETU_ADMIN_KEY", Role.ADMIN, None)
-        parsed = parse_token(token)
-        if parsed is None:
+        token_digest = digest(token)
+        if self._admin_digest is not None and same_digest(token_digest, self._admin_digest):
+            return _BOOTSTRAP
+        key_id = key_id_of(token)
+        if key_id is None:
             raise Unauthorized("unknown API key")
-        key_id, token_digest = parsed
-        key = await self._cache.get(key_id)
-        if key is None or not same_digest(key.digest, token_digest):
+        known = await self._cache.get(key_id)
+        if known is None or not same_digest(known.key.digest, token_digest):
             raise Unauthorized("unknown API key")
         now = now_ms()
-        if key.revoked_at_ms is not None:
+        if known.key.revoked_at_ms is not None:
             raise Unauthorized("this API key was revoked")
-        if not key.usable(now):
+        if not known.key.usable(now):
             raise Unauthorized("this API key has expired")
         self._touch(key_id, now)
-        return key.principal()
+        return known.principal
 
     def forget(self, key_id: str) -> None:
         """Drops a key from this process's cache (it was just revoked here)."""
         self._cache.invalidate(key_id)
 
-    async def _load(self, key_id: str) -> ApiKey | None:
-        return await asyncio.to_thread(self._keys.find, key_id)
+    async def _load(self, key_id: str) -> _Known | None:
+        key = await asyncio.to_thread(self._keys.find, key_id)
+        return _Known(key, key.principal()) if key is not None else None
 
     def _touch(self, key_id: str, now: int) -> None:
         if now - self._touched.get(key_id, 0) < _TOUCH_EVERY_MS:

@@ -165,6 +165,10 @@ async def produce_many(
     return status, orjson.dumps(document)
 
 
+# The 401 challenge (RFC 6750), as the error handlers send it on the other routes.
+_CHALLENGE = {401: [(b"www-authenticate", b"Bearer")]}
+
+
 class ProduceFastPath:
     """ASGI middleware answering ``POST .../produce`` and ``.../produce/batch`` directly.
 
@@ -200,6 +204,7 @@ class ProduceFastPath:
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
+                    *_CHALLENGE.get(status, ()),
                 ],
             }
         )

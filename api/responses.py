@@ -67,7 +67,10 @@ def describe_validation(errors: Any) -> str:
 
 async def _setu_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, SetuError)
-    return error_response(exc.status, exc.code, exc.message)
+    response = error_response(exc.status, exc.code, exc.message)
+    if exc.status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
 
 
 async def _validation_error(_: Request, exc: Exception) -> Response:

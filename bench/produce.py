@@ -13,10 +13,14 @@ a fresh SQLite store), creates a grouped 6-partition topic, and measures in turn
    target load, counted from each request's scheduled time;
 3. batch produce: messages/s with ``--batch-connections`` clients posting ``--batch-size``;
 4. a bare producer (the API's librdkafka settings, the same keys, values and headers): the
-   broker-side limit the batch path is compared with.
+   broker-side limit the batch path is compared with;
+5. the cost of authentication: single produce, closed loop, with a producer key against this
+   API and without keys against a second API started with ``SETU_AUTH_ENABLED=false``,
+   alternating on, off, on, off; the share auth keeps must be at least 0.9.
 
 Figures are printed and written as JSON under bench/results/. Targets (2-core machine):
-single >= 3,000/s with p99 <= 20 ms, batch >= 50,000 messages/s, batch within 2x of bare.
+single >= 3,000/s with p99 <= 20 ms, batch >= 50,000 messages/s, batch within 2x of bare,
+auth keeps >= 0.9 of single-produce throughput.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import asyncio
 import json
 import os
 import platform
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -46,6 +51,8 @@ from setu.names import ingest_topic
 RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS = 6
 GROUPS = 1000
+# The bootstrap admin key of the APIs this benchmark starts.
+ADMIN_KEY = secrets.token_urlsafe(32)
 BODY = b'{"order": 12345, "items": [1, 2, 3], "note": "' + b"x" * 180 + b'"}'
 
 
@@ -96,20 +103,24 @@ def serve(port: int) -> None:
     )
 
 
-def start_api(args: argparse.Namespace, data_dir: str) -> subprocess.Popen[bytes]:
+def start_api(
+    args: argparse.Namespace, data_dir: str, port: int, *, auth: bool = True
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "SETU_DATA_DIR": data_dir,
         "SETU_KAFKA_BOOTSTRAP": args.bootstrap,
         "SETU_REDIS_URL": args.redis,
+        "SETU_ADMIN_KEY": ADMIN_KEY,
+        "SETU_AUTH_ENABLED": "true" if auth else "false",
     }
     env.pop("SETU_DATABASE_URL", None)
-    command = [sys.executable, "-m", "bench.produce", "--serve", "--port", str(args.port)]
+    command = [sys.executable, "-m", "bench.produce", "--serve", "--port", str(port)]
     process = subprocess.Popen(command, env=env)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{args.port}/v1/health", timeout=2):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=2):
                 return process
         except OSError:
             if process.poll() is not None:
@@ -123,16 +134,21 @@ async def call(port: int, method: str, path: str, body: Any = None) -> tuple[int
     conn = await Connection.open("127.0.0.1", port)
     try:
         payload = b"" if body is None else orjson.dumps(body)
-        headers = {"Content-Type": "application/json"} if body is not None else {}
+        headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
         status, raw = await conn.send(request_bytes(method, path, headers, payload))
         return status, orjson.loads(raw) if raw else None
     finally:
         conn.close()
 
 
-def single_request(path: str) -> Any:
+def single_request(path: str, key: str | None) -> Any:
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
+
     def make(index: int, n: int) -> bytes:
         headers = {
+            **auth,
             "Content-Type": "application/octet-stream",
             "X-Message-Id": f"c{index}-{n}",
             "X-Group-Id": f"g{(index * 7919 + n) % GROUPS}",
@@ -142,8 +158,9 @@ def single_request(path: str) -> Any:
     return make
 
 
-def batch_request(path: str, size: int) -> Any:
+def batch_request(path: str, size: int, key: str) -> Any:
     text = BODY.decode()
+    auth = {"Authorization": f"Bearer {key}"}
 
     def make(index: int, n: int) -> bytes:
         messages = [
@@ -154,7 +171,7 @@ def batch_request(path: str, size: int) -> Any:
             }
             for i in range(size)
         ]
-        headers = {"Content-Type": "application/json"}
+        headers = {**auth, "Content-Type": "application/json"}
         return request_bytes("POST", path, headers, orjson.dumps({"messages": messages}))
 
     return make
@@ -203,8 +220,9 @@ def bare_producer(bootstrap: str, topic: str, count: int) -> dict[str, Any]:
     }
 
 
-async def measure(args: argparse.Namespace, api_pid: int) -> dict[str, Any]:
-    project, port = f"bench{uuid.uuid4().hex[:8]}", args.port
+async def set_up(port: int) -> tuple[str, str]:
+    """A project with a grouped topic ``orders``, and a producer key of the project."""
+    project = f"bench{uuid.uuid4().hex[:8]}"
     await call(port, "POST", "/v1/projects", {"name": project})
     status, _ = await call(
         port,
@@ -213,6 +231,48 @@ async def measure(args: argparse.Namespace, api_pid: int) -> dict[str, Any]:
         {"name": "orders", "grouped": True, "partitions": PARTITIONS, "retention_hours": 1},
     )
     assert status == 201, status
+    status, key = await call(
+        port, "POST", f"/v1/projects/{project}/keys", {"name": "bench", "role": "producer"}
+    )
+    assert status == 201, status
+    return project, str(key["key"])
+
+
+async def auth_cost(args: argparse.Namespace, on_port: int, off_port: int) -> dict[str, Any]:
+    """Single produce, closed loop, alternately with a producer key against the API with auth
+    and with no key against the one without (see the module doc)."""
+    phases: dict[str, list[float]] = {"on": [], "off": []}
+    made = [(on_port, await set_up(on_port)), (off_port, await set_up(off_port))]
+    for _ in range(2):
+        for label, (port, (project, key)) in zip(("on", "off"), made, strict=True):
+            print(f"single produce, closed loop, auth {label} ...", flush=True)
+            result = await closed_loop(
+                "127.0.0.1",
+                port,
+                single_request(
+                    f"/v1/projects/{project}/topics/orders/produce", key if label == "on" else None
+                ),
+                connections=args.connections,
+                duration_s=args.duration / 2,
+                warmup_s=1,
+            )
+            assert set(result.statuses) == {200}, result.statuses
+            phases[label].append(result.achieved_per_s)
+    on, off = sum(phases["on"]) / 2, sum(phases["off"]) / 2
+    for port, (project, _) in made:
+        await call(port, "DELETE", f"/v1/projects/{project}/topics/orders")
+        await call(port, "DELETE", f"/v1/projects/{project}")
+    return {
+        "auth_on_per_s": round(on, 1),
+        "auth_off_per_s": round(off, 1),
+        "runs": phases,
+        "share_kept": round(on / off, 3) if off else 0.0,
+    }
+
+
+async def measure(args: argparse.Namespace, api_pid: int) -> dict[str, Any]:
+    port = args.port
+    project, key = await set_up(port)
     base = f"/v1/projects/{project}/topics/orders"
     host = "127.0.0.1"
     try:
@@ -221,7 +281,7 @@ async def measure(args: argparse.Namespace, api_pid: int) -> dict[str, Any]:
         saturated = await closed_loop(
             host,
             port,
-            single_request(base + "/produce"),
+            single_request(base + "/produce", key),
             connections=args.connections,
             duration_s=args.duration,
             warmup_s=2,
@@ -235,7 +295,7 @@ async def measure(args: argparse.Namespace, api_pid: int) -> dict[str, Any]:
         paced = await open_loop(
             host,
             port,
-            single_request(base + "/produce"),
+            single_request(base + "/produce", key),
             rate_per_s=args.rate,
             connections=args.connections,
             duration_s=args.duration,
@@ -250,7 +310,7 @@ async def measure(args: argparse.Namespace, api_pid: int) -> dict[str, Any]:
         batches = await closed_loop(
             host,
             port,
-            batch_request(base + "/produce/batch", args.batch_size),
+            batch_request(base + "/produce/batch", args.batch_size, key),
             connections=args.batch_connections,
             duration_s=args.duration,
             warmup_s=2,
@@ -292,6 +352,7 @@ def verdicts(figures: dict[str, Any]) -> dict[str, bool]:
         "single_p99_at_most_20ms_at_target_rate": paced["p99_ms"] <= 20,
         "batch_at_least_50000_per_s": batch_rate >= 50_000,
         "batch_within_2x_of_bare": bare_rate <= 2 * batch_rate,
+        "auth_keeps_at_least_0.9": figures["auth"]["share_kept"] >= 0.9,
     }
 
 
@@ -320,6 +381,11 @@ def report(figures: dict[str, Any], checks: dict[str, bool]) -> None:
     )
     ratio = bare["messages_per_s"] / batch["messages_per_s"] if batch["messages_per_s"] else 0
     print(f"bare / batch        : {ratio:.2f}x")
+    auth = figures["auth"]
+    print(
+        f"auth on / off       : {auth['auth_on_per_s']:.0f} / {auth['auth_off_per_s']:.0f} "
+        f"req/s single, share kept {auth['share_kept']}"
+    )
     for name, passed in checks.items():
         print(f"  {'PASS' if passed else 'MISS'}  {name}")
 
@@ -347,13 +413,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import uvloop
 
-    with tempfile.TemporaryDirectory(prefix="setu-bench-") as data_dir:
-        api = start_api(args, data_dir)
+    with (
+        tempfile.TemporaryDirectory(prefix="setu-bench-") as data_dir,
+        tempfile.TemporaryDirectory(prefix="setu-bench-") as open_dir,
+    ):
+        api = start_api(args, data_dir, args.port)
+        unauthenticated = start_api(args, open_dir, args.port + 1, auth=False)
         try:
             figures = uvloop.run(measure(args, api.pid))
+            figures["auth"] = uvloop.run(auth_cost(args, args.port, args.port + 1))
         finally:
-            api.terminate()
-            api.wait(15)
+            for process in (api, unauthenticated):
+                process.terminate()
+                process.wait(15)
     checks = verdicts(figures)
     report(figures, checks)
     RESULTS.mkdir(parents=True, exist_ok=True)

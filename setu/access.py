@@ -144,14 +144,13 @@ def new_token() -> tuple[str, str]:
     return key_id, f"{TOKEN_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
 
 
-def parse_token(token: str) -> tuple[str, str] | None:
-    """``(key id, digest of the token)`` of a well-formed token, else None."""
-    if not token.startswith(TOKEN_PREFIX) or len(token) < len(TOKEN_PREFIX) + _ID_HEX + 2:
+def key_id_of(token: str) -> str | None:
+    """The public id of a well-formed token, else None."""
+    end = len(TOKEN_PREFIX) + _ID_HEX
+    if not token.startswith(TOKEN_PREFIX) or len(token) < end + 2 or token[end] != "_":
         return None
-    key_id = token[len(TOKEN_PREFIX) : len(TOKEN_PREFIX) + _ID_HEX]
-    if token[len(TOKEN_PREFIX) + _ID_HEX] != "_" or not _is_hex(key_id):
-        return None
-    return key_id, digest(token)
+    key_id = token[len(TOKEN_PREFIX) : end]
+    return key_id if _is_hex(key_id) else None
 
 
 def digest(token: str) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -232,7 +233,11 @@ async def produce(config: ProducerConfig, journal_path: Path) -> bool:
     journal = await Journal(journal_path).open()
     timeout = httpx.Timeout(config.request_timeout_s)
     limits = httpx.Limits(max_connections=config.lanes, max_keepalive_connections=config.lanes)
-    async with httpx.AsyncClient(base_url=config.api, timeout=timeout, limits=limits) as client:
+    key = os.environ.get("SETU_API_KEY")
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient(
+        base_url=config.api, timeout=timeout, limits=limits, headers=auth
+    ) as client:
         producer = Producer(config, client, journal)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, producer.stop.set)

@@ -132,7 +132,9 @@ class CrashRun:
         self._log(f"run {self.run_id} in {config.workdir} (seed {config.seed})")
         try:
             layout = await self._start_brokers()
-            async with httpx.AsyncClient(base_url=layout.api_url, timeout=10.0) as client:
+            async with httpx.AsyncClient(
+                base_url=layout.api_url, timeout=10.0, headers=layout.auth()
+            ) as client:
                 api = SetuApi(client, self.project, self.topic, self.subscription)
                 await self._set_up(layout, api)
                 self._mark("setup_s")

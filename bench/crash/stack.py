@@ -9,6 +9,7 @@ run also has its own Kafka broker and Redis (AOF on), started through the same `
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import sys
 from collections.abc import Callable
@@ -40,6 +41,11 @@ class StackLayout:
     database_url: str
     workers: int = 2
     extra_env: dict[str, str] = field(default_factory=dict)
+    # The run's bootstrap admin key: the API accepts it, the checker and producer send it.
+    admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_key}"}
 
     @property
     def api_url(self) -> str:
@@ -86,6 +92,7 @@ def setu_env(layout: StackLayout) -> dict[str, str]:
         "SETU_API_HOST": "127.0.0.1",
         "SETU_API_PORT": str(layout.api_port),
         "SETU_ALLOW_PRIVATE_ENDPOINTS": "true",
+        "SETU_ADMIN_KEY": layout.admin_key,
         **layout.extra_env,
     }
 
@@ -186,7 +193,7 @@ def producer_spec(layout: StackLayout, shape: ProduceShape, *, chaos: bool) -> C
     return ComponentSpec(
         name="producer",
         argv=argv,
-        env=base_env(),
+        env={**base_env(), "SETU_API_KEY": layout.admin_key},
         cwd=REPO_ROOT,
         log_path=layout.logs / "producer.log",
         chaos=chaos,

@@ -20,7 +20,6 @@ from api.produce import ProduceFastPath
 from setu.settings import Settings
 from state import migrate
 
-
 # The bootstrap admin key of every API the tests start; ``Api.client`` sends it.
 ADMIN_KEY = "test-admin-" + secrets.token_urlsafe(24)
 

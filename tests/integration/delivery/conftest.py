@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -420,7 +421,8 @@ def api(world: World) -> Iterator[httpx.Client]:
 
     from api.app import create_app
 
-    app = create_app(world.settings(allow_private_endpoints=True))
+    admin_key = secrets.token_urlsafe(32)
+    app = create_app(world.settings(allow_private_endpoints=True, admin_key=admin_key))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
@@ -429,7 +431,11 @@ def api(world: World) -> Iterator[httpx.Client]:
     wait_for("the API to start", lambda: server.started, 30)
     port = sock.getsockname()[1]
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}",
+            timeout=30,
+            headers={"Authorization": f"Bearer {admin_key}"},
+        ) as client:
             yield client
     finally:
         server.should_exit = True
