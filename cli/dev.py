@@ -8,6 +8,7 @@ the data dir, so a second run carries on where the first stopped.
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -73,6 +74,22 @@ def setu_argv(*command: str) -> tuple[str, ...]:
     return (sys.executable, "-m", "cli.main", *command)
 
 
+def dev_admin_key(settings: Settings, data_dir: Path) -> str:
+    """``SETU_ADMIN_KEY`` when set; else the key kept in the data folder, made on first use
+    (readable by its owner only)."""
+    if settings.admin_key is not None:
+        return settings.admin_key.get_secret_value()
+    path = data_dir / "admin-key"
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = "setu_admin_" + secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(key + "\n")
+    return key
+
+
 def summary(
     api_url: str, api_up: bool, env: Mapping[str, str], logs: Path, ingest_up: bool = True
 ) -> str:
@@ -100,6 +117,8 @@ def summary(
             f"  Redis     {env['SETU_REDIS_URL']}",
             f"  Database  {env['SETU_DATABASE_URL']}",
             f"  Logs      {logs}",
+            "The admin key (kept in the data folder; make narrower keys with POST /v1/keys):",
+            f"  export SETU_API_KEY={env['SETU_ADMIN_KEY']}",
             "Ctrl-C stops everything.",
         ]
     )
@@ -213,6 +232,7 @@ def _start(
     )
     if spark_master is not None:
         overrides["SETU_SPARK_MASTER"] = spark_master
+    overrides["SETU_ADMIN_KEY"] = dev_admin_key(settings, data_dir)
     env = {**os.environ, **overrides}
     report("running migrations")
     run_migrations(env, logs / "migrate.log", report)

@@ -150,6 +150,7 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
         # Ready means the ingest query runs already: a first message does not wait for Spark
         assert stack.wait_for_line(r"Ingest\s+(\S+)", 5).group(1) == "running"
         kafka = stack.wait_for_line(r"Kafka\s+(\S+)", 5).group(1)
+        key = stack.wait_for_line(r"export SETU_API_KEY=(\S+)", 5).group(1)
         redis_url = stack.wait_for_line(r"Redis\s+(\S+)", 5).group(1)
 
         # Then the API, the broker and Redis answer where it says, on the ports asked for
@@ -159,6 +160,10 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
         assert health["status"] == "ok"
         assert {"kafka", "redis", "database"} <= set(health["components"])
         assert health["components"]["ingest"]["state"] == "running"
+        # The key it printed is the admin's; without it the API refuses
+        projects = httpx.get(f"{api}/v1/projects", headers={"Authorization": f"Bearer {key}"})
+        assert projects.status_code == 200
+        assert httpx.get(f"{api}/v1/projects").status_code == 401
         assert "setu_ingest_query_active" in await_text(ingest_metrics)
         admin = AdminClient({"bootstrap.servers": kafka})
         topic = "setu-dev-up-test"
@@ -183,6 +188,8 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
         assert again.wait_for_line(r"Ingest\s+(.+)", 5).group(1) == (
             f"running (on the Spark cluster {master})"
         )
+        # and the admin key is the one kept from the first run
+        assert again.wait_for_line(r"export SETU_API_KEY=(\S+)", 5).group(1) == key
         # Then the broker kept its topics and Redis its keys (storage is not formatted again)
         metadata = AdminClient({"bootstrap.servers": kafka}).list_topics(timeout=30)
         assert len(metadata.topics[topic].partitions) == 2

@@ -2,7 +2,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cli.dev import stack_env, summary
+import pytest
+
+from cli.dev import dev_admin_key, stack_env, summary
+from setu.settings import Settings
 
 
 def test_children_get_every_dependency_and_may_call_loopback_webhooks() -> None:
@@ -34,6 +37,7 @@ def test_the_summary_says_where_the_api_is() -> None:
         "SETU_DATABASE_URL": "sqlite:////d/setu.db",
         "SETU_INGEST_METRICS_PORT": "19465",
         "SETU_DELIVERY_METRICS_PORT": "19464",
+        "SETU_ADMIN_KEY": "setu_admin_k3y",
     }
     text = summary("http://127.0.0.1:18080", True, env, Path("/d/logs"))
     assert "API       http://127.0.0.1:18080" in text
@@ -42,5 +46,20 @@ def test_the_summary_says_where_the_api_is() -> None:
     assert "127.0.0.1:19092" in text
     assert "/d/logs" in text
     assert "Ingest    running" in text
+    assert "  export SETU_API_KEY=setu_admin_k3y" in text
     waiting = summary("http://127.0.0.1:18080", True, env, Path("/d/logs"), ingest_up=False)
     assert "Ingest    not running yet: see /d/logs/ingest.log" in waiting
+
+
+def test_dev_up_makes_an_admin_key_once_and_keeps_it_for_its_owner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SETU_ADMIN_KEY", raising=False)
+    settings = Settings(data_dir=tmp_path)
+    key = dev_admin_key(settings, tmp_path)
+    assert len(key) >= 40
+    assert (tmp_path / "admin-key").stat().st_mode & 0o777 == 0o600
+    assert dev_admin_key(settings, tmp_path) == key
+    # SETU_ADMIN_KEY, when set, is the key
+    chosen = Settings(data_dir=tmp_path, admin_key="an-admin-key-of-my-own-choosing")
+    assert dev_admin_key(chosen, tmp_path) == "an-admin-key-of-my-own-choosing"
