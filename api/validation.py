@@ -7,17 +7,15 @@ InvalidInput with a message that names the field.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from delivery.signing import signing_key
 from setu import headers as produce_headers
+from setu.addresses import IPAddress, is_private_address, literal_host_is_private
 from setu.errors import InvalidInput
 from setu.model import Subscription, Topic
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 # RFC 9110 token characters: what an HTTP header name may contain.
 _TOKEN_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -37,7 +35,6 @@ _ENDPOINT_RESERVED = frozenset(
         "webhook-signature",
     }
 )
-_LOCAL_NAMES = ("localhost", "localhost.localdomain")
 
 
 def check_header(where: str, name: str, value: str) -> None:
@@ -61,31 +58,6 @@ def check_endpoint_headers(pairs: Iterable[tuple[str, str]]) -> tuple[tuple[str,
             raise InvalidInput(f"endpoint.headers: {name!r} is set by Setu")
         out.append((name, value))
     return tuple(out)
-
-
-def is_private_address(address: IPAddress) -> bool:
-    """Loopback, private, link-local (cloud metadata), multicast, reserved or unspecified."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return (
-        address.is_private
-        or address.is_loopback
-        or address.is_link_local
-        or address.is_multicast
-        or address.is_reserved
-        or address.is_unspecified
-    )
-
-
-def literal_host_is_private(host: str) -> bool:
-    """Whether ``host`` is, without any DNS lookup, a private or loopback destination."""
-    lowered = host.lower().rstrip(".")
-    if lowered in _LOCAL_NAMES or lowered.endswith(".localhost"):
-        return True
-    try:
-        return is_private_address(ipaddress.ip_address(lowered.split("%", 1)[0]))
-    except ValueError:
-        return False
 
 
 def endpoint_host(url: str) -> str:

@@ -187,6 +187,7 @@ def serve_worker(config: dict[str, Any]) -> None:
         kafka_bootstrap=config["bootstrap"],
         redis_url=config["redis"],
         worker_id=f"bench-{config['project']}",
+        allow_private_endpoints=True,  # the benchmark's webhook listens on loopback
     )
     profile_to = os.environ.get("SETU_BENCH_PROFILE")
     if not profile_to:

@@ -19,19 +19,28 @@ Contract:
 - A request on a pooled connection that the server closed while idle is sent once more on a
   new connection (nothing of it was answered, so the server never acted on it).
 - Redirects are returned as they are, never followed.
+- Every new connection starts with a lookup of the host by the client itself; unless private
+  endpoints are allowed, any address of the answer that :mod:`setu.addresses` refuses stops
+  the call before it connects (:class:`RefusedAddress`, never retried), and otherwise the
+  client connects to the very addresses it checked, with no second lookup (docs/security.md
+  §4). TLS still verifies the certificate against the host name.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import re
+import socket
 import ssl
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import SplitResult, urlsplit
 
 import httptools
+
+from setu.addresses import is_private_address
 
 # Idle connections kept per origin beyond this are closed.
 DEFAULT_MAX_IDLE = 512
@@ -44,6 +53,19 @@ class HttpError(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class RefusedAddress(HttpError):
+    """The host resolved to an address a webhook may not reach: nothing was sent."""
+
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+"""``(host, port)`` → the addresses to connect to, in order."""
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
 
 
 class _Stale(Exception):
@@ -179,17 +201,26 @@ class _Pool:
         self.max_idle = max_idle
         self.idle: list[_Connection] = []
 
-    async def connect(self) -> _Connection:
+    async def connect(self, addresses: list[str]) -> _Connection:
+        """A connection to the first of ``addresses`` that accepts one (all checked)."""
         loop = asyncio.get_running_loop()
         o = self.origin
-        _, conn = await loop.create_connection(
-            lambda: _Connection(self),
-            o.host,
-            o.port,
-            ssl=self.tls,
-            server_hostname=o.host if self.tls else None,
-        )
-        return conn
+        last: OSError | None = None
+        for address in addresses:
+            try:
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self),
+                    address,
+                    o.port,
+                    ssl=self.tls,
+                    server_hostname=o.host if self.tls else None,
+                )
+                return conn
+            except ssl.SSLError:
+                raise
+            except OSError as exc:
+                last = exc
+        raise last or OSError(f"{o.host} has no address")
 
     def take(self) -> _Connection | None:
         while self.idle:
@@ -239,10 +270,25 @@ def encode_request(
 _UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
+def _refused(address: str) -> bool:
+    try:
+        return is_private_address(ipaddress.ip_address(address.split("%", 1)[0]))
+    except ValueError:
+        return True  # not an address at all: never connect to it
+
+
 class HttpClient:
     """Webhook calls over pooled keep-alive connections (see the module doc)."""
 
-    def __init__(self, *, max_idle_per_origin: int = DEFAULT_MAX_IDLE) -> None:
+    def __init__(
+        self,
+        *,
+        allow_private: bool = False,
+        resolver: Resolver = system_resolver,
+        max_idle_per_origin: int = DEFAULT_MAX_IDLE,
+    ) -> None:
+        self._allow_private = allow_private
+        self._resolve = resolver
         self._pools: dict[Origin, _Pool] = {}
         self._max_idle = max_idle_per_origin
         self._tls: ssl.SSLContext | None = None
@@ -285,19 +331,33 @@ class HttpClient:
         except _Stale:
             raise HttpError("connection closed") from None
 
-    @staticmethod
-    async def _connect(pool: _Pool, deadline: float) -> _Connection:
+    async def _connect(self, pool: _Pool, deadline: float) -> _Connection:
         left = deadline - asyncio.get_running_loop().time()
         try:
-            return await asyncio.wait_for(pool.connect(), max(left, 0.001))
+            return await asyncio.wait_for(self._open(pool), max(left, 0.001))
         except TimeoutError:
             raise HttpError("timeout") from None
         except ConnectionRefusedError:
             raise HttpError("connection refused") from None
         except ssl.SSLError as exc:
             raise HttpError(f"TLS: {exc.reason or exc}") from None
+        except socket.gaierror as exc:
+            raise HttpError(f"resolve {pool.origin.host}: {exc.strerror or exc}") from None
         except OSError as exc:
             raise HttpError(f"connect: {exc.strerror or exc}") from None
+
+    async def _open(self, pool: _Pool) -> _Connection:
+        """Looks the host up, refuses what the address rule forbids, connects to the rest."""
+        host = pool.origin.host
+        addresses = await self._resolve(host, pool.origin.port)
+        if not self._allow_private:
+            for address in addresses:
+                if _refused(address):
+                    raise RefusedAddress(
+                        f"refused: {host} resolves to {address}, a private, loopback or "
+                        "link-local address (SETU_ALLOW_PRIVATE_ENDPOINTS=true allows it)"
+                    )
+        return await pool.connect(addresses)
 
     async def _send(self, conn: _Connection, payload: bytes, deadline: float) -> Response:
         conn.deadline = deadline

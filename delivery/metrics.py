@@ -8,6 +8,9 @@ and label value below):
   ``dead_letter``), and ``setu_delivery_call_duration_seconds``: how long they took.
 - ``setu_delivery_moves_total{tier, kind}``: copies written to a retry tier or the DLQ, by
   why (``head``, ``park``, ``forward``, ``skip``, ``retry``, ``dead``, ``lap``).
+- ``setu_delivery_refused_calls_total``: calls refused before anything was sent (a host that
+  resolves to an address webhooks may not reach, docs/security.md §4, or an unsafe request);
+  they are dead-lettered with the reason.
 - ``setu_delivery_reparked_total``: released dead letters that failed for good and parked
   their group again.
 - ``setu_delivery_stale_copies_total``: copies of a worker that had lost the partition,
@@ -62,12 +65,15 @@ class SubscriptionMetrics:
         self.call_seconds = Buckets(CALL_BUCKETS)
         self.moves: dict[tuple[str, str], int] = {}
         self.reparked_total = 0
+        self.refused_total = 0
         self.stale_total = 0
         self.failures: dict[str, int] = {}
 
     def call(self, outcome: Outcome, seconds: float) -> None:
         self.calls[outcome.verdict.value] += 1
         self.call_seconds.observe(seconds)
+        if outcome.refused:
+            self.refused_total += 1
 
     def moved(self, tier: str, kind: str, n: int) -> None:
         key = (tier, kind)
@@ -107,6 +113,11 @@ class _Totals(Collector):
             "Copies written to a retry tier or the DLQ, by tier and why.",
             labels=[*labels, "tier", "kind"],
         )
+        refused = CounterMetricFamily(
+            "setu_delivery_refused_calls",
+            "Webhook calls refused before anything was sent (SSRF rule or unsafe request).",
+            labels=labels,
+        )
         reparked = CounterMetricFamily(
             "setu_delivery_reparked",
             "Released dead letters that failed for good and parked their group again.",
@@ -129,11 +140,12 @@ class _Totals(Collector):
             seconds.add_metric(key, sub.call_seconds.cumulative(), sub.call_seconds.sum)
             for (tier, kind), n in list(sub.moves.items()):
                 moves.add_metric([*key, tier, kind], n)
+            refused.add_metric(key, sub.refused_total)
             reparked.add_metric(key, sub.reparked_total)
             stale.add_metric(key, sub.stale_total)
             for error, n in list(sub.failures.items()):
                 failures.add_metric([*key, error], n)
-        yield from (calls, seconds, moves, reparked, stale, failures)
+        yield from (calls, seconds, moves, refused, reparked, stale, failures)
 
 
 class _Live(Collector):

@@ -31,6 +31,8 @@ class Outcome:
     status: int | None = None
     error: str | None = None
     retry_after_ms: int | None = None
+    # Refused before anything was sent: an address the SSRF rule forbids, or an unsafe request.
+    refused: bool = False
 
     @property
     def reason(self) -> str:

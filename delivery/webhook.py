@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from delivery.http import HttpClient, HttpError, Target, UnsafeRequest
+from delivery.http import HttpClient, HttpError, RefusedAddress, Target, UnsafeRequest
 from delivery.outcome import Outcome, Verdict, classify_error, classify_status
 from delivery.ratelimit import TokenBucket
 from delivery.signing import signing_key, webhook_headers
@@ -91,8 +91,8 @@ class WebhookSender:
             response = await self._client.request(
                 self._method, self._target, headers, envelope.body, self._timeout_s
             )
-        except UnsafeRequest as exc:
-            return Outcome(Verdict.DEAD_LETTER, error=exc.reason)
+        except (UnsafeRequest, RefusedAddress) as exc:
+            return Outcome(Verdict.DEAD_LETTER, error=exc.reason, refused=True)
         except HttpError as exc:
             return classify_error(exc.reason)
         return classify_status(

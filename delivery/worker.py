@@ -133,7 +133,7 @@ async def serve(
     client: Redis[bytes] = Redis.from_url(settings.redis_url, socket_timeout=10)
     limits = MessageLimits(settings.max_message_bytes)
     producer = AsyncProducer(producer_config(settings.kafka_bootstrap, instance, limits), loop)
-    http = HttpClient()
+    http = HttpClient(allow_private=settings.allow_private_endpoints)
     config = RunnerConfig(bootstrap=settings.kafka_bootstrap, worker_id=instance, limits=limits)
     metrics = DeliveryMetrics()
     worker = Worker(

@@ -250,6 +250,8 @@ class World:
             "database_url": self.database_url,
             "subscription_refresh_ms": 200,
             "worker_id": f"test-{self.project}",
+            # The tests' webhooks listen on loopback.
+            "allow_private_endpoints": True,
         }
         values.update(overrides)
         return Settings(**values)

@@ -68,7 +68,7 @@ async def test_a_seek_right_after_an_assignment_takes_before_the_engine_reads_on
     watched = Watched(consumer)
     parts = RunnerParts(
         store=StubGroupStore(),
-        sender=WebhookSender(sub, HttpClient()),
+        sender=WebhookSender(sub, HttpClient(allow_private=True)),
         reader=KafkaReader(world.bootstrap),
         copies=NoCopies(),
         reports=StubWorkers(),

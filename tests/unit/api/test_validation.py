@@ -65,6 +65,18 @@ def test_malformed_webhook_url_is_refused(url: str, message: str) -> None:
         ("::ffff:127.0.0.1", True),
         ("8.8.8.8", False),
         ("2606:4700:4700::1111", False),
+        # Shared address space (a cloud metadata address among them)
+        ("100.64.0.1", True),
+        ("100.100.100.200", True),
+        # IPv4 carried inside IPv6: 6to4, NAT64, IPv4-compatible, Teredo
+        ("2002:7f00:1::1", True),
+        ("2002:a00:1::1", True),
+        ("64:ff9b::7f00:1", True),
+        ("::7f00:1", True),
+        ("2001:0:4136:e378:8000:63bf:3fff:fdd2", True),
+        ("2002:808:808::1", False),  # 6to4 of 8.8.8.8
+        ("198.18.0.1", True),  # benchmarking
+        ("240.0.0.1", True),  # reserved
     ],
 )
 def test_private_addresses(address: str, private: bool) -> None:

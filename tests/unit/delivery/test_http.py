@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from delivery.http import HttpClient, HttpError, Target, UnsafeRequest, encode_request
+from delivery.http import (
+    HttpClient,
+    HttpError,
+    RefusedAddress,
+    Resolver,
+    Target,
+    UnsafeRequest,
+    encode_request,
+)
 
 Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]
 
@@ -69,7 +78,7 @@ async def test_sequential_calls_reuse_one_connection(
     serve: Callable[..., Awaitable[Server]],
 ) -> None:
     server = await serve(ok)
-    client = HttpClient()
+    client = HttpClient(allow_private=True)
     for _ in range(5):
         response = await client.request("POST", target(server), [], b"x", 2.0)
         assert response.status == 200
@@ -88,7 +97,7 @@ async def test_a_chunked_body_is_read_to_the_end_and_the_connection_reused(
         return True
 
     server = await serve(chunked)
-    client = HttpClient()
+    client = HttpClient(allow_private=True)
     for _ in range(3):
         assert (await client.request("POST", target(server), [], b"", 2.0)).status == 202
         await asyncio.sleep(0.01)
@@ -104,7 +113,7 @@ async def test_connection_close_answers_get_a_new_connection_each(
         return False
 
     server = await serve(closing)
-    client = HttpClient()
+    client = HttpClient(allow_private=True)
     for _ in range(3):
         assert (await client.request("POST", target(server), [], b"", 2.0)).status == 200
         await asyncio.sleep(0.01)
@@ -123,7 +132,7 @@ async def test_a_pooled_connection_closed_by_the_server_is_replaced_transparentl
         return False
 
     server = await serve(once)
-    client = HttpClient()
+    client = HttpClient(allow_private=True)
     assert (await client.request("POST", target(server), [], b"a", 2.0)).status == 200
     await asyncio.sleep(0.05)
     # When the next call takes that dead connection from the pool
@@ -140,14 +149,14 @@ async def test_a_slow_answer_times_out(serve: Callable[..., Awaitable[Server]]) 
         return await ok(_, writer)
 
     server = await serve(slow)
-    client = HttpClient()
+    client = HttpClient(allow_private=True)
     with pytest.raises(HttpError, match="timeout"):
         await client.request("POST", target(server), [], b"", 0.1)
     client.close()
 
 
 async def test_nobody_listening_is_a_refused_connection() -> None:
-    client = HttpClient()
+    client = HttpClient(allow_private=True)
     with pytest.raises(HttpError, match="refused"):
         await client.request("POST", Target.parse("http://127.0.0.1:9/x"), [], b"", 1.0)
 
@@ -158,7 +167,7 @@ async def test_redirects_are_returned_not_followed(serve: Callable[..., Awaitabl
         return True
 
     server = await serve(redirect)
-    client = HttpClient()
+    client = HttpClient(allow_private=True)
     response = await client.request("POST", target(server), [], b"", 1.0)
     assert (response.status, response.headers["location"]) == (302, "/else")
     assert len(server.requests) == 1
@@ -173,7 +182,7 @@ async def test_retry_after_and_other_headers_are_readable(
         return True
 
     server = await serve(busy)
-    client = HttpClient()
+    client = HttpClient(allow_private=True)
     response = await client.request("POST", target(server), [], b"", 1.0)
     assert (response.status, response.headers["retry-after"]) == (429, "7")
     client.close()
@@ -221,9 +230,93 @@ async def test_an_unsafe_request_is_dead_lettered_not_retried() -> None:
     from tests.unit.delivery.sim import subscription
 
     # Given a message whose id holds a CR LF (it got past validation somehow)
-    sender = WebhookSender(subscription(), HttpClient())
+    sender = WebhookSender(subscription(), HttpClient(allow_private=True))
     envelope = Envelope("m1\r\nAuthorization: x", b"{}", group_id="g")
     # When it is sent, nothing goes out and the outcome is final
     outcome = await sender.send(envelope, 1)
     assert outcome.verdict is Verdict.DEAD_LETTER
     assert "control character" in (outcome.error or "")
+
+
+def resolving(answers: dict[str, list[str]], asked: list[str] | None = None) -> Resolver:
+    """A resolver that answers from ``answers`` (and notes each question in ``asked``)."""
+
+    async def resolve(host: str, port: int) -> list[str]:
+        if asked is not None:
+            asked.append(host)
+        return answers[host]
+
+    return resolve
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        ["127.0.0.1"],
+        ["169.254.169.254"],  # cloud metadata
+        ["100.100.100.200"],  # shared address space: another cloud's metadata
+        ["10.0.0.7"],
+        ["::1"],
+        ["::ffff:127.0.0.1"],
+        ["2002:7f00:1::1"],  # 6to4 of 127.0.0.1
+        ["fe80::1"],
+        ["8.8.8.8", "127.0.0.1"],  # one inward address among public ones is enough
+    ],
+)
+async def test_a_host_that_resolves_inward_at_call_time_is_refused_before_connecting(
+    serve: Callable[..., Awaitable[Server]], answer: list[str]
+) -> None:
+    # Given a name that passed registration and now resolves inward (DNS rebinding)
+    server = await serve(ok)
+    client = HttpClient(resolver=resolving({"hooks.example.com": answer}))
+    url = Target.parse(f"http://hooks.example.com:{server.port}/hook")
+    # When a call is made, then it is refused, naming the address, and nothing connects
+    with pytest.raises(RefusedAddress, match=answer[-1].replace(".", r"\.")):
+        await client.request("POST", url, [], b"x", 2.0)
+    assert server.connections == 0
+    client.close()
+
+
+@pytest.mark.parametrize("host", ["localhost", "2130706433", "0x7f.1"])
+async def test_names_and_numeric_forms_of_loopback_are_refused_with_the_system_resolver(
+    serve: Callable[..., Awaitable[Server]], host: str
+) -> None:
+    # "localhost" comes from the machine's hosts file; the others are decimal and short hex
+    # spellings of 127.0.0.1 that the system resolver turns into the address itself
+    server = await serve(ok)
+    client = HttpClient()
+    with pytest.raises(RefusedAddress, match=re.escape("127.0.0.1")):
+        await client.request("POST", Target.parse(f"http://{host}:{server.port}/"), [], b"", 2.0)
+    assert server.connections == 0
+    client.close()
+
+
+async def test_the_client_connects_to_the_address_it_checked_without_a_second_lookup(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    # Given a name only the injected resolver knows (the system's would fail on it)
+    server = await serve(ok)
+    asked: list[str] = []
+    client = HttpClient(
+        allow_private=True, resolver=resolving({"hook.invalid": ["127.0.0.1"]}, asked)
+    )
+    url = Target.parse(f"http://hook.invalid:{server.port}/hook")
+    # When it is called, then the call reaches the address the resolver gave, asked once
+    assert (await client.request("POST", url, [], b"x", 2.0)).status == 200
+    assert asked == ["hook.invalid"]
+    assert server.connections == 1
+    client.close()
+
+
+async def test_a_refused_address_is_dead_lettered_with_its_reason() -> None:
+    from delivery.outcome import Verdict
+    from delivery.webhook import WebhookSender
+    from setu.envelope import Envelope
+    from tests.unit.delivery.sim import subscription
+
+    sub = subscription()
+    host = Target.parse(sub.endpoint.url).origin.host
+    sender = WebhookSender(sub, HttpClient(resolver=resolving({host: ["169.254.169.254"]})))
+    outcome = await sender.send(Envelope("m1", b"{}", group_id="g"), 1)
+    assert outcome.verdict is Verdict.DEAD_LETTER and outcome.refused
+    assert "169.254.169.254" in (outcome.error or "")

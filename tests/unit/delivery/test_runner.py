@@ -72,7 +72,7 @@ def runner_on(consumer: Consumer, queue: bool = False) -> tuple[SubscriptionRunn
     stub = ConsumerStub(consumer, queue=queue)
     parts = RunnerParts(
         store=StubGroupStore(),
-        sender=WebhookSender(sub, HttpClient()),
+        sender=WebhookSender(sub, HttpClient(allow_private=True)),
         reader=KafkaReader("127.0.0.1:1"),
         copies=NoCopies(),
         reports=StubWorkers(),
