@@ -97,7 +97,9 @@ class SubscriptionCreate(SubscriptionConfig):
 
 
 class SubscriptionUpdate(SubscriptionConfig):
-    """A full replacement. ``signing_secret`` left out keeps the stored one; null removes it."""
+    """A full replacement. ``signing_secret`` left out keeps the stored one; null removes it.
+    ``endpoint.headers`` left out keeps the stored headers ({} removes them): a view never
+    shows their values, so a client cannot send them back."""
 
     version: int = Field(ge=1)
     name: Name | None = None
@@ -132,7 +134,8 @@ def topic_view(topic: Topic) -> dict[str, Any]:
 
 
 def subscription_view(sub: Subscription) -> dict[str, Any]:
-    """Everything but the signing secret, which is write-only."""
+    """Everything but the secrets, which are write-only: the signing secret (shown as
+    ``has_signing_secret``) and the endpoint's header values (shown by name)."""
     return {
         "project": sub.project,
         "name": sub.name,
@@ -141,7 +144,7 @@ def subscription_view(sub: Subscription) -> dict[str, Any]:
         "endpoint": {
             "url": sub.endpoint.url,
             "method": sub.endpoint.method,
-            "headers": dict(sub.endpoint.headers),
+            "header_names": [name for name, _ in sub.endpoint.headers],
             "timeout_ms": sub.endpoint.timeout_ms,
         },
         "retry": {
@@ -214,7 +217,8 @@ class TopicsOut(Out):
 class EndpointOut(Out):
     url: str
     method: str
-    headers: dict[str, str]
+    # The names of the headers sent with every call; their values are write-only.
+    header_names: list[str]
     timeout_ms: int
 
 

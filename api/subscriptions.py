@@ -8,6 +8,8 @@ The signing secret is write-only: views show ``has_signing_secret``.
 
 from __future__ import annotations
 
+import dataclasses
+
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
@@ -157,6 +159,10 @@ async def update_subscription(
         signing_secret=current.signing_secret if kept else body.signing_secret,
         default_grouped=current.grouped,
     )
+    if "headers" not in body.endpoint.model_fields_set:
+        sub = dataclasses.replace(
+            sub, endpoint=dataclasses.replace(sub.endpoint, headers=current.endpoint.headers)
+        )
     updated = await control.update_subscription(s, sub, body.version)
     return reply(SubscriptionOut, subscription_view(updated))
 

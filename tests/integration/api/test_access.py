@@ -227,7 +227,8 @@ async def snapshot(w: World, bootstrap: str) -> dict[str, Any]:
         "projects": store.list_projects(),
         "topics": store.list_topics(w.project),
         "subscriptions": store.list_subscriptions(w.project),
-        "keys": store.keys.list(),
+        # (last use is written in the background, when a key is first seen: not a change)
+        "keys": [dataclasses.replace(k, last_used_at_ms=None) for k in store.keys.list()],
         "ingest": ends,
     }
 
@@ -281,5 +282,6 @@ async def test_health_needs_no_key(world: World) -> None:
     transport = httpx.ASGITransport(app=world.api.app)
     async with httpx.AsyncClient(transport=transport, base_url="http://setu") as client:
         response = await client.get("/v1/health")
+    # (503 when the ingest job is not running here: still answered, with every component)
     assert response.status_code in (200, 503)
-    assert "error" not in response.json() or response.json()["error"]["code"] != "unauthorized"
+    assert {"kafka", "redis", "database"} <= set(response.json()["components"])

@@ -154,6 +154,35 @@ async def test_put_replaces_config_with_optimistic_versions(api: Api, project: s
     assert cleared.json()["has_signing_secret"] is False
 
 
+async def test_endpoint_header_values_are_write_only(api: Api, project: str) -> None:
+    # Given a subscription whose endpoint gets a bearer token
+    await make_topic(api, project)
+    token = "Bearer receiver-token-" + "k" * 24
+    url = f"/v1/projects/{project}/subscriptions/s"
+    headers = {"Authorization": token, "X-Tenant": "acme"}
+    created = await api.client.post(
+        f"/v1/projects/{project}/subscriptions",
+        json=body(endpoint={"url": HOOK, "headers": headers}),
+    )
+    assert created.status_code == 201, created.text
+    # Then no read shows a value, only the names
+    for response in (created, await api.client.get(url)):
+        assert response.json()["endpoint"]["header_names"] == ["Authorization", "X-Tenant"]
+        assert token not in response.text and "acme" not in response.text
+    listed = await api.client.get(f"/v1/projects/{project}/subscriptions")
+    assert token not in listed.text
+    # When a PUT leaves the headers out, then they are kept (and still sent: the stored row)
+    kept = await api.client.put(url, json={"version": 1, "endpoint": {"url": HOOK}})
+    assert kept.json()["endpoint"]["header_names"] == ["Authorization", "X-Tenant"]
+    stored = api.app.state.store.get_subscription(project, "s")
+    assert dict(stored.endpoint.headers) == headers
+    # When a PUT sends {} they are removed
+    cleared = await api.client.put(
+        url, json={"version": 2, "endpoint": {"url": HOOK, "headers": {}}}
+    )
+    assert cleared.json()["endpoint"]["header_names"] == []
+
+
 @pytest.mark.parametrize(
     ("changes", "status"),
     [
