@@ -24,8 +24,9 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from api.context import Services, blocking
-from api.validation import IPAddress, check_grouping, check_update, endpoint_host, refuse_private
+from api.validation import check_grouping, check_update, endpoint_host, refuse_private
 from setu import names
+from setu.addresses import IPAddress
 from setu.errors import Conflict, DependencyUnavailable
 from setu.model import Subscription, Topic
 from state.groups import RedisGroupStore
