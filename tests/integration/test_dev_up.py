@@ -150,8 +150,8 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
         # Ready means the ingest query runs already: a first message does not wait for Spark
         assert stack.wait_for_line(r"Ingest\s+(\S+)", 5).group(1) == "running"
         kafka = stack.wait_for_line(r"Kafka\s+(\S+)", 5).group(1)
-        key = stack.wait_for_line(r"export SETU_API_KEY=(\S+)", 5).group(1)
         redis_url = stack.wait_for_line(r"Redis\s+(\S+)", 5).group(1)
+        key = stack.wait_for_line(r"export SETU_API_KEY=(\S+)", 5).group(1)
 
         # Then the API, the broker and Redis answer where it says, on the ports asked for
         assert api == f"http://127.0.0.1:{ports['api']}"

@@ -13,7 +13,7 @@ from state.schema import metadata
 
 pytestmark = pytest.mark.integration
 
-TABLES = {"projects", "topics", "subscriptions"}
+TABLES = {"api_keys", "projects", "topics", "subscriptions"}
 
 
 def tables(url: str) -> set[str]:
