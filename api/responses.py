@@ -8,6 +8,7 @@ as 500 ``internal`` (logged, details not leaked).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -16,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
+from starlette.routing import BaseRoute, Match
 
 from setu.errors import SetuError
 
@@ -88,7 +90,24 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     response = error_response(exc.status_code, code, message)
     if exc.headers:
         response.headers.update(exc.headers)
+    if exc.status_code == 405:
+        response.headers["Allow"] = ", ".join(allowed_methods(request.app.router.routes, request))
     return response
+
+
+def allowed_methods(routes: Iterable[Any], request: Request) -> list[str]:
+    """Every method some route serves at the request's path (a 405's ``Allow``: Starlette
+    names only the first route that matched the path)."""
+    methods: set[str] = set()
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:  # a router included in the app: its own routes
+            methods.update(allowed_methods(inner.routes, request))
+        elif isinstance(route, BaseRoute):
+            match, _ = route.matches({**request.scope, "method": "GET"})
+            if match is not Match.NONE:
+                methods.update(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

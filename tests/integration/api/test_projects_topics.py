@@ -65,6 +65,15 @@ async def test_unknown_routes_and_methods_use_the_error_shape(api: Api) -> None:
     assert_error(await api.client.put("/v1/projects"), 405, "method_not_allowed")
 
 
+async def test_a_405_lists_every_method_of_its_path(api: Api) -> None:
+    # Each path below is served by several routes (each method its own)
+    answer = await api.client.patch("/v1/projects")
+    assert answer.headers["allow"] == "GET, POST"
+    answer = await api.client.patch("/v1/projects/p/subscriptions/s")
+    assert_error(answer, 405, "method_not_allowed")
+    assert answer.headers["allow"] == "DELETE, GET, PUT"
+
+
 async def test_topic_create_makes_ingest_and_main_topics(api: Api, project: str) -> None:
     body = {"name": "orders", "grouped": True, "partitions": 4, "retention_hours": 24}
     created = await api.client.post(f"/v1/projects/{project}/topics", json=body)
