@@ -3,9 +3,8 @@ replica within seconds, expiring (docs/security.md)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -13,6 +12,7 @@ import pytest
 import pytest_asyncio
 
 from tests.integration.api.support import Api, assert_error, drop_project, running_api, unique
+from tests.waiting import wait_for_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -48,16 +48,6 @@ def as_key(api: Api, token: str) -> httpx.AsyncClient:
     )
 
 
-async def eventually(what: str, check: Callable[[], Awaitable[bool]], timeout_s: float) -> float:
-    """Polls ``check`` until it holds; the seconds it took. Fails naming ``what``."""
-    started = time.monotonic()
-    while not await check():
-        if time.monotonic() - started > timeout_s:
-            pytest.fail(f"{what} did not happen within {timeout_s} s")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
-
-
 async def test_a_key_is_shown_once_and_listed_without_its_secret(
     replicas: tuple[Api, Api], project: str
 ) -> None:
@@ -87,7 +77,7 @@ async def test_a_key_is_shown_once_and_listed_without_its_secret(
         found = (await api.client.get(f"/v1/projects/{project}/keys")).json()["keys"]
         return bool(found[0]["last_used_at_ms"])
 
-    await eventually("the key's last use recorded", used, 10)
+    await wait_for_async("the key's last use recorded", used, 10)
 
 
 async def test_a_revoked_key_is_refused_by_every_replica_within_five_seconds(
@@ -112,7 +102,7 @@ async def test_a_revoked_key_is_refused_by_every_replica_within_five_seconds(
             response = await on_two.get(f"/v1/projects/{project}/topics")
             return response.status_code == 401
 
-        await eventually("the other replica refusing the revoked key", refused, REVOCATION_S)
+        await wait_for_async("the other replica refusing the revoked key", refused, REVOCATION_S)
     listed = (await one.client.get(f"/v1/projects/{project}/keys")).json()["keys"]
     assert key_id not in [k["id"] for k in listed]
     assert_error(await one.client.delete(f"/v1/projects/{project}/keys/{key_id}"), 404, "not_found")
@@ -133,7 +123,7 @@ async def test_a_key_stops_working_when_it_expires(replicas: tuple[Api, Api], pr
             response = await client.get(f"/v1/projects/{project}")
             return response.status_code == 401
 
-        await eventually("the expired key refused", refused, 10)
+        await wait_for_async("the expired key refused", refused, 10)
     assert time.time() * 1000 >= expires
 
 
@@ -190,6 +180,6 @@ async def test_deleting_a_project_revokes_its_keys(replicas: tuple[Api, Api]) ->
             async def refused() -> bool:
                 return (await client.get(f"/v1/projects/{name}")).status_code == 401
 
-            await eventually("the deleted project's key refused", refused, REVOCATION_S)
+            await wait_for_async("the deleted project's key refused", refused, REVOCATION_S)
     finally:
         await api.client.delete(f"/v1/projects/{name}")
