@@ -43,15 +43,9 @@ def is_private_address(address: IPAddress) -> bool:
         carried = carried_ipv4(address)
         if carried is not None and is_private_address(carried):
             return True
-    return (
-        not address.is_global
-        or address.is_private
-        or address.is_loopback
-        or address.is_link_local
-        or address.is_multicast
-        or address.is_reserved
-        or address.is_unspecified
-    )
+    # Not global covers private, shared, loopback, link-local, reserved and unspecified;
+    # multicast ranges count as global there.
+    return not address.is_global or address.is_multicast
 
 
 def literal_host_is_private(host: str) -> bool:
