@@ -26,12 +26,14 @@ from api.produce import ProduceFastPath
 from api.producer import AckedProducer, producer_config
 from api.responses import install_error_handlers
 from api.topic_cache import TopicCache
+from setu.addresses import Resolver, system_resolver
 from setu.model import Topic
 from setu.settings import Settings
 from state import migrate
 from state.kafka_admin import KafkaTopics
 from state.metadata import MetadataStore
 from state.retired_topics import RedisRetiredList
+from state.sealing import required_sealer
 
 
 def _required(value: str | None, variable: str) -> str:
@@ -62,13 +64,15 @@ def check_admin_key(settings: Settings) -> None:
         raise SystemExit(f"SETU_ADMIN_KEY must be at least {MIN_ADMIN_KEY_CHARS} characters")
 
 
-async def open_services(settings: Settings, metrics: ApiMetrics) -> Services:
+async def open_services(
+    settings: Settings, metrics: ApiMetrics, resolver: Resolver = system_resolver
+) -> Services:
     bootstrap = _required(settings.kafka_bootstrap, "SETU_KAFKA_BOOTSTRAP")
     redis_url = _required(settings.redis_url, "SETU_REDIS_URL")
     database_url = settings.resolved_database_url()
     check_admin_key(settings)
     await blocking(migrate.require_head, database_url)
-    store = MetadataStore(database_url)
+    store = MetadataStore(database_url, required_sealer(settings.secret_key))
 
     async def load_topic(project: str, topic: str) -> Topic | None:
         return await blocking(store.find_topic, project, topic)
@@ -103,6 +107,7 @@ async def open_services(settings: Settings, metrics: ApiMetrics) -> Services:
             settings.admin_key.get_secret_value() if settings.admin_key else None,
             enabled=settings.auth_enabled,
         ),
+        resolver=resolver,
     )
 
 
@@ -116,7 +121,7 @@ async def close_services(s: Services) -> None:
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    s = await open_services(app.state.settings, app.state.metrics)
+    s = await open_services(app.state.settings, app.state.metrics, app.state.resolver)
     app.state.services = s
     app.state.store = s.store
     app.state.redis = s.redis
@@ -132,8 +137,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await close_services(s)
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """The Setu HTTP API (docs/design.md §5), with OpenAPI at /openapi.json and docs at /docs."""
+def create_app(settings: Settings, *, resolver: Resolver = system_resolver) -> FastAPI:
+    """The Setu HTTP API (docs/design.md §5), with OpenAPI at /openapi.json and docs at /docs.
+    ``resolver`` resolves webhook hosts when subscriptions are written."""
     app = FastAPI(
         title="Setu",
         version=_version(),
@@ -146,6 +152,7 @@ def create_app(settings: Settings) -> FastAPI:
     metrics = ApiMetrics()
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.resolver = resolver
     install_error_handlers(app)
     # Added first, so it runs inside the metrics middleware.
     app.add_middleware(ProduceFastPath)

@@ -18,6 +18,7 @@ from api.auth import Authenticator
 from api.metrics import ApiMetrics
 from api.producer import AckedProducer
 from api.topic_cache import TopicCache
+from setu.addresses import Resolver, system_resolver
 from setu.settings import Settings
 from state.kafka_admin import KafkaTopics
 from state.metadata import MetadataStore
@@ -38,6 +39,8 @@ class Services:
     topics: TopicCache
     metrics: ApiMetrics
     auth: Authenticator
+    # How webhook hosts are resolved when a subscription is written (docs/security.md §4).
+    resolver: Resolver = system_resolver
 
 
 def services(request: Request) -> Services:

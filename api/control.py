@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -26,8 +27,9 @@ from redis.exceptions import RedisError
 from api.context import Services, blocking
 from api.validation import check_grouping, check_update, endpoint_host, refuse_private
 from setu import names
-from setu.addresses import IPAddress
-from setu.errors import Conflict, DependencyUnavailable
+from setu.names import shown
+from setu.addresses import IPAddress, Resolver
+from setu.errors import Conflict, DependencyUnavailable, InvalidInput
 from setu.model import Subscription, Topic
 from state.groups import RedisGroupStore
 
@@ -38,9 +40,14 @@ _RESOLVE_TIMEOUT_S = 2.0
 
 async def create_topic(s: Services, topic: Topic) -> tuple[Topic, bool]:
     existing = await blocking(s.store.preflight_topic, topic)
-    await blocking(s.kafka_admin.ensure_topic, existing or topic)
+    made = await blocking(s.kafka_admin.ensure_topic, existing or topic)
     if existing is not None:
         return existing, False
+    async with undone_on_failure(s, made):
+        return await _insert_topic(s, topic)
+
+
+async def _insert_topic(s: Services, topic: Topic) -> tuple[Topic, bool]:
     # A topic created again under a deleted one's name continues its kept ingest topic:
     # emptied of what reached it since (produces to the deleted topic), then no longer
     # skipped by the ingest job, before the topic can take messages (state.retired_topics).
@@ -64,40 +71,46 @@ async def delete_topic(s: Services, project: str, name: str) -> None:
     s.topics.invalidate(project, name)
 
 
-async def resolve(host: str) -> list[IPAddress]:
-    """Addresses ``host`` resolves to now; empty when it does not resolve (yet) in time."""
+async def resolve(resolver: Resolver, host: str) -> list[IPAddress]:
+    """Addresses ``host`` resolves to now; empty when it does not resolve in time."""
     try:
-        infos = await asyncio.wait_for(
-            asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM),
-            _RESOLVE_TIMEOUT_S,
-        )
-    except (OSError, TimeoutError):
+        answers = await asyncio.wait_for(resolver(host, 443), _RESOLVE_TIMEOUT_S)
+    except (OSError, TimeoutError, UnicodeError):
         return []
     addresses: list[IPAddress] = []
-    for info in infos:
+    for answer in answers:
         try:
-            addresses.append(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]))
+            addresses.append(ipaddress.ip_address(answer.split("%", 1)[0]))
         except ValueError:
             continue
     return addresses
 
 
 async def check_endpoint(s: Services, url: str) -> None:
-    """Refuses private and loopback webhooks unless settings allow them (docs/design.md §6)."""
+    """Refuses private and loopback webhooks unless settings allow them, and hosts that do not
+    resolve within 2 s: a check that cannot be made fails closed (docs/security.md §4)."""
     host = endpoint_host(url)
     if s.settings.allow_private_endpoints:
         return
-    refuse_private(host, await resolve(host), allow_private=False)
+    refuse_private(host, [], allow_private=False)  # literal addresses and local names
+    resolved = await resolve(s.resolver, host)
+    if not resolved:
+        raise InvalidInput(
+            f"endpoint.url host {shown(host)} does not resolve (within "
+            f"{_RESOLVE_TIMEOUT_S:g} s); use a name with a public DNS record"
+        )
+    refuse_private(host, resolved, allow_private=False)
 
 
 async def create_subscription(s: Services, sub: Subscription) -> tuple[Subscription, bool]:
     topic = await blocking(s.store.get_topic, sub.project, sub.topic)
     check_grouping(sub.grouped, topic)
     existing = await blocking(s.store.preflight_subscription, sub)
-    await blocking(s.kafka_admin.ensure_subscription, existing or sub, topic)
+    made = await blocking(s.kafka_admin.ensure_subscription, existing or sub, topic)
     if existing is not None:
         return existing, False
-    return await blocking(s.store.create_subscription, sub)
+    async with undone_on_failure(s, made):
+        return await blocking(s.store.create_subscription, sub)
 
 
 async def update_subscription(s: Services, sub: Subscription, version: int) -> Subscription:
@@ -110,8 +123,32 @@ async def update_subscription(s: Services, sub: Subscription, version: int) -> S
     check_update(current, sub)
     topic = await blocking(s.store.get_topic, sub.project, sub.topic)
     # More retry tiers need their topics before any worker may move a message there.
-    await blocking(s.kafka_admin.ensure_subscription, sub, topic)
-    return await blocking(s.store.update_subscription, sub, version)
+    made = await blocking(s.kafka_admin.ensure_subscription, sub, topic)
+    async with undone_on_failure(s, made):
+        return await blocking(s.store.update_subscription, sub, version)
+
+
+@asynccontextmanager
+async def undone_on_failure(s: Services, made: list[str]) -> AsyncIterator[None]:
+    """Deletes the Kafka topics a create or update just made when its database write then
+    fails, so a failed request leaves nothing behind. The failure is raised as it was; a
+    failed clean-up is logged (a repeated request adopts what is left).
+
+    A Conflict keeps them: a concurrent request wrote a record of the same name, and the
+    topics are now its topics."""
+    try:
+        yield
+    except Conflict:
+        raise
+    except BaseException:
+        if made:
+            try:
+                await blocking(s.kafka_admin.remove, made)
+            except Exception:
+                log.exception("could not remove Kafka topics %s of a failed request", made)
+            else:
+                log.info("removed Kafka topics %s of a failed request", made)
+        raise
 
 
 async def delete_subscription(s: Services, project: str, name: str) -> None:

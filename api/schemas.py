@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from api.responses import Out
 from setu import names
 from setu.access import ApiKey
+from setu.clock import now_ms
 from setu.model import DEFAULT_RETRY_DELAYS_MS, Project, Subscription, Topic
 
 MAX_PARTITIONS = 1000
@@ -91,6 +92,21 @@ class SubscriptionConfig(Body):
     signing_secret: str | None = Field(None, min_length=1, max_length=512)
 
 
+# How long a rotation's previous secret keeps signing unless said otherwise: a day.
+DEFAULT_ROTATION_OVERLAP_MS = 24 * 3600 * 1000
+MAX_ROTATION_OVERLAP_MS = 30 * 24 * 3600 * 1000
+
+
+class SecretRotation(Body):
+    """``POST .../signing-secrets``: the new secret, and how long the current one keeps
+    signing beside it (0 ends it at once)."""
+
+    signing_secret: str = Field(min_length=1, max_length=512)
+    previous_expires_in_ms: int = Field(
+        DEFAULT_ROTATION_OVERLAP_MS, ge=0, le=MAX_ROTATION_OVERLAP_MS
+    )
+
+
 class SubscriptionCreate(SubscriptionConfig):
     name: Name
     topic: Name
@@ -133,9 +149,19 @@ def topic_view(topic: Topic) -> dict[str, Any]:
     }
 
 
+def secrets_view(sub: Subscription, now: int) -> list[dict[str, Any]]:
+    """The subscription's signing secrets still signing at ``now``: ids and times only."""
+    return [
+        {"id": s.id, "created_at_ms": s.created_at_ms, "expires_at_ms": s.expires_at_ms}
+        for s in sub.signing_secrets
+        if s.active(now)
+    ]
+
+
 def subscription_view(sub: Subscription) -> dict[str, Any]:
-    """Everything but the secrets, which are write-only: the signing secret (shown as
-    ``has_signing_secret``) and the endpoint's header values (shown by name)."""
+    """Everything but the secrets, which are write-only: the signing secrets (shown by id)
+    and the endpoint's header values (shown by name)."""
+    held = secrets_view(sub, now_ms())
     return {
         "project": sub.project,
         "name": sub.name,
@@ -144,7 +170,7 @@ def subscription_view(sub: Subscription) -> dict[str, Any]:
         "endpoint": {
             "url": sub.endpoint.url,
             "method": sub.endpoint.method,
-            "header_names": [name for name, _ in sub.endpoint.headers],
+            "header_names": sub.endpoint.header_names,
             "timeout_ms": sub.endpoint.timeout_ms,
         },
         "retry": {
@@ -156,7 +182,8 @@ def subscription_view(sub: Subscription) -> dict[str, Any]:
         "dead_letter_policy": sub.dead_letter_policy.value,
         "max_in_flight": sub.max_in_flight,
         "rate_limit_per_second": sub.rate_limit_per_second,
-        "has_signing_secret": sub.signing_secret is not None,
+        "has_signing_secret": bool(held),
+        "signing_secrets": held,
         "state": sub.state.value,
         "version": sub.version,
         "created_at_ms": sub.created_at_ms,
@@ -227,6 +254,17 @@ class RetryOut(Out):
     retryable_codes: list[int] | None
 
 
+class SigningSecretOut(Out):
+    id: str
+    created_at_ms: int
+    # Set on a rotation's previous secret: it stops signing then.
+    expires_at_ms: int | None
+
+
+class SigningSecretsOut(Out):
+    signing_secrets: list[SigningSecretOut]
+
+
 class SubscriptionKafkaOut(Out):
     consumer_group: str
     retry_topics: list[str]
@@ -244,6 +282,7 @@ class SubscriptionOut(Out):
     max_in_flight: int
     rate_limit_per_second: float | None
     has_signing_secret: bool
+    signing_secrets: list[SigningSecretOut]
     state: Literal["running", "paused", "stopped"]
     version: int
     created_at_ms: int

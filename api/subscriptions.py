@@ -3,12 +3,15 @@
 Create makes the retry-tier and dead-letter topics and starts the subscription ``running``.
 PUT replaces the configuration when its ``version`` matches (409 otherwise); more retry tiers
 get their topics first. Lifecycle actions change only ``state``; delivery workers poll it.
-The signing secret is write-only: views show ``has_signing_secret``.
+Signing secrets are write-only: views show their ids and times, never a value. A rotation
+(``POST .../signing-secrets``) adds a new secret and keeps the previous one signing until it
+expires, so receivers can switch over (docs/security.md §5).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import secrets
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
@@ -18,6 +21,8 @@ from api.auth import allow, authorize
 from api.context import blocking, services
 from api.responses import reply
 from api.schemas import (
+    SecretRotation,
+    SigningSecretsOut,
     StateOut,
     SubscriptionConfig,
     SubscriptionCreate,
@@ -25,15 +30,18 @@ from api.schemas import (
     SubscriptionsOut,
     SubscriptionUpdate,
     errors,
+    secrets_view,
     subscription_view,
 )
 from api.validation import check_endpoint_headers, check_signing_secret
 from setu.access import Permission
+from setu.clock import now_ms
 from setu.errors import InvalidInput
 from setu.model import (
     DeadLetterPolicy,
     Endpoint,
     RetryPolicy,
+    SigningSecret,
     Subscription,
     SubscriptionState,
     Topic,
@@ -55,7 +63,7 @@ def to_subscription(
     topic: Topic,
     config: SubscriptionConfig,
     *,
-    signing_secret: str | None,
+    signing_secrets: tuple[SigningSecret, ...],
     default_grouped: bool,
 ) -> Subscription:
     """The subscription a request describes (pure; the endpoint host is checked elsewhere)."""
@@ -81,7 +89,7 @@ def to_subscription(
         dead_letter_policy=DeadLetterPolicy(config.dead_letter_policy),
         max_in_flight=config.max_in_flight,
         rate_limit_per_second=config.rate_limit_per_second,
-        signing_secret=None if signing_secret is None else check_signing_secret(signing_secret),
+        signing_secrets=signing_secrets,
         state=SubscriptionState.RUNNING,
     )
 
@@ -107,11 +115,32 @@ async def create_subscription(request: Request, project: str, body: Subscription
         body.name,
         topic,
         body,
-        signing_secret=body.signing_secret,
+        signing_secrets=new_secrets(body.signing_secret),
         default_grouped=topic.grouped,
     )
     stored, created = await control.create_subscription(s, sub)
     return reply(SubscriptionOut, subscription_view(stored), 201 if created else 200)
+
+
+def new_secret(value: str) -> SigningSecret:
+    """A checked secret with a fresh id, current from now."""
+    return SigningSecret(
+        id="ss_" + secrets.token_hex(8), value=check_signing_secret(value), created_at_ms=now_ms()
+    )
+
+
+def new_secrets(value: str | None) -> tuple[SigningSecret, ...]:
+    return () if value is None else (new_secret(value),)
+
+
+def replaced_secrets(
+    held: tuple[SigningSecret, ...], value: str | None
+) -> tuple[SigningSecret, ...]:
+    """A PUT's ``signing_secret``: null removes every secret, the current value keeps them as
+    they are, another value replaces them all at once (a rotation without overlap)."""
+    if value is not None and held and held[0].value == value:
+        return held
+    return new_secrets(value)
 
 
 @router.get("", response_model=None, responses={200: {"model": SubscriptionsOut}, **errors(404)})
@@ -156,7 +185,11 @@ async def update_subscription(
         subscription,
         topic,
         body,
-        signing_secret=current.signing_secret if kept else body.signing_secret,
+        signing_secrets=(
+            current.signing_secrets
+            if kept
+            else replaced_secrets(current.signing_secrets, body.signing_secret)
+        ),
         default_grouped=current.grouped,
     )
     if "headers" not in body.endpoint.model_fields_set:
@@ -165,6 +198,46 @@ async def update_subscription(
         )
     updated = await control.update_subscription(s, sub, body.version)
     return reply(SubscriptionOut, subscription_view(updated))
+
+
+@router.post(
+    "/{subscription}/signing-secrets",
+    status_code=201,
+    response_model=None,
+    summary="Rotate the signing secret: the new one signs from now, the previous one until it "
+    "expires",
+    responses={201: {"model": SigningSecretsOut}, **errors(400, 404)},
+)
+@allow(Permission.MANAGE)
+async def rotate_signing_secret(
+    request: Request, project: str, subscription: str, body: SecretRotation
+) -> Response:
+    secret = new_secret(body.signing_secret)
+    updated = await blocking(
+        services(request).store.rotate_signing_secret,
+        project,
+        subscription,
+        secret,
+        secret.created_at_ms + body.previous_expires_in_ms,
+    )
+    return reply(
+        SigningSecretsOut, {"signing_secrets": secrets_view(updated, secret.created_at_ms)}, 201
+    )
+
+
+@router.delete(
+    "/{subscription}/signing-secrets/{secret_id}",
+    status_code=204,
+    response_model=None,
+    summary="Remove one signing secret (ends a rotation early)",
+    responses=errors(404),
+)
+@allow(Permission.MANAGE)
+async def remove_signing_secret(
+    request: Request, project: str, subscription: str, secret_id: str
+) -> Response:
+    await blocking(services(request).store.remove_signing_secret, project, subscription, secret_id)
+    return Response(status_code=204)
 
 
 @router.delete(

@@ -49,10 +49,15 @@ class TopicCache:
         )
 
     async def get(self, project: str, topic: str) -> CachedTopic:
-        """The topic, from memory when fresh; raises NotFound when it does not exist."""
-        found = await self._cache.get((project, topic))
+        """The topic, from memory when fresh; raises NotFound when it does not exist. Names
+        that no topic can have are refused before any lookup, so they take no cache entry."""
+        found = None
+        if names.is_name(project) and names.is_name(topic):
+            found = await self._cache.get((project, topic))
         if found is None:
-            raise NotFound(f"topic {topic!r} not found in project {project!r}")
+            raise NotFound(
+                f"topic {names.shown(topic)} not found in project {names.shown(project)}"
+            )
         return found
 
     def invalidate(self, project: str, topic: str) -> None:

@@ -47,6 +47,7 @@ from api.producer import producer_config
 from bench.http_load import Connection, closed_loop, open_loop, request_bytes
 from setu.envelope import Envelope
 from setu.names import ingest_topic
+from state.sealing import Sealer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS = 6
@@ -87,6 +88,7 @@ def serve(port: int) -> None:
     import uvicorn
 
     from api.app import create_app
+    from api.server import uvicorn_options
     from setu.settings import Settings
     from state import migrate
 
@@ -97,7 +99,7 @@ def serve(port: int) -> None:
         host="127.0.0.1",
         port=port,
         loop="uvloop",
-        http="httptools",
+        **uvicorn_options(),
         access_log=False,
         log_level="warning",
     )
@@ -112,6 +114,7 @@ def start_api(
         "SETU_KAFKA_BOOTSTRAP": args.bootstrap,
         "SETU_REDIS_URL": args.redis,
         "SETU_ADMIN_KEY": ADMIN_KEY,
+        "SETU_SECRET_KEY": Sealer.new_key(),
         "SETU_AUTH_ENABLED": "true" if auth else "false",
     }
     env.pop("SETU_DATABASE_URL", None)

@@ -46,9 +46,11 @@ def run_api(settings: Settings) -> int:
 
     with installed("api.app"):
         from api.app import create_app
+        from api.server import uvicorn_options
     app = create_app(settings)
     uvicorn.run(
         app,
+        **uvicorn_options(),
         host=settings.api_host,
         port=settings.api_port,
         log_level=settings.log_level.lower(),
@@ -101,7 +103,29 @@ def run_redrive(settings: Settings, project: str, topic: str, say: Callable[[str
 def run_migrate(settings: Settings) -> int:
     with installed("state.migrate"):
         from state.migrate import upgrade
-    upgrade(settings.resolved_database_url())
+    from state.sealing import required_sealer
+
+    # The key is needed only when there are stored secrets to seal (revision 0003 says so).
+    sealer = required_sealer(settings.secret_key) if settings.secret_key else None
+    upgrade(settings.resolved_database_url(), sealer=sealer)
+    return 0
+
+
+def run_secrets(settings: Settings, action: str, say: Callable[[str], None]) -> int:
+    """``setu secrets new-key`` and ``setu secrets rotate`` (docs/security.md §5)."""
+    from state.sealing import Sealer, required_sealer
+
+    if action == "new-key":
+        say(Sealer.new_key())
+        return 0
+    with installed("state.metadata"):
+        from state.metadata import MetadataStore
+    store = MetadataStore(settings.resolved_database_url(), required_sealer(settings.secret_key))
+    try:
+        count = store.reseal_secrets()
+    finally:
+        store.close()
+    say(f"setu secrets rotate: sealed the secrets of {count} subscription(s) with the first key")
     return 0
 
 

@@ -12,7 +12,7 @@ import secrets
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import redis
@@ -27,6 +27,7 @@ from cli.stack import Report, Stack, death_reason, stop_on_signals
 from setu.clock import now_ms
 from setu.settings import Settings, is_local_master
 from state.ingest_status import RedisIngestStatus, ingest_view
+from state.sealing import Sealer
 
 DEFAULT_API_PORT = 8080
 # Where the ingest job and the delivery worker serve /metrics (the chart's ports).
@@ -79,15 +80,27 @@ def dev_admin_key(settings: Settings, data_dir: Path) -> str:
     (readable by its owner only)."""
     if settings.admin_key is not None:
         return settings.admin_key.get_secret_value()
-    path = data_dir / "admin-key"
+    return kept_secret(data_dir / "admin-key", lambda: "setu_admin_" + secrets.token_urlsafe(32))
+
+
+def dev_secret_key(settings: Settings, data_dir: Path) -> str:
+    """``SETU_SECRET_KEY`` when set; else the sealing key kept in the data folder."""
+    if settings.secret_key is not None:
+        return settings.secret_key.get_secret_value()
+    return kept_secret(data_dir / "secret-key", Sealer.new_key)
+
+
+def kept_secret(path: Path, make: Callable[[], str]) -> str:
+    """The secret kept at ``path``; made with ``make`` on first use, readable by its owner
+    only."""
     if path.exists():
         return path.read_text().strip()
     path.parent.mkdir(parents=True, exist_ok=True)
-    key = "setu_admin_" + secrets.token_urlsafe(32)
+    value = make()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as out:
-        out.write(key + "\n")
-    return key
+        out.write(value + "\n")
+    return value
 
 
 def summary(
@@ -233,6 +246,7 @@ def _start(
     if spark_master is not None:
         overrides["SETU_SPARK_MASTER"] = spark_master
     overrides["SETU_ADMIN_KEY"] = dev_admin_key(settings, data_dir)
+    overrides["SETU_SECRET_KEY"] = dev_secret_key(settings, data_dir)
     env = {**os.environ, **overrides}
     report("running migrations")
     run_migrations(env, logs / "migrate.log", report)

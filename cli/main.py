@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     redrive.add_argument("topic")
     migrate = sub.add_parser("migrate", help="migrate the metadata store to the newest schema")
     migrate.add_argument("--check", action="store_true", help="exit 0 if already migrated")
+    keys = sub.add_parser("secrets", help="the key that seals stored secrets (SETU_SECRET_KEY)")
+    keys_sub = keys.add_subparsers(dest="secrets_command", required=True, metavar="ACTION")
+    keys_sub.add_parser("new-key", help="print a fresh key for SETU_SECRET_KEY")
+    keys_sub.add_parser(
+        "rotate", help="seal every stored secret again under the first key of SETU_SECRET_KEY"
+    )
     fetch = sub.add_parser("fetch", help="download the Kafka broker and Spark connector jars")
     fetch.add_argument(
         "--spark-only", action="store_true", help="only the Spark connector (for images)"
@@ -104,6 +110,8 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return commands.run_redrive(settings, args.project, args.topic, say)
     if command == "migrate":
         return commands.check_migrate(settings) if args.check else commands.run_migrate(settings)
+    if command == "secrets":
+        return commands.run_secrets(settings, args.secrets_command, say)
     if command == "fetch":
         return commands.fetch_jars(settings, kafka=not args.spark_only)
     if command == "dev":

@@ -33,14 +33,14 @@ import ipaddress
 import re
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import SplitResult, urlsplit
 
 import httptools
 
-from setu.addresses import is_private_address
+from setu.addresses import Resolver, is_private_address, system_resolver
 
 # Idle connections kept per origin beyond this are closed.
 DEFAULT_MAX_IDLE = 512
@@ -57,15 +57,6 @@ class HttpError(Exception):
 
 class RefusedAddress(HttpError):
     """The host resolved to an address a webhook may not reach: nothing was sent."""
-
-
-Resolver = Callable[[str, int], Awaitable[list[str]]]
-"""``(host, port)`` → the addresses to connect to, in order."""
-
-
-async def system_resolver(host: str, port: int) -> list[str]:
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [str(info[4][0]) for info in infos]
 
 
 class _Stale(Exception):

@@ -1,8 +1,9 @@
 """Standard Webhooks headers and signatures (https://www.standardwebhooks.com).
 
 Every call carries ``webhook-id`` (the message id, stable across retries, so receivers can drop
-repeats) and ``webhook-timestamp`` (seconds). With a secret it also carries
-``webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">``.
+repeats) and ``webhook-timestamp`` (seconds). With secrets it also carries
+``webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">``, one such signature per
+secret, space-separated, while a rotation holds two (docs/security.md §5).
 
 Secrets follow the reference libraries: an optional ``whsec_`` prefix, then base64 of the key.
 A secret that is not base64 is used as its UTF-8 bytes, so a plain passphrase works too.
@@ -14,6 +15,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+from collections.abc import Sequence
 
 SECRET_PREFIX = "whsec_"
 
@@ -35,10 +37,11 @@ def sign(key: bytes, message_id: str, timestamp_s: int, body: bytes) -> str:
 
 
 def webhook_headers(
-    message_id: str, timestamp_s: int, body: bytes, key: bytes | None
+    message_id: str, timestamp_s: int, body: bytes, keys: Sequence[bytes]
 ) -> list[tuple[str, str]]:
-    """``webhook-id``, ``webhook-timestamp`` and, with a key, ``webhook-signature``."""
+    """``webhook-id``, ``webhook-timestamp`` and, with keys, ``webhook-signature``."""
     out = [("webhook-id", message_id), ("webhook-timestamp", str(timestamp_s))]
-    if key is not None:
-        out.append(("webhook-signature", sign(key, message_id, timestamp_s, body)))
+    if keys:
+        signatures = " ".join(sign(key, message_id, timestamp_s, body) for key in keys)
+        out.append(("webhook-signature", signatures))
     return out

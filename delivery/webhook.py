@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from delivery.http import HttpClient, HttpError, RefusedAddress, Target, UnsafeRequest
 from delivery.outcome import Outcome, Verdict, classify_error, classify_status
@@ -28,7 +28,7 @@ DEFAULT_CONTENT_TYPE = "application/octet-stream"
 
 
 def request_headers(
-    sub: Subscription, envelope: Envelope, attempt: int, timestamp_s: int, key: bytes | None
+    sub: Subscription, envelope: Envelope, attempt: int, timestamp_s: int, keys: Sequence[bytes]
 ) -> list[tuple[str, str]]:
     """The headers of one call, in a fixed order: endpoint, producer, Setu, Standard Webhooks."""
     out = list(sub.endpoint.headers)
@@ -39,7 +39,7 @@ def request_headers(
     if envelope.group_id is not None:
         out.append((produce_headers.GROUP_ID, envelope.group_id))
     out.append((produce_headers.DELIVERY_ATTEMPT, str(attempt)))
-    out.extend(webhook_headers(envelope.message_id, timestamp_s, envelope.body, key))
+    out.extend(webhook_headers(envelope.message_id, timestamp_s, envelope.body, keys))
     return out
 
 
@@ -64,7 +64,9 @@ class WebhookSender:
         self._target = Target.parse(sub.endpoint.url)
         self._method = sub.endpoint.method.upper()
         self._timeout_s = sub.endpoint.timeout_ms / 1000
-        self._key = signing_key(sub.signing_secret) if sub.signing_secret else None
+        # (HMAC key, expiry) of each signing secret: a rotation's previous secret stops
+        # signing at its expiry without waiting for the next configuration change.
+        self._keys = [(signing_key(s.value), s) for s in sub.signing_secrets]
         rate = sub.rate_limit_per_second
         self._bucket = TokenBucket(rate, now=time.monotonic()) if rate else None
         if sub.max_in_flight != self._limit:
@@ -86,7 +88,8 @@ class WebhookSender:
 
     async def _call(self, envelope: Envelope, attempt: int) -> Outcome:
         now = self._clock()
-        headers = request_headers(self.sub, envelope, attempt, now // 1000, self._key)
+        keys = [key for key, secret in self._keys if secret.active(now)]
+        headers = request_headers(self.sub, envelope, attempt, now // 1000, keys)
         try:
             response = await self._client.request(
                 self._method, self._target, headers, envelope.body, self._timeout_s

@@ -60,13 +60,14 @@ def worker_id(settings: Settings) -> str:
 def run(settings: Settings) -> None:
     """The ``setu deliver`` entry point: blocks until SIGTERM or SIGINT, then stops cleanly."""
     from state.metadata import MetadataStore
+    from state.sealing import required_sealer
 
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=settings.log_level.upper(),
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
-    store = MetadataStore(settings.resolved_database_url())
+    store = MetadataStore(settings.resolved_database_url(), required_sealer(settings.secret_key))
     try:
         _run_loop(serve(settings, store))
     finally:

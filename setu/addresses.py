@@ -16,9 +16,22 @@ connection (so a name that later resolves inward, DNS rebinding, is stopped at t
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import socket
+from collections.abc import Awaitable, Callable
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+"""``(host, port)`` → the addresses to connect to, in order. Injectable, so tests can play a
+DNS server that answers differently each time (rebinding)."""
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
 
 _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 LOCAL_NAMES = ("localhost", "localhost.localdomain")

@@ -22,6 +22,9 @@ HEADER_ALLOWANCE_BYTES = 64 * KIB
 # The largest batch of records any Setu producer builds (librdkafka's default batch.size is
 # 1,000,000 bytes; the ingest job's sink uses 256 KiB): a topic must take a full batch too.
 MAX_BATCH_BYTES = 1_000_000
+# An HTTP request's line and headers together: above it the API answers 431 (api/server.py).
+# Room for the producer's X_* headers (MAX_FORWARDED_HEADER_BYTES) and everything else.
+MAX_REQUEST_HEAD_BYTES = 64 * KIB
 # A produce request's framing around its record batches.
 REQUEST_OVERHEAD_BYTES = 16 * KIB
 # The longest failure reason a delivery copy carries (an error's text is cut to this).

@@ -6,7 +6,7 @@ them. Defaults are those of docs/design.md §5.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 DEFAULT_RETRY_DELAYS_MS: tuple[int, ...] = (5_000, 60_000, 600_000)
@@ -46,8 +46,49 @@ class Topic:
 class Endpoint:
     url: str
     method: str = "POST"
-    headers: tuple[tuple[str, str], ...] = ()
+    # (name, value) pairs sent with every call. The values are secrets (docs/security.md §5):
+    # kept out of the repr, sealed at rest, shown by name only.
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     timeout_ms: int = 10_000
+
+    @property
+    def header_names(self) -> list[str]:
+        return [name for name, _ in self.headers]
+
+
+# A subscription holds one signing secret, or two while a rotation runs (docs/security.md §5).
+MAX_SIGNING_SECRETS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class SigningSecret:
+    """One signing secret of a subscription. ``value`` is write-only: never in a repr or view."""
+
+    id: str
+    value: str = field(repr=False)
+    created_at_ms: int = 0
+    # Set on the previous secret when a rotation starts; calls stop using it from then on.
+    expires_at_ms: int | None = None
+
+    def active(self, now_ms: int) -> bool:
+        return self.expires_at_ms is None or now_ms < self.expires_at_ms
+
+
+def rotate_secrets(
+    held: tuple[SigningSecret, ...], new: SigningSecret, previous_until_ms: int
+) -> tuple[SigningSecret, ...]:
+    """The secrets after ``new`` becomes current at ``new.created_at_ms``: the current one
+    stays valid until ``previous_until_ms`` (or its own earlier expiry); older ones and
+    expired ones are dropped, so at most :data:`MAX_SIGNING_SECRETS` remain."""
+    now = new.created_at_ms
+    live = [s for s in held if s.active(now)]
+    if not live:
+        return (new,)
+    current = live[0]
+    until = min(previous_until_ms, current.expires_at_ms or previous_until_ms)
+    if until <= now:
+        return (new,)
+    return (new, replace(current, expires_at_ms=until))
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +116,8 @@ class Subscription:
     dead_letter_policy: DeadLetterPolicy = DeadLetterPolicy.PARK
     max_in_flight: int = 256
     rate_limit_per_second: float | None = None
-    signing_secret: str | None = None
+    # Newest first; see rotate_secrets.
+    signing_secrets: tuple[SigningSecret, ...] = ()
     state: SubscriptionState = SubscriptionState.RUNNING
     version: int = 1
     # Bumped by `seek`; workers reset the main offset when they see a new value.

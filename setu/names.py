@@ -22,11 +22,22 @@ MAX_RETRY_TIERS = 9
 def validate_name(kind: str, name: str) -> str:
     """Return ``name`` if it is a valid resource name, else raise InvalidInput."""
     # fullmatch: "$" would also match before a final newline ("shop\n" passed).
-    if not NAME_RE.fullmatch(name):
+    if not is_name(name):
         raise InvalidInput(
-            f"{kind} name {name!r} must be 1..63 lower-case letters, digits or inner hyphens"
+            f"{kind} name {shown(name)} must be 1..63 lower-case letters, digits or inner hyphens"
         )
     return name
+
+
+def is_name(text: str) -> bool:
+    """Whether ``text`` can name a project, topic or subscription."""
+    return len(text) <= 63 and NAME_RE.fullmatch(text) is not None
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """``text`` quoted for an error message, cut at ``limit`` characters so that a huge input
+    is not echoed back whole."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} chars)"
 
 
 # An ingest topic is its main topic's name plus this.

@@ -46,6 +46,10 @@ class Settings(BaseSettings):
     allow_private_endpoints: bool = False
     # Security (docs/security.md). The bootstrap admin key, accepted besides stored keys.
     admin_key: SecretStr | None = None
+    # Fernet key(s) sealing secrets at rest, comma-separated, the first one sealing
+    # (docs/security.md §5). Required by the API, delivery workers and `setu migrate` once
+    # secrets are stored; `setu dev up` makes one.
+    secret_key: SecretStr | None = None
     # False answers every request as an admin would: only for benchmarks and experiments on a
     # machine of one's own (the API logs a warning at every start).
     auth_enabled: bool = True

@@ -129,7 +129,9 @@ class KafkaTopics:
         self._max_message_bytes = max_message_bytes
         self._timeout_s = timeout_s
 
-    def ensure_topic(self, topic: Topic) -> None:
+    def ensure_topic(self, topic: Topic) -> list[str]:
+        """Makes the topic's Kafka topics; returns the names this call created (the others
+        existed already)."""
         ingest = names.ingest_topic(topic.project, topic.name)
         kept = self.partition_count(ingest)
         if kept is not None and kept != topic.partitions:
@@ -139,9 +141,10 @@ class KafkaTopics:
                 f"create it with {kept} partitions, or under another name"
             )
         specs = topic_specs(topic, self._replication, self._max_message_bytes)
-        self._ensure(specs)
+        created = self._ensure(specs)
         if kept is not None:
             self._configure(specs[0])
+        return created
 
     def _configure(self, spec: TopicSpec) -> None:
         """Sets ``spec``'s config on its existing topic (a kept ingest topic takes the new
@@ -186,8 +189,17 @@ class KafkaTopics:
             if error is not None:
                 raise _translate(error, f"to empty {kafka_topic} [{partition.partition}]")
 
-    def ensure_subscription(self, sub: Subscription, topic: Topic) -> None:
-        self._ensure(subscription_specs(sub, topic, self._replication, self._max_message_bytes))
+    def ensure_subscription(self, sub: Subscription, topic: Topic) -> list[str]:
+        """Makes the subscription's retry and dead-letter topics; returns the names this call
+        created."""
+        return self._ensure(
+            subscription_specs(sub, topic, self._replication, self._max_message_bytes)
+        )
+
+    def remove(self, kafka_topics: Sequence[str]) -> None:
+        """Deletes ``kafka_topics`` (those a failed create made), waiting until they are gone."""
+        if kafka_topics:
+            self._delete(kafka_topics)
 
     def delete_subscription(self, project: str, subscription: str) -> None:
         """Deletes the consumer group (waiting for workers to leave it), then every topic."""
@@ -212,9 +224,10 @@ class KafkaTopics:
             return None
         return len(described.partitions)
 
-    def _ensure(self, specs: Sequence[TopicSpec]) -> None:
+    def _ensure(self, specs: Sequence[TopicSpec]) -> list[str]:
         deadline = time.monotonic() + self._timeout_s
         pending = list(specs)
+        created: list[str] = []
         while pending:
             futures = self._admin.create_topics(
                 [
@@ -227,6 +240,7 @@ class KafkaTopics:
             for spec in pending:
                 error = _error_of(futures[spec.name], deadline - time.monotonic())
                 if error is None:
+                    created.append(spec.name)
                     continue
                 if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise _translate(error, f"to create {spec.name}")
@@ -245,6 +259,7 @@ class KafkaTopics:
                 time.sleep(0.2)
             pending = waiting
         self._await_visible(specs, deadline)
+        return created
 
     def _await_visible(self, specs: Sequence[TopicSpec], deadline: float) -> None:
         """Waits until metadata shows every topic with a leader for each partition, so a 2xx

@@ -22,6 +22,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+import json
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -36,13 +37,16 @@ from setu.model import (
     Endpoint,
     Project,
     RetryPolicy,
+    SigningSecret,
     Subscription,
     SubscriptionState,
     Topic,
+    rotate_secrets,
 )
 from state.api_keys import KeyStore, revoke_project_keys
 from state.lifecycle import LifecycleAction, next_state
 from state.schema import projects, subscriptions, topics
+from state.sealing import Sealer
 from state.sql import make_engine, transaction
 
 
@@ -61,52 +65,77 @@ def _topic(row: Row[Any]) -> Topic:
     )
 
 
-def _subscription(row: Row[Any]) -> Subscription:
-    codes = row.retryable_codes
-    return Subscription(
-        project=row.project,
-        name=row.name,
-        topic=row.topic,
-        grouped=row.grouped,
-        endpoint=Endpoint(
-            url=row.endpoint_url,
-            method=row.endpoint_method,
-            headers=tuple((str(k), str(v)) for k, v in row.endpoint_headers),
-            timeout_ms=row.endpoint_timeout_ms,
-        ),
-        retry=RetryPolicy(
-            delays_ms=tuple(int(d) for d in row.retry_delays_ms),
-            retryable_codes=None if codes is None else tuple(int(c) for c in codes),
-        ),
-        dead_letter_policy=DeadLetterPolicy(row.dead_letter_policy),
-        max_in_flight=row.max_in_flight,
-        rate_limit_per_second=row.rate_limit_per_second,
-        signing_secret=row.signing_secret,
-        state=SubscriptionState(row.state),
-        version=row.version,
-        seek_to_ms=row.seek_to_ms,
-        seek_generation=row.seek_generation,
-        created_at_ms=row.created_at_ms,
-    )
+class SubscriptionCodec:
+    """Rows to subscriptions and back, sealing the secrets (docs/security.md §5): each endpoint
+    header value on its own, and the signing secrets as one sealed JSON list."""
 
+    def __init__(self, sealer: Sealer) -> None:
+        self._sealer = sealer
 
-def _subscription_config(sub: Subscription) -> dict[str, Any]:
-    """The columns a PUT may change."""
-    return {
-        "grouped": sub.grouped,
-        "endpoint_url": sub.endpoint.url,
-        "endpoint_method": sub.endpoint.method,
-        "endpoint_headers": [list(pair) for pair in sub.endpoint.headers],
-        "endpoint_timeout_ms": sub.endpoint.timeout_ms,
-        "retry_delays_ms": list(sub.retry.delays_ms),
-        "retryable_codes": (
-            None if sub.retry.retryable_codes is None else list(sub.retry.retryable_codes)
-        ),
-        "dead_letter_policy": sub.dead_letter_policy.value,
-        "max_in_flight": sub.max_in_flight,
-        "rate_limit_per_second": sub.rate_limit_per_second,
-        "signing_secret": sub.signing_secret,
-    }
+    def read(self, row: Row[Any]) -> Subscription:
+        codes = row.retryable_codes
+        return Subscription(
+            project=row.project,
+            name=row.name,
+            topic=row.topic,
+            grouped=row.grouped,
+            endpoint=Endpoint(
+                url=row.endpoint_url,
+                method=row.endpoint_method,
+                headers=tuple((str(k), self._sealer.open(str(v))) for k, v in row.endpoint_headers),
+                timeout_ms=row.endpoint_timeout_ms,
+            ),
+            retry=RetryPolicy(
+                delays_ms=tuple(int(d) for d in row.retry_delays_ms),
+                retryable_codes=None if codes is None else tuple(int(c) for c in codes),
+            ),
+            dead_letter_policy=DeadLetterPolicy(row.dead_letter_policy),
+            max_in_flight=row.max_in_flight,
+            rate_limit_per_second=row.rate_limit_per_second,
+            signing_secrets=self.open_secrets(row.signing_secrets),
+            state=SubscriptionState(row.state),
+            version=row.version,
+            seek_to_ms=row.seek_to_ms,
+            seek_generation=row.seek_generation,
+            created_at_ms=row.created_at_ms,
+        )
+
+    def config(self, sub: Subscription) -> dict[str, Any]:
+        """The columns a PUT may change."""
+        return {
+            "grouped": sub.grouped,
+            "endpoint_url": sub.endpoint.url,
+            "endpoint_method": sub.endpoint.method,
+            "endpoint_headers": [[k, self._sealer.seal(v)] for k, v in sub.endpoint.headers],
+            "endpoint_timeout_ms": sub.endpoint.timeout_ms,
+            "retry_delays_ms": list(sub.retry.delays_ms),
+            "retryable_codes": (
+                None if sub.retry.retryable_codes is None else list(sub.retry.retryable_codes)
+            ),
+            "dead_letter_policy": sub.dead_letter_policy.value,
+            "max_in_flight": sub.max_in_flight,
+            "rate_limit_per_second": sub.rate_limit_per_second,
+            "signing_secrets": self.seal_secrets(sub.signing_secrets),
+        }
+
+    def resealed(self, row: Row[Any]) -> dict[str, Any]:
+        """The secret columns of ``row`` sealed again under the first key."""
+        reseal = self._sealer.reseal
+        sealed = row.signing_secrets
+        return {
+            "endpoint_headers": [[k, reseal(str(v))] for k, v in row.endpoint_headers],
+            "signing_secrets": None if sealed is None else reseal(sealed),
+        }
+
+    def seal_secrets(self, held: tuple[SigningSecret, ...]) -> str | None:
+        if not held:
+            return None
+        return self._sealer.seal(json.dumps([dataclasses.asdict(s) for s in held]))
+
+    def open_secrets(self, sealed: str | None) -> tuple[SigningSecret, ...]:
+        if sealed is None:
+            return ()
+        return tuple(SigningSecret(**item) for item in json.loads(self._sealer.open(sealed)))
 
 
 def same_topic(a: Topic, b: Topic) -> bool:
@@ -120,6 +149,8 @@ def same_subscription(a: Subscription, b: Subscription) -> bool:
     def config(s: Subscription) -> Subscription:
         return dataclasses.replace(
             s,
+            # The same secrets, whatever ids and times they were given.
+            signing_secrets=tuple(SigningSecret("", secret.value) for secret in s.signing_secrets),
             state=SubscriptionState.RUNNING,
             version=1,
             seek_to_ms=None,
@@ -133,8 +164,9 @@ def same_subscription(a: Subscription, b: Subscription) -> bool:
 class MetadataStore:
     """Projects, topics and subscriptions, persisted in the database at ``url``."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, sealer: Sealer) -> None:
         self._engine = make_engine(url)
+        self._codec = SubscriptionCodec(sealer)
         self.keys = KeyStore(self._engine)
 
     def close(self) -> None:
@@ -285,7 +317,7 @@ class MetadataStore:
                         project=sub.project,
                         name=sub.name,
                         topic=sub.topic,
-                        **_subscription_config(sub),
+                        **self._codec.config(sub),
                         state=sub.state.value,
                         deleting=False,
                         version=1,
@@ -317,7 +349,7 @@ class MetadataStore:
                     raise NotFound(f"project {project!r} not found")
                 query = query.where(subscriptions.c.project == project)
             rows = conn.execute(query.order_by(subscriptions.c.project, subscriptions.c.name)).all()
-        return [_subscription(r) for r in rows]
+        return [self._codec.read(r) for r in rows]
 
     def update_subscription(self, sub: Subscription, expected_version: int) -> Subscription:
         """Replaces the configuration; Conflict unless the stored version is ``expected``."""
@@ -332,10 +364,47 @@ class MetadataStore:
                 conn,
                 sub.project,
                 sub.name,
-                **_subscription_config(sub),
+                **self._codec.config(sub),
                 version=subscriptions.c.version + 1,
             )
             return self._require_subscription(conn, sub.project, sub.name)
+
+    def rotate_signing_secret(
+        self, project: str, name: str, new: SigningSecret, previous_until_ms: int
+    ) -> Subscription:
+        """Makes ``new`` the current signing secret; the current one stays valid until
+        ``previous_until_ms`` (setu.model.rotate_secrets). Leaves ``version`` alone."""
+        with self._tx(write=True) as conn:
+            current = self._require_subscription(conn, project, name, lock=True)
+            held = rotate_secrets(current.signing_secrets, new, previous_until_ms)
+            self._update(conn, project, name, signing_secrets=self._codec.seal_secrets(held))
+            return self._require_subscription(conn, project, name)
+
+    def remove_signing_secret(self, project: str, name: str, secret_id: str) -> Subscription:
+        """Drops one signing secret (ending a rotation early); NotFound if it is not held."""
+        with self._tx(write=True) as conn:
+            current = self._require_subscription(conn, project, name, lock=True)
+            held = tuple(s for s in current.signing_secrets if s.id != secret_id)
+            if len(held) == len(current.signing_secrets):
+                raise NotFound(f"subscription {name!r} holds no signing secret {secret_id!r}")
+            self._update(conn, project, name, signing_secrets=self._codec.seal_secrets(held))
+            return self._require_subscription(conn, project, name)
+
+    def reseal_secrets(self) -> int:
+        """Seals every stored secret again under the first key (``setu secrets rotate``);
+        returns how many subscriptions were rewritten. Each row is its own transaction."""
+        with self._tx() as conn:
+            keys = conn.execute(sa.select(subscriptions.c.project, subscriptions.c.name)).all()
+        for project, name in keys:
+            with self._tx(write=True) as conn:
+                row = self._subscription_row(conn, project, name, lock=True)
+                if row is not None:
+                    conn.execute(
+                        sa.update(subscriptions)
+                        .where(subscriptions.c.project == project, subscriptions.c.name == name)
+                        .values(**self._codec.resealed(row))
+                    )
+        return len(keys)
 
     def apply_lifecycle(self, project: str, name: str, action: LifecycleAction) -> Subscription:
         """Moves the subscription's state by ``action`` (see :mod:`state.lifecycle`)."""
@@ -371,7 +440,7 @@ class MetadataStore:
                 raise NotFound(f"subscription {name!r} not found in project {project!r}")
             if not row.deleting:
                 self._update(conn, project, name, deleting=True)
-            return _subscription(row)
+            return self._codec.read(row)
 
     def delete_subscription(self, project: str, name: str) -> None:
         """Removes a subscription marked deleting; does nothing otherwise."""
@@ -413,7 +482,7 @@ class MetadataStore:
         row = self._subscription_row(conn, project, name, lock)
         if row is None or row.deleting:
             raise NotFound(f"subscription {name!r} not found in project {project!r}")
-        return _subscription(row)
+        return self._codec.read(row)
 
     @staticmethod
     def _update(conn: Connection, project: str, name: str, **values: Any) -> None:
@@ -450,7 +519,7 @@ class MetadataStore:
             return None
         if row.deleting:
             raise Conflict(f"subscription {sub.name!r} is being deleted; repeat the DELETE first")
-        stored = _subscription(row)
+        stored = self._codec.read(row)
         if not same_subscription(stored, sub):
             raise Conflict(f"subscription {sub.name!r} exists with a different configuration")
         return stored

@@ -16,6 +16,7 @@ from alembic.script import ScriptDirectory
 
 import migrations
 from setu.errors import DependencyUnavailable
+from state.sealing import Sealer
 from state.sql import make_engine, write_options
 
 SCRIPT_LOCATION = str(Path(migrations.__file__).resolve().parent)
@@ -27,7 +28,7 @@ def _config() -> Config:
     return config
 
 
-def _run(url: str, action: str, revision: str) -> None:
+def _run(url: str, action: str, revision: str, sealer: Sealer | None) -> None:
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
@@ -35,6 +36,8 @@ def _run(url: str, action: str, revision: str) -> None:
             config = _config()
             # env.py runs on this connection instead of opening its own.
             config.attributes["connection"] = conn
+            # Revisions that seal or open secrets (0003) take the key from here.
+            config.attributes["sealer"] = sealer
             if action == "upgrade":
                 command.upgrade(config, revision)
             else:
@@ -44,14 +47,15 @@ def _run(url: str, action: str, revision: str) -> None:
         engine.dispose()
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Migrates the database at ``url`` up to ``revision`` (default: the newest)."""
-    _run(url, "upgrade", revision)
+def upgrade(url: str, revision: str = "head", *, sealer: Sealer | None = None) -> None:
+    """Migrates the database at ``url`` up to ``revision`` (default: the newest). ``sealer``
+    is needed only when stored secrets must be sealed on the way."""
+    _run(url, "upgrade", revision, sealer)
 
 
-def downgrade(url: str, revision: str) -> None:
+def downgrade(url: str, revision: str, *, sealer: Sealer | None = None) -> None:
     """Migrates the database at ``url`` down to ``revision`` (``base`` empties it)."""
-    _run(url, "downgrade", revision)
+    _run(url, "downgrade", revision, sealer)
 
 
 def head() -> str:

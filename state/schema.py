@@ -59,7 +59,7 @@ subscriptions = sa.Table(
     sa.Column("grouped", sa.Boolean, nullable=False),
     sa.Column("endpoint_url", sa.Text, nullable=False),
     sa.Column("endpoint_method", sa.String(8), nullable=False),
-    # JSON list of [name, value] pairs, in order.
+    # JSON list of [name, sealed value] pairs, in order (state.sealing).
     sa.Column("endpoint_headers", sa.JSON, nullable=False),
     sa.Column("endpoint_timeout_ms", sa.Integer, nullable=False),
     sa.Column("retry_delays_ms", sa.JSON, nullable=False),
@@ -68,7 +68,8 @@ subscriptions = sa.Table(
     sa.Column("dead_letter_policy", sa.String(8), nullable=False),
     sa.Column("max_in_flight", sa.Integer, nullable=False),
     sa.Column("rate_limit_per_second", sa.Float, nullable=True),
-    sa.Column("signing_secret", sa.Text, nullable=True),
+    # The signing secrets as one sealed JSON list (state.sealing); NULL when there are none.
+    sa.Column("signing_secrets", sa.Text, nullable=True),
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("deleting", sa.Boolean, nullable=False),
     sa.Column("version", sa.Integer, nullable=False),

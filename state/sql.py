@@ -20,14 +20,19 @@ _WRITE = "setu_write"
 def make_engine(url: str) -> Engine:
     """An engine for ``url``. SQLite gets foreign keys, WAL, a busy timeout, and write
     transactions that take the write lock up front (``BEGIN IMMEDIATE``), so two writers wait
-    for each other instead of failing with "database is locked" half-way through."""
+    for each other instead of failing with "database is locked" half-way through.
+
+    Errors never carry the statement's parameters (``hide_parameters``): they hold sealed
+    secrets and key digests, and an error's text ends up in logs (docs/security.md §5)."""
     parsed = sa.make_url(url)
     if not parsed.drivername.startswith("sqlite"):
         connect_args = {"connect_timeout": 5} if parsed.drivername.startswith("postgresql") else {}
-        return sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+        return sa.create_engine(
+            url, pool_pre_ping=True, connect_args=connect_args, hide_parameters=True
+        )
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = sa.create_engine(url, connect_args={"timeout": 30})
+    engine = sa.create_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -10,8 +10,11 @@ A missing variable fails the test that needs it: integration tests never skip si
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Iterator
 
 import pytest
+import sqlalchemy as sa
 
 
 def _required_env(name: str) -> str:
@@ -34,3 +37,18 @@ def redis_url() -> str:
 @pytest.fixture(scope="session")
 def postgres_url() -> str:
     return _required_env("SETU_TEST_DATABASE_URL")
+
+
+@pytest.fixture
+def pg_url(postgres_url: str) -> Iterator[str]:
+    """A fresh PostgreSQL database for one test, dropped afterwards."""
+    name = f"setu_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield sa.make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()

@@ -19,6 +19,7 @@ from pathlib import Path
 from bench.crash.chaos import ComponentSpec
 from cli.processes import ChildSpec
 from cli.spark_local import LocalSparkCluster
+from state.sealing import Sealer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Up this long before a component may be killed again: Spark needs a while to start, and a
@@ -43,6 +44,7 @@ class StackLayout:
     extra_env: dict[str, str] = field(default_factory=dict)
     # The run's bootstrap admin key: the API accepts it, the checker and producer send it.
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    secret_key: str = field(default_factory=Sealer.new_key)
 
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.admin_key}"}
@@ -93,6 +95,7 @@ def setu_env(layout: StackLayout) -> dict[str, str]:
         "SETU_API_PORT": str(layout.api_port),
         "SETU_ALLOW_PRIVATE_ENDPOINTS": "true",
         "SETU_ADMIN_KEY": layout.admin_key,
+        "SETU_SECRET_KEY": layout.secret_key,
         **layout.extra_env,
     }
 

@@ -42,6 +42,9 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The Secret's data: the configured credentials (an empty value means "unset"). */}}
 {{- define "setu.secretData" -}}
+{{- if and (not .Values.existingSecret) (not .Values.secrets.SETU_SECRET_KEY) }}
+{{- fail "secrets.SETU_SECRET_KEY is required (make one with `setu secrets new-key`), or set existingSecret to a Secret that holds it" }}
+{{- end }}
 {{- range $key, $value := .Values.secrets }}
 {{- if ne (toString $value) "" }}
 {{ $key }}: {{ $value | toString | b64enc | quote }}

@@ -17,11 +17,28 @@ from fastapi import FastAPI
 
 from api.app import create_app
 from api.produce import ProduceFastPath
+from setu.addresses import Resolver, system_resolver
 from setu.settings import Settings
 from state import migrate
+from state.sealing import Sealer
+
+# A public address (TEST-NET is not global, so one outside it) that the tests' example
+# webhook names resolve to; nothing is ever sent there.
+PUBLIC_ADDRESS = "93.184.215.14"
+
+
+async def public_example_names(host: str, port: int) -> list[str]:
+    """``example.com`` and its subdomains resolve to a public address (this machine has no
+    DNS); every other name through the system resolver."""
+    if host == "example.com" or host.endswith(".example.com"):
+        return [PUBLIC_ADDRESS]
+    return await system_resolver(host, port)
+
 
 # The bootstrap admin key of every API the tests start; ``Api.client`` sends it.
 ADMIN_KEY = "test-admin-" + secrets.token_urlsafe(24)
+# The key sealing stored secrets in every API the tests start.
+SECRET_KEY = Sealer.new_key()
 
 
 @dataclass
@@ -33,13 +50,17 @@ class Api:
 
 @asynccontextmanager
 async def running_api(
-    data_dir: Path, *, fast_path: bool = True, **settings: Any
+    data_dir: Path, *, fast_path: bool = True, resolver: Resolver | None = None, **settings: Any
 ) -> AsyncIterator[Api]:
     """A migrated SQLite store in ``data_dir`` and the app's lifespan around a client.
-    ``fast_path=False`` leaves produce to the FastAPI routes."""
-    config = Settings(data_dir=data_dir, **{"admin_key": ADMIN_KEY, **settings})
+    ``fast_path=False`` leaves produce to the FastAPI routes. Webhook hosts resolve through
+    ``resolver``, by default :func:`public_example_names`."""
+    resolver = resolver or public_example_names
+    config = Settings(
+        data_dir=data_dir, **{"admin_key": ADMIN_KEY, "secret_key": SECRET_KEY, **settings}
+    )
     migrate.upgrade(config.resolved_database_url())
-    app = create_app(config)
+    app = create_app(config, resolver=resolver)
     if not fast_path:
         app.user_middleware = [m for m in app.user_middleware if m.cls is not ProduceFastPath]
     async with app.router.lifespan_context(app):

@@ -64,6 +64,8 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("GET", S): READ,
     ("PUT", S): MANAGE,
     ("DELETE", S): MANAGE,
+    ("POST", S + "/signing-secrets"): MANAGE,  # a secret is part of the configuration
+    ("DELETE", S + "/signing-secrets/{secret_id}"): MANAGE,
     ("POST", S + "/start"): OPERATE,
     ("POST", S + "/stop"): OPERATE,
     ("POST", S + "/pause"): OPERATE,
@@ -191,6 +193,7 @@ def request_for(w: World, method: str, route: str) -> dict[str, Any]:
         group_id="g1",
         producer_id="prod-1",
         key_id="0123456789abcdef",
+        secret_id="ss_ghost",
     )
     bodies: dict[str, Any] = {
         "/v1/projects": {"name": unique()},
@@ -202,6 +205,7 @@ def request_for(w: World, method: str, route: str) -> dict[str, Any]:
         S: {"topic": w.topic, "endpoint": {"url": HOOK}, "version": 1, "max_in_flight": 7},
         S + "/dlq/unsideline": {"group_ids": ["g1"]},
         S + "/seek": {"timestamp_ms": 0},
+        S + "/signing-secrets": {"signing_secret": "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldY"},
     }
     out: dict[str, Any] = {"method": method, "url": path}
     if route.endswith("/produce"):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +12,7 @@ import redis.asyncio as aioredis
 
 from setu.names import dlq_topic, retry_topic
 from state import keys
-from tests.integration.api.support import Api, assert_error
+from tests.integration.api.support import Api, assert_error, drop_project, running_api, unique
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 # A signing secret with a 20-byte key (at least 16 are required).
@@ -89,6 +91,8 @@ async def test_grouped_subscription_on_an_ungrouped_topic_is_400(api: Api, proje
         "http://169.254.169.254/latest/meta-data",
         "http://[::1]:9000/hook",
         "http://2130706433/hook",  # 127.0.0.1 as one decimal number
+        "http://100.100.100.200/latest/meta-data",  # shared space: a cloud's metadata
+        "http://[2002:7f00:1::1]/hook",  # 6to4 carrying 127.0.0.1
     ],
 )
 async def test_private_and_loopback_endpoints_are_refused(api: Api, project: str, url: str) -> None:
@@ -152,6 +156,72 @@ async def test_put_replaces_config_with_optimistic_versions(api: Api, project: s
         url, json={"version": 2, "endpoint": {"url": HOOK}, "signing_secret": None}
     )
     assert cleared.json()["has_signing_secret"] is False
+
+
+NEXT_SECRET = "whsec_bmV4dC1zZWNyZXQtMTIzNDU2Nzg5MA=="
+
+
+async def test_a_signing_secret_rotates_with_an_overlap_and_values_are_never_shown(
+    api: Api, project: str
+) -> None:
+    # Given a subscription with a secret
+    await make_topic(api, project)
+    url = f"/v1/projects/{project}/subscriptions/s"
+    created = await api.client.post(
+        f"/v1/projects/{project}/subscriptions", json=body(signing_secret=SECRET)
+    )
+    [first] = created.json()["signing_secrets"]
+    assert first["expires_at_ms"] is None
+    # When a new secret comes in with an hour of overlap
+    rotated = await api.client.post(
+        url + "/signing-secrets",
+        json={"signing_secret": NEXT_SECRET, "previous_expires_in_ms": 3_600_000},
+    )
+    # Then both are held, the new one first, the old one expiring in an hour
+    assert rotated.status_code == 201, rotated.text
+    held = rotated.json()["signing_secrets"]
+    assert [s["id"] for s in held][1] == first["id"]
+    new_id = held[0]["id"]
+    assert held[0]["expires_at_ms"] is None
+    assert held[1]["expires_at_ms"] - held[0]["created_at_ms"] == 3_600_000
+    view = await api.client.get(url)
+    assert view.json()["signing_secrets"] == held
+    # And no answer ever carries a value
+    for text in (created.text, rotated.text, view.text):
+        assert SECRET not in text and NEXT_SECRET not in text
+    # And the version is unchanged, so a PUT prepared before the rotation still applies, and a
+    # PUT that leaves the secret out keeps both
+    put = await api.client.put(url, json={"version": 1, "endpoint": {"url": HOOK}})
+    assert put.json()["signing_secrets"] == held
+    # When the old one is removed, the rotation ends; removing it again is 404
+    removed = await api.client.delete(f"{url}/signing-secrets/{first['id']}")
+    assert removed.status_code == 204
+    assert [s["id"] for s in (await api.client.get(url)).json()["signing_secrets"]] == [new_id]
+    assert_error(await api.client.delete(f"{url}/signing-secrets/{first['id']}"), 404, "not_found")
+
+
+async def test_a_weak_rotation_secret_is_refused_and_changes_nothing(
+    api: Api, project: str
+) -> None:
+    await make_topic(api, project)
+    url = f"/v1/projects/{project}/subscriptions/s"
+    await api.client.post(f"/v1/projects/{project}/subscriptions", json=body(signing_secret=SECRET))
+    before = (await api.client.get(url)).json()
+    for bad in (
+        {"signing_secret": "whsec_"},
+        {"signing_secret": NEXT_SECRET, "previous_expires_in_ms": -1},
+        {"signing_secret": NEXT_SECRET, "previous_expires_in_ms": 10**12},
+        {},
+    ):
+        response = await api.client.post(url + "/signing-secrets", json=bad)
+        assert_error(response, 400, "invalid_input")
+        assert NEXT_SECRET not in response.text
+    assert (await api.client.get(url)).json() == before
+    missing = await api.client.post(
+        f"/v1/projects/{project}/subscriptions/nope/signing-secrets",
+        json={"signing_secret": NEXT_SECRET},
+    )
+    assert_error(missing, 404, "not_found")
 
 
 async def test_endpoint_header_values_are_write_only(api: Api, project: str) -> None:
@@ -283,3 +353,60 @@ async def test_a_weak_signing_secret_is_refused(api: Api, project: str, secret: 
     assert "16 bytes" in refused.json()["error"]["message"]
     listed = await api.client.get(f"/v1/projects/{project}/subscriptions")
     assert listed.json()["subscriptions"] == []
+
+
+async def answers_for_test_names(host: str, port: int) -> list[str]:
+    """A DNS server for the test below: inward names, a name that never answers and one that
+    does not exist."""
+    if host == "slow.example.net":
+        await asyncio.sleep(30)
+    answers = {
+        "metadata.example.net": ["100.100.100.200"],
+        "six.example.net": ["2002:7f00:1::1"],
+        "mixed.example.net": ["93.184.215.14", "10.1.2.3"],
+        "fine.example.net": ["93.184.215.14"],
+    }
+    if host not in answers:
+        raise OSError(f"{host}: Name or service not known")
+    return answers[host]
+
+
+async def test_names_resolving_inward_late_or_not_at_all_are_refused_at_registration(
+    kafka_bootstrap: str, redis_url: str, tmp_path: Path
+) -> None:
+    async with running_api(
+        tmp_path,
+        kafka_bootstrap=kafka_bootstrap,
+        redis_url=redis_url,
+        resolver=answers_for_test_names,
+    ) as api:
+        project = unique()
+        await api.client.post("/v1/projects", json={"name": project})
+        try:
+            await make_topic(api, project)
+            subs = f"/v1/projects/{project}/subscriptions"
+            # Given names that resolve inward (in any answer), too late, or not at all
+            started = time.monotonic()
+            for host, says in (
+                ("metadata.example.net", "SETU_ALLOW_PRIVATE_ENDPOINTS"),
+                ("six.example.net", "SETU_ALLOW_PRIVATE_ENDPOINTS"),
+                ("mixed.example.net", "SETU_ALLOW_PRIVATE_ENDPOINTS"),
+                ("slow.example.net", "does not resolve"),
+                ("nowhere.example.net", "does not resolve"),
+            ):
+                # Then each is a 400 saying why, and nothing is created
+                response = await api.client.post(
+                    subs, json=body(endpoint={"url": f"https://{host}/hook"})
+                )
+                assert_error(response, 400, "invalid_input")
+                assert says in response.json()["error"]["message"], host
+            assert time.monotonic() - started < 10  # the slow name was given up after 2 s
+            assert (await api.client.get(subs)).json() == {"subscriptions": []}
+            assert await partitions(api, dlq_topic(project, "s")) is None
+            # And a name with public answers only is accepted
+            fine = await api.client.post(
+                subs, json=body(endpoint={"url": "https://fine.example.net/hook"})
+            )
+            assert fine.status_code == 201, fine.text
+        finally:
+            await drop_project(api.client, project)

@@ -26,6 +26,7 @@ import pytest
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import SecretStr
 
 from delivery.worker import serve
 from setu import names
@@ -35,6 +36,7 @@ from setu.settings import Settings
 from state import keys, migrate
 from state.kafka_admin import KafkaTopics
 from state.metadata import MetadataStore
+from state.sealing import Sealer
 from tests.waiting import wait_for as wait_for
 
 REPO = Path(__file__).resolve().parents[3]
@@ -181,6 +183,8 @@ class World:
     store: MetadataStore
     topics: KafkaTopics
     producer: Producer
+    # The key the store seals secrets with; workers get it too.
+    secret_key: str
 
     def topic(self, name: str = "t", grouped: bool = True, partitions: int = 2) -> Topic:
         topic = Topic(self.project, name, grouped=grouped, partitions=partitions)
@@ -212,12 +216,20 @@ class World:
         stored, _ = self.store.create_subscription(sub)
         return stored
 
-    def publish(self, topic: str, group: str | None, count: int = 1, **env: Any) -> list[str]:
-        """Writes ``count`` messages to the main log as the ingest job would; returns ids."""
+    def publish(
+        self,
+        topic: str,
+        group: str | None,
+        count: int = 1,
+        body: Callable[[str], bytes] = str.encode,
+        **env: Any,
+    ) -> list[str]:
+        """Writes ``count`` messages to the main log as the ingest job would; returns ids.
+        Each body is ``body(message_id)``, the id itself unless said otherwise."""
         ids = []
         for _ in range(count):
             message_id = f"{group or 'm'}-{uuid.uuid4().hex[:8]}"
-            envelope = Envelope(message_id, message_id.encode(), group_id=group, **env)
+            envelope = Envelope(message_id, body(message_id), group_id=group, **env)
             self.producer.produce(
                 names.main_topic(self.project, topic),
                 value=envelope.body,
@@ -252,6 +264,7 @@ class World:
             "worker_id": f"test-{self.project}",
             # The tests' webhooks listen on loopback.
             "allow_private_endpoints": True,
+            "secret_key": self.secret_key,
         }
         values.update(overrides)
         return Settings(**values)
@@ -273,7 +286,8 @@ def world(tmp_path: Path, kafka_bootstrap: str, redis_url: str) -> Iterator[Worl
     database_url = f"sqlite:///{tmp_path / 'setu.db'}"
     migrate.upgrade(database_url)
     project = f"d{uuid.uuid4().hex[:10]}"
-    store = MetadataStore(database_url)
+    secret_key = Sealer.new_key()
+    store = MetadataStore(database_url, Sealer([secret_key]))
     store.create_project(Project(project))
     topics = KafkaTopics(kafka_bootstrap)
     producer = Producer(
@@ -284,7 +298,9 @@ def world(tmp_path: Path, kafka_bootstrap: str, redis_url: str) -> Iterator[Worl
             "partitioner": "murmur2_random",
         }
     )
-    w = World(project, kafka_bootstrap, redis_url, database_url, store, topics, producer)
+    w = World(
+        project, kafka_bootstrap, redis_url, database_url, store, topics, producer, secret_key
+    )
     try:
         yield w
     finally:
@@ -372,6 +388,8 @@ class ProcessWorker:
     def __init__(self, settings: Settings, log_path: Path) -> None:
         env = dict(os.environ)
         for name, value in settings.model_dump().items():
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
             if value is not None:
                 env[f"SETU_{name.upper()}"] = str(value)
         self._log = log_path.open("ab")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 
 import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from setu.model import DeadLetterPolicy
+from setu.model import DeadLetterPolicy, SigningSecret
 from tests.integration.delivery.conftest import (
     ProcessWorker,
     Receiver,
@@ -224,36 +227,43 @@ def first_occurrences(ids: list[str]) -> list[str]:
     return [m for m in ids if not (m in seen or seen.add(m))]  # type: ignore[func-returns-value]
 
 
-def test_calls_carry_standard_webhooks_headers_and_a_valid_signature(
-    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+@pytest.mark.parametrize("held", [1, 2])
+def test_calls_carry_standard_webhooks_headers_signed_with_every_secret_held(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], held: int
 ) -> None:
-    import base64
-    import hashlib
-    import hmac
-
-    # Given a signing secret, a fixed endpoint header and a producer header
+    # Given one signing secret, or two during a rotation, a fixed endpoint header and a
+    # producer header
     world.topic("t")
-    sub = world.subscription(receiver.url, signing_secret="whsec_c2VjcmV0LWtleQ==")
+    secrets_held = [
+        SigningSecret(f"ss_{n}", "whsec_" + base64.b64encode(os.urandom(24)).decode())
+        for n in range(held)
+    ]
+    sub = world.subscription(receiver.url, signing_secrets=tuple(secrets_held))
     world.store.update_subscription(
         replace_sub(
             sub, endpoint=dataclasses.replace(sub.endpoint, headers=(("x-team", "payments"),))
         ),
         sub.version,
     )
-    [message] = world.publish("t", "g1", 1, headers=(("X_TENANT", "acme"),))
+    [message] = world.publish(
+        "t", "g1", 1, body=lambda m: b'{"id": "%s"}' % m.encode(), headers=(("X_TENANT", "acme"),)
+    )
     start_worker()
     wait_for("delivered", lambda: receiver.delivered("g1") == [message])
     [call] = receiver.attempts(message)
     h = call.headers
     # Then the call names the message, its group and attempt, keeps the producer's header,
-    # adds the endpoint's, and is signed as Standard Webhooks specifies
+    # adds the endpoint's
     assert (h["webhook-id"], h["x_message_id"], h["x_group_id"]) == (message, message, "g1")
     assert h["x_delivery_attempt"] == "1"
     assert (h["x_tenant"], h["x-team"]) == ("acme", "payments")
-    assert call.body == message.encode()
-    signed = f"{message}.{h['webhook-timestamp']}.".encode() + call.body
-    digest = hmac.new(b"secret-key", signed, hashlib.sha256).digest()
-    assert h["webhook-signature"] == "v1," + base64.b64encode(digest).decode()
+    assert call.body == b'{"id": "%s"}' % message.encode()
+    # And carries one signature per secret, each accepted by Standard Webhooks' own library
+    assert len(h["webhook-signature"].split(" ")) == held
+    for secret in secrets_held:
+        assert Webhook(secret.value).verify(call.body, h) == {"id": message}
+    with pytest.raises(WebhookVerificationError):
+        Webhook("whsec_" + base64.b64encode(os.urandom(24)).decode()).verify(call.body, h)
 
 
 def test_a_slow_endpoint_times_out_and_is_retried(

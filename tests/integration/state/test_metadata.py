@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import sqlalchemy as sa
 
 from setu.errors import Conflict, DependencyUnavailable, NotFound
 from setu.model import (
@@ -14,6 +15,7 @@ from setu.model import (
     Endpoint,
     Project,
     RetryPolicy,
+    SigningSecret,
     Subscription,
     SubscriptionState,
     Topic,
@@ -21,6 +23,8 @@ from setu.model import (
 from state import migrate
 from state.lifecycle import LifecycleAction
 from state.metadata import MetadataStore
+from state.schema import subscriptions
+from state.sealing import Sealer
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +32,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def store(database_url: str) -> Iterator[MetadataStore]:
     migrate.upgrade(database_url)
-    store = MetadataStore(database_url)
+    store = MetadataStore(database_url, Sealer([Sealer.new_key()]))
     yield store
     store.close()
 
@@ -44,7 +48,7 @@ def subscription(**changes: object) -> Subscription:
         dead_letter_policy=DeadLetterPolicy.SKIP,
         max_in_flight=9,
         rate_limit_per_second=2.5,
-        signing_secret="whsec_x",
+        signing_secrets=(SigningSecret("ss_a", "whsec_x", 1),),
     )
     return dataclasses.replace(sub, **changes)  # type: ignore[arg-type]
 
@@ -165,7 +169,7 @@ def test_subscription_create_is_idempotent_and_conflicts_on_a_difference(
     with pytest.raises(Conflict):
         with_topic.create_subscription(subscription(max_in_flight=10))
     with pytest.raises(Conflict):
-        with_topic.preflight_subscription(subscription(signing_secret=None))
+        with_topic.preflight_subscription(subscription(signing_secrets=()))
 
 
 def test_subscription_needs_an_existing_topic(with_topic: MetadataStore) -> None:
@@ -259,7 +263,9 @@ def test_subscription_being_deleted_vanishes_for_workers(with_topic: MetadataSto
 
 
 def test_unreachable_database_is_503() -> None:
-    store = MetadataStore("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    store = MetadataStore(
+        "postgresql+psycopg://nobody@127.0.0.1:1/none", Sealer([Sealer.new_key()])
+    )
     try:
         with pytest.raises(DependencyUnavailable):
             store.ping()
@@ -267,3 +273,61 @@ def test_unreachable_database_is_503() -> None:
             store.list_projects()
     finally:
         store.close()
+
+
+def raw_subscriptions(store: MetadataStore) -> str:
+    with store._tx() as conn:
+        return str(conn.execute(sa.select(subscriptions)).all())
+
+
+def test_secrets_are_sealed_at_rest_and_rotate_with_the_key(database_url: str) -> None:
+    # Given a subscription with a header value and a signing secret, stored under key A
+    migrate.upgrade(database_url)
+    key_a, key_b = Sealer.new_key(), Sealer.new_key()
+    store = MetadataStore(database_url, Sealer([key_a]))
+    store.create_project(Project("p"))
+    store.create_topic(Topic("p", "t", grouped=True, partitions=3, retention_hours=5))
+    store.create_subscription(subscription())
+    # Then the rows hold neither value
+    raw = raw_subscriptions(store)
+    assert "Bearer a" not in raw and "whsec_x" not in raw
+    store.close()
+    # When key B is put first and the secrets are sealed again
+    both = MetadataStore(database_url, Sealer([key_b, key_a]))
+    assert both.reseal_secrets() == 1
+    both.close()
+    # Then key B alone opens them
+    only_b = MetadataStore(database_url, Sealer([key_b]))
+    try:
+        sub = only_b.get_subscription("p", "s")
+        assert sub.endpoint.headers == (("Authorization", "Bearer a"),)
+        assert [s.value for s in sub.signing_secrets] == ["whsec_x"]
+    finally:
+        only_b.close()
+
+
+def test_a_rotation_holds_two_secrets_and_removing_one_ends_it(
+    with_topic: MetadataStore,
+) -> None:
+    # Given a subscription with one secret
+    sub, _ = with_topic.create_subscription(subscription())
+    version = sub.version
+    # When a new secret comes in with an hour of overlap
+    new = SigningSecret("ss_b", "whsec_y", created_at_ms=1_000)
+    rotated = with_topic.rotate_signing_secret("p", "s", new, 1_000 + 3_600_000)
+    # Then both are held, the old one until the overlap ends, and the version is unchanged
+    assert [(s.id, s.value, s.expires_at_ms) for s in rotated.signing_secrets] == [
+        ("ss_b", "whsec_y", None),
+        ("ss_a", "whsec_x", 1_000 + 3_600_000),
+    ]
+    assert rotated.version == version
+    # And removing the old one ends the rotation; removing an unknown id is NotFound
+    ended = with_topic.remove_signing_secret("p", "s", "ss_a")
+    assert [s.id for s in ended.signing_secrets] == ["ss_b"]
+    with pytest.raises(NotFound, match="ss_a"):
+        with_topic.remove_signing_secret("p", "s", "ss_a")
+    # And creating the same subscription again with the same secret value is idempotent
+    again = dataclasses.replace(
+        subscription(), signing_secrets=(SigningSecret("other-id", "whsec_y"),)
+    )
+    assert with_topic.create_subscription(again)[1] is False

@@ -9,7 +9,9 @@ from alembic.runtime.migration import MigrationContext
 
 from setu.errors import DependencyUnavailable
 from state import migrate
+from state.metadata import MetadataStore
 from state.schema import metadata
+from state.sealing import Sealer
 
 pytestmark = pytest.mark.integration
 
@@ -58,3 +60,52 @@ def test_unmigrated_database_is_refused_with_advice(database_url: str) -> None:
         migrate.require_head(database_url)
     migrate.upgrade(database_url)
     migrate.require_head(database_url)
+
+
+def test_secrets_stored_before_sealing_are_sealed_by_the_upgrade_and_need_the_key(
+    database_url: str,
+) -> None:
+    # Given a database at 0002 holding a subscription with a plain signing secret and header
+    migrate.upgrade(database_url, "0002")
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO projects VALUES ('p', '', 1)"))
+            conn.execute(sa.text("INSERT INTO topics VALUES ('p', 't', true, 1, 1, false, 1)"))
+            conn.execute(
+                sa.text(
+                    "INSERT INTO subscriptions (project, name, topic, grouped, endpoint_url,"
+                    " endpoint_method, endpoint_headers, endpoint_timeout_ms, retry_delays_ms,"
+                    " dead_letter_policy, max_in_flight, signing_secret, state, deleting,"
+                    " version, seek_generation, created_at_ms, updated_at_ms) VALUES ('p', 's',"
+                    " 't', true, 'https://h/x', 'POST', :headers, 1000, '[1]', 'park', 1,"
+                    " 'whsec_b2xkLXBsYWluLXNlY3JldC0x', 'running', false, 1, 0, 7, 7)"
+                ),
+                {"headers": '[["Authorization", "Bearer plain-h3ader"]]'},
+            )
+        # When it is upgraded without a key, it refuses and names what to do
+        with pytest.raises(RuntimeError, match="set SETU_SECRET_KEY"):
+            migrate.upgrade(database_url)
+        # And with a key, both secrets are sealed: the raw row no longer holds them
+        sealer = Sealer([Sealer.new_key()])
+        migrate.upgrade(database_url, sealer=sealer)
+        with engine.connect() as conn:
+            raw = str(conn.execute(sa.text("SELECT * FROM subscriptions")).one())
+        assert "plain-h3ader" not in raw and "b2xkLXBsYWluLXNlY3JldC0x" not in raw
+        # And the store opens them as they were, the secret with an id of its own
+        store = MetadataStore(database_url, sealer)
+        try:
+            sub = store.get_subscription("p", "s")
+        finally:
+            store.close()
+        assert sub.endpoint.headers == (("Authorization", "Bearer plain-h3ader"),)
+        assert [(s.id, s.value) for s in sub.signing_secrets] == [
+            ("ss_first", "whsec_b2xkLXBsYWluLXNlY3JldC0x")
+        ]
+        # And a downgrade opens them again for the older code
+        migrate.downgrade(database_url, "0002", sealer=sealer)
+        with engine.connect() as conn:
+            row = conn.execute(sa.text("SELECT signing_secret FROM subscriptions")).one()
+        assert row.signing_secret == "whsec_b2xkLXBsYWluLXNlY3JldC0x"
+    finally:
+        engine.dispose()

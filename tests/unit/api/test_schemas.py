@@ -14,7 +14,7 @@ from api.schemas import (
     subscription_view,
     topic_view,
 )
-from setu.model import Endpoint, Subscription, Topic
+from setu.model import Endpoint, SigningSecret, Subscription, Topic
 
 
 def test_topic_defaults_are_those_of_the_design() -> None:
@@ -113,11 +113,28 @@ def test_update_knows_whether_the_secret_was_given() -> None:
     assert "signing_secret" in cleared.model_fields_set
 
 
-def test_subscription_view_never_shows_the_secret() -> None:
-    sub = Subscription("p", "s", "t", Endpoint("https://h/x"), signing_secret="whsec_top")
+def test_subscription_view_never_shows_a_secret() -> None:
+    # Given a subscription with a header value and two signing secrets, the older expiring
+    sub = Subscription(
+        "p",
+        "s",
+        "t",
+        Endpoint("https://h/x", headers=(("Authorization", "Bearer h3ader-value"),)),
+        signing_secrets=(
+            SigningSecret("ss_new", "whsec_top", 5),
+            SigningSecret("ss_old", "whsec_old", 1, expires_at_ms=2**62),
+        ),
+    )
     view = subscription_view(sub)
+    # Then the view names them and their times, never a value, and neither does a repr
     assert view["has_signing_secret"] is True
-    assert "whsec_top" not in repr(view)
+    assert view["signing_secrets"] == [
+        {"id": "ss_new", "created_at_ms": 5, "expires_at_ms": None},
+        {"id": "ss_old", "created_at_ms": 1, "expires_at_ms": 2**62},
+    ]
+    assert view["endpoint"]["header_names"] == ["Authorization"]
+    for text in (repr(view), repr(sub), str(sub)):
+        assert "whsec_top" not in text and "whsec_old" not in text and "h3ader" not in text
     assert view["kafka"]["retry_topics"] == ["setu.p.s.rq.1", "setu.p.s.rq.2", "setu.p.s.rq.3"]
     assert view["kafka"]["dlq_topic"] == "setu.p.s.dlq"
     assert view["kafka"]["consumer_group"] == "setu.sub.p.s"
@@ -140,7 +157,7 @@ def test_request_becomes_a_running_subscription_grouped_like_its_topic() -> None
         _subscription(retry={"delays_ms": [10, 20], "retryable_codes": [503, 500, 503]})
     )
     sub = to_subscription(
-        "p", "s", Topic("p", "t", grouped=True), body, signing_secret=None, default_grouped=True
+        "p", "s", Topic("p", "t", grouped=True), body, signing_secrets=(), default_grouped=True
     )
     # Then the subscription is grouped, running, with its codes de-duplicated in order
     assert sub.grouped is True
@@ -156,7 +173,7 @@ def test_request_with_a_bad_subscription_name_is_refused() -> None:
     body = SubscriptionCreate.model_validate(_subscription(name="Bad_Name"))
     with pytest.raises(InvalidInput, match="subscription name"):
         to_subscription(
-            "p", body.name, Topic("p", "t"), body, signing_secret=None, default_grouped=False
+            "p", body.name, Topic("p", "t"), body, signing_secrets=(), default_grouped=False
         )
 
 

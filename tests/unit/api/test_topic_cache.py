@@ -109,3 +109,16 @@ async def test_load_failure_reaches_the_caller_and_is_not_cached() -> None:
         await cache.get("p", "t")
     store.fail = False
     assert (await cache.get("p", "t")).topic.name == "t"
+
+
+async def test_a_name_no_topic_can_have_is_not_found_without_a_lookup_or_an_entry() -> None:
+    # Given names longer than any topic's, or with characters no name has
+    cache, store, _ = make()
+    for project, topic in (("p", "t" * 8_000), ("p" * 64, "t"), ("p", "T"), ("p\n", "t")):
+        # Then each is a 404 that echoes a short form of the name only
+        with pytest.raises(NotFound) as refused:
+            await cache.get(project, topic)
+        assert len(str(refused.value)) < 300
+    # And neither the store nor the cache saw them
+    assert store.loads == 0
+    assert len(cache._cache) == 0

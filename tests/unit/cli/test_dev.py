@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.dev import dev_admin_key, stack_env, summary
+from cli.dev import dev_admin_key, dev_secret_key, stack_env, summary
 from setu.settings import Settings
+from state.sealing import Sealer
 
 
 def test_children_get_every_dependency_and_may_call_loopback_webhooks() -> None:
@@ -63,3 +64,18 @@ def test_dev_up_makes_an_admin_key_once_and_keeps_it_for_its_owner(
     # SETU_ADMIN_KEY, when set, is the key
     chosen = Settings(data_dir=tmp_path, admin_key="an-admin-key-of-my-own-choosing")
     assert dev_admin_key(chosen, tmp_path) == "an-admin-key-of-my-own-choosing"
+
+
+def test_dev_up_makes_a_sealing_key_once_and_keeps_it_for_its_owner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SETU_SECRET_KEY", raising=False)
+    settings = Settings(data_dir=tmp_path)
+    key = dev_secret_key(settings, tmp_path)
+    # A key that seals and opens, kept for its owner only and the same at the next start
+    assert Sealer([key]).open(Sealer([key]).seal("v")) == "v"
+    assert (tmp_path / "secret-key").stat().st_mode & 0o777 == 0o600
+    assert dev_secret_key(settings, tmp_path) == key
+    # SETU_SECRET_KEY, when set, is the key
+    own = Sealer.new_key()
+    assert dev_secret_key(Settings(data_dir=tmp_path, secret_key=own), tmp_path) == own

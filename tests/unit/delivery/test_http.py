@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from setu.addresses import Resolver
 from delivery.http import (
     HttpClient,
     HttpError,
     RefusedAddress,
-    Resolver,
     Target,
     UnsafeRequest,
     encode_request,

@@ -12,7 +12,7 @@ def sub(**endpoint: object) -> Subscription:
 
 def test_a_call_carries_setu_producer_and_standard_webhooks_headers() -> None:
     envelope = Envelope("m1", b"{}", group_id="g1", headers=(("X_TENANT", "acme"),))
-    headers = request_headers(sub(), envelope, 3, 1_700_000_000, b"key")
+    headers = request_headers(sub(), envelope, 3, 1_700_000_000, [b"key"])
     assert headers == [
         ("content-type", "application/octet-stream"),
         ("X_TENANT", "acme"),
@@ -28,7 +28,7 @@ def test_a_call_carries_setu_producer_and_standard_webhooks_headers() -> None:
 def test_an_endpoint_content_type_replaces_the_default_and_no_group_means_no_group_header() -> None:
     envelope = Envelope("m1", b"{}")
     headers = request_headers(
-        sub(headers=(("Content-Type", "application/json"),)), envelope, 1, 5, None
+        sub(headers=(("Content-Type", "application/json"),)), envelope, 1, 5, []
     )
     names = [name for name, _ in headers]
     assert names == [
