@@ -24,14 +24,16 @@ from api.context import Services, blocking
 from api.metrics import ApiMetrics, MetricsMiddleware
 from api.produce import ProduceFastPath
 from api.producer import AckedProducer, producer_config
+from api.quotas import ProjectQuotas, QuotaGate
 from api.responses import install_error_handlers
 from api.topic_cache import TopicCache
 from setu.addresses import Resolver, system_resolver
-from setu.model import Topic
+from setu.model import ProduceQuota, Topic
 from setu.settings import Settings
 from state import migrate
 from state.kafka_admin import KafkaTopics
 from state.metadata import MetadataStore
+from state.quota_buckets import RedisQuotaBuckets
 from state.retired_topics import RedisRetiredList
 from state.sealing import required_sealer
 
@@ -87,6 +89,17 @@ async def open_services(
     producer.start()
     metrics.watch_producer_queue(producer.__len__)
     client: Redis[bytes] = Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+
+    async def load_project_quota(project: str) -> ProduceQuota | None:
+        found = await blocking(store.find_project, project)
+        return None if found is None else found.quota
+
+    quotas = ProjectQuotas(
+        load_project_quota,
+        ProduceQuota(
+            settings.produce_quota_messages_per_second, settings.produce_quota_bytes_per_second
+        ),
+    )
     return Services(
         settings=settings,
         store=store,
@@ -108,6 +121,10 @@ async def open_services(
             enabled=settings.auth_enabled,
         ),
         resolver=resolver,
+        quotas=quotas,
+        gate=QuotaGate(
+            RedisQuotaBuckets(client), quotas.of, on_unchecked=metrics.count_unchecked_quota
+        ),
     )
 
 

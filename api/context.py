@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from api.auth import Authenticator
 from api.metrics import ApiMetrics
 from api.producer import AckedProducer
+from api.quotas import ProjectQuotas, QuotaGate
 from api.topic_cache import TopicCache
 from setu.addresses import Resolver, system_resolver
 from setu.settings import Settings
@@ -39,6 +40,8 @@ class Services:
     topics: TopicCache
     metrics: ApiMetrics
     auth: Authenticator
+    quotas: ProjectQuotas
+    gate: QuotaGate
     # How webhook hosts are resolved when a subscription is written (docs/security.md §4).
     resolver: Resolver = system_resolver
 

@@ -27,10 +27,10 @@ from redis.exceptions import RedisError
 from api.context import Services, blocking
 from api.validation import check_grouping, check_update, endpoint_host, refuse_private
 from setu import names
-from setu.names import shown
 from setu.addresses import IPAddress, Resolver
 from setu.errors import Conflict, DependencyUnavailable, InvalidInput
 from setu.model import Subscription, Topic
+from setu.names import shown
 from state.groups import RedisGroupStore
 
 log = logging.getLogger(__name__)

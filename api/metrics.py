@@ -54,7 +54,7 @@ class ApiMetrics:
         )
         self.produced = Counter(
             "setu_api_produced_messages",
-            "Messages produced, by outcome (ok, rejected, failed).",
+            "Messages produced, by outcome (ok, rejected, throttled, failed).",
             ["project", "topic", "outcome"],
             registry=self.registry,
         )
@@ -63,6 +63,11 @@ class ApiMetrics:
             "From the Kafka write to the broker's acknowledgement.",
             ["kind"],
             buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.quota_unchecked = Counter(
+            "setu_api_quota_checks_failed",
+            "Produce requests admitted without a quota check because Redis did not answer.",
             registry=self.registry,
         )
         self.producer_queue = Gauge(
@@ -98,6 +103,9 @@ class ApiMetrics:
         if child is None:
             child = self._produced_children[key] = self.produced.labels(project, topic, outcome)
         child.inc(amount)
+
+    def count_unchecked_quota(self) -> None:
+        self.quota_unchecked.inc()
 
     def observe_ack(self, kind: str, seconds: float) -> None:
         child = self._ack_children.get(kind)

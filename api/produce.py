@@ -38,7 +38,13 @@ from api.responses import error_body
 from api.schemas import BatchOut, MessageIdOut, errors
 from setu.access import Permission, check
 from setu.clock import now_ms
-from setu.errors import DependencyUnavailable, InvalidInput, PayloadTooLarge, SetuError
+from setu.errors import (
+    DependencyUnavailable,
+    InvalidInput,
+    PayloadTooLarge,
+    RateLimited,
+    SetuError,
+)
 
 router = APIRouter(dependencies=[Depends(authorize)], responses=errors(401, 403), tags=["produce"])
 
@@ -115,6 +121,7 @@ async def produce_one(
     except SetuError:
         s.metrics.count_produced(project, topic, "rejected")
         raise
+    await admit(s, project, topic, 1, len(body))
     started = time.perf_counter()
     try:
         await s.producer.send(entry.ingest_topic, envelope.key, body, envelope.kafka_headers())
@@ -127,6 +134,15 @@ async def produce_one(
     s.metrics.observe_ack("single", time.perf_counter() - started)
     s.metrics.count_produced(project, topic, "ok")
     return 200, b'{"message_id":' + orjson.dumps(envelope.message_id) + b"}"
+
+
+async def admit(s: Services, project: str, topic: str, messages: int, nbytes: int) -> None:
+    """The project's produce quota (api/quotas.py): 429 when over it, nothing written."""
+    try:
+        await s.gate.admit(project, messages, nbytes)
+    except RateLimited:
+        s.metrics.count_produced(project, topic, "throttled", messages)
+        raise
 
 
 async def produce_many(
@@ -148,6 +164,7 @@ async def produce_many(
     except SetuError:
         s.metrics.count_produced(project, topic, "rejected")
         raise
+    await admit(s, project, topic, len(records), sum(len(r.value) for r in records))
     started = time.perf_counter()
     failures = await s.producer.send_many(
         entry.ingest_topic, [(r.key, r.value, r.headers) for r in records]
@@ -163,10 +180,6 @@ async def produce_many(
     if status == 503:
         document.update(error_body(DependencyUnavailable.code, "Kafka acknowledged no message"))
     return status, orjson.dumps(document)
-
-
-# The 401 challenge (RFC 6750), as the error handlers send it on the other routes.
-_CHALLENGE = {401: [(b"www-authenticate", b"Bearer")]}
 
 
 class ProduceFastPath:
@@ -189,6 +202,7 @@ class ProduceFastPath:
         project, topic, batch = match.groups()
         scope[ROUTE_KEY] = BATCH_PATH if batch else PRODUCE_PATH
         handler = produce_many if batch else produce_one
+        extra: list[tuple[bytes, bytes]] = []
         try:
             s = scope["app"].state.services
             who = await s.auth.principal(header_value(scope["headers"]))
@@ -196,6 +210,7 @@ class ProduceFastPath:
             status, body = await handler(s, project, topic, scope["headers"], receive)
         except SetuError as exc:
             status, body = exc.status, orjson.dumps(error_body(exc.code, exc.message))
+            extra = [(k.lower().encode(), v.encode()) for k, v in exc.headers()]
         # Plain ASGI messages: a Response object costs more than the rest of the reply.
         await send(
             {
@@ -204,7 +219,7 @@ class ProduceFastPath:
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
-                    *_CHALLENGE.get(status, ()),
+                    *extra,
                 ],
             }
         )

@@ -9,7 +9,14 @@ from starlette.responses import Response
 from api.auth import allow, authorize, caller
 from api.context import blocking, services
 from api.responses import reply
-from api.schemas import ProjectCreate, ProjectOut, ProjectsOut, errors, project_view
+from api.schemas import (
+    ProjectCreate,
+    ProjectOut,
+    ProjectsOut,
+    QuotaBody,
+    errors,
+    project_view,
+)
 from setu.access import Permission
 from setu.model import Project
 from setu.names import validate_name
@@ -31,7 +38,11 @@ router = APIRouter(
 )
 @allow(Permission.ADMIN)
 async def create_project(request: Request, body: ProjectCreate) -> Response:
-    project = Project(name=validate_name("project", body.name), description=body.description)
+    project = Project(
+        name=validate_name("project", body.name),
+        description=body.description,
+        quota=body.quota.quota(),
+    )
     stored, created = await blocking(services(request).store.create_project, project)
     return reply(ProjectOut, project_view(stored), 201 if created else 200)
 
@@ -52,6 +63,20 @@ async def list_projects(request: Request) -> Response:
 async def get_project(request: Request, project: str) -> Response:
     found = await blocking(services(request).store.get_project, project)
     return reply(ProjectOut, project_view(found))
+
+
+@router.put(
+    "/{project}/quota",
+    response_model=None,
+    summary="Set the project's produce quota (messages/s and bytes/s over all API replicas)",
+    responses={200: {"model": ProjectOut}, **errors(400, 404)},
+)
+@allow(Permission.ADMIN)
+async def set_quota(request: Request, project: str, body: QuotaBody) -> Response:
+    s = services(request)
+    updated = await blocking(s.store.set_project_quota, project, body.quota())
+    s.quotas.invalidate(project)
+    return reply(ProjectOut, project_view(updated))
 
 
 @router.delete(

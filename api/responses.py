@@ -70,8 +70,7 @@ def describe_validation(errors: Any) -> str:
 async def _setu_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, SetuError)
     response = error_response(exc.status, exc.code, exc.message)
-    if exc.status == 401:
-        response.headers["WWW-Authenticate"] = "Bearer"
+    response.headers.update(dict(exc.headers()))
     return response
 
 

@@ -15,7 +15,7 @@ from api.responses import Out
 from setu import names
 from setu.access import ApiKey
 from setu.clock import now_ms
-from setu.model import DEFAULT_RETRY_DELAYS_MS, Project, Subscription, Topic
+from setu.model import DEFAULT_RETRY_DELAYS_MS, ProduceQuota, Project, Subscription, Topic
 
 MAX_PARTITIONS = 1000
 MAX_RETENTION_HOURS = 10 * 365 * 24
@@ -52,9 +52,23 @@ def _holds_nul(value: object) -> bool:
     return False
 
 
+class QuotaBody(Body):
+    """A project's produce quota over all API replicas; a rate left out or null: the
+    settings' default (docs/security.md §6)."""
+
+    messages_per_second: float | None = Field(None, gt=0, le=10_000_000)
+    bytes_per_second: float | None = Field(None, gt=0, le=100 * 2**30)
+
+    def quota(self) -> ProduceQuota:
+        return ProduceQuota(self.messages_per_second, self.bytes_per_second)
+
+
 class ProjectCreate(Body):
     name: Name
     description: str = Field("", max_length=1000)
+    quota: QuotaBody = Field(
+        default_factory=lambda: QuotaBody(messages_per_second=None, bytes_per_second=None)
+    )
 
 
 class TopicCreate(Body):
@@ -130,6 +144,10 @@ def project_view(project: Project) -> dict[str, Any]:
         "name": project.name,
         "description": project.description,
         "created_at_ms": project.created_at_ms,
+        "quota": {
+            "messages_per_second": project.quota.messages_per_second,
+            "bytes_per_second": project.quota.bytes_per_second,
+        },
     }
 
 
@@ -209,10 +227,17 @@ class ErrorOut(Out):
     error: ErrorDetail
 
 
+class QuotaOut(Out):
+    # null: the settings' default applies (SETU_PRODUCE_QUOTA_*), no limit if unset too.
+    messages_per_second: float | None
+    bytes_per_second: float | None
+
+
 class ProjectOut(Out):
     name: str
     description: str
     created_at_ms: int
+    quota: QuotaOut
 
 
 class ProjectsOut(Out):

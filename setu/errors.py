@@ -24,6 +24,10 @@ class SetuError(Exception):
         super().__init__(message)
         self.message = message
 
+    def headers(self) -> list[tuple[str, str]]:
+        """Headers the HTTP answer carries besides the error body."""
+        return []
+
 
 class InvalidInput(SetuError):
     """Raised when a request, a name or a header breaks a rule."""
@@ -37,6 +41,9 @@ class Unauthorized(SetuError):
 
     status = 401
     code = "unauthorized"
+
+    def headers(self) -> list[tuple[str, str]]:
+        return [("WWW-Authenticate", "Bearer")]  # RFC 6750
 
 
 class Forbidden(SetuError):
@@ -68,10 +75,17 @@ class PayloadTooLarge(SetuError):
 
 
 class RateLimited(SetuError):
-    """Raised when a caller goes over a rate limit."""
+    """Raised when a caller goes over a rate limit; says when to try again."""
 
     status = 429
     code = "rate_limited"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> list[tuple[str, str]]:
+        return [("Retry-After", str(self.retry_after_s))]
 
 
 class DependencyUnavailable(SetuError):

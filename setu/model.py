@@ -26,10 +26,31 @@ class DeadLetterPolicy(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class ProduceQuota:
+    """How fast a project's producers may write, summed over every API replica; None: no
+    limit of the project's own (the settings' default applies). docs/security.md §6."""
+
+    messages_per_second: float | None = None
+    bytes_per_second: float | None = None
+
+    def or_else(self, default: ProduceQuota) -> ProduceQuota:
+        """This quota, each unset rate taken from ``default``."""
+        return ProduceQuota(
+            self.messages_per_second
+            if self.messages_per_second is not None
+            else default.messages_per_second,
+            self.bytes_per_second
+            if self.bytes_per_second is not None
+            else default.bytes_per_second,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Project:
     name: str
     description: str = ""
     created_at_ms: int = 0
+    quota: ProduceQuota = field(default_factory=ProduceQuota)
 
 
 @dataclass(frozen=True, slots=True)

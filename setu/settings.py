@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     # False answers every request as an admin would: only for benchmarks and experiments on a
     # machine of one's own (the API logs a warning at every start).
     auth_enabled: bool = True
+    # Produce quota of a project that sets none of its own, over all API replicas
+    # (docs/security.md §6); unset: no limit.
+    produce_quota_messages_per_second: float | None = Field(default=None, gt=0)
+    produce_quota_bytes_per_second: float | None = Field(default=None, gt=0)
 
     # Kafka
     kafka_replication_factor: int = 1

@@ -112,3 +112,9 @@ def retired_ingest_topics() -> str:
     created again under the name continues their offsets, and skipped by the ingest job
     (``state.retired_topics``)."""
     return f"{PREFIX}:ingest:retired"
+
+
+def produce_quota(project: str, kind: str) -> str:
+    """Token bucket of a project's produce quota, ``kind`` ``messages`` or ``bytes``; both
+    buckets of a project share a hash tag, so one script takes from both."""
+    return f"{PREFIX}:{{quota.{project}}}:{kind}"

@@ -35,6 +35,7 @@ from setu.errors import Conflict, NotFound
 from setu.model import (
     DeadLetterPolicy,
     Endpoint,
+    ProduceQuota,
     Project,
     RetryPolicy,
     SigningSecret,
@@ -51,7 +52,22 @@ from state.sql import make_engine, transaction
 
 
 def _project(row: Row[Any]) -> Project:
-    return Project(name=row.name, description=row.description, created_at_ms=row.created_at_ms)
+    return Project(
+        name=row.name,
+        description=row.description,
+        created_at_ms=row.created_at_ms,
+        quota=ProduceQuota(row.quota_messages_per_second, row.quota_bytes_per_second),
+    )
+
+
+def _project_values(project: Project) -> dict[str, Any]:
+    return {
+        "name": project.name,
+        "description": project.description,
+        "created_at_ms": project.created_at_ms,
+        "quota_messages_per_second": project.quota.messages_per_second,
+        "quota_bytes_per_second": project.quota.bytes_per_second,
+    }
 
 
 def _topic(row: Row[Any]) -> Topic:
@@ -188,14 +204,31 @@ class MetadataStore:
                 existing = self._project_row(conn, project.name)
                 if existing is None:
                     values = dataclasses.replace(project, created_at_ms=now_ms())
-                    conn.execute(sa.insert(projects).values(dataclasses.asdict(values)))
+                    conn.execute(sa.insert(projects).values(_project_values(values)))
                     return values, True
         except IntegrityError:
             pass  # created concurrently: compare with the winner below
         stored = self.get_project(project.name)
-        if stored.description != project.description:
-            raise Conflict(f"project {project.name!r} exists with a different description")
+        if (stored.description, stored.quota) != (project.description, project.quota):
+            raise Conflict(f"project {project.name!r} exists with a different configuration")
         return stored, False
+
+    def set_project_quota(self, name: str, quota: ProduceQuota) -> Project:
+        """Replaces the project's produce quota."""
+        with self._tx(write=True) as conn:
+            updated = conn.execute(
+                sa.update(projects)
+                .where(projects.c.name == name)
+                .values(
+                    quota_messages_per_second=quota.messages_per_second,
+                    quota_bytes_per_second=quota.bytes_per_second,
+                )
+            )
+            if updated.rowcount == 0:
+                raise NotFound(f"project {name!r} not found")
+            found = self._project_row(conn, name)
+        assert found is not None
+        return found
 
     def get_project(self, name: str) -> Project:
         with self._tx() as conn:
@@ -203,6 +236,10 @@ class MetadataStore:
         if row is None:
             raise NotFound(f"project {name!r} not found")
         return row
+
+    def find_project(self, name: str) -> Project | None:
+        with self._tx() as conn:
+            return self._project_row(conn, name)
 
     def list_projects(self) -> list[Project]:
         with self._tx() as conn:

@@ -30,6 +30,9 @@ projects = sa.Table(
     sa.Column("name", NAME, primary_key=True),
     sa.Column("description", sa.Text, nullable=False),
     sa.Column("created_at_ms", sa.BigInteger, nullable=False),
+    # The produce quota (setu.model.ProduceQuota); NULL: the settings' default.
+    sa.Column("quota_messages_per_second", sa.Float, nullable=True),
+    sa.Column("quota_bytes_per_second", sa.Float, nullable=True),
 )
 
 topics = sa.Table(

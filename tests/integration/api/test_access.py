@@ -46,6 +46,7 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("GET", "/v1/projects"): EVERYONE,  # each key sees its own project
     ("GET", P): READ,
     ("DELETE", P): ADMIN,
+    ("PUT", P + "/quota"): ADMIN,  # a project's owner must not raise its own quota
     ("POST", "/v1/keys"): ADMIN,
     ("GET", "/v1/keys"): ADMIN,
     ("DELETE", "/v1/keys/{key_id}"): ADMIN,
@@ -197,6 +198,7 @@ def request_for(w: World, method: str, route: str) -> dict[str, Any]:
     )
     bodies: dict[str, Any] = {
         "/v1/projects": {"name": unique()},
+        P + "/quota": {"messages_per_second": 5},
         "/v1/keys": {"name": "k", "role": "viewer", "project": w.project},
         P + "/keys": {"name": "k", "role": "viewer"},
         P + "/topics": {"name": unique("t")},

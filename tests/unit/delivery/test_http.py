@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from setu.addresses import Resolver
 from delivery.http import (
     HttpClient,
     HttpError,
@@ -17,6 +16,7 @@ from delivery.http import (
     UnsafeRequest,
     encode_request,
 )
+from setu.addresses import Resolver
 
 Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[bool]]
 

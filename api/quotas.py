@@ -1,0 +1,129 @@
+"""Per-project produce quotas on the produce path (docs/security.md §6).
+
+Each project may write at most its quota's messages/s and bytes/s, summed over every API
+replica: the buckets live in Redis (``state/quota_buckets.py``). So that a project under its
+quota does not pay a Redis round trip per request, an admitted request also leases 1/20 of a
+second's worth, which this replica spends on the next requests for up to a second before it
+asks again. Over the quota: 429 with ``Retry-After``, nothing written.
+
+Projects without a quota (and no default in the settings) cost one dictionary lookup. When
+Redis does not answer, the request is admitted (quotas protect capacity; they must not take
+produce down with Redis), logged at most every 10 s and counted in
+``setu_api_quota_checks_failed_total``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from redis.exceptions import RedisError
+
+from api.ttl_cache import LoadingCache
+from setu.errors import RateLimited
+from setu.model import ProduceQuota
+from state.quota_buckets import QuotaBuckets
+
+log = logging.getLogger(__name__)
+
+# An admitted request leases this share of a second's quota for the next ones.
+LEASE_SHARE = 0.05
+LEASE_TTL_S = 1.0
+_WARN_EVERY_S = 10.0
+
+
+@dataclass(slots=True)
+class _Lease:
+    messages: int
+    nbytes: int
+    until: float
+
+
+class QuotaGate:
+    def __init__(
+        self,
+        buckets: QuotaBuckets,
+        quota_of: Callable[[str], Awaitable[ProduceQuota]],
+        *,
+        on_unchecked: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._buckets = buckets
+        self._quota_of = quota_of
+        self._on_unchecked = on_unchecked
+        self._clock = clock
+        self._leases: dict[str, _Lease] = {}
+        self._warned_at = -math.inf
+
+    async def admit(self, project: str, messages: int, nbytes: int) -> None:
+        """Returns when the project may write ``messages`` messages of ``nbytes`` bytes in all;
+        raises RateLimited (429) otherwise."""
+        quota = await self._quota_of(project)
+        by_count, by_size = quota.messages_per_second, quota.bytes_per_second
+        if by_count is None and by_size is None:
+            return
+        now = self._clock()
+        lease = self._leases.get(project)
+        if (
+            lease is not None
+            and lease.until > now
+            and (by_count is None or lease.messages >= messages)
+            and (by_size is None or lease.nbytes >= nbytes)
+        ):
+            lease.messages -= messages
+            lease.nbytes -= nbytes
+            return
+        extra_m = int((by_count or 0) * LEASE_SHARE)
+        extra_b = int((by_size or 0) * LEASE_SHARE)
+        try:
+            grant = await self._buckets.take(project, quota, messages, nbytes, extra_m, extra_b)
+        except (RedisError, OSError) as exc:
+            self._unchecked(project, exc)
+            return
+        if not grant.admitted:
+            self._leases.pop(project, None)
+            raise RateLimited(
+                f"project {project!r} is over its produce quota ({describe(quota)}); "
+                f"retry after {grant.wait_ms / 1000:.3g} s",
+                retry_after_s=max(1, math.ceil(grant.wait_ms / 1000)),
+            )
+        self._leases[project] = _Lease(grant.extra_messages, grant.extra_bytes, now + LEASE_TTL_S)
+
+    def _unchecked(self, project: str, exc: Exception) -> None:
+        self._on_unchecked()
+        now = self._clock()
+        if now - self._warned_at >= _WARN_EVERY_S:
+            self._warned_at = now
+            log.warning("produce quota of %s not checked (Redis: %s): admitted", project, exc)
+
+
+def describe(quota: ProduceQuota) -> str:
+    parts = []
+    if quota.messages_per_second is not None:
+        parts.append(f"{quota.messages_per_second:g} messages/s")
+    if quota.bytes_per_second is not None:
+        parts.append(f"{quota.bytes_per_second:g} bytes/s")
+    return ", ".join(parts)
+
+
+class ProjectQuotas:
+    """Each project's quota, its unset rates taken from ``default``; read from the store at
+    most every 5 s (and at once on this replica after it changes one)."""
+
+    def __init__(
+        self, load: Callable[[str], Awaitable[ProduceQuota | None]], default: ProduceQuota
+    ) -> None:
+        self._default = default
+        self._cache: LoadingCache[str, ProduceQuota] = LoadingCache(
+            load, ttl_s=5.0, negative_ttl_s=1.0
+        )
+
+    async def of(self, project: str) -> ProduceQuota:
+        found = await self._cache.get(project)
+        return (found or ProduceQuota()).or_else(self._default)
+
+    def invalidate(self, project: str) -> None:
+        self._cache.invalidate(project)
