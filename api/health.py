@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
 from api.context import Services, blocking, services
@@ -86,7 +87,30 @@ async def ingest_state(s: Services) -> dict[str, Any]:
     return ingest_view(await read_status_async(s.redis), now_ms())
 
 
-@router.get("/v1/health", response_model=None, summary="State of the API and its dependencies")
+class ComponentOut(BaseModel):
+    """One component's probe: ``ok``, and its latency or its error, plus what it reports."""
+
+    model_config = ConfigDict(extra="allow")
+
+    ok: bool
+    latency_ms: float | None = None
+    error: str | None = None
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok", "degraded"]
+    components: dict[str, ComponentOut]
+
+
+@router.get(
+    "/v1/health",
+    response_model=None,
+    summary="State of the API and its dependencies",
+    responses={
+        200: {"model": HealthOut, "description": "the API, Kafka, Redis and the database answer"},
+        503: {"model": HealthOut, "description": "one of them does not: see its component"},
+    },
+)
 async def health(request: Request) -> Response:
     checks = _probes(services(request))
     results = await asyncio.gather(*(probe(check) for check in checks.values()))

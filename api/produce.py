@@ -204,6 +204,8 @@ class ProduceFastPath:
         handler = produce_many if batch else produce_one
         extra: list[tuple[bytes, bytes]] = []
         try:
+            if scope.get("query_string"):
+                raise InvalidInput("produce takes no query parameters")
             s = scope["app"].state.services
             who = await s.auth.principal(header_value(scope["headers"]))
             check(who, Permission.PRODUCE, project, topic)

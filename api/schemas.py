@@ -24,7 +24,10 @@ MIN_TIMEOUT_MS = 100
 MAX_TIMEOUT_MS = 120_000
 MAX_IN_FLIGHT = 10_000
 
-Name = Annotated[str, Field(min_length=1, max_length=63, examples=["orders"])]
+Name = Annotated[
+    str,
+    Field(min_length=1, max_length=63, pattern=names.NAME_PATTERN, examples=["orders"]),
+]
 Delay = Annotated[int, Field(ge=0, le=MAX_RETRY_DELAY_MS)]
 StatusCode = Annotated[int, Field(ge=100, le=599)]
 

@@ -11,11 +11,15 @@ import re
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
+from fastapi import Request
+from fastapi.routing import APIRoute
+
 from delivery.signing import signing_key
 from setu import headers as produce_headers
 from setu.addresses import IPAddress, is_private_address, literal_host_is_private
 from setu.errors import InvalidInput
 from setu.model import Subscription, Topic
+from setu.names import shown
 
 # RFC 9110 token characters: what an HTTP header name may contain.
 _TOKEN_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -90,6 +94,27 @@ def endpoint_host(url: str) -> str:
     if len(encoded) > 253:
         raise InvalidInput("endpoint.url host is longer than 253 characters")
     return host
+
+
+async def known_query_only(request: Request) -> None:
+    """Refuses query parameters the route does not take (a typo such as ``?limt=5`` must not
+    be silently ignored), and one given twice (which of the two would count?)."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute) or not request.query_params:
+        return
+    # What the OpenAPI document says the operation takes (built once, then cached by FastAPI).
+    operation = request.app.openapi()["paths"][route.path_format][request.method.lower()]
+    known = {p["name"] for p in operation.get("parameters", ()) if p["in"] == "query"}
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        allowed = ", ".join(sorted(known)) or "none"
+        raise InvalidInput(
+            f"unknown query parameter(s) {', '.join(shown(u, 40) for u in unknown[:5])}; "
+            f"this route takes: {allowed}"
+        )
+    repeated = sorted({k for k in request.query_params if len(request.query_params.getlist(k)) > 1})
+    if repeated:
+        raise InvalidInput(f"query parameter(s) given more than once: {', '.join(repeated)}")
 
 
 def refuse_private(host: str, resolved: Iterable[IPAddress], allow_private: bool) -> None:

@@ -246,9 +246,13 @@ def encode_request(
     """The bytes of one request. Everything was checked when it entered Setu; a CR, LF or
     other control character found here anyway is refused (:class:`UnsafeRequest`), never
     written: it would split the request or start a header of someone else's choosing."""
-    for part in (method, target.path, *(p for header in headers for p in header)):
+    for where, part in (("method", method), ("path", target.path)):
         if _UNSAFE.search(part):
-            raise UnsafeRequest(f"control character in the request: {part[:40]!r}")
+            raise UnsafeRequest(f"control character in the request {where}: {part[:40]!r}")
+    for name, value in headers:
+        if _UNSAFE.search(name) or _UNSAFE.search(value):
+            # Named, never shown: a header value may be a secret (docs/security.md §5).
+            raise UnsafeRequest(f"control character in the request header {name[:40]!r}")
     lines = [
         f"{method} {target.path} HTTP/1.1",
         f"host: {target.origin.host_header}",

@@ -13,6 +13,8 @@ import re
 from setu.errors import InvalidInput
 
 NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+# The same rule as a whole-string pattern, for the OpenAPI document (and pydantic).
+NAME_PATTERN = r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$"
 PREFIX = "setu"
 # Matches every ingest topic and nothing else (names cannot contain dots).
 INGEST_PATTERN = r"setu\.[a-z0-9-]+\.[a-z0-9-]+\.ingest"

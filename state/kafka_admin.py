@@ -17,6 +17,7 @@ request (partitions, config) raises InvalidInput.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ _REQUEST_ERRORS = frozenset(
         KafkaError.INVALID_REPLICATION_FACTOR,
     }
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,9 +228,24 @@ class KafkaTopics:
         return len(described.partitions)
 
     def _ensure(self, specs: Sequence[TopicSpec]) -> list[str]:
+        """Creates the topics of ``specs`` that do not exist yet and waits until all are
+        usable; returns the names it created. When it fails part-way, it deletes what it
+        created (best effort) before raising, so a failed request leaves nothing behind."""
+        created: list[str] = []
+        try:
+            self._create_all(specs, created)
+        except BaseException:
+            if created:
+                try:
+                    self._delete(created)
+                except Exception:
+                    log.exception("could not remove Kafka topics %s after a failed create", created)
+            raise
+        return created
+
+    def _create_all(self, specs: Sequence[TopicSpec], created: list[str]) -> None:
         deadline = time.monotonic() + self._timeout_s
         pending = list(specs)
-        created: list[str] = []
         while pending:
             futures = self._admin.create_topics(
                 [
@@ -259,7 +277,6 @@ class KafkaTopics:
                 time.sleep(0.2)
             pending = waiting
         self._await_visible(specs, deadline)
-        return created
 
     def _await_visible(self, specs: Sequence[TopicSpec], deadline: float) -> None:
         """Waits until metadata shows every topic with a leader for each partition, so a 2xx

@@ -8,7 +8,7 @@ import redis
 from setu.clock import now_ms
 from state import keys
 from state.ingest_status import RedisIngestStatus
-from tests.integration.api.support import Api
+from tests.integration.api.support import Api, assert_error
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -75,6 +75,36 @@ async def test_openapi_lists_the_design_routes_and_docs_render(api: Api) -> None
     docs = await api.client.get("/docs")
     assert docs.status_code == 200
     assert "swagger" in docs.text.lower()
+
+
+async def test_the_document_lists_the_errors_the_api_sends_and_not_422(api: Api) -> None:
+    spec = (await api.client.get("/openapi.json")).json()
+    operations = [op for ops in spec["paths"].values() for op in ops.values()]
+    # No operation documents 422 (invalid requests are 400 in the error shape)
+    assert not [op["operationId"] for op in operations if "422" in op["responses"]]
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    # Every operation with a body or query parameters documents its 400
+    for op in operations:
+        takes_input = "requestBody" in op or any(
+            p["in"] == "query" for p in op.get("parameters", [])
+        )
+        assert not takes_input or "400" in op["responses"], op["operationId"]
+    # Health documents its 503 with the same body as its 200
+    health = spec["paths"]["/v1/health"]["get"]["responses"]
+    assert health["503"]["content"] == health["200"]["content"]
+
+
+async def test_unknown_or_repeated_query_parameters_are_refused(api: Api, project: str) -> None:
+    for query in ("?limt=5", "?x=1&x=2"):
+        answer = await api.client.get(f"/v1/projects/{project}/topics{query}")
+        assert_error(answer, 400, "invalid_input")
+    await api.client.post(f"/v1/projects/{project}/topics", json={"name": "t", "partitions": 1})
+    produce = await api.client.post(
+        f"/v1/projects/{project}/topics/t/produce?partition=3",
+        content=b"x",
+        headers={"X_MESSAGE_ID": "m1"},
+    )
+    assert_error(produce, 400, "invalid_input")
 
 
 async def test_metrics_are_prometheus_text(api: Api) -> None:

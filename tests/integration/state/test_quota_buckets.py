@@ -3,7 +3,7 @@ one bucket shared by every client."""
 
 from __future__ import annotations
 
-import time
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
@@ -37,7 +37,7 @@ async def test_a_second_of_quota_is_admitted_then_the_rest_waits_for_the_refill(
     refused = await buckets.take(project, quota, 1, 0, 0, 0)
     assert not refused.admitted and 0 < refused.wait_ms <= 100
     # And once that passed it is admitted
-    time.sleep(refused.wait_ms / 1000 + 0.02)
+    await asyncio.sleep(refused.wait_ms / 1000 + 0.02)
     assert (await buckets.take(project, quota, 1, 0, 0, 0)).admitted
 
 
