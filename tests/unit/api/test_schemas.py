@@ -167,13 +167,18 @@ def test_request_becomes_a_running_subscription_grouped_like_its_topic() -> None
 
 
 def test_request_with_a_bad_subscription_name_is_refused() -> None:
+    from pydantic import ValidationError
+
     from api.subscriptions import to_subscription
     from setu.errors import InvalidInput
 
-    body = SubscriptionCreate.model_validate(_subscription(name="Bad_Name"))
+    # In a body, by the documented pattern; in a path (PUT), by the same rule in code
+    with pytest.raises(ValidationError, match="pattern"):
+        SubscriptionCreate.model_validate(_subscription(name="Bad_Name"))
+    body = SubscriptionCreate.model_validate(_subscription())
     with pytest.raises(InvalidInput, match="subscription name"):
         to_subscription(
-            "p", body.name, Topic("p", "t"), body, signing_secrets=(), default_grouped=False
+            "p", "Bad_Name", Topic("p", "t"), body, signing_secrets=(), default_grouped=False
         )
 
 
