@@ -40,7 +40,7 @@ from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-EXAMPLES = int(os.environ.get("SETU_FUZZ_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("SETU_FUZZ_EXAMPLES", "100"))
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 REQUESTS = {"sent": 0}
 
