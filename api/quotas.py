@@ -117,13 +117,17 @@ class ProjectQuotas:
         self, load: Callable[[str], Awaitable[ProduceQuota | None]], default: ProduceQuota
     ) -> None:
         self._default = default
+
+        async def effective(project: str) -> ProduceQuota:
+            found = await load(project)
+            return (found or ProduceQuota()).or_else(default)
+
         self._cache: LoadingCache[str, ProduceQuota] = LoadingCache(
-            load, ttl_s=5.0, negative_ttl_s=1.0
+            effective, ttl_s=5.0, negative_ttl_s=1.0
         )
 
     async def of(self, project: str) -> ProduceQuota:
-        found = await self._cache.get(project)
-        return (found or ProduceQuota()).or_else(self._default)
+        return await self._cache.get(project) or self._default
 
     def invalidate(self, project: str) -> None:
         self._cache.invalidate(project)
