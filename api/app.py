@@ -26,6 +26,7 @@ from api.produce import ProduceFastPath
 from api.producer import AckedProducer, producer_config
 from api.responses import install_error_handlers
 from api.topic_cache import TopicCache
+from delivery.kafka_io import KafkaReader
 from setu.model import Topic
 from setu.settings import Settings
 from state import migrate
@@ -73,11 +74,14 @@ async def open_services(settings: Settings, metrics: ApiMetrics) -> Services:
     async def load_topic(project: str, topic: str) -> Topic | None:
         return await blocking(store.find_topic, project, topic)
 
+    # How every Kafka client of the API reaches the broker (docs/security.md §5).
+    kafka = settings.kafka_client_config()
     producer = AckedProducer(
         producer_config(
             bootstrap,
             ack_timeout_ms=settings.produce_timeout_ms,
             max_message_bytes=settings.max_message_bytes,
+            extra=kafka,
         )
     )
     producer.start()
@@ -94,7 +98,9 @@ async def open_services(settings: Settings, metrics: ApiMetrics) -> Services:
             max_message_bytes=settings.max_message_bytes,
             # One patience for every Kafka request the API makes.
             timeout_s=settings.produce_timeout_ms / 1000,
+            client_config=kafka,
         ),
+        kafka_reader=KafkaReader(bootstrap, kafka),
         producer=producer,
         topics=TopicCache(load_topic),
         metrics=metrics,

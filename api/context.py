@@ -18,6 +18,7 @@ from api.auth import Authenticator
 from api.metrics import ApiMetrics
 from api.producer import AckedProducer
 from api.topic_cache import TopicCache
+from delivery.kafka_io import KafkaReader
 from setu.settings import Settings
 from state.kafka_admin import KafkaTopics
 from state.metadata import MetadataStore
@@ -34,6 +35,8 @@ class Services:
     redis: Redis[bytes]
     retired: RetiredList
     kafka_admin: KafkaTopics
+    # Short reads outside any consumer group: lag, DLQ pages, what reject topics hold.
+    kafka_reader: KafkaReader
     producer: AckedProducer
     topics: TopicCache
     metrics: ApiMetrics
