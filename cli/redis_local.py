@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from cli.ports import LOOPBACK
 from cli.processes import ChildSpec
 
 DEFAULT_PORT = 6379
+# What a password may hold here: no quoting in redis.conf, no escaping in the URL.
+_PLAIN = re.compile(r"[A-Za-z0-9._~-]+")
 
 
 class RedisUnavailable(Exception):
@@ -19,15 +24,22 @@ class RedisUnavailable(Exception):
 
 @dataclass(frozen=True)
 class RedisNode:
-    """Where one local Redis listens and keeps its data."""
+    """Where one local Redis listens and keeps its data; with a password, clients must send it
+    (``requirepass``: the URL carries it, docs/security.md §5)."""
 
     port: int
     data_dir: Path
     host: str = LOOPBACK
+    password: SecretStr | None = None
+
+    def __post_init__(self) -> None:
+        if self.password is not None and not _PLAIN.fullmatch(self.password.get_secret_value()):
+            raise ValueError("a local Redis password: use letters, digits and ._~- only")
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        login = f":{self.password.get_secret_value()}@" if self.password is not None else ""
+        return f"redis://{login}{self.host}:{self.port}/0"
 
 
 def render_redis_conf(node: RedisNode) -> str:
@@ -41,6 +53,7 @@ def render_redis_conf(node: RedisNode) -> str:
         "appendonly yes\n"
         "appendfsync everysec\n"
         'logfile ""\n'
+        + (f"requirepass {node.password.get_secret_value()}\n" if node.password else "")
     )
 
 
