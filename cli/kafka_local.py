@@ -3,9 +3,10 @@
 It runs from the jars in the cache dir (see :mod:`cli.jars`) with its configuration and data in
 one folder; the storage is formatted once, so a second run keeps every topic and offset.
 
-Given SCRAM users, its one client listener is SASL_PLAINTEXT and takes only clients that log in
-as one of them with SCRAM-SHA-256 (the broker itself logs in as the first); the users are
-written into the storage when it is formatted (docs/security.md §5).
+Given SCRAM users, its one client listener takes only clients that log in as one of them with
+SCRAM-SHA-256 (the broker itself logs in as the first); the users are written into the storage
+when it is formatted. Given TLS files, the listener speaks TLS. So the listener is PLAINTEXT,
+SASL_PLAINTEXT, SSL or SASL_SSL (docs/security.md §5).
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ class KafkaUnavailable(Exception):
 
 
 @dataclass(frozen=True)
+class BrokerTls:
+    """PEM files of a TLS listener: the broker's private key (PKCS#8) followed by its
+    certificate chain, and the authorities it trusts (its own, to reach itself)."""
+
+    keystore: Path
+    truststore: Path
+
+
+@dataclass(frozen=True)
 class KafkaNode:
     """Where one local broker listens and keeps its log segments."""
 
@@ -47,6 +57,7 @@ class KafkaNode:
     host: str = LOOPBACK
     # SCRAM-SHA-256 users (name, password); any: clients must log in as one (see module doc).
     scram_users: tuple[tuple[str, SecretStr], ...] = ()
+    tls: BrokerTls | None = None
 
     def __post_init__(self) -> None:
         for name, password in self.scram_users:
@@ -62,12 +73,26 @@ class KafkaNode:
     @property
     def protocol(self) -> SecurityProtocol:
         """What the client listener speaks."""
-        return SecurityProtocol.SASL_PLAINTEXT if self.scram_users else SecurityProtocol.PLAINTEXT
+        if self.scram_users:
+            return SecurityProtocol.SASL_SSL if self.tls else SecurityProtocol.SASL_PLAINTEXT
+        return SecurityProtocol.SSL if self.tls else SecurityProtocol.PLAINTEXT
+
+
+def tls_properties(node: KafkaNode) -> dict[str, str]:
+    """The TLS files of the client listener, PEM as they are (empty without TLS)."""
+    if node.tls is None:
+        return {}
+    return {
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(node.tls.keystore),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(node.tls.truststore),
+    }
 
 
 def sasl_properties(node: KafkaNode) -> dict[str, str]:
-    """The settings of a SASL_PLAINTEXT client listener taking SCRAM-SHA-256 logins, the broker
-    logging in to it as the first user (empty for a PLAINTEXT node)."""
+    """The settings of a SASL client listener taking SCRAM-SHA-256 logins, the broker logging
+    in to it as the first user (empty without users)."""
     if not node.scram_users:
         return {}
     name, password = node.scram_users[0]
@@ -100,6 +125,7 @@ def render_server_properties(node: KafkaNode) -> str:
         "inter.broker.listener.name": str(client),
         "listener.security.protocol.map": f"{client}:{client},CONTROLLER:PLAINTEXT",
         **sasl_properties(node),
+        **tls_properties(node),
         "log.dirs": str(node.data_dir),
         "auto.create.topics.enable": "false",
         "num.partitions": "1",

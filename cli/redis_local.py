@@ -23,14 +23,26 @@ class RedisUnavailable(Exception):
 
 
 @dataclass(frozen=True)
+class RedisTls:
+    """PEM files of a TLS-only Redis: its certificate, its key, and the authority that signed
+    the certificate (which clients are given to check it)."""
+
+    certificate: Path
+    key: Path
+    authority: Path
+
+
+@dataclass(frozen=True)
 class RedisNode:
     """Where one local Redis listens and keeps its data; with a password, clients must send it
-    (``requirepass``: the URL carries it, docs/security.md §5)."""
+    (``requirepass``), with TLS files it speaks TLS only. The URL carries both
+    (docs/security.md §5)."""
 
     port: int
     data_dir: Path
     host: str = LOOPBACK
     password: SecretStr | None = None
+    tls: RedisTls | None = None
 
     def __post_init__(self) -> None:
         if self.password is not None and not _PLAIN.fullmatch(self.password.get_secret_value()):
@@ -39,22 +51,37 @@ class RedisNode:
     @property
     def url(self) -> str:
         login = f":{self.password.get_secret_value()}@" if self.password is not None else ""
+        if self.tls is not None:
+            return f"rediss://{login}{self.host}:{self.port}/0?ssl_ca_certs={self.tls.authority}"
         return f"redis://{login}{self.host}:{self.port}/0"
 
 
 def render_redis_conf(node: RedisNode) -> str:
-    """redis.conf for a loopback-only server that survives restarts (AOF, fsync every second)."""
-    return (
-        f"bind {node.host}\n"
-        f"port {node.port}\n"
-        "protected-mode yes\n"
-        "daemonize no\n"
-        f'dir "{node.data_dir}"\n'
-        "appendonly yes\n"
-        "appendfsync everysec\n"
-        'logfile ""\n'
-        + (f"requirepass {node.password.get_secret_value()}\n" if node.password else "")
-    )
+    """redis.conf for a loopback-only server that survives restarts (AOF, fsync every second);
+    with TLS files its one port speaks TLS (clients need not show a certificate)."""
+    lines = [f"bind {node.host}"]
+    if node.tls is None:
+        lines.append(f"port {node.port}")
+    else:
+        lines += [
+            "port 0",
+            f"tls-port {node.port}",
+            f'tls-cert-file "{node.tls.certificate}"',
+            f'tls-key-file "{node.tls.key}"',
+            f'tls-ca-cert-file "{node.tls.authority}"',
+            "tls-auth-clients no",
+        ]
+    lines += [
+        "protected-mode yes",
+        "daemonize no",
+        f'dir "{node.data_dir}"',
+        "appendonly yes",
+        "appendfsync everysec",
+        'logfile ""',
+    ]
+    if node.password is not None:
+        lines.append(f"requirepass {node.password.get_secret_value()}")
+    return "".join(f"{line}\n" for line in lines)
 
 
 class LocalRedis:

@@ -1,8 +1,11 @@
-"""Authenticated transports end to end (docs/security.md §5): a broker whose only client
-listener is SASL_PLAINTEXT with SCRAM-SHA-256, a Redis that requires a password, and the whole
+"""Authenticated and encrypted transports end to end (docs/security.md §5): a broker whose only
+client listener takes SCRAM-SHA-256 logins, a Redis that requires a password, and the whole
 path through them as deployed: ``setu api``, ``setu ingest`` and ``setu deliver`` processes
 configured by ``SETU_*`` variables alone, a message produced over HTTP and delivered to a
 webhook. Clients with a wrong password, or none, are refused.
+
+It runs twice: in clear (SASL_PLAINTEXT, ``redis://``), and over TLS with certificates of a
+private authority (SASL_SSL, ``rediss://``), which every client checks, host name included.
 """
 
 from __future__ import annotations
@@ -21,17 +24,19 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import trustme
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
+from cryptography.hazmat.primitives import serialization
 from pydantic import SecretStr
 
 from cli.dev import setu_argv
 from cli.jars import resolve_kafka_jars
-from cli.kafka_local import KafkaNode, LocalKafka
+from cli.kafka_local import BrokerTls, KafkaNode, LocalKafka
 from cli.ports import any_free_port
 from cli.probes import http_ok, kafka_answers, redis_answers
 from cli.processes import ChildSpec
-from cli.redis_local import LocalRedis, RedisNode
+from cli.redis_local import LocalRedis, RedisNode, RedisTls
 from cli.stack import Stack
 from setu.settings import Settings
 from state import migrate
@@ -91,62 +96,109 @@ def hook() -> Iterator[Hook]:
     server.server_close()
 
 
+@dataclass(frozen=True)
+class Certificates:
+    """PEM files: a private authority, and a certificate it signed for 127.0.0.1 with its key
+    (PKCS#8), alone and together (the form Kafka's and Setu's keystores take)."""
+
+    authority: Path
+    chain: Path
+    key: Path
+    keystore: Path
+
+
+def certificates(folder: Path) -> Certificates:
+    authority = trustme.CA(key_type=trustme.KeyType.RSA)
+    leaf = authority.issue_cert("127.0.0.1")
+    key = serialization.load_pem_private_key(leaf.private_key_pem.bytes(), None).private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    chain = b"".join(blob.bytes() for blob in leaf.cert_chain_pems)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = Certificates(*(folder / name for name in ("ca.pem", "chain.pem", "key.pem", "ks.pem")))
+    files.authority.write_bytes(authority.cert_pem.bytes())
+    files.chain.write_bytes(chain)
+    files.key.write_bytes(key)
+    files.keystore.write_bytes(key + chain)
+    return files
+
+
 @dataclass
 class Secured:
     """The broker and Redis of this test, and how a client reaches them."""
 
     stack: Stack
+    protocol: str
     bootstrap: str
     redis_url: str
     user: str
     kafka_password: str
     redis_password: str
     logs: Path
+    authority: Path | None
+
+    def settings(self) -> dict[str, str]:
+        """Setu's Kafka settings for this broker, by field name."""
+        found = {
+            "kafka_security_protocol": self.protocol,
+            "kafka_sasl_mechanism": "SCRAM-SHA-256",
+            "kafka_sasl_username": self.user,
+            "kafka_sasl_password": self.kafka_password,
+        }
+        if self.authority is not None:
+            found["kafka_ssl_ca_location"] = str(self.authority)
+        return found
 
     def kafka_env(self) -> dict[str, str]:
         return {
             "SETU_KAFKA_BOOTSTRAP": self.bootstrap,
-            "SETU_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
-            "SETU_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256",
-            "SETU_KAFKA_SASL_USERNAME": self.user,
-            "SETU_KAFKA_SASL_PASSWORD": self.kafka_password,
+            **{f"SETU_{name.upper()}": value for name, value in self.settings().items()},
         }
 
     def client_config(self, **changes: str) -> dict[str, str]:
         """A librdkafka client's settings, built as Setu's processes build theirs."""
-        settings = Settings(
-            kafka_security_protocol="SASL_PLAINTEXT",  # type: ignore[arg-type]
-            kafka_sasl_mechanism="SCRAM-SHA-256",  # type: ignore[arg-type]
-            kafka_sasl_username=self.user,
-            kafka_sasl_password=SecretStr(self.kafka_password),
-        )
+        settings = Settings(**self.settings())  # type: ignore[arg-type]
         return {"bootstrap.servers": self.bootstrap, **settings.kafka_client_config(), **changes}
 
 
-@pytest.fixture
-def secured(tmp_path: Path) -> Iterator[Secured]:
+@pytest.fixture(params=["SASL_PLAINTEXT", "SASL_SSL"])
+def secured(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Secured]:
     """A broker (SCRAM users ``broker`` and ``setu``) and a Redis with a password, both on free
-    loopback ports and stopped after the test."""
+    loopback ports, over TLS for SASL_SSL, and stopped after the test."""
     stop = threading.Event()
     stack = Stack(stop, log.info)
     logs = tmp_path / "logs"
     kafka_password, redis_password = password(), password()
+    tls = certificates(tmp_path / "tls") if request.param == "SASL_SSL" else None
     node = KafkaNode(
         port=any_free_port(),
         controller_port=any_free_port(),
         data_dir=tmp_path / "kafka" / "data",
         scram_users=(("broker", SecretStr(password())), ("setu", SecretStr(kafka_password))),
+        tls=BrokerTls(tls.keystore, tls.authority) if tls else None,
     )
+    assert node.protocol == request.param
     libs = resolve_kafka_jars(Settings())[0].parent
     broker = LocalKafka(tmp_path / "kafka", node, libs, logs / "kafka.log", "512m")
     redis_node = RedisNode(
         port=any_free_port(),
         data_dir=tmp_path / "redis" / "data",
         password=SecretStr(redis_password),
+        tls=RedisTls(tls.chain, tls.key, tls.authority) if tls else None,
     )
     cache = LocalRedis(tmp_path / "redis", redis_node, logs / "redis.log")
     secured = Secured(
-        stack, node.bootstrap, redis_node.url, "setu", kafka_password, redis_password, logs
+        stack,
+        request.param,
+        node.bootstrap,
+        redis_node.url,
+        "setu",
+        kafka_password,
+        redis_password,
+        logs,
+        tls.authority if tls else None,
     )
     try:
         broker.prepare()

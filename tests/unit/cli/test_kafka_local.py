@@ -7,6 +7,7 @@ import pytest
 from pydantic import SecretStr
 
 from cli.kafka_local import (
+    BrokerTls,
     KafkaNode,
     broker_command,
     format_command,
@@ -115,3 +116,17 @@ def test_scram_users_are_written_into_the_storage_when_it_is_formatted() -> None
 def test_scram_passwords_that_would_need_quoting_are_refused() -> None:
     with pytest.raises(ValueError, match="letters, digits"):
         KafkaNode(1, 2, Path("/d"), scram_users=(("setu", SecretStr("a,b]")),))
+
+
+def test_with_tls_files_the_listener_speaks_tls_with_the_pem_files_as_they_are() -> None:
+    tls = BrokerTls(keystore=Path("/t/broker.pem"), truststore=Path("/t/ca.pem"))
+    node = KafkaNode(19092, 19093, Path("/d"), scram_users=SASL_NODE.scram_users, tls=tls)
+    config = parse(render_server_properties(node))
+    assert config["listeners"] == "SASL_SSL://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert config["listener.security.protocol.map"] == "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT"
+    assert "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config" in config
+    assert config["ssl.keystore.type"] == config["ssl.truststore.type"] == "PEM"
+    assert config["ssl.keystore.location"] == "/t/broker.pem"
+    assert config["ssl.truststore.location"] == "/t/ca.pem"
+    # TLS without users: SSL
+    assert KafkaNode(19092, 19093, Path("/d"), tls=tls).protocol == "SSL"
