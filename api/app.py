@@ -29,6 +29,7 @@ from api.quotas import ProjectQuotas, QuotaGate
 from api.responses import install_error_handlers
 from api.topic_cache import TopicCache
 from api.validation import known_query_only
+from delivery.kafka_io import KafkaReader
 from setu.addresses import Resolver, system_resolver
 from setu.model import ProduceQuota, Topic
 from setu.settings import Settings
@@ -81,11 +82,14 @@ async def open_services(
     async def load_topic(project: str, topic: str) -> Topic | None:
         return await blocking(store.find_topic, project, topic)
 
+    # How every Kafka client of the API reaches the broker (docs/security.md §8).
+    kafka = settings.kafka_client_config()
     producer = AckedProducer(
         producer_config(
             bootstrap,
             ack_timeout_ms=settings.produce_timeout_ms,
             max_message_bytes=settings.max_message_bytes,
+            extra=kafka,
         )
     )
     producer.start()
@@ -113,7 +117,9 @@ async def open_services(
             max_message_bytes=settings.max_message_bytes,
             # One patience for every Kafka request the API makes.
             timeout_s=settings.produce_timeout_ms / 1000,
+            client_config=kafka,
         ),
+        kafka_reader=KafkaReader(bootstrap, kafka),
         producer=producer,
         topics=TopicCache(load_topic),
         metrics=metrics,

@@ -19,6 +19,7 @@ from api.metrics import ApiMetrics
 from api.producer import AckedProducer
 from api.quotas import ProjectQuotas, QuotaGate
 from api.topic_cache import TopicCache
+from delivery.kafka_io import KafkaReader
 from setu.addresses import Resolver, system_resolver
 from setu.settings import Settings
 from state.kafka_admin import KafkaTopics
@@ -36,6 +37,8 @@ class Services:
     redis: Redis[bytes]
     retired: RetiredList
     kafka_admin: KafkaTopics
+    # Short reads outside any consumer group: lag, DLQ pages, what reject topics hold.
+    kafka_reader: KafkaReader
     producer: AckedProducer
     topics: TopicCache
     metrics: ApiMetrics

@@ -141,10 +141,7 @@ def _redis(request: Request) -> Redis[bytes]:
 
 
 def _reader(request: Request) -> KafkaReader:
-    bootstrap = request.app.state.settings.kafka_bootstrap
-    if not bootstrap:
-        raise DependencyUnavailable("SETU_KAFKA_BOOTSTRAP is not set")
-    return KafkaReader(bootstrap)
+    return services(request).kafka_reader
 
 
 async def _subscription(request: Request, project: str, name: str) -> tuple[Subscription, int]:

@@ -17,7 +17,6 @@ from api.auth import allow, authorize
 from api.context import blocking, services
 from api.responses import reply
 from api.schemas import ProducerMarkOut, TopicCreate, TopicOut, TopicsOut, errors, topic_view
-from delivery.kafka_io import KafkaReader
 from setu import names
 from setu.access import Permission
 from setu.errors import DependencyUnavailable
@@ -75,9 +74,7 @@ async def list_topics(request: Request, project: str) -> Response:
 async def get_topic(request: Request, project: str, topic: str) -> Response:
     s = services(request)
     found = await blocking(s.store.get_topic, project, topic)
-    if not s.settings.kafka_bootstrap:
-        raise DependencyUnavailable("SETU_KAFKA_BOOTSTRAP is not set")
-    reader = KafkaReader(s.settings.kafka_bootstrap)
+    reader = s.kafka_reader
     rejects = names.ingest_rejects_topic(project, topic)
     try:
         held = await blocking(reader.records_held, rejects, found.partitions)

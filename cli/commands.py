@@ -95,7 +95,9 @@ def run_redrive(settings: Settings, project: str, topic: str, say: Callable[[str
         return 2
     with installed("spark.redrive"):
         from spark.redrive import redrive
-    done = redrive(settings.kafka_bootstrap, project, topic)
+    done = redrive(
+        settings.kafka_bootstrap, project, topic, client_config=settings.kafka_client_config()
+    )
     say(f"setu redrive: copied {done.copied} record(s) from {done.source} to {done.target}")
     return 0
 

@@ -25,6 +25,7 @@ from cli.services import DEFAULT_PORTS, SETUP_ERRORS, PortPlan, start_kafka, sta
 from cli.spark_local import LocalSparkCluster
 from cli.stack import Report, Stack, death_reason, stop_on_signals
 from setu.clock import now_ms
+from setu.redact import url_without_password
 from setu.settings import Settings, is_local_master
 from state.ingest_status import RedisIngestStatus, ingest_view
 from state.sealing import Sealer
@@ -127,8 +128,9 @@ def summary(
             f"  Metrics   {', '.join(metrics)}",
             f"  Ingest    {ingest_line}",
             f"  Kafka     {env['SETU_KAFKA_BOOTSTRAP']}",
-            f"  Redis     {env['SETU_REDIS_URL']}",
-            f"  Database  {env['SETU_DATABASE_URL']}",
+            # A password inside either URL is not printed (docs/security.md §8).
+            f"  Redis     {url_without_password(env['SETU_REDIS_URL'])}",
+            f"  Database  {url_without_password(env['SETU_DATABASE_URL'])}",
             f"  Logs      {logs}",
             "The admin key (kept in the data folder; make narrower keys with POST /v1/keys):",
             f"  export SETU_API_KEY={env['SETU_ADMIN_KEY']}",

@@ -2,27 +2,48 @@
 
 It runs from the jars in the cache dir (see :mod:`cli.jars`) with its configuration and data in
 one folder; the storage is formatted once, so a second run keeps every topic and offset.
+
+Given SCRAM users, its one client listener takes only clients that log in as one of them with
+SCRAM-SHA-256 (the broker itself logs in as the first); the users are written into the storage
+when it is formatted. Given TLS files, the listener speaks TLS. So the listener is PLAINTEXT,
+SASL_PLAINTEXT, SSL or SASL_SSL (docs/security.md §8).
 """
 
 from __future__ import annotations
 
 import base64
+import re
 import shutil
 import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from cli.ports import LOOPBACK
 from cli.processes import ChildSpec
+from setu.kafka_security import SaslMechanism, SecurityProtocol, jaas_config
 
 DEFAULT_PORT = 9092
 DEFAULT_CONTROLLER_PORT = 9093
 STOP_TIMEOUT_S = 40.0
+SCRAM = SaslMechanism.SCRAM_SHA_256
+# What --add-scram takes unquoted in a user's name or password.
+_SCRAM_SAFE = re.compile(r"[A-Za-z0-9._~-]+")
 
 
 class KafkaUnavailable(Exception):
     """Raised when the broker cannot be prepared (no java, storage formatting failed)."""
+
+
+@dataclass(frozen=True)
+class BrokerTls:
+    """PEM files of a TLS listener: the broker's private key (PKCS#8) followed by its
+    certificate chain, and the authorities it trusts (its own, to reach itself)."""
+
+    keystore: Path
+    truststore: Path
 
 
 @dataclass(frozen=True)
@@ -34,10 +55,56 @@ class KafkaNode:
     data_dir: Path
     node_id: int = 1
     host: str = LOOPBACK
+    # SCRAM-SHA-256 users (name, password); any: clients must log in as one (see module doc).
+    scram_users: tuple[tuple[str, SecretStr], ...] = ()
+    tls: BrokerTls | None = None
+
+    def __post_init__(self) -> None:
+        for name, password in self.scram_users:
+            if not (
+                _SCRAM_SAFE.fullmatch(name) and _SCRAM_SAFE.fullmatch(password.get_secret_value())
+            ):
+                raise ValueError(f"SCRAM user {name!r}: use letters, digits and ._~- only")
 
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def protocol(self) -> SecurityProtocol:
+        """What the client listener speaks."""
+        if self.scram_users:
+            return SecurityProtocol.SASL_SSL if self.tls else SecurityProtocol.SASL_PLAINTEXT
+        return SecurityProtocol.SSL if self.tls else SecurityProtocol.PLAINTEXT
+
+
+def tls_properties(node: KafkaNode) -> dict[str, str]:
+    """The TLS files of the client listener, PEM as they are (empty without TLS)."""
+    if node.tls is None:
+        return {}
+    return {
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(node.tls.keystore),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(node.tls.truststore),
+    }
+
+
+def sasl_properties(node: KafkaNode) -> dict[str, str]:
+    """The settings of a SASL client listener taking SCRAM-SHA-256 logins, the broker logging
+    in to it as the first user (empty without users)."""
+    if not node.scram_users:
+        return {}
+    name, password = node.scram_users[0]
+    listener = node.protocol.lower()
+    return {
+        "sasl.enabled.mechanisms": str(SCRAM),
+        "sasl.mechanism.inter.broker.protocol": str(SCRAM),
+        # Names and passwords are plain (letters, digits, ._~-): no escaping in either file.
+        f"listener.name.{listener}.{SCRAM.lower()}.sasl.jaas.config": jaas_config(
+            SCRAM, name, password
+        ),
+    }
 
 
 def render_server_properties(node: KafkaNode) -> str:
@@ -46,16 +113,19 @@ def render_server_properties(node: KafkaNode) -> str:
     Topics are never created implicitly (Setu creates every topic with its partition count), and
     internal topics have one replica because there is one broker.
     """
+    client = node.protocol
     settings = {
         "process.roles": "broker,controller",
         "node.id": str(node.node_id),
         "controller.quorum.voters": f"{node.node_id}@{node.host}:{node.controller_port}",
-        "listeners": f"PLAINTEXT://{node.host}:{node.port},CONTROLLER://{node.host}:"
+        "listeners": f"{client}://{node.host}:{node.port},CONTROLLER://{node.host}:"
         f"{node.controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{node.host}:{node.port}",
+        "advertised.listeners": f"{client}://{node.host}:{node.port}",
         "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": str(client),
+        "listener.security.protocol.map": f"{client}:{client},CONTROLLER:PLAINTEXT",
+        **sasl_properties(node),
+        **tls_properties(node),
         "log.dirs": str(node.data_dir),
         "auto.create.topics.enable": "false",
         "num.partitions": "1",
@@ -100,9 +170,19 @@ def classpath(libs: Path) -> str:
 
 
 def format_command(
-    java: str, libs: Path, log4j: Path, cluster_id: str, properties: Path
+    java: str,
+    libs: Path,
+    log4j: Path,
+    cluster_id: str,
+    properties: Path,
+    scram_users: tuple[tuple[str, SecretStr], ...] = (),
 ) -> list[str]:
-    """Formats the KRaft storage named in ``properties`` (once per data dir)."""
+    """Formats the KRaft storage named in ``properties`` (once per data dir), with the SCRAM
+    users in it. Their passwords are on this short command's line: a loopback broker's only."""
+    users = [
+        f"--add-scram={SCRAM}=[name={name},password={password.get_secret_value()}]"
+        for name, password in scram_users
+    ]
     return [
         java,
         f"-Dlog4j2.configurationFile={log4j}",
@@ -114,6 +194,7 @@ def format_command(
         cluster_id,
         "--config",
         str(properties),
+        *users,
     ]
 
 
@@ -157,7 +238,14 @@ class LocalKafka:
         if (self.node.data_dir / "meta.properties").is_file():
             return
         result = subprocess.run(
-            format_command(self._java(), self.libs, self.log4j, new_cluster_id(), self.properties),
+            format_command(
+                self._java(),
+                self.libs,
+                self.log4j,
+                new_cluster_id(),
+                self.properties,
+                self.node.scram_users,
+            ),
             capture_output=True,
             text=True,
             check=False,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import httpx
 import redis
@@ -55,15 +55,16 @@ def tcp_open(host: str, port: int) -> bool:
         return False
 
 
-def kafka_answers(bootstrap: str) -> bool:
-    """True when a broker at ``bootstrap`` returns cluster metadata."""
+def kafka_answers(bootstrap: str, client_config: Mapping[str, str] | None = None) -> bool:
+    """True when a broker at ``bootstrap`` returns cluster metadata to a client that connects
+    with ``client_config`` (SASL, TLS: docs/security.md §8)."""
     from confluent_kafka.admin import AdminClient
 
     # Only ask once the port is open: librdkafka logs every refused connection to stderr.
     host, _, port = bootstrap.split(",")[0].rpartition(":")
     if not tcp_open(host, int(port)):
         return False
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(client_config or {})})
     try:
         admin.list_topics(timeout=3)
     except Exception:  # KafkaException of any kind means "not yet"

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from cli.ports import LOOPBACK
 from cli.processes import ChildSpec
 
 DEFAULT_PORT = 6379
+# What a password may hold here: no quoting in redis.conf, no escaping in the URL.
+_PLAIN = re.compile(r"[A-Za-z0-9._~-]+")
 
 
 class RedisUnavailable(Exception):
@@ -18,30 +23,65 @@ class RedisUnavailable(Exception):
 
 
 @dataclass(frozen=True)
+class RedisTls:
+    """PEM files of a TLS-only Redis: its certificate, its key, and the authority that signed
+    the certificate (which clients are given to check it)."""
+
+    certificate: Path
+    key: Path
+    authority: Path
+
+
+@dataclass(frozen=True)
 class RedisNode:
-    """Where one local Redis listens and keeps its data."""
+    """Where one local Redis listens and keeps its data; with a password, clients must send it
+    (``requirepass``), with TLS files it speaks TLS only. The URL carries both
+    (docs/security.md §8)."""
 
     port: int
     data_dir: Path
     host: str = LOOPBACK
+    password: SecretStr | None = None
+    tls: RedisTls | None = None
+
+    def __post_init__(self) -> None:
+        if self.password is not None and not _PLAIN.fullmatch(self.password.get_secret_value()):
+            raise ValueError("a local Redis password: use letters, digits and ._~- only")
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        login = f":{self.password.get_secret_value()}@" if self.password is not None else ""
+        if self.tls is not None:
+            return f"rediss://{login}{self.host}:{self.port}/0?ssl_ca_certs={self.tls.authority}"
+        return f"redis://{login}{self.host}:{self.port}/0"
 
 
 def render_redis_conf(node: RedisNode) -> str:
-    """redis.conf for a loopback-only server that survives restarts (AOF, fsync every second)."""
-    return (
-        f"bind {node.host}\n"
-        f"port {node.port}\n"
-        "protected-mode yes\n"
-        "daemonize no\n"
-        f'dir "{node.data_dir}"\n'
-        "appendonly yes\n"
-        "appendfsync everysec\n"
-        'logfile ""\n'
-    )
+    """redis.conf for a loopback-only server that survives restarts (AOF, fsync every second);
+    with TLS files its one port speaks TLS (clients need not show a certificate)."""
+    lines = [f"bind {node.host}"]
+    if node.tls is None:
+        lines.append(f"port {node.port}")
+    else:
+        lines += [
+            "port 0",
+            f"tls-port {node.port}",
+            f'tls-cert-file "{node.tls.certificate}"',
+            f'tls-key-file "{node.tls.key}"',
+            f'tls-ca-cert-file "{node.tls.authority}"',
+            "tls-auth-clients no",
+        ]
+    lines += [
+        "protected-mode yes",
+        "daemonize no",
+        f'dir "{node.data_dir}"',
+        "appendonly yes",
+        "appendfsync everysec",
+        'logfile ""',
+    ]
+    if node.password is not None:
+        lines.append(f"requirepass {node.password.get_secret_value()}")
+    return "".join(f"{line}\n" for line in lines)
 
 
 class LocalRedis:

@@ -21,6 +21,7 @@ from cli.dev_settings import DevSettings
 from cli.probes import StopRequested
 from cli.services import SETUP_ERRORS, PortPlan, start_kafka, start_postgres, start_redis
 from cli.stack import Report, Stack, stop_on_signals
+from setu.redact import url_without_password
 from setu.settings import Settings
 
 TEST_VARIABLES = {
@@ -60,7 +61,8 @@ def testbed(
         values = _start_missing(settings, dev, stack, workdir)
         if env_file is not None:
             env_file.write_text(render_env_file(values))
-        report("test services: " + ", ".join(f"{k}={v}" for k, v in sorted(values.items())))
+        shown = (f"{k}={url_without_password(v)}" for k, v in sorted(values.items()))
+        report("test services: " + ", ".join(shown))
         if not command:
             stack.supervise()
             return 0

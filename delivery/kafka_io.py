@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
@@ -81,10 +81,17 @@ class Assignment:
 
 
 def consumer_config(
-    bootstrap: str, group: str, client_id: str, limits: MessageLimits
+    bootstrap: str,
+    group: str,
+    client_id: str,
+    limits: MessageLimits,
+    client_config: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
+    """A subscription's consumer; ``client_config`` says how to reach the broker
+    (:meth:`setu.settings.Settings.kafka_client_config`, docs/security.md §8)."""
     return {
         "bootstrap.servers": bootstrap,
+        **(client_config or {}),
         "group.id": group,
         "client.id": client_id,
         # All tiers of a partition index land on one worker (docs/design.md §1).
@@ -104,9 +111,16 @@ def consumer_config(
     }
 
 
-def producer_config(bootstrap: str, client_id: str, limits: MessageLimits) -> dict[str, Any]:
+def producer_config(
+    bootstrap: str,
+    client_id: str,
+    limits: MessageLimits,
+    client_config: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The worker's producer of copies (retry tiers, DLQ); ``client_config`` as above."""
     return {
         "bootstrap.servers": bootstrap,
+        **(client_config or {}),
         "client.id": client_id,
         "acks": "all",
         "enable.idempotence": True,
@@ -367,9 +381,10 @@ class KafkaReader:
     """Short reads outside the consumer group: tails and offsets for a time. Blocking; call
     the methods in a worker thread."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, client_config: Mapping[str, str] | None = None) -> None:
         self._config = {
             "bootstrap.servers": bootstrap,
+            **(client_config or {}),
             # Never joins or commits: it only assigns partitions.
             "group.id": "setu-delivery-reader",
             "enable.auto.commit": False,

@@ -19,7 +19,7 @@ import logging
 import random
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -72,6 +72,8 @@ SEEK_RETRIES_QUIET = 3
 class RunnerConfig:
     bootstrap: str
     worker_id: str
+    # How Kafka clients reach the broker besides the bootstrap (docs/security.md §8).
+    client_config: Mapping[str, str] = field(default_factory=dict)
     limits: MessageLimits = field(default_factory=lambda: MessageLimits(DEFAULT_MAX_MESSAGE_BYTES))
     commit_interval_ms: int = 1000
     release_poll_ms: int = 1000
@@ -245,7 +247,9 @@ class SubscriptionRunner:
         self.reader = parts.reader
         group = names.consumer_group(sub.project, sub.name)
         self._consumer = parts.consumer(
-            consumer_config(config.bootstrap, group, config.worker_id, config.limits),
+            consumer_config(
+                config.bootstrap, group, config.worker_id, config.limits, config.client_config
+            ),
             asyncio.get_running_loop(),
             self,
         )

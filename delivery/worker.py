@@ -111,7 +111,7 @@ def runner_parts(
     return RunnerParts(
         store=RedisGroupStore(client, sub.project, sub.name),
         sender=WebhookSender(sub, http),
-        reader=KafkaReader(config.bootstrap),
+        reader=KafkaReader(config.bootstrap, config.client_config),
         copies=producer,
         reports=RedisWorkers(client),
         consumer=ConsumerThread,
@@ -133,9 +133,14 @@ async def serve(
     instance = f"{name}:{os.getpid()}"
     client: Redis[bytes] = Redis.from_url(settings.redis_url, socket_timeout=10)
     limits = MessageLimits(settings.max_message_bytes)
-    producer = AsyncProducer(producer_config(settings.kafka_bootstrap, instance, limits), loop)
+    kafka = settings.kafka_client_config()
+    producer = AsyncProducer(
+        producer_config(settings.kafka_bootstrap, instance, limits, kafka), loop
+    )
     http = HttpClient(allow_private=settings.allow_private_endpoints)
-    config = RunnerConfig(bootstrap=settings.kafka_bootstrap, worker_id=instance, limits=limits)
+    config = RunnerConfig(
+        bootstrap=settings.kafka_bootstrap, worker_id=instance, limits=limits, client_config=kafka
+    )
     metrics = DeliveryMetrics()
     worker = Worker(
         source,

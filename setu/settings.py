@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from setu.kafka_security import KafkaSecurity, SaslMechanism, SecurityProtocol
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES
 
 MIB = 1024 * 1024
@@ -19,7 +20,8 @@ MIB = 1024 * 1024
 class Settings(BaseSettings):
     """Every knob of every process. Defaults suit one small machine (``setu dev up``)."""
 
-    model_config = SettingsConfigDict(env_prefix="SETU_", extra="ignore")
+    # Errors never echo their input: it may hold a password (docs/security.md §8).
+    model_config = SettingsConfigDict(env_prefix="SETU_", extra="ignore", hide_input_in_errors=True)
 
     # Where everything local lives: SQLite file, Kafka and Redis data, logs, Spark checkpoints.
     data_dir: Path = Path(".setu")
@@ -61,6 +63,18 @@ class Settings(BaseSettings):
     # Kafka
     kafka_replication_factor: int = 1
     kafka_version: str = "4.1.1"
+    # How every Kafka client connects (docs/security.md §8): SASL credentials and TLS, the same
+    # for librdkafka and for Spark's Kafka source and sink.
+    kafka_security_protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
+    kafka_sasl_mechanism: SaslMechanism | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    # PEM files: the certificates that sign the brokers' (unset: the system's), and the
+    # client's private key with its certificate chain (for brokers that ask for one).
+    kafka_ssl_ca_location: str | None = None
+    kafka_ssl_keystore_location: str | None = None
+    kafka_ssl_key_password: SecretStr | None = None
+    kafka_ssl_endpoint_identification: bool = True
 
     # Ingest (Spark)
     spark_master: str = "local[2]"
@@ -89,6 +103,30 @@ class Settings(BaseSettings):
     # Where a delivery worker serves GET /metrics (Prometheus); unset: not served.
     delivery_metrics_port: int | None = None
     delivery_metrics_host: str = "127.0.0.1"
+
+    @model_validator(mode="after")
+    def _kafka_security_agrees(self) -> Settings:
+        """Contradictory Kafka security settings stop every process at its start."""
+        self.kafka_security()
+        return self
+
+    def kafka_security(self) -> KafkaSecurity:
+        """How Kafka clients connect; raises KafkaSecurityError (a ValueError) when the
+        settings contradict each other."""
+        return KafkaSecurity(
+            protocol=self.kafka_security_protocol,
+            mechanism=self.kafka_sasl_mechanism,
+            username=self.kafka_sasl_username,
+            password=self.kafka_sasl_password,
+            ca_location=self.kafka_ssl_ca_location,
+            keystore_location=self.kafka_ssl_keystore_location,
+            key_password=self.kafka_ssl_key_password,
+            verify_hostname=self.kafka_ssl_endpoint_identification,
+        )
+
+    def kafka_client_config(self) -> dict[str, str]:
+        """The librdkafka entries every Kafka client of Setu adds to its own settings."""
+        return self.kafka_security().librdkafka()
 
     def resolved_database_url(self) -> str:
         """The metadata store URL; SQLite inside the data dir unless set."""

@@ -122,6 +122,8 @@ def sink_options(settings: Settings) -> dict[str, str]:
     """Kafka producer settings of the sink: durable, and ordered under retries."""
     return {
         "kafka.bootstrap.servers": _bootstrap(settings),
+        # SASL and TLS as every other client of Setu (docs/security.md §8).
+        **settings.kafka_security().spark_options(),
         "kafka.acks": "all",
         "kafka.enable.idempotence": "true",
         # Idempotence keeps order across retries for up to 5 requests in flight.
@@ -144,6 +146,7 @@ def project_pattern(project: str) -> str:
 def source_options(settings: Settings, pattern: str = SUBSCRIBE_PATTERN) -> dict[str, str]:
     return {
         "kafka.bootstrap.servers": _bootstrap(settings),
+        **settings.kafka_security().spark_options(),
         "subscribePattern": pattern,
         "startingOffsets": "earliest",
         "includeHeaders": "true",
@@ -364,6 +367,7 @@ class BatchWriter:
         self._limits = limits
         self._retired = retired
         self._bootstrap = _bootstrap(settings)
+        self._client_config = settings.kafka_client_config()
 
     def __call__(self, accepted: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -415,15 +419,18 @@ class BatchWriter:
         """The main topics of ``rows`` deleted through the API; none while Kafka is away."""
         try:
             in_batch = [row[0] for row in rows.select(main).distinct().collect()]
-            return deleted_topics(self._bootstrap, in_batch)
+            return deleted_topics(self._bootstrap, in_batch, self._client_config)
         except Exception as exc:  # the broker restarting, say: the write is tried again
             log.warning("could not tell which topics are gone: %s", root_cause(exc))
             return set()
 
 
-def deleted_topics(bootstrap: str, main_topics: Iterable[str]) -> set[str]:
+def deleted_topics(
+    bootstrap: str, main_topics: Iterable[str], client_config: Mapping[str, str] | None = None
+) -> set[str]:
     """Those of ``main_topics`` whose main and ingest topics are both gone now."""
-    listed = set(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics)
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(client_config or {})})
+    listed = set(admin.list_topics(timeout=10).topics)
     gone = set()
     for main in main_topics:
         if main not in listed and ingest_topic(*parse_main_topic(main)) not in listed:
@@ -589,6 +596,7 @@ def run(settings: Settings) -> None:
         guard = MainTopicGuard(
             _bootstrap(settings),
             ingest_pattern(settings),
+            client_config=settings.kafka_client_config(),
             on_recreated=metrics.main_topic_recreated,
             retired=retired,
         ).start()

@@ -12,7 +12,7 @@ between copies a record twice (at-least-once, with the same message id).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import (
@@ -49,16 +49,22 @@ def redriven_headers(headers: Iterable[tuple[str, str | bytes | None]]) -> Heade
     return [(name, value) for name, value in headers if name not in DROPPED_HEADERS]
 
 
-def redrive(bootstrap: str, project: str, topic: str, timeout_s: float = 60.0) -> Redriven:
-    """Copies every record set aside for ``project``/``topic`` and not copied before."""
+def redrive(
+    bootstrap: str,
+    project: str,
+    topic: str,
+    timeout_s: float = 60.0,
+    client_config: Mapping[str, str] | None = None,
+) -> Redriven:
+    """Copies every record set aside for ``project``/``topic`` and not copied before;
+    ``client_config`` says how to reach the broker (docs/security.md §8)."""
     source, target = ingest_rejects_topic(project, topic), main_topic(project, topic)
     group = f"setu.redrive.{project}.{topic}"
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
-    )
+    connection = {"bootstrap.servers": bootstrap, **(client_config or {})}
+    consumer = Consumer({**connection, "group.id": group, "enable.auto.commit": False})
     producer = Producer(
         {
-            "bootstrap.servers": bootstrap,
+            **connection,
             "acks": "all",
             "enable.idempotence": True,
             "partitioner": "murmur2_random",

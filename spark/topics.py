@@ -67,10 +67,12 @@ class MainTopicGuard:
         grace_s: float = 10.0,
         on_recreated: Callable[[str], None] = lambda topic: None,
         retired: Callable[[], frozenset[str]] = frozenset,
+        client_config: Mapping[str, str] | None = None,
     ) -> None:
         """``retired`` tells the ingest topics of deleted topics, which the guard leaves alone
-        (state.retired_topics)."""
-        self._admin = AdminClient({"bootstrap.servers": bootstrap})
+        (state.retired_topics); ``client_config`` how to reach the broker (docs/security.md
+        §5)."""
+        self._admin = AdminClient({"bootstrap.servers": bootstrap, **(client_config or {})})
         self._pattern = pattern
         self._interval_s = interval_s
         self._grace_s = grace_s

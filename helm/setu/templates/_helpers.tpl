@@ -88,3 +88,19 @@ envFrom:
 checksum/config: {{ include "setu.configData" . | sha256sum }}
 checksum/secret: {{ include "setu.secretData" . | sha256sum }}
 {{- end -}}
+
+{{/* The volume of tls.existingSecret (CA and client PEM files), when one is set. */}}
+{{- define "setu.tlsVolume" -}}
+{{- with .Values.tls.existingSecret }}
+- name: tls
+  secret:
+    secretName: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* Its mount, read-only at /etc/setu/tls, in a Setu container. */}}
+{{- define "setu.tlsMount" -}}
+{{- if .Values.tls.existingSecret }}
+- {name: tls, mountPath: /etc/setu/tls, readOnly: true}
+{{- end }}
+{{- end -}}

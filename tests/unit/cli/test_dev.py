@@ -52,6 +52,20 @@ def test_the_summary_says_where_the_api_is() -> None:
     assert "Ingest    not running yet: see /d/logs/ingest.log" in waiting
 
 
+def test_the_summary_shows_no_password_of_redis_or_the_database() -> None:
+    env = {
+        "SETU_KAFKA_BOOTSTRAP": "kafka.example:9093",
+        "SETU_REDIS_URL": "rediss://:redis-pw-4e1@cache.example:6380/0",
+        "SETU_DATABASE_URL": "postgresql+psycopg://setu:db-pw-77a@db.example/setu?sslmode=require",
+        "SETU_ADMIN_KEY": "setu_admin_k3y",
+    }
+    text = summary("http://127.0.0.1:18080", True, env, Path("/d/logs"))
+    assert "redis-pw-4e1" not in text
+    assert "db-pw-77a" not in text
+    assert "Redis     rediss://:***@cache.example:6380/0" in text
+    assert "Database  postgresql+psycopg://setu:***@db.example/setu?sslmode=require" in text
+
+
 def test_dev_up_makes_an_admin_key_once_and_keeps_it_for_its_owner(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

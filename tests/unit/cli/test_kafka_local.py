@@ -3,7 +3,11 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+import pytest
+from pydantic import SecretStr
+
 from cli.kafka_local import (
+    BrokerTls,
     KafkaNode,
     broker_command,
     format_command,
@@ -68,3 +72,61 @@ def test_storage_is_formatted_with_the_given_cluster_id() -> None:
     assert argv[argv.index("kafka.tools.StorageTool") + 1] == "format"
     assert argv[argv.index("--cluster-id") + 1] == "abc"
     assert argv[argv.index("--config") + 1] == "/k/s"
+
+
+SASL_NODE = KafkaNode(
+    port=19092,
+    controller_port=19093,
+    data_dir=Path("/d/kafka/data"),
+    scram_users=(("broker", SecretStr("broker-pw")), ("setu", SecretStr("setu-pw"))),
+)
+
+
+def test_with_scram_users_the_one_client_listener_takes_only_scram_logins() -> None:
+    config = parse(render_server_properties(SASL_NODE))
+    assert config["listeners"] == "SASL_PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert config["advertised.listeners"] == "SASL_PLAINTEXT://127.0.0.1:19092"
+    assert config["listener.security.protocol.map"] == (
+        "SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT"
+    )
+    assert config["sasl.enabled.mechanisms"] == "SCRAM-SHA-256"
+    # The broker reaches itself through the same listener, as the first user
+    assert config["inter.broker.listener.name"] == "SASL_PLAINTEXT"
+    assert config["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-256"
+    assert config["listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config"] == (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="broker" password="broker-pw";'
+    )
+    assert SASL_NODE.protocol == "SASL_PLAINTEXT" and NODE.protocol == "PLAINTEXT"
+
+
+def test_scram_users_are_written_into_the_storage_when_it_is_formatted() -> None:
+    argv = format_command(
+        "java", Path("/c/libs"), Path("/k/l"), "abc", Path("/k/s"), SASL_NODE.scram_users
+    )
+    assert argv[-2:] == [
+        "--add-scram=SCRAM-SHA-256=[name=broker,password=broker-pw]",
+        "--add-scram=SCRAM-SHA-256=[name=setu,password=setu-pw]",
+    ]
+    # A node without users formats without any
+    plain = format_command("java", Path("/c/libs"), Path("/k/l"), "abc", Path("/k/s"))
+    assert not any(arg.startswith("--add-scram") for arg in plain)
+
+
+def test_scram_passwords_that_would_need_quoting_are_refused() -> None:
+    with pytest.raises(ValueError, match="letters, digits"):
+        KafkaNode(1, 2, Path("/d"), scram_users=(("setu", SecretStr("a,b]")),))
+
+
+def test_with_tls_files_the_listener_speaks_tls_with_the_pem_files_as_they_are() -> None:
+    tls = BrokerTls(keystore=Path("/t/broker.pem"), truststore=Path("/t/ca.pem"))
+    node = KafkaNode(19092, 19093, Path("/d"), scram_users=SASL_NODE.scram_users, tls=tls)
+    config = parse(render_server_properties(node))
+    assert config["listeners"] == "SASL_SSL://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert config["listener.security.protocol.map"] == "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT"
+    assert "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config" in config
+    assert config["ssl.keystore.type"] == config["ssl.truststore.type"] == "PEM"
+    assert config["ssl.keystore.location"] == "/t/broker.pem"
+    assert config["ssl.truststore.location"] == "/t/ca.pem"
+    # TLS without users: SSL
+    assert KafkaNode(19092, 19093, Path("/d"), tls=tls).protocol == "SSL"

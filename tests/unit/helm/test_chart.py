@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from setu.settings import Settings
+
 CHART = Path(__file__).resolve().parents[3] / "helm" / "setu"
 TEMPLATES = sorted((CHART / "templates").glob("*.yaml"))
 
@@ -136,6 +138,21 @@ def test_migrations_run_before_install_and_upgrade() -> None:
 def test_private_webhooks_are_refused_by_default() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["config"]["SETU_ALLOW_PRIVATE_ENDPOINTS"] == "false"
+
+
+def test_every_kafka_security_setting_is_a_value_and_passwords_are_secrets() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    fields = [
+        name for name in Settings.model_fields if name.startswith(("kafka_sasl_", "kafka_ssl_"))
+    ]
+    wanted = {f"SETU_{name.upper()}" for name in [*fields, "kafka_security_protocol"]}
+    secret = {name for name in wanted if name.endswith("_PASSWORD")}
+    assert secret == {"SETU_KAFKA_SASL_PASSWORD", "SETU_KAFKA_SSL_KEY_PASSWORD"}
+    assert secret <= set(values["secrets"])
+    assert wanted - secret <= set(values["config"])
+    assert not secret & set(values["config"])
+    # Clients speak PLAINTEXT unless told otherwise, as Setu does outside the chart
+    assert values["config"]["SETU_KAFKA_SECURITY_PROTOCOL"] == Settings().kafka_security_protocol
 
 
 def test_chart_metadata() -> None:
