@@ -40,6 +40,7 @@ from setu.model import Subscription
 from setu.ordering.dead_letters import (
     Selector,
 )
+from setu.ordering.groups import Standing, standing
 from setu.ordering.state import GroupState
 from setu.ordering.tiers import DLQ, is_retry, tier_name, topic_of, topics_by_tier
 from state.groups import RedisGroupStore
@@ -97,6 +98,17 @@ class GroupOut(Out):
     tier: str | None
     parked: int
     head_message_id: str | None
+
+
+class UnhealthyGroupOut(GroupOut):
+    # When the group became unhealthy (its first failure since it was last healthy).
+    since_ms: int
+
+
+class UnhealthyGroupsOut(Out):
+    groups: list[UnhealthyGroupOut]
+    # The cursor of the next page (pass it as ``after``); null on the last page.
+    next: str | None
 
 
 class DeadLetterOut(Out):
@@ -211,11 +223,10 @@ def group_view(group_id: str, state: GroupState | None) -> dict[str, Any]:
             "parked": 0,
             "head_message_id": None,
         }
-    # A group on a lap is retrying its released head in that tier (see setu.ordering.groups).
-    tier = state.lap or state.head_tier
+    kind, tier = standing(state)
     return {
         "group_id": group_id,
-        "state": "dead_lettered" if tier == DLQ else "retrying",
+        "state": kind.value,
         "tier": tier_name(tier) if tier == DLQ or is_retry(tier) else None,
         "parked": state.parked,
         "head_message_id": state.head,
@@ -236,6 +247,50 @@ async def group(request: Request, project: str, subscription: str, group_id: str
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
     return reply(GroupOut, group_view(group_id, state))
+
+
+@router.get(
+    "/groups",
+    summary="The groups that are not healthy, the longest unhealthy first (paged)",
+    response_model=None,
+    responses={200: {"model": UnhealthyGroupsOut}, **errors(400, 404, 503)},
+)
+@allow(Permission.READ)
+async def unhealthy_groups(
+    request: Request,
+    project: str,
+    subscription: str,
+    state: Annotated[Literal["retrying", "dead_lettered"] | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: Annotated[str | None, Query(max_length=200)] = None,
+) -> Response:
+    await _subscription(request, project, subscription)
+    store = RedisGroupStore(_redis(request), project, subscription)
+    try:
+        page = await store.unhealthy(
+            Standing(state) if state else None, limit, parse_group_cursor(after)
+        )
+    except RedisError as exc:
+        raise DependencyUnavailable(f"Redis: {exc}") from exc
+    return reply(
+        UnhealthyGroupsOut,
+        {
+            "groups": [
+                {**group_view(g.group_id, g.state), "since_ms": g.since_ms} for g in page.groups
+            ],
+            "next": None if page.next is None else f"{page.next[0]}:{page.next[1]}",
+        },
+    )
+
+
+def parse_group_cursor(after: str | None) -> tuple[int, str] | None:
+    """``since_ms:group_id`` as the previous page's ``next`` gave it."""
+    if after is None:
+        return None
+    since, _, group = after.partition(":")
+    if not since.isascii() or not since.isdigit() or not group:
+        raise InvalidInput(f"cursor {after!r} is not one that 'next' gave")
+    return int(since), group
 
 
 async def _dead_letter_ops(request: Request, sub: Subscription, partitions: int) -> DeadLetterOps:

@@ -24,11 +24,14 @@ Contract (both :class:`RedisGroupStore` and :class:`state.groups_stub.StubGroupS
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import orjson
 from redis.asyncio import Redis
 
+from setu.clock import now_ms
+from setu.ordering.groups import Standing, standing
 from setu.ordering.state import (
     EMPTY_COUNTS,
     Fenced,
@@ -39,6 +42,22 @@ from setu.ordering.state import (
     StateWrite,
 )
 from state import keys
+
+
+@dataclass(frozen=True, slots=True)
+class UnhealthyGroup:
+    group_id: str
+    # When the group became unhealthy (its first failure since it was last healthy).
+    since_ms: int
+    state: GroupState
+
+
+@dataclass(frozen=True, slots=True)
+class UnhealthyPage:
+    groups: list[UnhealthyGroup]
+    # Where the next page starts; None when this one reached the end.
+    next: tuple[int, str] | None
+
 
 # Outcome scores: tier * 2**48 + offset stays exact in a double and orders by tier first.
 TIER_SCORE = 2**48
@@ -142,6 +161,13 @@ class GroupStore(Protocol):
         """The ids of the subscription's failed groups, sorted."""
         ...
 
+    async def unhealthy(
+        self, standing: Standing | None, limit: int, after: tuple[int, str] | None
+    ) -> UnhealthyPage:
+        """Up to ``limit`` failed groups (of one standing, or both), the longest unhealthy
+        first, after the cursor ``(since_ms, group_id)``; costs O(limit), not O(groups)."""
+        ...
+
     async def clear(self) -> int:
         """Forgets everything of the subscription (it is being deleted); returns how many
         records (Redis keys) there were."""
@@ -197,9 +223,20 @@ for _, w in ipairs(b.writes) do
       redis.call('HSET', KEYS[w.g], unpack(w.fields))
       redis.call('SADD', KEYS[w.f], w.group)
       redis.call('SADD', KEYS[w.pf], w.group)
+      -- The index keeps when the group became unhealthy across its changes of standing.
+      local since = redis.call('ZSCORE', KEYS[w.ui], w.group)
+        or redis.call('ZSCORE', KEYS[w.uo], w.group)
+      if not since then
+        local t = redis.call('TIME')
+        since = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      redis.call('ZREM', KEYS[w.uo], w.group)
+      redis.call('ZADD', KEYS[w.ui], since, w.group)
     else
       redis.call('SREM', KEYS[w.f], w.group)
       redis.call('SREM', KEYS[w.pf], w.group)
+      redis.call('ZREM', KEYS[w.ui], w.group)
+      redis.call('ZREM', KEYS[w.uo], w.group)
     end
   end
   each('ZADD', KEYS[w.z], w.outcomes, 1000)
@@ -213,6 +250,16 @@ for _, w in ipairs(b.writes) do
   end
 end
 return 1
+"""
+
+
+# KEYS: group state, the index it belongs in, the other index. ARGV: group, since. Adds a
+# group still failed and in neither index.
+_INDEX_OLDER = """
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('ZSCORE', KEYS[3], ARGV[1]) then
+  return 0
+end
+return redis.call('ZADD', KEYS[2], 'NX', ARGV[2], ARGV[1])
 """
 
 
@@ -298,6 +345,7 @@ class RedisGroupStore:
         self._sub = subscription
         self._apply_script = redis.register_script(_APPLY)
         self._adopt_script = redis.register_script(_ADOPT_LEGACY)
+        self._index_script = redis.register_script(_INDEX_OLDER)
 
     async def claim(self, partition: int) -> int:
         return int(await self._redis.incr(keys.owner_epoch(self._project, self._sub, partition)))
@@ -411,9 +459,15 @@ class RedisGroupStore:
             "releases_done": [str(o) for o in write.releases_done],
             "release_done": write.release_request_done,
         }
+        # "ui": the index the group belongs in now, "uo": the other one.
+        now_in = Standing.RETRYING
         if write.touches_group and write.state is not None:
             fields = encode_state(write.state, partition)
             out["fields"] = [x for kv in fields.items() for x in kv]
+            now_in = standing(write.state)[0]
+        other = next(kind for kind in Standing if kind is not now_in)
+        out["ui"] = key(keys.unhealthy(p, s, now_in.value))
+        out["uo"] = key(keys.unhealthy(p, s, other.value))
         return out
 
     async def trim(self, partition: int, committed: Mapping[int, int]) -> None:
@@ -476,6 +530,68 @@ class RedisGroupStore:
     async def failed_groups(self) -> list[str]:
         members = await self._redis.smembers(keys.failed_groups(self._project, self._sub))
         return sorted(_text(m) for m in members)
+
+    async def unhealthy(
+        self, standing: Standing | None, limit: int, after: tuple[int, str] | None
+    ) -> UnhealthyPage:
+        await self._index_older_groups()
+        entries: list[tuple[int, str]] = []
+        for kind in [standing] if standing else list(Standing):
+            entries += await self._index_page(kind, limit + 1, after)
+        entries.sort()
+        more = len(entries) > limit
+        entries = entries[:limit]
+        states = await self.states_of(group for _, group in entries)
+        # A group that healed between the two reads is left out; the cursor still moves on.
+        found = [UnhealthyGroup(g, since, states[g]) for since, g in entries if g in states]
+        return UnhealthyPage(found, entries[-1] if more and entries else None)
+
+    async def _index_page(
+        self, kind: Standing, want: int, after: tuple[int, str] | None
+    ) -> list[tuple[int, str]]:
+        key = keys.unhealthy(self._project, self._sub, kind.value)
+        out: list[tuple[int, str]] = []
+        offset = 0
+        while len(out) < want:
+            rows = await self._redis.zrangebyscore(
+                key,
+                after[0] if after else "-inf",
+                "+inf",
+                start=offset,
+                num=want,
+                withscores=True,
+            )
+            offset += len(rows)
+            for member, score in rows:
+                entry = (int(score), _text(member))
+                if after is None or entry > after:  # ties at the cursor's time are skipped
+                    out.append(entry)
+            if len(rows) < want:
+                break
+        return out[:want]
+
+    async def _index_older_groups(self) -> None:
+        """Indexes failed groups an older version left out of the index (once: the counts
+        agree from then on)."""
+        p, s = self._project, self._sub
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.scard(keys.failed_groups(p, s))
+        for kind in Standing:
+            pipe.zcard(keys.unhealthy(p, s, kind.value))
+        failed, *indexed = await pipe.execute()
+        if failed == sum(indexed):
+            return
+        for group, state in (await self.states_of(await self.failed_groups())).items():
+            kind = standing(state)[0]
+            other = next(k for k in Standing if k is not kind)
+            await self._index_script(
+                keys=[
+                    keys.group_state(p, s, group),
+                    keys.unhealthy(p, s, kind.value),
+                    keys.unhealthy(p, s, other.value),
+                ],
+                args=[group, state.failed_at_ms or now_ms()],
+            )
 
     async def clear(self) -> int:
         removed = 0

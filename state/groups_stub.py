@@ -5,9 +5,12 @@ For unit tests and simulations of delivery; the contract tests run against both.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from setu.clock import now_ms
+from setu.ordering.groups import Standing
+from setu.ordering.groups import standing as standing_of
 from setu.ordering.state import (
     Fenced,
     GroupState,
@@ -16,7 +19,7 @@ from setu.ordering.state import (
     StaleGroupState,
     StateWrite,
 )
-from state.groups import COUNTERS
+from state.groups import COUNTERS, UnhealthyGroup, UnhealthyPage
 
 
 @dataclass(slots=True)
@@ -34,8 +37,11 @@ class _Partition:
 class StubGroupStore:
     """Group state of one subscription, in dictionaries."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], int] = now_ms) -> None:
+        self.clock = clock
         self.groups: dict[str, tuple[int, GroupState]] = {}  # group -> (partition, state)
+        # group -> when it became unhealthy (ms)
+        self.since: dict[str, int] = {}
         self.partitions: dict[int, _Partition] = {}
         self.totals: dict[str, int] = dict.fromkeys(COUNTERS, 0)
 
@@ -99,9 +105,11 @@ class StubGroupStore:
                 )
             if write.state is None:
                 self.groups.pop(group, None)
+                self.since.pop(group, None)
                 part.failed.discard(group)
             else:
                 self.groups[group] = (write.partition, write.state)
+                self.since.setdefault(group, self.clock())
                 part.failed.add(group)
         part.outcomes.update(write.outcomes)
         self.totals["delivered_total"] += write.delivered
@@ -150,9 +158,23 @@ class StubGroupStore:
     async def failed_groups(self) -> list[str]:
         return sorted(self.groups)
 
+    async def unhealthy(
+        self, standing: Standing | None, limit: int, after: tuple[int, str] | None
+    ) -> UnhealthyPage:
+        entries = sorted(
+            (since, g)
+            for g, since in self.since.items()
+            if (standing is None or standing_of(self.groups[g][1])[0] is standing)
+            and (after is None or (since, g) > after)
+        )
+        page = entries[:limit]
+        found = [UnhealthyGroup(g, since, self.groups[g][1]) for since, g in page]
+        return UnhealthyPage(found, page[-1] if len(entries) > limit else None)
+
     async def clear(self) -> int:
         removed = len(self.groups) + len(self.partitions) + (1 if any(self.totals.values()) else 0)
         self.groups.clear()
+        self.since.clear()
         self.partitions.clear()
         self.totals = dict.fromkeys(COUNTERS, 0)
         return removed

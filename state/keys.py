@@ -35,6 +35,12 @@ def delivered(project: str, subscription: str, partition: int) -> str:
     return f"{_sub(project, subscription)}:delivered:{partition}"
 
 
+def unhealthy(project: str, subscription: str, standing: str) -> str:
+    """Sorted set of the failed groups that stand ``retrying`` or ``dead_lettered``, scored by
+    when each became unhealthy (ms): the operators' index, paged oldest first."""
+    return f"{_sub(project, subscription)}:unhealthy:{standing}"
+
+
 def partition_failed(project: str, subscription: str, partition: int) -> str:
     """Set of the failed group ids (those with a group_state key) on one partition index."""
     return f"{_sub(project, subscription)}:failed:{partition}"

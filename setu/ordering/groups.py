@@ -308,3 +308,17 @@ def apply_copy(
     if kind is Kind.SKIP and state is not None and from_tier != MAIN:
         return head_done(state, from_tier, source_offset)
     return state
+
+
+class Standing(StrEnum):
+    """Where an unhealthy group stands, as operators see it (docs/design.md §9)."""
+
+    RETRYING = "retrying"
+    DEAD_LETTERED = "dead_lettered"
+
+
+def standing(state: GroupState) -> tuple[Standing, int]:
+    """How a failed group stands and in which tier. A group on a lap is retrying its released
+    head in that tier."""
+    tier = state.lap or state.head_tier
+    return (Standing.DEAD_LETTERED if tier == DLQ else Standing.RETRYING), tier

@@ -72,6 +72,7 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("POST", S + "/pause"): OPERATE,
     ("POST", S + "/resume"): OPERATE,
     ("GET", S + "/status"): READ,
+    ("GET", S + "/groups"): READ,
     ("GET", S + "/groups/{group_id}"): READ,
     ("GET", S + "/dlq/messages"): OPERATE,  # message bodies: not the viewer
     ("POST", S + "/dlq/unsideline"): OPERATE,

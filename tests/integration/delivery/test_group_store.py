@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
+from setu.ordering.groups import Standing
+from setu.ordering.groups import standing as standing_of
 from setu.ordering.state import (
     EMPTY_COUNTS,
     Fenced,
@@ -278,4 +280,77 @@ async def test_delivered_again_offsets_of_an_older_version_are_adopted(redis_url
         found = [k async for k in client.scan_iter(match=keys.subscription_pattern(project, "s"))]
         if found:
             await client.delete(*found)
+        await client.aclose()  # type: ignore[attr-defined]
+
+
+async def page_through(
+    store: GroupStore, standing: Standing | None, limit: int
+) -> list[list[tuple[str, str]]]:
+    pages: list[list[tuple[str, str]]] = []
+    after = None
+    while True:
+        page = await store.unhealthy(standing, limit, after)
+        pages.append([(g.group_id, standing_of(g.state)[0].value) for g in page.groups])
+        if page.next is None:
+            return pages
+        after = page.next
+
+
+async def test_unhealthy_groups_are_listed_longest_unhealthy_first_in_pages(
+    store: GroupStore,
+) -> None:
+    # Given 25 failed groups, made one after another; every fifth one parked in the DLQ
+    names = [f"g{n:02d}" for n in range(25)]
+    for n, group in enumerate(names):
+        state = failed(DLQ if n % 5 == 0 else 1)
+        await store.apply(StateWrite(n % 3, group, touches_group=True, state=state))
+    # Then pages of 10 list each once, oldest first (ties by id), and end with no cursor
+    pages = await page_through(store, None, 10)
+    assert [len(p) for p in pages] == [10, 10, 5]
+    assert [g for p in pages for g, _ in p] == names
+    # And a standing lists only its own
+    parked = [g for p in await page_through(store, Standing.DEAD_LETTERED, 2) for g, _ in p]
+    assert parked == names[::5]
+    retrying = [g for p in await page_through(store, Standing.RETRYING, 7) for g, _ in p]
+    assert retrying == [g for n, g in enumerate(names) if n % 5]
+
+
+async def test_a_group_keeps_its_place_while_its_standing_changes_and_leaves_when_healed(
+    store: GroupStore,
+) -> None:
+    # Given two failed groups, "a" first
+    await store.apply(StateWrite(0, "a", touches_group=True, state=failed(1)))
+    await store.apply(StateWrite(0, "b", touches_group=True, state=failed(1)))
+    first = (await store.unhealthy(None, 10, None)).groups
+    # When "a" is parked in the DLQ
+    parked = failed(DLQ, version=2)
+    await store.apply(StateWrite(0, "a", touches_group=True, expected_version=1, state=parked))
+    # Then it is still the oldest, now dead-lettered, since the same time
+    now = (await store.unhealthy(None, 10, None)).groups
+    assert [(g.group_id, standing_of(g.state)[0]) for g in now] == [
+        ("a", Standing.DEAD_LETTERED),
+        ("b", Standing.RETRYING),
+    ]
+    assert now[0].since_ms == first[0].since_ms
+    # And once healthy it is gone from every listing
+    await store.apply(StateWrite(0, "a", touches_group=True, expected_version=2, state=None))
+    assert [g.group_id for g in (await store.unhealthy(None, 10, None)).groups] == ["b"]
+    assert (await store.unhealthy(Standing.DEAD_LETTERED, 10, None)).groups == []
+
+
+async def test_groups_failed_before_the_index_existed_are_indexed_when_listed(
+    redis_url: str,
+) -> None:
+    # Given a failed group whose index entry is missing (written by an older version)
+    project = f"t{uuid.uuid4().hex[:10]}"
+    client: Redis[bytes] = Redis.from_url(redis_url)
+    try:
+        store = RedisGroupStore(client, project, "s")
+        await store.apply(StateWrite(0, "old", touches_group=True, state=failed(DLQ)))
+        await client.delete(keys.unhealthy(project, "s", "dead_lettered"))
+        # Then listing finds it, dated by its failure
+        [found] = (await store.unhealthy(None, 10, None)).groups
+        assert (found.group_id, found.since_ms) == ("old", 7)
+    finally:
+        await store.clear()
         await client.aclose()  # type: ignore[attr-defined]

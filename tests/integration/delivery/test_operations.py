@@ -81,6 +81,29 @@ def test_status_and_group_state_follow_delivery(
     }
     assert {"state", "ok", "lag"} <= set(status["ingest"])
 
+    # And the unhealthy groups are listed, the longest unhealthy first, one page at a time
+    listed = api.get(path(world, "groups")).json()
+    assert [(g["group_id"], g["state"]) for g in listed["groups"]] in (
+        [("g1", "dead_lettered"), ("g2", "retrying")],
+        [("g2", "retrying"), ("g1", "dead_lettered")],
+    )
+    assert listed["next"] is None
+    assert all(g["since_ms"] > 0 for g in listed["groups"])
+    by_standing = api.get(path(world, "groups"), params={"state": "dead_lettered"}).json()
+    assert [g["group_id"] for g in by_standing["groups"]] == ["g1"]
+    assert by_standing["groups"][0] == {
+        **api.get(path(world, "groups/g1")).json(),
+        "since_ms": by_standing["groups"][0]["since_ms"],
+    }
+    first = api.get(path(world, "groups"), params={"limit": 1}).json()
+    second = api.get(path(world, "groups"), params={"limit": 1, "after": first["next"]}).json()
+    assert [g["group_id"] for g in first["groups"] + second["groups"]] == [
+        g["group_id"] for g in listed["groups"]
+    ]
+    assert second["next"] is None
+    for bad in ({"state": "healthy"}, {"after": "soon"}, {"limit": 0}):
+        assert api.get(path(world, "groups"), params=bad).status_code == 400
+
 
 def test_dead_letters_are_browsed_then_unsidelined_in_order(
     world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], api: httpx.Client
