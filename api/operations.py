@@ -30,19 +30,22 @@ from api.context import blocking, services
 from api.health import ingest_state
 from api.responses import Out, reply
 from api.schemas import Body, errors
+from delivery.attempts import delivery_record
 from delivery.kafka_io import DeadLetterReader, KafkaReader
 from delivery.operations import DeadLetterOps
 from setu import names
 from setu.access import Permission
 from setu.clock import now_ms
-from setu.errors import DependencyUnavailable, InvalidInput
+from setu.errors import DependencyUnavailable, InvalidInput, NotFound
 from setu.model import Subscription
+from setu.names import shown
 from setu.ordering.dead_letters import (
     Selector,
 )
 from setu.ordering.groups import Standing, standing
 from setu.ordering.state import GroupState
 from setu.ordering.tiers import DLQ, is_retry, tier_name, topic_of, topics_by_tier
+from state.attempt_log import RedisAttemptLog
 from state.groups import RedisGroupStore
 from state.metadata import MetadataStore
 from state.workers import RedisWorkers
@@ -109,6 +112,32 @@ class UnhealthyGroupsOut(Out):
     groups: list[UnhealthyGroupOut]
     # The cursor of the next page (pass it as ``after``); null on the last page.
     next: str | None
+
+
+class AttemptOut(Out):
+    attempt: int
+    at_ms: int
+    tier: str
+    outcome: Literal["delivered", "retry", "dead_letter"]
+    status: int | None
+    error: str | None
+    duration_ms: float
+    # The start of a failed answer's body (up to 4 KiB), as text.
+    response_excerpt: str | None
+
+
+class MoveOut(Out):
+    at_ms: int
+    to: str
+    why: str
+
+
+class DeliveryRecordOut(Out):
+    message_id: str
+    # "delivered", or where it waits: "main", "rq.N" or "dlq"
+    location: str
+    attempts: list[AttemptOut]
+    moves: list[MoveOut]
 
 
 class DeadLetterOut(Out):
@@ -281,6 +310,33 @@ async def unhealthy_groups(
             "next": None if page.next is None else f"{page.next[0]}:{page.next[1]}",
         },
     )
+
+
+@router.get(
+    "/messages/{message_id}",
+    summary="A message's delivery record: where it is now, each attempt and each move",
+    response_model=None,
+    responses={200: {"model": DeliveryRecordOut}, **errors(404, 503)},
+)
+@allow(Permission.READ)
+async def message_record(
+    request: Request, project: str, subscription: str, message_id: str
+) -> Response:
+    await _subscription(request, project, subscription)
+    hours = services(request).settings.attempt_log_hours
+    entries = []
+    if hours > 0:
+        log_ = RedisAttemptLog(_redis(request), project, subscription, hours)
+        try:
+            entries = await log_.read(message_id)
+        except RedisError as exc:
+            raise DependencyUnavailable(f"Redis: {exc}") from exc
+    if not entries:
+        raise NotFound(
+            f"no delivery record of message {shown(message_id)} in the last {hours} h "
+            "(unknown, not attempted yet, or older: SETU_ATTEMPT_LOG_HOURS)"
+        )
+    return reply(DeliveryRecordOut, delivery_record(message_id, entries))
 
 
 def parse_group_cursor(after: str | None) -> tuple[int, str] | None:

@@ -41,9 +41,10 @@ class Dispatcher:
         gate: asyncio.Event,
         size: int,
         on_error: Callable[[BaseException], None],
-        observe: Callable[[Outcome, float], None] | None = None,
+        observe: Callable[[Attempt, Outcome, float], None] | None = None,
     ) -> None:
-        """``observe`` is told every call's outcome and duration in seconds (metrics)."""
+        """``observe`` is told every call's outcome and duration in seconds (metrics, the
+        attempt log)."""
         self._sender = sender
         self._observe = observe
         self._gate = gate
@@ -108,7 +109,7 @@ class Dispatcher:
             finally:
                 caller.calling -= 1
             if self._observe is not None:
-                self._observe(outcome, time.perf_counter() - started)
+                self._observe(attempt, outcome, time.perf_counter() - started)
             if caller.alive:
                 try:
                     caller.engine.on_result(attempt, outcome)

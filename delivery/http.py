@@ -8,9 +8,12 @@ uvicorn uses), about 40 µs per call.
 
 Contract:
 
-- :meth:`HttpClient.request` returns the status and headers as soon as the response head has
-  arrived; the body is read and discarded in the background, and the connection goes back to
-  the pool only when the response is complete and the server allows keep-alive.
+- :meth:`HttpClient.request` returns the status and headers as soon as the head of a 2xx
+  response has arrived; the body is read and discarded in the background, and the connection
+  goes back to the pool only when the response is complete and the server allows keep-alive.
+  Any other status waits for the first :data:`EXCERPT_BYTES` of the body too (or its end, or
+  the deadline), kept as ``Response.excerpt`` for the message's attempt log: what the receiver
+  said about its failure.
 - A timeout covers connecting, sending and waiting for the head; on timeout the connection is
   closed. Deadlines are checked by one sweep every 50 ms rather than a timer per call (the
   timers cost more than the rest of the call's Python), so a timeout fires up to 50 ms late.
@@ -99,10 +102,16 @@ class Target:
         return cls(Origin.of(parts), path)
 
 
+# How much of a failed call's answer is kept (the message's attempt log, docs/design.md §9).
+EXCERPT_BYTES = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class Response:
     status: int
     headers: dict[str, str]  # lower-case names; the last value wins
+    # The start of the body of an answer that is not 2xx (empty for a 2xx).
+    excerpt: bytes = b""
 
 
 class _Connection(asyncio.Protocol):
@@ -121,6 +130,8 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.used = False
         self.deadline = 0.0
+        # The body's start, collected while a non-2xx answer's head waits for it.
+        self.excerpt: bytearray | None = None
 
     # asyncio.Protocol
 
@@ -138,6 +149,8 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool.forget(self)
+        if self.excerpt is not None:
+            self._answer_with_excerpt()  # a non-2xx head arrived: its body ended here
         if self.head is not None and not self.head.done():
             if not self.answered and self.used:
                 self.head.set_exception(_Stale())
@@ -151,10 +164,25 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
+        if 200 <= self.status < 300:
+            if self.head is not None and not self.head.done():
+                self.head.set_result(Response(self.status, self.headers))
+        else:
+            self.excerpt = bytearray()
+
+    def on_body(self, body: bytes) -> None:
+        excerpt = self.excerpt
+        if excerpt is not None and self.head is not None and not self.head.done():
+            excerpt += body[: EXCERPT_BYTES - len(excerpt)]
+            if len(excerpt) >= EXCERPT_BYTES:
+                self._answer_with_excerpt()
+
+    def _answer_with_excerpt(self) -> None:
         if self.head is not None and not self.head.done():
-            self.head.set_result(Response(self.status, self.headers))
+            self.head.set_result(Response(self.status, self.headers, bytes(self.excerpt or b"")))
 
     def on_message_complete(self) -> None:
+        self._answer_with_excerpt()
         self.complete = True
         keep = self.parser.should_keep_alive()
         self.head = None
@@ -169,6 +197,7 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.head = asyncio.get_running_loop().create_future()
         self.headers = {}
+        self.excerpt = None
         self.answered = False
         self.complete = False
         self.transport.write(request)
@@ -180,6 +209,9 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     def fail(self, error: Exception) -> None:
+        if self.excerpt is not None:
+            # The head is here and only its body is late: the answer stands, with what came.
+            self._answer_with_excerpt()
         if self.head is not None and not self.head.done():
             self.head.set_exception(error)
         self.close()

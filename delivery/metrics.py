@@ -15,6 +15,8 @@ and label value below):
   their group again.
 - ``setu_delivery_stale_copies_total``: copies of a worker that had lost the partition,
   skipped (see :mod:`setu.ordering.fencing`).
+- ``setu_delivery_attempt_log_dropped_total``: attempt-log entries dropped because Redis
+  did not take them for long (delivery/attempts.py).
 - ``setu_delivery_runner_failures_total{error}``: runners that gave up and were restarted,
   by error class (``Fenced`` when a stalled worker was fenced out).
 
@@ -66,6 +68,7 @@ class SubscriptionMetrics:
         self.moves: dict[tuple[str, str], int] = {}
         self.reparked_total = 0
         self.refused_total = 0
+        self.attempt_log_dropped_total = 0
         self.stale_total = 0
         self.failures: dict[str, int] = {}
 
@@ -74,6 +77,9 @@ class SubscriptionMetrics:
         self.call_seconds.observe(seconds)
         if outcome.refused:
             self.refused_total += 1
+
+    def attempt_log_dropped(self, n: int) -> None:
+        self.attempt_log_dropped_total += n
 
     def moved(self, tier: str, kind: str, n: int) -> None:
         key = (tier, kind)
@@ -128,6 +134,11 @@ class _Totals(Collector):
             "Copies of a worker that had lost the partition, skipped.",
             labels=labels,
         )
+        dropped = CounterMetricFamily(
+            "setu_delivery_attempt_log_dropped",
+            "Attempt-log entries dropped because Redis did not take them.",
+            labels=labels,
+        )
         failures = CounterMetricFamily(
             "setu_delivery_runner_failures",
             "Subscription runners that gave up (and were restarted), by error class.",
@@ -143,9 +154,10 @@ class _Totals(Collector):
             refused.add_metric(key, sub.refused_total)
             reparked.add_metric(key, sub.reparked_total)
             stale.add_metric(key, sub.stale_total)
+            dropped.add_metric(key, sub.attempt_log_dropped_total)
             for error, n in list(sub.failures.items()):
                 failures.add_metric([*key, error], n)
-        yield from (calls, seconds, moves, refused, reparked, stale, failures)
+        yield from (calls, seconds, moves, refused, reparked, stale, dropped, failures)
 
 
 class _Live(Collector):

@@ -33,6 +33,8 @@ class Outcome:
     retry_after_ms: int | None = None
     # Refused before anything was sent: an address the SSRF rule forbids, or an unsafe request.
     refused: bool = False
+    # The start of a failed answer's body, as text (the attempt log, delivery/attempts.py).
+    excerpt: str | None = None
 
     @property
     def reason(self) -> str:

@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
+from delivery.attempts import FLUSH_MS, AttemptRecorder
 from delivery.dispatcher import Dispatcher
 from delivery.engine import Attempt, Move, PartitionEngine, Transition
 from delivery.kafka_io import (
@@ -35,6 +36,7 @@ from delivery.kafka_io import (
     record_of,
 )
 from delivery.metrics import DeliveryMetrics, RunnerFigures
+from delivery.outcome import Outcome
 from delivery.replays import decode_marks, encode_marks
 from delivery.takeover import take_over
 from delivery.webhook import WebhookSender
@@ -47,6 +49,7 @@ from setu.model import Subscription, SubscriptionState
 from setu.ordering.groups import Kind
 from setu.ordering.records import copy_headers
 from setu.ordering.tiers import DLQ, MAIN, tier_name, topics_by_tier
+from state.attempt_log import AttemptLog
 from state.groups import GroupStore
 from state.workers import WorkerReports
 
@@ -86,6 +89,8 @@ class RunnerConfig:
     max_buffered: int = 2048
     # A seek librdkafka refused is tried again after this long (doubling, see SEEK_RETRY_S).
     seek_retry_s: float = SEEK_RETRY_S
+    # How long each message's attempt log is kept (SETU_ATTEMPT_LOG_HOURS); 0: not kept.
+    attempt_log_hours: int = 24
 
 
 class ConsumerPort(Protocol):
@@ -128,6 +133,8 @@ class RunnerParts:
     copies: CopyWriter
     reports: WorkerReports  # the worker's live figures (state.workers)
     consumer: Callable[[dict[str, Any], asyncio.AbstractEventLoop, RebalanceListener], ConsumerPort]
+    # Where each message's attempts are recorded (delivery/attempts.py); None: not recorded.
+    attempts: AttemptLog | None = None
 
 
 class _Port:
@@ -207,6 +214,8 @@ class _Port:
         ]
         offsets = await runner.producer.send(runner.topics[move.target], self.partition, records)
         runner.metrics.moved(tier_name(move.target), move.kind.value, len(records))
+        if runner.attempts is not None:
+            runner.attempts.moved(move.sources, move.target, move.kind, now_ms())
         if move.target == DLQ or move.kind is Kind.LAP:
             copy = move.copies[0]
             log.log(
@@ -244,6 +253,11 @@ class SubscriptionRunner:
         self.producer = parts.copies
         self.store = parts.store
         self.sender = parts.sender
+        self.attempts = (
+            None
+            if parts.attempts is None
+            else AttemptRecorder(parts.attempts, self.metrics.attempt_log_dropped)
+        )
         self.reader = parts.reader
         group = names.consumer_group(sub.project, sub.name)
         self._consumer = parts.consumer(
@@ -275,7 +289,7 @@ class SubscriptionRunner:
         await self._adopt_dropped_tiers()
         consumer = self._consumer
         self.dispatcher = Dispatcher(
-            self.sender, self.gate, self.sub.max_in_flight, self.fail, self.metrics.call
+            self.sender, self.gate, self.sub.max_in_flight, self.fail, self._called
         )
         consumer.start(list(self.tiers))
         background = [
@@ -285,6 +299,8 @@ class SubscriptionRunner:
             loop.create_task(self._every(50, self._balance)),
             loop.create_task(self._every(self.config.dead_letter_trim_ms, self._trim_dead_letters)),
         ]
+        if self.attempts is not None:
+            background.append(loop.create_task(self._every(FLUSH_MS, self.attempts.flush)))
         try:
             stopped: asyncio.Future[Any] = loop.create_task(self._stopped.wait())
             ended: asyncio.Future[Any] = consumer.done
@@ -299,9 +315,18 @@ class SubscriptionRunner:
             await asyncio.gather(*background, return_exceptions=True)
             await consumer.close()
             await self.dispatcher.close()
+            if self.attempts is not None:
+                await self.attempts.flush()
             await self._forget_stats()
         if self._fatal is not None:
             raise self._fatal
+
+    def _called(self, attempt: Attempt, outcome: Outcome, seconds: float) -> None:
+        """Every webhook call's outcome: counted, and recorded in the message's attempt log."""
+        self.metrics.call(outcome, seconds)
+        if self.attempts is not None:
+            ms = seconds * 1000
+            self.attempts.called(attempt.record, attempt.number, outcome, now_ms() - int(ms), ms)
 
     async def _adopt_dropped_tiers(self) -> None:
         """Also consumes retry tiers beyond the subscription's current count that still exist

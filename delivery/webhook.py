@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from delivery.http import HttpClient, HttpError, RefusedAddress, Target, UnsafeRequest
 from delivery.outcome import Outcome, Verdict, classify_error, classify_status
@@ -98,6 +99,9 @@ class WebhookSender:
             return Outcome(Verdict.DEAD_LETTER, error=exc.reason, refused=True)
         except HttpError as exc:
             return classify_error(exc.reason)
-        return classify_status(
+        outcome = classify_status(
             response.status, self.sub.retry, response.headers.get("retry-after"), self._clock()
         )
+        if response.excerpt:
+            outcome = replace(outcome, excerpt=response.excerpt.decode("utf-8", "replace"))
+        return outcome

@@ -35,6 +35,7 @@ from setu.limits import MessageLimits
 from setu.model import Subscription, SubscriptionState
 from setu.settings import Settings
 from state import workers
+from state.attempt_log import RedisAttemptLog
 from state.groups import RedisGroupStore
 from state.workers import RedisWorkers
 
@@ -115,6 +116,11 @@ def runner_parts(
         copies=producer,
         reports=RedisWorkers(client),
         consumer=ConsumerThread,
+        attempts=(
+            RedisAttemptLog(client, sub.project, sub.name, config.attempt_log_hours)
+            if config.attempt_log_hours > 0
+            else None
+        ),
     )
 
 
@@ -139,7 +145,11 @@ async def serve(
     )
     http = HttpClient(allow_private=settings.allow_private_endpoints)
     config = RunnerConfig(
-        bootstrap=settings.kafka_bootstrap, worker_id=instance, limits=limits, client_config=kafka
+        bootstrap=settings.kafka_bootstrap,
+        worker_id=instance,
+        limits=limits,
+        client_config=kafka,
+        attempt_log_hours=settings.attempt_log_hours,
     )
     metrics = DeliveryMetrics()
     worker = Worker(

@@ -99,6 +99,9 @@ class Settings(BaseSettings):
 
     # Delivery
     worker_id: str | None = None
+    # How long each message's attempts are kept for GET .../messages/{id} (docs/design.md §9);
+    # 0 keeps none.
+    attempt_log_hours: int = Field(default=24, ge=0, le=24 * 30)
     subscription_refresh_ms: int = 2_000
     # Where a delivery worker serves GET /metrics (Prometheus); unset: not served.
     delivery_metrics_port: int | None = None

@@ -124,3 +124,9 @@ def produce_quota(project: str, kind: str) -> str:
     """Token bucket of a project's produce quota, ``kind`` ``messages`` or ``bytes``; both
     buckets of a project share a hash tag, so one script takes from both."""
     return f"{PREFIX}:{{quota.{project}}}:{kind}"
+
+
+def attempts(project: str, subscription: str, hour: int) -> str:
+    """Hash of the attempt log entries written in one hour (``ms // 3,600,000``): field the
+    message id, value its entries of that hour, one JSON line each (state/attempt_log.py)."""
+    return f"{_sub(project, subscription)}:attempts:{hour}"

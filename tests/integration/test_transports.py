@@ -40,6 +40,7 @@ from cli.redis_local import LocalRedis, RedisNode, RedisTls
 from cli.stack import Stack
 from setu.settings import Settings
 from state import migrate
+from state.sealing import Sealer
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -241,6 +242,7 @@ def test_the_whole_path_authenticates_through_the_sasl_listener(
         "SETU_API_HOST": "127.0.0.1",
         "SETU_API_PORT": str(api_port),
         "SETU_ADMIN_KEY": admin_key,
+        "SETU_SECRET_KEY": Sealer.new_key(),
         "SETU_ALLOW_PRIVATE_ENDPOINTS": "true",
         "SETU_SUBSCRIPTION_REFRESH_MS": "300",
         "SETU_SPARK_TRIGGER_MS": "200",

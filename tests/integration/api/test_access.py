@@ -73,6 +73,7 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("POST", S + "/resume"): OPERATE,
     ("GET", S + "/status"): READ,
     ("GET", S + "/groups"): READ,
+    ("GET", S + "/messages/{message_id}"): READ,
     ("GET", S + "/groups/{group_id}"): READ,
     ("GET", S + "/dlq/messages"): OPERATE,  # message bodies: not the viewer
     ("POST", S + "/dlq/unsideline"): OPERATE,
@@ -196,6 +197,7 @@ def request_for(w: World, method: str, route: str) -> dict[str, Any]:
         producer_id="prod-1",
         key_id="0123456789abcdef",
         secret_id="ss_ghost",
+        message_id="m-1",
     )
     bodies: dict[str, Any] = {
         "/v1/projects": {"name": unique()},

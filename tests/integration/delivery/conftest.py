@@ -147,9 +147,12 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
                     time.monotonic(),
                 )
             )
+            # A failure says why, as receivers do (the attempt log keeps its start).
+            answer = b"" if 200 <= status < 300 else b'{"refused": %d}' % status
             self.send_response(status)
-            self.send_header("content-length", "0")
+            self.send_header("content-length", str(len(answer)))
             self.end_headers()
+            self.wfile.write(answer)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass

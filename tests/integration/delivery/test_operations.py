@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -241,3 +242,44 @@ def test_an_unsidelined_group_failing_again_retries_through_the_tiers_and_parks_
     wait_for("a delivered", lambda: receiver.delivered("a") == a)
     assert receiver.attempts(a[0])[-1].attempt == 5
     wait_for("listing empty", lambda: api.get(path(world, "dlq/messages")).json()["messages"] == [])
+
+
+def test_a_message_s_delivery_record_shows_each_attempt_and_move(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], api: httpx.Client
+) -> None:
+    # Given a group whose head fails twice (503) and then goes through, and a group rejected
+    world.topic("t")
+    world.subscription(receiver.url, delays_ms=(100, 100, 100))
+    receiver.fail_each("g1", 2)
+    receiver.answer("g2", 400)
+    [head, follower] = world.publish("t", "g1", 2)
+    [rejected] = world.publish("t", "g2", 1)
+    start_worker()
+    wait_for("g1 delivered", lambda: receiver.delivered("g1") == [head, follower])
+
+    def record(message_id: str) -> dict[str, Any]:
+        answer = api.get(path(world, f"messages/{message_id}"))
+        return answer.json() if answer.status_code == 200 else {}
+
+    # Then the head's record shows its three attempts, the failures with the receiver's answer
+    wait_for("head delivered", lambda: record(head).get("location") == "delivered")
+    story = record(head)
+    assert [(a["attempt"], a["outcome"], a["status"]) for a in story["attempts"]] == [
+        (1, "retry", 503),
+        (2, "retry", 503),
+        (3, "delivered", 200),
+    ]
+    assert story["attempts"][0]["response_excerpt"] == '{"refused": 503}'
+    assert story["attempts"][2]["response_excerpt"] is None
+    assert all(a["duration_ms"] >= 0 and a["at_ms"] > 0 for a in story["attempts"])
+    assert story["moves"] and story["moves"][0]["to"] == "rq.1"
+    # And the follower was moved behind its group before its first attempt (it fails twice too)
+    behind = record(follower)
+    assert behind["moves"][0]["why"] == "park"
+    assert behind["moves"][0]["at_ms"] <= behind["attempts"][0]["at_ms"]
+    assert [a["attempt"] for a in behind["attempts"]] == [1, 2, 3]
+    # And the rejected message reads as dead-lettered
+    wait_for("rejected in the DLQ", lambda: record(rejected).get("location") == "dlq")
+    assert record(rejected)["attempts"][0]["status"] == 400
+    # And an unknown message is a 404
+    assert api.get(path(world, "messages/nope")).status_code == 404

@@ -13,6 +13,7 @@ from sqlalchemy.exc import OperationalError
 from setu.errors import DependencyUnavailable
 from state import migrate
 from state.metadata import MetadataStore
+from state.sealing import Sealer
 
 REFUSED = "server does not support SSL, but SSL was required"
 
@@ -23,7 +24,7 @@ def test_sslmode_require_reaches_libpq_on_every_path(pg_url: str) -> None:
         migrate.upgrade(required)
     with pytest.raises(OperationalError, match=REFUSED):
         migrate.current(required)
-    store = MetadataStore(required)
+    store = MetadataStore(required, Sealer([Sealer.new_key()]))
     try:
         with pytest.raises(DependencyUnavailable, match=REFUSED):
             store.ping()
@@ -35,7 +36,7 @@ def test_sslmode_disable_connects_in_clear(pg_url: str) -> None:
     allowed = f"{pg_url}?sslmode=disable&application_name=setu-test"
     migrate.upgrade(allowed)
     migrate.require_head(allowed)
-    store = MetadataStore(allowed)
+    store = MetadataStore(allowed, Sealer([Sealer.new_key()]))
     try:
         store.ping()
         assert store.list_projects() == []

@@ -123,11 +123,11 @@ async def test_every_call_is_observed_with_its_outcome_and_duration() -> None:
     # Given a pool that reports calls to an observer
     sender, caller, gate = Sender(delay=0.001), Caller(), asyncio.Event()
     gate.set()
-    seen: list[tuple[Verdict, float]] = []
+    seen: list[tuple[int, Verdict, float]] = []
     done = asyncio.Event()
 
-    def observe(outcome: Outcome, seconds: float) -> None:
-        seen.append((outcome.verdict, seconds))
+    def observe(made: Attempt, outcome: Outcome, seconds: float) -> None:
+        seen.append((made.record.offset, outcome.verdict, seconds))
         if len(seen) == 3:
             done.set()
 
@@ -138,5 +138,6 @@ async def test_every_call_is_observed_with_its_outcome_and_duration() -> None:
     await asyncio.wait_for(done.wait(), 5)
     await pool.close()
     # Then each was observed once, with how long it took
-    assert [verdict for verdict, _ in seen] == [Verdict.DELIVERED] * 3
-    assert all(seconds >= 0.001 for _, seconds in seen)
+    assert sorted(offset for offset, _, _ in seen) == [0, 1, 2]
+    assert [verdict for _, verdict, _ in seen] == [Verdict.DELIVERED] * 3
+    assert all(seconds >= 0.001 for _, _, seconds in seen)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from delivery.http import (
+    EXCERPT_BYTES,
     HttpClient,
     HttpError,
     RefusedAddress,
@@ -324,3 +325,31 @@ async def test_a_refused_address_is_dead_lettered_with_its_reason() -> None:
     outcome = await sender.send(Envelope("m1", b"{}", group_id="g"), 1)
     assert outcome.verdict is Verdict.DEAD_LETTER and outcome.refused
     assert "169.254.169.254" in (outcome.error or "")
+
+
+async def test_a_failed_answer_keeps_the_start_of_its_body_and_a_2xx_none(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    bodies = {
+        b"/big": b"HTTP/1.1 500 Oops\r\ncontent-length: 10000\r\n\r\n" + b"e" * 10_000,
+        b"/short": b'HTTP/1.1 422 No\r\ncontent-length: 22\r\n\r\n{"error": "bad field"}',
+        b"/fine": b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nthank",
+        b"/stuck": b"HTTP/1.1 503 Busy\r\ncontent-length: 100\r\n\r\npart",
+    }
+
+    async def answer(request: bytes, writer: asyncio.StreamWriter) -> bool:
+        path = request.split(b" ")[1]
+        writer.write(bodies[path])
+        return path != b"/stuck"  # that one never sends the rest, and never closes
+
+    server = await serve(answer)
+    client = HttpClient(allow_private=True)
+    big = await client.request("POST", target(server, "/big"), [], b"", 2.0)
+    assert (big.status, big.excerpt) == (500, b"e" * EXCERPT_BYTES)
+    short = await client.request("POST", target(server, "/short"), [], b"", 2.0)
+    assert short.excerpt == b'{"error": "bad field"}'
+    assert (await client.request("POST", target(server, "/fine"), [], b"", 2.0)).excerpt == b""
+    # A failed answer whose body stalls is still that answer at the deadline, with what came
+    stuck = await client.request("POST", target(server, "/stuck"), [], b"", 0.3)
+    assert (stuck.status, stuck.excerpt) == (503, b"part")
+    client.close()

@@ -1,0 +1,103 @@
+"""Each message's delivery record (docs/design.md §9): every attempt and every move between
+tiers, as operators read it through ``GET .../messages/{id}``.
+
+The runner tells an :class:`AttemptRecorder` of each call (when, from which tier, the status or
+error, how long, the start of a failed answer's body) and of each move (to which tier, why).
+The recorder only appends to a buffer; the runner flushes it to the attempt log every
+:data:`FLUSH_MS` in one write. The log is diagnostic: when Redis does not take a flush the
+entries are kept for the next one, up to :data:`MAX_BUFFERED`, then the oldest are dropped
+and counted (``setu_delivery_attempt_log_dropped_total``), never holding delivery back.
+
+:func:`delivery_record` turns the entries into the view: where the message is now (delivered,
+the tier it waits in, or the DLQ) and its attempts and moves in order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import orjson
+from redis.exceptions import RedisError
+
+from delivery.outcome import Outcome, Verdict
+from setu.ordering.groups import Kind
+from setu.ordering.records import Record
+from setu.ordering.tiers import tier_name
+from state.attempt_log import AttemptLog, Entry
+
+log = logging.getLogger(__name__)
+
+FLUSH_MS = 200
+MAX_BUFFERED = 100_000
+
+
+class AttemptRecorder:
+    def __init__(
+        self, log_: AttemptLog, on_dropped: Callable[[int], None] = lambda n: None
+    ) -> None:
+        self._log = log_
+        self._on_dropped = on_dropped
+        self._buffer: list[Entry] = []
+
+    def called(self, record: Record, number: int, outcome: Outcome, at_ms: int, ms: float) -> None:
+        entry: dict[str, Any] = {
+            "t": at_ms,
+            "a": number,
+            "tier": tier_name(record.tier),
+            "v": outcome.verdict.value,
+            "ms": round(ms, 1),
+        }
+        if outcome.status is not None:
+            entry["s"] = outcome.status
+        if outcome.error is not None:
+            entry["e"] = outcome.error
+        if outcome.excerpt:
+            entry["x"] = outcome.excerpt
+        self._buffer.append((record.envelope.message_id, orjson.dumps(entry)))
+
+    def moved(self, sources: Iterable[Record], target: int, kind: Kind, at_ms: int) -> None:
+        line = orjson.dumps({"t": at_ms, "to": tier_name(target), "k": kind.value})
+        self._buffer.extend((r.envelope.message_id, line) for r in sources)
+
+    async def flush(self) -> None:
+        if not self._buffer:
+            return
+        batch, self._buffer = self._buffer, []
+        try:
+            await self._log.append(batch)
+        except (RedisError, OSError) as exc:
+            kept = (batch + self._buffer)[-MAX_BUFFERED:]
+            dropped = len(batch) + len(self._buffer) - len(kept)
+            self._buffer = kept
+            if dropped:
+                self._on_dropped(dropped)
+            log.warning("attempt log not written (%s): %d entries kept for later", exc, len(kept))
+
+
+def delivery_record(message_id: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The operator's view of a message from its log entries, oldest first (pure)."""
+    attempts = []
+    moves = []
+    location = "main"
+    for e in entries:
+        if "to" in e:
+            moves.append({"at_ms": e["t"], "to": e["to"], "why": e["k"]})
+            location = e["to"]
+            continue
+        attempts.append(
+            {
+                "attempt": e["a"],
+                "at_ms": e["t"],
+                "tier": e["tier"],
+                "outcome": e["v"],
+                "status": e.get("s"),
+                "error": e.get("e"),
+                "duration_ms": e["ms"],
+                "response_excerpt": e.get("x"),
+            }
+        )
+        # A failed attempt leaves the message where it was until a move says otherwise.
+        location = "delivered" if e["v"] == Verdict.DELIVERED.value else e["tier"]
+    return {"message_id": message_id, "location": location, "attempts": attempts, "moves": moves}
