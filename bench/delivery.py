@@ -21,6 +21,10 @@ call. A row's rate is messages / (last call - first call), so group-join time is
   attempts), and the healthy groups' rate beside them.
 - memory: one message per group for ``--memory-messages`` distinct groups, webhook answering at
   once; the worker's peak RSS (VmHWM) is reported.
+- 10000-nolog: the 10,000-group row with the attempt log off (``SETU_ATTEMPT_LOG_HOURS=0``);
+  against the 10000 row of the same run it gives what recording every attempt costs (target:
+  at most 10 % of the throughput), and the 10000 row reports the log's Redis memory per
+  message.
 
 Figures are printed and written as JSON under bench/results/. Targets (2-core machine):
 10,000 groups >= 4,700 messages/s and within 1.25x of the ungrouped time; healthy groups keep
@@ -55,7 +59,7 @@ from state.kafka_admin import KafkaTopics
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BODY = b'{"order": 12345, "items": [1, 2, 3], "note": "' + b"x" * 180 + b'"}'
-ROWS = ("1", "10", "100", "10000", "ungrouped", "isolation", "flaky", "memory")
+ROWS = ("1", "10", "100", "10000", "10000-nolog", "ungrouped", "isolation", "flaky", "memory")
 FLAKY_DELAYS_MS = (100, 300)
 FLAKY_FAILURES = 2  # failed calls per message of a flaky group, within FLAKY_DELAYS_MS's tiers
 
@@ -188,6 +192,7 @@ def serve_worker(config: dict[str, Any]) -> None:
         redis_url=config["redis"],
         worker_id=f"bench-{config['project']}",
         allow_private_endpoints=True,  # the benchmark's webhook listens on loopback
+        attempt_log_hours=config["attempt_log_hours"],
     )
     profile_to = os.environ.get("SETU_BENCH_PROFILE")
     if not profile_to:
@@ -269,7 +274,7 @@ def row_groups(row: str, messages: int) -> int | None:
         return max(1, messages // 10)
     if row == "memory":
         return messages
-    return int(row)
+    return int(row.removesuffix("-nolog"))
 
 
 def flaky_figures(
@@ -337,6 +342,7 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
             "redis": args.redis,
             "max_in_flight": args.max_in_flight,
             "delays_ms": list(sub.retry.delays_ms),
+            "attempt_log_hours": 0 if row.endswith("-nolog") else 24,
         }
         worker = subprocess.Popen(
             [sys.executable, "-m", "bench.delivery", "--serve-worker", json.dumps(config)]
@@ -376,14 +382,15 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
         }
         if row == "flaky":
             result.update(flaky_figures(stats, messages, elapsed, result["dead_lettered"]))
+        stop(worker)  # it flushes its attempt log as it stops
+        if not row.endswith("-nolog"):
+            result["attempt_log_bytes_per_message"] = attempt_log_bytes(
+                args.redis, project, sub_name, stats["ok"]
+            )
         return result
     finally:
-        if worker is not None and worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(60)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+        if worker is not None:
+            stop(worker)
         hook.kill()
         hook.wait()
         admin.delete_subscription(project, sub_name)
@@ -392,6 +399,27 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
         found = list(client.scan_iter(match=keys.subscription_pattern(project, sub_name)))
         if found:
             client.delete(*found)
+        client.close()
+
+
+def stop(worker: subprocess.Popen[bytes]) -> None:
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
+def attempt_log_bytes(redis_url: str, project: str, subscription: str, messages: int) -> int:
+    """Redis memory the subscription's attempt log holds, per delivered message (read once
+    the worker stopped, which flushed its last entries)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        pattern = keys.attempts(project, subscription, 0).rsplit(":", 1)[0] + ":*"
+        total = sum(int(client.memory_usage(k) or 0) for k in client.scan_iter(match=pattern))
+        return round(total / max(messages, 1))
+    finally:
         client.close()
 
 
@@ -435,6 +463,11 @@ def verdicts(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
         out["flaky_groups_messages_per_s"] = flaky["flaky_messages_per_s"]
         out["flaky_groups_share_dead_lettered"] = flaky["flaky_share_dead_lettered"]
         out["flaky_groups_nothing_dead_lettered"] = flaky["dead_lettered"] == 0
+    nolog = rows.get("10000-nolog")
+    if many and nolog:
+        share = many["messages_per_s"] / nolog["messages_per_s"]
+        out["attempt_log_keeps_share"] = round(share, 3)
+        out["attempt_log_costs_at_most_10_percent"] = share >= 0.9
     mem = rows.get("memory")
     if mem:
         out["worker_peak_rss_at_most_300_mb"] = mem["worker_peak_rss_mb"] <= 300
