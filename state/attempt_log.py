@@ -6,8 +6,8 @@ call per flush of many entries, and expiry costs nothing per entry. Reading a me
 up in each hour of the retention (one pipelined round trip) and drops entries older than it.
 
 Memory is what this costs: about 125 bytes per message delivered at its first attempt
-(measured in bench/delivery.py), so a
-subscription delivering R messages/s keeps about R x 150 x 3,600 x hours bytes.
+(measured in bench/delivery.py), so a subscription delivering R messages/s keeps about
+R x 125 x 3,600 x hours bytes (failed attempts add theirs, with up to 4 KiB of answer).
 """
 
 from __future__ import annotations
