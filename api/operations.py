@@ -31,7 +31,7 @@ from api.health import ingest_state
 from api.responses import Out, reply
 from api.schemas import Body, errors
 from delivery.attempts import delivery_record
-from delivery.kafka_io import DeadLetterReader, KafkaReader
+from delivery.kafka_io import Backlog, DeadLetterReader, KafkaReader
 from delivery.operations import DeadLetterOps
 from setu import names
 from setu.access import Permission
@@ -44,7 +44,7 @@ from setu.ordering.dead_letters import (
 )
 from setu.ordering.groups import Standing, standing
 from setu.ordering.state import GroupState
-from setu.ordering.tiers import DLQ, is_retry, tier_name, topic_of, topics_by_tier
+from setu.ordering.tiers import DLQ, MAIN, is_retry, tier_name, topic_of, topics_by_tier
 from state.attempt_log import RedisAttemptLog
 from state.groups import RedisGroupStore
 from state.metadata import MetadataStore
@@ -84,6 +84,14 @@ class IngestOut(Out):
     error: str | None = None
 
 
+class PartitionStatusOut(Out):
+    partition: int
+    # Records not finished in the main log and the retry tiers of this partition index.
+    lag: int
+    # When the oldest of them was produced (ms); null when none waits.
+    oldest_undelivered_ms: int | None
+
+
 class StatusOut(Out):
     state: Literal["running", "paused", "stopped"]
     lag: int
@@ -92,6 +100,10 @@ class StatusOut(Out):
     retry_backlog: int
     dead_lettered: int
     delivered_total: int
+    # How long the oldest message not yet delivered (dead letters aside) has waited since it
+    # was produced; null when none waits.
+    oldest_undelivered_age_ms: int | None
+    partitions: list[PartitionStatusOut]
     ingest: IngestOut
 
 
@@ -211,8 +223,14 @@ async def status(request: Request, project: str, subscription: str) -> Response:
     sub, partitions = await _subscription(request, project, subscription)
     topics = dict.fromkeys(topics_by_tier(sub), partitions)
     group = names.consumer_group(project, subscription)
-    lag_by_topic: dict[str, int] = await _kafka(_reader(request).lag, group, topics)
     retry_topics = {topic_of(sub, t) for t in range(1, sub.retry.tiers + 1)}
+    waiting = {topic_of(sub, MAIN), *retry_topics}  # dead letters are counted apart
+    backlog: list[Backlog] = await _kafka(_reader(request).backlog, group, topics, waiting)
+    lag_by_topic: dict[str, int] = {}
+    for b in backlog:
+        lag_by_topic[b.topic] = lag_by_topic.get(b.topic, 0) + b.lag
+    by_partition = partition_status(backlog, waiting, partitions)
+    oldest = [p["oldest_undelivered_ms"] for p in by_partition if p["oldest_undelivered_ms"]]
     groups = RedisGroupStore(_redis(request), project, subscription)
     try:
         failed = await groups.failed_count()
@@ -237,9 +255,30 @@ async def status(request: Request, project: str, subscription: str) -> Response:
             "retry_backlog": sum(n for t, n in lag_by_topic.items() if t in retry_topics),
             "dead_lettered": counters["dead_lettered"],
             "delivered_total": counters["delivered_total"],
+            "oldest_undelivered_age_ms": max(0, now_ms() - min(oldest)) if oldest else None,
+            "partitions": by_partition,
             "ingest": ingest,
         },
     )
+
+
+def partition_status(
+    backlog: list[Backlog], waiting: set[str], partitions: int
+) -> list[dict[str, Any]]:
+    """Per partition index: what waits in the main log and the retry tiers, and since when."""
+    lag = [0] * partitions
+    oldest: list[int | None] = [None] * partitions
+    for b in backlog:
+        if b.topic not in waiting or b.partition >= partitions:
+            continue
+        lag[b.partition] += b.lag
+        held = oldest[b.partition]
+        if b.oldest_ms is not None:
+            oldest[b.partition] = b.oldest_ms if held is None else min(held, b.oldest_ms)
+    return [
+        {"partition": p, "lag": lag[p], "oldest_undelivered_ms": oldest[p]}
+        for p in range(partitions)
+    ]
 
 
 def group_view(group_id: str, state: GroupState | None) -> dict[str, Any]:

@@ -232,7 +232,7 @@ class ProduceFastPath:
     PRODUCE_PATH,
     summary="Produce one message",
     response_model=None,
-    responses={200: {"model": MessageIdOut}, **errors(400, 404, 413, 503)},
+    responses={200: {"model": MessageIdOut}, **errors(400, 404, 413, 429, 503)},
     openapi_extra={"parameters": _IDENTITY_DOC, "requestBody": _RAW_BODY_DOC},
 )
 @allow(Permission.PRODUCE)
@@ -250,7 +250,7 @@ async def produce(request: Request, project: str, topic: str) -> Response:
     responses={
         200: {"model": BatchOut, "description": "every message acknowledged"},
         207: {"model": BatchOut, "description": "some messages failed: retry those"},
-        **errors(400, 404, 413, 503),
+        **errors(400, 404, 413, 429, 503),
     },
     openapi_extra={"requestBody": _BATCH_BODY_DOC},
 )

@@ -59,8 +59,10 @@ class QuotaBody(Body):
     """A project's produce quota over all API replicas; a rate left out or null: the
     settings' default (docs/security.md §6)."""
 
-    messages_per_second: float | None = Field(None, gt=0, le=10_000_000)
-    bytes_per_second: float | None = Field(None, gt=0, le=100 * 2**30)
+    # At least one message per 100 s and one byte per second: a smaller rate would make a
+    # single message wait for ages (and overflow the buckets' arithmetic).
+    messages_per_second: float | None = Field(None, ge=0.01, le=10_000_000)
+    bytes_per_second: float | None = Field(None, ge=1, le=100 * 2**30)
 
     def quota(self) -> ProduceQuota:
         return ProduceQuota(self.messages_per_second, self.bytes_per_second)

@@ -16,8 +16,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar, cast
 
 from confluent_kafka import (
@@ -29,7 +29,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from setu.envelope import KafkaHeaders
+from setu.envelope import H_PRODUCED_AT, KafkaHeaders
 from setu.limits import MessageLimits
 from setu.ordering.records import Record, parse_record
 from setu.ordering.tiers import DLQ
@@ -377,6 +377,28 @@ class Tails:
         return self.records.get(key, default)
 
 
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """One topic partition of a subscription: records not finished, from ``start``."""
+
+    topic: str
+    partition: int
+    lag: int
+    start: int
+    # When the oldest of them was produced (ms), where asked for and readable.
+    oldest_ms: int | None = None
+
+
+def produced_at(msg: Message) -> int:
+    """When a record's message was produced: Setu's header, else the record's timestamp."""
+    headers = msg.headers() or []
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    for name, value in pairs:
+        if name == H_PRODUCED_AT and value:
+            return int(value)
+    return int(msg.timestamp()[1])
+
+
 class KafkaReader:
     """Short reads outside the consumer group: tails and offsets for a time. Blocking; call
     the methods in a worker thread."""
@@ -523,18 +545,58 @@ class KafkaReader:
 
     def lag(self, group: str, topics: dict[str, int], timeout_s: float = 10.0) -> dict[str, int]:
         """Per topic, records between the group's committed offsets and the end."""
+        out = dict.fromkeys(topics, 0)
+        for b in self.backlog(group, topics, oldest_of=(), timeout_s=timeout_s):
+            out[b.topic] += b.lag
+        return out
+
+    def backlog(
+        self,
+        group: str,
+        topics: dict[str, int],
+        oldest_of: Collection[str],
+        timeout_s: float = 10.0,
+    ) -> list[Backlog]:
+        """Per topic partition, records between the group's committed offset and the end;
+        for the topics in ``oldest_of``, also when the first of them was produced. The
+        committed offset is the lowest unfinished record (delivery commits no further), and
+        a partition is in produce order, so that record is the oldest one undelivered."""
         consumer = Consumer({**self._config, "group.id": group}, logger=log)
         try:
             partitions = [
                 TopicPartition(topic, p) for topic, count in topics.items() for p in range(count)
             ]
-            committed = consumer.committed(partitions, timeout=timeout_s)
-            out = dict.fromkeys(topics, 0)
-            for tp in committed:
+            out: list[Backlog] = []
+            for tp in consumer.committed(partitions, timeout=timeout_s):
                 low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
-                start = tp.offset if tp.offset >= 0 else low
-                out[tp.topic] += max(0, high - max(start, low))
-            return out
+                start = max(tp.offset if tp.offset >= 0 else low, low)
+                out.append(Backlog(tp.topic, tp.partition, max(0, high - start), start))
+        finally:
+            consumer.close()
+        firsts = [b for b in out if b.lag and b.topic in oldest_of]
+        if firsts:
+            produced = self._produced_at(firsts, timeout_s)
+            out = [replace(b, oldest_ms=produced.get((b.topic, b.partition))) for b in out]
+        return out
+
+    def _produced_at(
+        self, starts: Sequence[Backlog], timeout_s: float
+    ) -> dict[tuple[str, int], int]:
+        """When the record at each start offset was produced (its produce-time header, else
+        its Kafka timestamp)."""
+        consumer = Consumer(self._config, logger=log)
+        try:
+            consumer.assign([TopicPartition(b.topic, b.partition, b.start) for b in starts])
+            wanted = {(b.topic, b.partition): b.start for b in starts}
+            found: dict[tuple[str, int], int] = {}
+            deadline = time.monotonic() + timeout_s
+            while len(found) < len(wanted) and time.monotonic() < deadline:
+                for msg in consumer.consume(len(wanted), 0.2):
+                    key = (msg.topic() or "", msg.partition() or 0)
+                    if msg.error() or key in found or msg.offset() != wanted.get(key):
+                        continue
+                    found[key] = produced_at(msg)
+            return found
         finally:
             consumer.close()
 

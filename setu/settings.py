@@ -57,8 +57,8 @@ class Settings(BaseSettings):
     auth_enabled: bool = True
     # Produce quota of a project that sets none of its own, over all API replicas
     # (docs/security.md §6); unset: no limit.
-    produce_quota_messages_per_second: float | None = Field(default=None, gt=0)
-    produce_quota_bytes_per_second: float | None = Field(default=None, gt=0)
+    produce_quota_messages_per_second: float | None = Field(default=None, ge=0.01)
+    produce_quota_bytes_per_second: float | None = Field(default=None, ge=1)
 
     # Kafka
     kafka_replication_factor: int = 1

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from setu.clock import now_ms
 from setu.model import DeadLetterPolicy
 from tests.integration.delivery.conftest import (
     Receiver,
@@ -78,8 +79,15 @@ def test_status_and_group_state_follow_delivery(
         "retry_backlog": 2,
         "dead_lettered": 3,
         "delivered_total": 4,
+        "oldest_undelivered_age_ms": status["oldest_undelivered_age_ms"],
+        "partitions": status["partitions"],
         "ingest": status["ingest"],  # no ingest job runs here (see test_health_docs)
     }
+    # And per partition: g2's two messages wait where g2 hashes, since they were published
+    waiting = [p for p in status["partitions"] if p["lag"]]
+    assert [p["lag"] for p in waiting] == [2] and len(status["partitions"]) == 2
+    assert 0 < status["oldest_undelivered_age_ms"] < 120_000
+    assert waiting[0]["oldest_undelivered_ms"] <= now_ms() - status["oldest_undelivered_age_ms"]
     assert {"state", "ok", "lag"} <= set(status["ingest"])
 
     # And the unhealthy groups are listed, the longest unhealthy first, one page at a time
