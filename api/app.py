@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from api import health, keys, operations, produce, projects, subscriptions, topics
 from api.auth import Authenticator
 from api.context import Services, blocking
+from api.docs import serve_docs
 from api.metrics import ApiMetrics, MetricsMiddleware
 from api.produce import ProduceFastPath
 from api.producer import AckedProducer, producer_config
@@ -171,6 +172,9 @@ def create_app(settings: Settings, *, resolver: Resolver = system_resolver) -> F
         summary="Kafka-backed ordered webhook delivery",
         lifespan=_lifespan,
         dependencies=[Depends(known_query_only)],
+        # /docs is served from the package's own copy of Swagger UI (api/docs.py): no CDN.
+        docs_url=None,
+        redoc_url=None,
         # Setu exports Prometheus metrics of its own; FastAPI's OpenTelemetry hooks would cost
         # a provider lookup per request for nothing.
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
@@ -185,6 +189,7 @@ def create_app(settings: Settings, *, resolver: Resolver = system_resolver) -> F
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     for module in (projects, keys, topics, produce, subscriptions, operations, health):
         app.include_router(module.router)
+    serve_docs(app)
     document_real_errors(app)
     return app
 

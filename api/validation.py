@@ -103,7 +103,8 @@ async def known_query_only(request: Request) -> None:
     if not isinstance(route, APIRoute) or not request.query_params:
         return
     # What the OpenAPI document says the operation takes (built once, then cached by FastAPI).
-    operation = request.app.openapi()["paths"][route.path_format][request.method.lower()]
+    documented = request.app.openapi()["paths"].get(route.path_format, {})
+    operation = documented.get(request.method.lower(), {})  # {}: /metrics, /docs take none
     known = {p["name"] for p in operation.get("parameters", ()) if p["in"] == "query"}
     unknown = sorted(set(request.query_params) - known)
     if unknown:

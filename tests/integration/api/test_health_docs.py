@@ -77,6 +77,23 @@ async def test_openapi_lists_the_design_routes_and_docs_render(api: Api) -> None
     assert "swagger" in docs.text.lower()
 
 
+async def test_docs_are_served_from_the_package_with_nothing_fetched_elsewhere(api: Api) -> None:
+    import re
+
+    page = (await api.client.get("/docs")).text
+    # Every script, style and icon the page loads is one of the API's own paths
+    assets = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page)
+    assert assets and all(a.startswith("/static/swagger/") for a in assets), assets
+    assert "://" not in "".join(assets)
+    for asset in assets:
+        served = await api.client.get(asset)
+        assert served.status_code == 200 and len(served.content) > 500, asset
+    js = await api.client.get("/static/swagger/swagger-ui-bundle.js")
+    assert "javascript" in js.headers["content-type"]
+    # And the page reads the API's own document, with the key kept across reloads
+    assert "/openapi.json" in page and '"persistAuthorization": true' in page
+
+
 async def test_the_document_lists_the_errors_the_api_sends_and_not_422(api: Api) -> None:
     spec = (await api.client.get("/openapi.json")).json()
     operations = [op for ops in spec["paths"].values() for op in ops.values()]
