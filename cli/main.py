@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cli import commands
+from cli import admin, commands
 from cli.commands import NotInstalled
 from cli.dev_settings import DevSettings
 from cli.maven import FetchFailed
@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys_sub.add_parser(
         "rotate", help="seal every stored secret again under the first key of SETU_SECRET_KEY"
     )
+    admin.add_commands(sub)
     fetch = sub.add_parser("fetch", help="download the Kafka broker and Spark connector jars")
     fetch.add_argument(
         "--spark-only", action="store_true", help="only the Spark connector (for images)"
@@ -110,6 +111,8 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
         return commands.run_redrive(settings, args.project, args.topic, say)
     if command == "migrate":
         return commands.check_migrate(settings) if args.check else commands.run_migrate(settings)
+    if command in admin.COMMANDS:
+        return admin.run(args)
     if command == "secrets":
         return commands.run_secrets(settings, args.secrets_command, say)
     if command == "fetch":
@@ -119,16 +122,20 @@ def dispatch(args: argparse.Namespace, settings: Settings) -> int:
 
         return dev_up(settings, dev_settings(args), say)
     if command == "services":
-        from cli.testbed import testbed
-
-        argv = list(getattr(args, "argv", []))
-        if argv[:1] == ["--"]:
-            argv = argv[1:]
-        if args.services_command == "run" and not argv:
-            say("setu services run: give a command after --")
-            return 2
-        return testbed(settings, DevSettings(), argv, args.env_file, say)
+        return services(args, settings)
     raise AssertionError(f"unhandled command {command}")
+
+
+def services(args: argparse.Namespace, settings: Settings) -> int:
+    from cli.testbed import testbed
+
+    argv = list(getattr(args, "argv", []))
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if args.services_command == "run" and not argv:
+        say("setu services run: give a command after --")
+        return 2
+    return testbed(settings, DevSettings(), argv, args.env_file, say)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 from fastapi import FastAPI
 
 from api.app import create_app
 from api.produce import ProduceFastPath
+from api.server import uvicorn_options
 from setu.addresses import Resolver, system_resolver
 from setu.settings import Settings
 from state import migrate
 from state.sealing import Sealer
+from tests.waiting import wait_for
 
 # A public address (TEST-NET is not global, so one outside it) that the tests' example
 # webhook names resolve to; nothing is ever sent there.
@@ -71,6 +75,29 @@ async def running_api(
             headers={"Authorization": f"Bearer {ADMIN_KEY}"},
         ) as client:
             yield Api(client, app, config)
+
+
+@contextmanager
+def served_api(data_dir: Path, **settings: Any) -> Iterator[str]:
+    """The API served over real HTTP by uvicorn in a thread, on a migrated SQLite store in
+    ``data_dir``; yields its base URL. Webhook hosts resolve as in :func:`running_api`."""
+    config = Settings(
+        data_dir=data_dir, **{"admin_key": ADMIN_KEY, "secret_key": SECRET_KEY, **settings}
+    )
+    migrate.upgrade(config.resolved_database_url())
+    app = create_app(config, resolver=public_example_names)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", **uvicorn_options())
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for("API serving", lambda: server.started or not thread.is_alive(), 30)
+        assert server.started, "the API did not start"
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> None:

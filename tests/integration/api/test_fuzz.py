@@ -16,7 +16,6 @@ rightly get a 400; those rules have tests of their own.
 from __future__ import annotations
 
 import os
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,18 +24,12 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from api.app import create_app
-from api.server import uvicorn_options
-from setu.settings import Settings
-from state import migrate
-from tests.integration.api.support import ADMIN_KEY, SECRET_KEY, public_example_names
-from tests.waiting import wait_for
+from tests.integration.api.support import ADMIN_KEY, served_api
 
 pytestmark = pytest.mark.integration
 
@@ -57,24 +50,11 @@ def world(
     kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[World]:
     data: Path = tmp_path_factory.mktemp("fuzz")
-    config = Settings(
-        data_dir=data,
-        kafka_bootstrap=kafka_bootstrap,
-        redis_url=redis_url,
-        admin_key=ADMIN_KEY,
-        secret_key=SECRET_KEY,
-    )
-    migrate.upgrade(config.resolved_database_url())
-    app = create_app(config, resolver=public_example_names)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", **uvicorn_options())
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for("API serving", lambda: server.started, 30)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    w = World(f"http://127.0.0.1:{port}")
-    with httpx.Client(base_url=w.base_url, headers=AUTH, timeout=30) as client:
+    with (
+        served_api(data, kafka_bootstrap=kafka_bootstrap, redis_url=redis_url) as url,
+        httpx.Client(base_url=url, headers=AUTH, timeout=30) as client,
+    ):
+        w = World(url)
         for path, body in (
             ("/v1/projects", {"name": w.project}),
             (f"/v1/projects/{w.project}/topics", {"name": "t", "grouped": True, "partitions": 1}),
@@ -88,8 +68,6 @@ def world(
         yield w
         print(f"\nfuzz: {REQUESTS['sent']} requests")
         clean(client, w.project)
-    server.should_exit = True
-    thread.join(30)
 
 
 def clean(client: httpx.Client, project: str) -> None:

@@ -291,3 +291,43 @@ def test_a_message_s_delivery_record_shows_each_attempt_and_move(
     assert record(rejected)["attempts"][0]["status"] == 400
     # And an unknown message is a 404
     assert api.get(path(world, "messages/nope")).status_code == 404
+
+
+def test_a_stuck_group_is_found_and_fixed_with_the_setu_commands(
+    world: World,
+    receiver: Receiver,
+    start_worker: Callable[..., ThreadWorker],
+    api: httpx.Client,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from cli.main import main as setu
+
+    monkeypatch.setenv("SETU_API_URL", str(api.base_url))
+    monkeypatch.setenv("SETU_API_KEY", api.headers["Authorization"].removeprefix("Bearer "))
+
+    def run(*argv: str) -> str:
+        assert setu(list(argv)) == 0, capsys.readouterr().err
+        return capsys.readouterr().out
+
+    # Given a group whose endpoint rejects it: parked in the DLQ with its later messages
+    world.topic("t")
+    world.subscription(receiver.url, delays_ms=(100,))
+    receiver.answer("stuck", 422)
+    ids = world.publish("t", "stuck", 3, body=lambda m: b'{"order": "%s"}' % m.encode())
+    start_worker()
+    wait_for("parked", lambda: parked(api, world, "stuck", 3))
+    p, s = world.project, "s"
+    # When the operator looks: the group is listed, its head's story and letter are shown
+    listed = run("groups", p, s, "--state", "dead_lettered")
+    assert "stuck" in listed and "dead_lettered" in listed
+    story = run("message", "show", p, s, ids[0])
+    assert f"{ids[0]}: dlq" in story and "422" in story and '{"refused": 422}' in story
+    letter = run("dlq", "show", p, s, ids[0])
+    assert f'"order": "{ids[0]}"' in letter  # the body, as pretty JSON
+    # And fixes it with one command once the endpoint is fixed
+    receiver.heal()
+    assert run("dlq", "unsideline", p, s, "--group", "stuck").strip() == "requeued 3"
+    # Then the group is delivered in order and nothing is unhealthy any more
+    wait_for("delivered", lambda: receiver.delivered("stuck") == ids)
+    wait_for("healthy", lambda: "every group is healthy" in run("groups", p, s))
