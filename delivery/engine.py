@@ -167,6 +167,8 @@ class PartitionEngine:
         self._grouped = sub.grouped
         self._tiers = sub.retry.tiers
         self._releasing: set[str] = set()  # group releases handed in and not yet persisted
+        # Where the DLQ must be read again from once the DLQ seek in flight has landed.
+        self._dlq_wanted: int | None = None
 
     # Input: records
 
@@ -254,6 +256,12 @@ class PartitionEngine:
             self.blocked[tier] = left
             return
         self.blocked.pop(tier, None)
+        if tier == DLQ and self._dlq_wanted is not None:
+            wanted, self._dlq_wanted = self._dlq_wanted, None
+            if wanted < offset:
+                self.trackers.setdefault(DLQ, OffsetTracker(offset))
+                self._seek_dlq(wanted)  # asked for while this seek was on its way
+                return
         tracker = self.trackers.get(tier)
         if tracker is None:
             self.trackers[tier] = OffsetTracker(offset)
@@ -723,10 +731,23 @@ class PartitionEngine:
         self.effects.persist(transition)
 
     def _revisit_dlq(self, offset: int) -> None:
-        """Read the DLQ again from ``offset`` if its consumer is already past it."""
+        """Read the DLQ again from ``offset`` if its consumer is already past it.
+
+        One DLQ seek at a time: while one is on its way, a lower offset is remembered and
+        sought once it lands. Two seeks in flight could land in either order (the runner tries
+        a refused seek again later), and the consumer would stay where the last one put it,
+        past the letters the other was for: a released group would never be delivered."""
+        if DLQ in self.blocked:
+            held = self._dlq_wanted
+            self._dlq_wanted = offset if held is None else min(held, offset)
+            return
         tracker = self.trackers.get(DLQ)
         if tracker is None or tracker.position is None or offset >= tracker.position:
             return
+        self._seek_dlq(offset)
+
+    def _seek_dlq(self, offset: int) -> None:
+        tracker = self.trackers[DLQ]
         self.blocked[DLQ] = self.blocked.get(DLQ, 0) + 1
         tracker.rewind(offset)
         # Letters queued from there on come again, in order: keeping them would put the

@@ -658,3 +658,46 @@ def test_a_group_released_again_after_a_failed_lap_is_delivered_after_a_crash() 
     # Then the earlier lap's copies are not taken for a lap in progress: it is delivered
     world.drain()
     assert world.first["g1"] == ["g1-1"]
+
+
+class SeekRecorder:
+    """Effects that only record the DLQ seeks an engine asks for."""
+
+    def __init__(self) -> None:
+        self.seeks: list[int] = []
+
+    def seek(self, partition: int, tier: int, offset: int) -> None:
+        assert tier == DLQ
+        self.seeks.append(offset)
+
+    def __getattr__(self, name: str) -> object:
+        return lambda *args: None
+
+
+def test_one_dlq_seek_at_a_time_so_a_late_one_cannot_skip_released_letters() -> None:
+    from delivery.engine import PartitionEngine
+    from setu.ordering.state import PartitionSnapshot
+
+    # Given a DLQ read up to offset 30, and letters at 22 then at 5 released one after another
+    effects = SeekRecorder()
+    engine = PartitionEngine(
+        subscription(),
+        0,
+        effects,  # type: ignore[arg-type]
+        PartitionSnapshot(),
+        clock=lambda: 0,
+        rng=lambda: 0.5,
+        positions={DLQ: 30},
+    )
+    engine.add_pending_releases([22])
+    engine.add_pending_releases([5])
+    # Then only the first seek is on its way: two in flight could land in either order (the
+    # runner tries a refused seek again later), leaving the consumer at 22, past letter 5
+    assert effects.seeks == [22]
+    # When it lands, the lower one is sought, and only when that lands is the DLQ read again
+    engine.unblocked(DLQ, 22)
+    assert effects.seeks == [22, 5]
+    assert DLQ in engine.blocked
+    engine.unblocked(DLQ, 5)
+    assert DLQ not in engine.blocked
+    assert engine.trackers[DLQ].position == 5
