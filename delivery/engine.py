@@ -414,6 +414,20 @@ class PartitionEngine:
         """What a commit of ``main_offset`` in the main log carries (:mod:`delivery.replays`)."""
         return self.ingest.below(main_offset)
 
+    def oldest_held_ms(self) -> int | None:
+        """When the oldest message of a group this engine holds unfinished (read, waiting or
+        being called) was produced; None when it holds none."""
+        oldest: int | None = None
+        for lane in self.lanes.values():
+            held = [queue[0] for queue in lane.queues.values() if queue]
+            if lane.delivering is not None:
+                held.append(lane.delivering.record)
+            for rec in held:
+                at = rec.envelope.produced_at_ms
+                if at and (oldest is None or at < oldest):
+                    oldest = at
+        return oldest
+
     def open_count(self, tier: int) -> int:
         tracker = self.trackers.get(tier)
         return 0 if tracker is None else tracker.open_count

@@ -22,12 +22,14 @@ and label value below):
 
 Gauges, read from the live runners at scrape time (nothing on the hot path):
 ``setu_delivery_partitions``, ``setu_delivery_in_flight``, ``setu_delivery_buffered_records``,
-``setu_delivery_retry_backlog``, ``setu_delivery_failed_groups{state}`` (``retrying`` or
-``dead_lettered``) of the partitions this worker owns.
+``setu_delivery_retry_backlog``, ``setu_delivery_oldest_held_age_seconds`` (the oldest
+message a group holds unfinished, since it was produced), ``setu_delivery_failed_groups{state}``
+(``retrying`` or ``dead_lettered``) of the partitions this worker owns.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +57,8 @@ class RunnerFigures:
     retry_backlog: int
     retrying_groups: int
     dead_lettered_groups: int
+    # When the oldest message a group holds unfinished in memory was produced (ms).
+    oldest_held_ms: int | None = None
 
 
 class SubscriptionMetrics:
@@ -185,7 +189,14 @@ class _Live(Collector):
                 "Messages of failed groups waiting in retry tiers.",
                 labels=labels,
             ),
+            "oldest": GaugeMetricFamily(
+                "setu_delivery_oldest_held_age_seconds",
+                "Age (since produced) of the oldest message a group holds unfinished on this "
+                "worker: a head retrying, or the messages waiting behind it.",
+                labels=labels,
+            ),
         }
+        now = time.time()
         groups = GaugeMetricFamily(
             "setu_delivery_failed_groups",
             "Failed groups on the partitions this worker owns, by state.",
@@ -197,6 +208,8 @@ class _Live(Collector):
             gauges["in_flight"].add_metric(key, f.in_flight)
             gauges["buffered"].add_metric(key, f.buffered)
             gauges["retry_backlog"].add_metric(key, f.retry_backlog)
+            if f.oldest_held_ms is not None:
+                gauges["oldest"].add_metric(key, max(0.0, now - f.oldest_held_ms / 1000))
             groups.add_metric([*key, "retrying"], f.retrying_groups)
             groups.add_metric([*key, "dead_lettered"], f.dead_lettered_groups)
         yield from gauges.values()

@@ -757,6 +757,9 @@ class SubscriptionRunner:
             retry_backlog=sum(e.retry_backlog() for e in engines),
             retrying_groups=len(states) - dead,
             dead_lettered_groups=dead,
+            oldest_held_ms=min(
+                (at for e in engines if (at := e.oldest_held_ms()) is not None), default=None
+            ),
         )
 
     async def _report(self) -> None:

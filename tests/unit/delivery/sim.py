@@ -223,10 +223,12 @@ class World:
 
     # Producers and operators
 
-    def publish(self, group: str | None) -> str:
+    def publish(self, group: str | None, produced_at_ms: int = 0) -> str:
         self.count += 1
         message_id = f"{group or 'm'}-{self.count}"
-        env = Envelope(message_id, message_id.encode(), group_id=group)
+        env = Envelope(
+            message_id, message_id.encode(), group_id=group, produced_at_ms=produced_at_ms
+        )
         self.logs[MAIN].append((env.kafka_headers(), env.body))
         self.published[group or ""].append(message_id)
         return message_id

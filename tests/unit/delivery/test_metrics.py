@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -71,6 +73,33 @@ def test_live_gauges_come_from_the_runners_at_scrape_time() -> None:
     assert got[("setu_delivery_retry_backlog", SUB)] == 7
     assert got[("setu_delivery_failed_groups", of(state="retrying"))] == 3
     assert got[("setu_delivery_failed_groups", of(state="dead_lettered"))] == 1
+    # And no message is held, so there is no oldest age
+    assert ("setu_delivery_oldest_held_age_seconds", SUB) not in got
+    # When a group holds a message produced a minute ago
+    figures[0] = RunnerFigures(
+        "shop", "billing", 2, 5, 40, 7, 3, 1, int(time.time() * 1000) - 60_000
+    )
+    age = samples(metrics.render())[("setu_delivery_oldest_held_age_seconds", SUB)]
+    assert 59 < age < 70
+
+
+def test_an_engine_knows_the_oldest_message_its_groups_hold() -> None:
+    from tests.unit.delivery.sim import World, subscription
+
+    # Given a group with two messages produced at known times, read into memory
+    world = World(subscription())
+    world.publish("g1", produced_at_ms=1_000)
+    world.publish("g1", produced_at_ms=2_000)
+    assert world.engine.oldest_held_ms() is None
+    while world.poll(0):
+        pass
+    # Then the engine reports the first one's produce time while it is being called
+    assert world.engine.oldest_held_ms() == 1_000
+    # And the second's once the first is delivered, and none once both are
+    world.respond(0, 200)
+    assert world.engine.oldest_held_ms() == 2_000
+    world.respond(0, 200)
+    assert world.engine.oldest_held_ms() is None
 
 
 def test_the_worker_serves_its_metrics_over_http() -> None:
