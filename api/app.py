@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from api import health, keys, operations, produce, projects, subscriptions, topics
 from api.auth import Authenticator
 from api.context import Services, blocking
+from api.console import serve_console
 from api.docs import serve_docs
 from api.metrics import ApiMetrics, MetricsMiddleware
 from api.produce import ProduceFastPath
@@ -190,6 +191,7 @@ def create_app(settings: Settings, *, resolver: Resolver = system_resolver) -> F
     for module in (projects, keys, topics, produce, subscriptions, operations, health):
         app.include_router(module.router)
     serve_docs(app)
+    serve_console(app)
     document_real_errors(app)
     return app
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
