@@ -1,13 +1,13 @@
-"""The console in a real browser (Debian's Chromium, driven by Selenium): sign in, create a
-subscription, see a dead-lettered group in the unhealthy table, unsideline it from the console
-and see it delivered. With ``SETU_SCREENSHOTS=DIR`` it also saves the main pages there (the
-README's pictures)."""
+"""The console in a real browser (Debian's Chromium, driven by Selenium) on the whole stack as
+`setu dev up` runs it: sign in, create a subscription, produce a message that is dead-lettered,
+see its group in the unhealthy table, unsideline it from the console and see it delivered.
+With ``SETU_SCREENSHOTS=DIR`` it also saves the main pages there (the README's pictures)."""
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,7 +19,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
-from tests.integration.delivery.conftest import Receiver, ThreadWorker, World, wait_for
+from cli.ports import any_free_port
+from tests.integration.delivery.conftest import Receiver, wait_for
+from tests.integration.test_dev_up import START_TIMEOUT_S, dev_up
 
 pytestmark = pytest.mark.integration
 
@@ -68,53 +70,67 @@ def text_of(browser: WebDriver, css: str) -> str:
 
 
 def test_an_operator_finds_and_unsidelines_a_stuck_group_in_the_console(
-    world: World,
-    receiver: Receiver,
-    start_worker: Callable[..., ThreadWorker],
-    api: httpx.Client,
-    browser: WebDriver,
+    tmp_path: Path, receiver: Receiver, browser: WebDriver
 ) -> None:
-    key = api.headers["Authorization"].removeprefix("Bearer ")
-    world.topic("t")
-    # Given an operator signed in to the console
-    browser.get(f"{api.base_url}/console")
-    wait_for("sign-in form", lambda: bool(text_of(browser, "#signin")))
-    browser.find_element(By.ID, "api-key").send_keys(key)
-    browser.find_element(By.CSS_SELECTOR, "#signin button").click()
-    wait_for("projects page", lambda: world.project in text_of(browser, "main"))
-    shot(browser, "projects")
-    # When they create a subscription from the project's page
-    browser.find_element(By.LINK_TEXT, world.project).click()
-    wait_for("project page", lambda: bool(text_of(browser, "#new-subscription")))
-    form = browser.find_element(By.ID, "new-subscription")
-    form.find_element(By.NAME, "name").send_keys("s")
-    Select(form.find_element(By.NAME, "topic")).select_by_value("t")
-    form.find_element(By.NAME, "url").send_keys(receiver.url)
-    delays = form.find_element(By.NAME, "delays")
-    delays.clear()
-    delays.send_keys("100")
-    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    wait_for("subscription page", lambda: "every group is healthy" in text_of(browser, "#groups"))
-    lifecycle = [b.text for b in browser.find_elements(By.CSS_SELECTOR, "button.lifecycle")]
-    assert lifecycle == ["pause", "resume", "start"]
-    # And a message of a group the endpoint rejects is produced
-    receiver.answer("g1", 422)
-    [message] = world.publish("t", "g1", 1, body=lambda m: b'{"order": "%s"}' % m.encode())
-    start_worker()
-    # Then the group shows in the unhealthy table (the page refreshes by itself)
-    wait_for("g1 unhealthy", lambda: "dead_lettered" in text_of(browser, "#groups"), 30)
-    assert "g1" in text_of(browser, "#groups")
-    shot(browser, "subscription")
-    browser.find_element(By.ID, "message-id").send_keys(message)
-    browser.find_element(By.XPATH, "//button[text()='Show its attempts']").click()
-    wait_for("attempts shown", lambda: "422" in text_of(browser, "#lookup"))
-    browser.find_element(By.XPATH, "//button[text()='Browse the DLQ']").click()
-    wait_for("letter shown", lambda: f'"order": "{message}"' in text_of(browser, "#dlq"))
-    shot(browser, "dead-letters")
-    # When the endpoint is fixed and the operator unsidelines the group (and confirms)
-    receiver.heal()
-    browser.find_element(By.CSS_SELECTOR, "button.unsideline[data-group=g1]").click()
-    wait_for("confirmation", lambda: accept_confirmation(browser))
-    # Then it is delivered, and the table shows every group healthy again
-    wait_for("delivered", lambda: receiver.delivered("g1") == [message])
-    wait_for("healthy", lambda: "every group is healthy" in text_of(browser, "#groups"), 30)
+    # Given the whole stack as `setu dev up` runs it, a project and a topic an admin made
+    names = ("api", "kafka", "controller", "redis", "spark", "spark_ui")
+    ports = {name: any_free_port() for name in names}
+    with dev_up(tmp_path / "data", ports) as stack:
+        stack.wait_for_line(r"setu dev up: ready", START_TIMEOUT_S)
+        api = stack.wait_for_line(r"API\s+(http://\S+)", 5).group(1)
+        key = stack.wait_for_line(r"export SETU_API_KEY=(\S+)", 5).group(1)
+        client = httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        assert client.post("/v1/projects", json={"name": "shop"}).status_code == 201
+        topic = {"name": "orders", "grouped": True, "partitions": 2}
+        assert client.post("/v1/projects/shop/topics", json=topic).status_code == 201
+        # When an operator signs in to the console with the key dev up printed
+        browser.get(f"{api}/console")
+        wait_for("sign-in form", lambda: bool(text_of(browser, "#signin")))
+        browser.find_element(By.ID, "api-key").send_keys(key)
+        browser.find_element(By.CSS_SELECTOR, "#signin button").click()
+        wait_for("projects page", lambda: "shop" in text_of(browser, "main"))
+        shot(browser, "projects")
+        # And creates a subscription from the project's page
+        browser.find_element(By.LINK_TEXT, "shop").click()
+        wait_for("project page", lambda: bool(text_of(browser, "#new-subscription")))
+        form = browser.find_element(By.ID, "new-subscription")
+        form.find_element(By.NAME, "name").send_keys("billing")
+        Select(form.find_element(By.NAME, "topic")).select_by_value("orders")
+        form.find_element(By.NAME, "url").send_keys(receiver.url)
+        delays = form.find_element(By.NAME, "delays")
+        delays.clear()
+        delays.send_keys("100")
+        form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        wait_for(
+            "subscription page", lambda: "every group is healthy" in text_of(browser, "#groups")
+        )
+        lifecycle = [b.text for b in browser.find_elements(By.CSS_SELECTOR, "button.lifecycle")]
+        assert lifecycle == ["pause", "resume", "start"]
+        # And a producer sends a message of a group the endpoint rejects (422: not retried)
+        receiver.answer("customer-42", 422)
+        produced = client.post(
+            "/v1/projects/shop/topics/orders/produce",
+            headers={"X-Message-Id": "m-1", "X-Group-Id": "customer-42"},
+            content=b'{"order": 7}',
+        )
+        assert produced.status_code == 200, produced.text
+        # Then the group shows in the unhealthy table (the page refreshes by itself)
+        wait_for("unhealthy group", lambda: "dead_lettered" in text_of(browser, "#groups"), 90)
+        assert "customer-42" in text_of(browser, "#groups")
+        shot(browser, "subscription")
+        # And the message's attempts and its dead letter can be looked at
+        browser.find_element(By.ID, "message-id").send_keys("m-1")
+        browser.find_element(By.XPATH, "//button[text()='Show its attempts']").click()
+        wait_for("attempts shown", lambda: "422" in text_of(browser, "#lookup"))
+        browser.find_element(By.XPATH, "//button[text()='Browse the DLQ']").click()
+        wait_for("letter shown", lambda: '"order": 7' in text_of(browser, "#dlq"))
+        shot(browser, "dead-letters")
+        # When the endpoint is fixed and the operator unsidelines the group (and confirms)
+        receiver.heal()
+        browser.find_element(By.CSS_SELECTOR, "button.unsideline[data-group=customer-42]").click()
+        wait_for("confirmation", lambda: accept_confirmation(browser))
+        # Then it is delivered, and the table shows every group healthy again
+        wait_for("delivered", lambda: receiver.delivered("customer-42") == ["m-1"], 60)
+        wait_for("healthy", lambda: "every group is healthy" in text_of(browser, "#groups"), 30)
+        client.close()
+        assert stack.stop() == 0
