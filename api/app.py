@@ -21,8 +21,8 @@ from redis.asyncio import Redis
 
 from api import health, keys, operations, produce, projects, subscriptions, topics
 from api.auth import Authenticator
-from api.context import Services, blocking
 from api.console import serve_console
+from api.context import Services, blocking
 from api.docs import serve_docs
 from api.metrics import ApiMetrics, MetricsMiddleware
 from api.produce import ProduceFastPath
