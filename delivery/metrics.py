@@ -22,7 +22,8 @@ and label value below):
 
 Gauges, read from the live runners at scrape time (nothing on the hot path):
 ``setu_delivery_partitions``, ``setu_delivery_in_flight``, ``setu_delivery_buffered_records``,
-``setu_delivery_retry_backlog``, ``setu_delivery_oldest_held_age_seconds`` (the oldest
+``setu_delivery_retry_backlog``, ``setu_delivery_parked_messages``,
+``setu_delivery_oldest_held_age_seconds`` (the oldest
 message a group holds unfinished, since it was produced), ``setu_delivery_failed_groups{state}``
 (``retrying`` or ``dead_lettered``) of the partitions this worker owns.
 """
@@ -59,6 +60,8 @@ class RunnerFigures:
     dead_lettered_groups: int
     # When the oldest message a group holds unfinished in memory was produced (ms).
     oldest_held_ms: int | None = None
+    # Messages parked in the DLQ behind their failed groups (the DLQ's live depth).
+    parked: int = 0
 
 
 class SubscriptionMetrics:
@@ -189,6 +192,12 @@ class _Live(Collector):
                 "Messages of failed groups waiting in retry tiers.",
                 labels=labels,
             ),
+            "parked": GaugeMetricFamily(
+                "setu_delivery_parked_messages",
+                "Messages parked in the DLQ behind their failed groups, on this worker's "
+                "partitions (the DLQ's live depth under the park policy).",
+                labels=labels,
+            ),
             "oldest": GaugeMetricFamily(
                 "setu_delivery_oldest_held_age_seconds",
                 "Age (since produced) of the oldest message a group holds unfinished on this "
@@ -208,6 +217,7 @@ class _Live(Collector):
             gauges["in_flight"].add_metric(key, f.in_flight)
             gauges["buffered"].add_metric(key, f.buffered)
             gauges["retry_backlog"].add_metric(key, f.retry_backlog)
+            gauges["parked"].add_metric(key, f.parked)
             if f.oldest_held_ms is not None:
                 gauges["oldest"].add_metric(key, max(0.0, now - f.oldest_held_ms / 1000))
             groups.add_metric([*key, "retrying"], f.retrying_groups)

@@ -757,6 +757,7 @@ class SubscriptionRunner:
             retry_backlog=sum(e.retry_backlog() for e in engines),
             retrying_groups=len(states) - dead,
             dead_lettered_groups=dead,
+            parked=sum(s.counts[DLQ] for s in states),
             oldest_held_ms=min(
                 (at for e in engines if (at := e.oldest_held_ms()) is not None), default=None
             ),

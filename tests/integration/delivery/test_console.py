@@ -132,5 +132,12 @@ def test_an_operator_finds_and_unsidelines_a_stuck_group_in_the_console(
         # Then it is delivered, and the table shows every group healthy again
         wait_for("delivered", lambda: receiver.delivered("customer-42") == ["m-1"], 60)
         wait_for("healthy", lambda: "every group is healthy" in text_of(browser, "#groups"), 30)
+        # And /docs renders Swagger UI in the browser from the API's own files
+        browser.get(f"{api}/docs")
+        wait_for(
+            "operations listed",
+            lambda: len(browser.find_elements(By.CSS_SELECTOR, ".opblock")) > 20,
+            30,
+        )
         client.close()
         assert stack.stop() == 0

@@ -242,6 +242,7 @@ def test_an_unsidelined_group_failing_again_retries_through_the_tiers_and_parks_
     assert got[("setu_delivery_moves_total", labels(world, kind="lap", tier="rq.2"))] == 1
     assert got[("setu_delivery_reparked_total", labels(world))] == 1
     assert got[("setu_delivery_failed_groups", labels(world, state="dead_lettered"))] == 1
+    assert got[("setu_delivery_parked_messages", labels(world))] == 2  # a's two letters
     assert got[("setu_delivery_calls_total", labels(world, result="retry"))] == 3
     # When the endpoint recovers and the group is unsidelined again
     receiver.heal()

@@ -72,14 +72,16 @@ def test_live_gauges_come_from_the_runners_at_scrape_time() -> None:
     assert got[("setu_delivery_retry_backlog", SUB)] == 7
     assert got[("setu_delivery_failed_groups", of(state="retrying"))] == 3
     assert got[("setu_delivery_failed_groups", of(state="dead_lettered"))] == 1
+    assert got[("setu_delivery_parked_messages", SUB)] == 0
     # And no message is held, so there is no oldest age
     assert ("setu_delivery_oldest_held_age_seconds", SUB) not in got
     # When a group holds a message produced a minute ago
     figures[0] = RunnerFigures(
-        "shop", "billing", 2, 5, 40, 7, 3, 1, int(time.time() * 1000) - 60_000
+        "shop", "billing", 2, 5, 40, 7, 3, 1, int(time.time() * 1000) - 60_000, parked=4
     )
-    age = samples(metrics.render())[("setu_delivery_oldest_held_age_seconds", SUB)]
-    assert 59 < age < 70
+    got = samples(metrics.render())
+    assert 59 < got[("setu_delivery_oldest_held_age_seconds", SUB)] < 70
+    assert got[("setu_delivery_parked_messages", SUB)] == 4
 
 
 def test_an_engine_knows_the_oldest_message_its_groups_hold() -> None:
