@@ -283,6 +283,7 @@ def test_a_message_s_delivery_record_shows_each_attempt_and_move(
     assert all(a["duration_ms"] >= 0 and a["at_ms"] > 0 for a in story["attempts"])
     assert story["moves"] and story["moves"][0]["to"] == "rq.1"
     # And the follower was moved behind its group before its first attempt (it fails twice too)
+    wait_for("follower recorded", lambda: record(follower).get("location") == "delivered")
     behind = record(follower)
     assert behind["moves"][0]["why"] == "park"
     assert behind["moves"][0]["at_ms"] <= behind["attempts"][0]["at_ms"]
@@ -319,6 +320,11 @@ def test_a_stuck_group_is_found_and_fixed_with_the_setu_commands(
     start_worker()
     wait_for("parked", lambda: parked(api, world, "stuck", 3))
     p, s = world.project, "s"
+    # (the worker writes attempt records every 200 ms: the head's is there soon after)
+    wait_for(
+        "head's record",
+        lambda: api.get(path(world, f"messages/{ids[0]}")).status_code == 200,
+    )
     # When the operator looks: the group is listed, its head's story and letter are shown
     listed = run("groups", p, s, "--state", "dead_lettered")
     assert "stuck" in listed and "dead_lettered" in listed
