@@ -274,8 +274,9 @@ async function subscription(p, s) {
     h("form", { class: "inline", onsubmit: (e) => { e.preventDefault(); lookup(lookupInput.value.trim()); } },
       lookupInput, h("button", { type: "submit" }, "Show its attempts")), lookupBox,
     h("h2", {}, "Configuration"), h("pre", {}, JSON.stringify(sub, null, 2)));
-  await refresh();
+  // A failed refresh (a dependency briefly away: 503) is shown and tried again, not fatal.
   timer = setInterval(() => refresh().catch((e) => toast(e.message)), REFRESH_MS);
+  await refresh().catch((e) => toast(e.message));
 }
 
 // --- routing --------------------------------------------------------------
