@@ -321,86 +321,77 @@ def _dispatch(args: argparse.Namespace, api: Api, out: Out) -> None:
 # Resources
 
 
-def _projects(a: argparse.Namespace, api: Api, out: Out) -> None:
+Column = tuple[str, Callable[[dict[str, Any]], Any]]
+
+
+def _crud(
+    a: argparse.Namespace,
+    api: Api,
+    out: Out,
+    base: str,
+    item: str | None,
+    listing: str,
+    columns: Sequence[Column],
+) -> bool:
+    """``ls``, ``show``, ``create -f`` and ``rm`` of one kind of resource at ``base``;
+    False for any other action."""
     if a.action == "ls":
-        data = api.call("GET", "/v1/projects")
-        out.table(
-            data,
-            data["projects"],
-            [
-                ("name", lambda p: p["name"]),
-                ("description", lambda p: p["description"]),
-                ("quota", lambda p: p["quota"]),
-                ("created", lambda p: at(p["created_at_ms"])),
-            ],
-        )
+        data = api.call("GET", base)
+        out.table(data, data[listing], columns)
     elif a.action == "show":
-        out.record(api.call("GET", f"/v1/projects/{a.project}"))
+        out.record(api.call("GET", f"{base}/{item}"))
     elif a.action == "create":
-        out.record(api.call("POST", "/v1/projects", json=load_file(a.file)))
+        out.record(api.call("POST", base, json=load_file(a.file)))
     elif a.action == "rm":
-        api.call("DELETE", f"/v1/projects/{a.project}")
-        out.say(f"deleted project {a.project}")
-    elif a.action == "quota":
-        body = {
-            "messages_per_second": a.messages_per_second,
-            "bytes_per_second": a.bytes_per_second,
-        }
-        out.record(api.call("PUT", f"/v1/projects/{a.project}/quota", json=body))
+        api.call("DELETE", f"{base}/{item}")
+        out.say(f"deleted {listing[:-1]} {item}")
+    else:
+        return False
+    return True
+
+
+def _projects(a: argparse.Namespace, api: Api, out: Out) -> None:
+    columns: list[Column] = [
+        ("name", lambda p: p["name"]),
+        ("description", lambda p: p["description"]),
+        ("quota", lambda p: p["quota"]),
+        ("created", lambda p: at(p["created_at_ms"])),
+    ]
+    if _crud(a, api, out, "/v1/projects", getattr(a, "project", None), "projects", columns):
+        return
+    body = {"messages_per_second": a.messages_per_second, "bytes_per_second": a.bytes_per_second}
+    out.record(api.call("PUT", f"/v1/projects/{a.project}/quota", json=body))
 
 
 def _topics(a: argparse.Namespace, api: Api, out: Out) -> None:
+    columns: list[Column] = [
+        ("name", lambda t: t["name"]),
+        ("grouped", lambda t: t["grouped"]),
+        ("partitions", lambda t: t["partitions"]),
+        ("retention h", lambda t: t["retention_hours"]),
+    ]
     base = f"/v1/projects/{a.project}/topics"
-    if a.action == "ls":
-        data = api.call("GET", base)
-        out.table(
-            data,
-            data["topics"],
-            [
-                ("name", lambda t: t["name"]),
-                ("grouped", lambda t: t["grouped"]),
-                ("partitions", lambda t: t["partitions"]),
-                ("retention h", lambda t: t["retention_hours"]),
-            ],
-        )
-    elif a.action == "show":
-        out.record(api.call("GET", f"{base}/{a.topic}"))
-    elif a.action == "create":
-        out.record(api.call("POST", base, json=load_file(a.file)))
-    elif a.action == "rm":
-        api.call("DELETE", f"{base}/{a.topic}")
-        out.say(f"deleted topic {a.project}/{a.topic}")
+    _crud(a, api, out, base, getattr(a, "topic", None), "topics", columns)
 
 
 def _subscriptions(a: argparse.Namespace, api: Api, out: Out) -> None:
+    columns: list[Column] = [
+        ("name", lambda s: s["name"]),
+        ("topic", lambda s: s["topic"]),
+        ("state", lambda s: s["state"]),
+        ("grouped", lambda s: s["grouped"]),
+        ("endpoint", lambda s: s["endpoint"]["url"]),
+        ("version", lambda s: s["version"]),
+    ]
     base = f"/v1/projects/{a.project}/subscriptions"
-    if a.action == "ls":
-        data = api.call("GET", base)
-        out.table(
-            data,
-            data["subscriptions"],
-            [
-                ("name", lambda s: s["name"]),
-                ("topic", lambda s: s["topic"]),
-                ("state", lambda s: s["state"]),
-                ("grouped", lambda s: s["grouped"]),
-                ("endpoint", lambda s: s["endpoint"]["url"]),
-                ("version", lambda s: s["version"]),
-            ],
-        )
-    elif a.action == "show":
-        out.record(api.call("GET", f"{base}/{a.subscription}"))
-    elif a.action == "create":
-        out.record(api.call("POST", base, json=load_file(a.file)))
-    elif a.action == "rm":
-        api.call("DELETE", f"{base}/{a.subscription}")
-        out.say(f"deleted subscription {a.project}/{a.subscription}")
-    elif a.action == "seek":
+    if _crud(a, api, out, base, getattr(a, "subscription", None), "subscriptions", columns):
+        return
+    if a.action == "seek":
         body = {"timestamp_ms": parse_time(a.to)}
         out.record(api.call("POST", f"{base}/{a.subscription}/seek", json=body))
-    else:
-        state = api.call("POST", f"{base}/{a.subscription}/{a.action}")
-        out.record(state) if out.as_json else out.say(f"{a.subscription}: {state['state']}")
+        return
+    state = api.call("POST", f"{base}/{a.subscription}/{a.action}")
+    out.record(state) if out.as_json else out.say(f"{a.subscription}: {state['state']}")
 
 
 def _sub_path(a: argparse.Namespace) -> str:
