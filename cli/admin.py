@@ -419,11 +419,20 @@ def _status(a: argparse.Namespace, api: Api, out: Out) -> None:
     )
 
 
+def _page(api: Api, path: str, **params: Any) -> Any:
+    """One page of a listing; parameters left as None are not sent."""
+    return api.call("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+
+def _more(out: Out, data: dict[str, Any]) -> bool:
+    """Says how to get the next page, if there is one."""
+    if data["next"]:
+        out.say(f"more: --after {data['next']}")
+    return bool(data["next"])
+
+
 def _groups(a: argparse.Namespace, api: Api, out: Out) -> None:
-    params = {"limit": a.limit, "state": a.state, "after": a.after}
-    data = api.call(
-        "GET", f"{_sub_path(a)}/groups", params={k: v for k, v in params.items() if v is not None}
-    )
+    data = _page(api, f"{_sub_path(a)}/groups", limit=a.limit, state=a.state, after=a.after)
     out.table(
         data,
         data["groups"],
@@ -437,19 +446,14 @@ def _groups(a: argparse.Namespace, api: Api, out: Out) -> None:
         ],
         title="unhealthy groups, the longest unhealthy first",
     )
-    if data["next"]:
-        out.say(f"more: --after {data['next']}")
-    elif not data["groups"]:
+    if not _more(out, data) and not data["groups"]:
         out.say("every group is healthy")
 
 
 def _dlq(a: argparse.Namespace, api: Api, out: Out) -> None:
     base = f"{_sub_path(a)}/dlq"
     if a.action == "ls":
-        params = {"limit": a.limit, "group_id": a.group, "after": a.after}
-        data = api.call(
-            "GET", f"{base}/messages", params={k: v for k, v in params.items() if v is not None}
-        )
+        data = _page(api, f"{base}/messages", limit=a.limit, group_id=a.group, after=a.after)
         out.table(
             data,
             data["messages"],
@@ -462,8 +466,7 @@ def _dlq(a: argparse.Namespace, api: Api, out: Out) -> None:
                 ("parked", lambda m: m["parked"]),
             ],
         )
-        if data["next"]:
-            out.say(f"more: --after {data['next']}")
+        _more(out, data)
     elif a.action == "show":
         found = _find_dead_letter(api, base, a.message_id)
         if out.as_json:
