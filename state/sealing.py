@@ -14,6 +14,12 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from pydantic import SecretStr
 
 
+_UNOPENED = (
+    "a stored secret opens with none of the keys in SETU_SECRET_KEY; "
+    "was the key it was sealed with removed before `setu secrets rotate`?"
+)
+
+
 class SealError(Exception):
     """A stored value that no configured key opens (the key it was sealed with is gone)."""
 
@@ -51,19 +57,14 @@ class Sealer:
         try:
             return self._box.decrypt(token.encode()).decode()
         except InvalidToken:
-            raise SealError(
-                "a stored secret opens with none of the keys in SETU_SECRET_KEY; "
-                "was the key it was sealed with removed before `setu secrets rotate`?"
-            ) from None
+            raise SealError(_UNOPENED) from None
 
     def reseal(self, token: str) -> str:
         """``token`` sealed again under the first key (unchanged text)."""
         try:
             return self._box.rotate(token.encode()).decode()
         except InvalidToken:
-            raise SealError(
-                "a stored secret opens with none of the keys in SETU_SECRET_KEY"
-            ) from None
+            raise SealError(_UNOPENED) from None
 
     def __repr__(self) -> str:
         return f"Sealer(keys={len(self._fernets)})"
