@@ -226,9 +226,6 @@ async def status(request: Request, project: str, subscription: str) -> Response:
     retry_topics = {topic_of(sub, t) for t in range(1, sub.retry.tiers + 1)}
     waiting = {topic_of(sub, MAIN), *retry_topics}  # dead letters are counted apart
     backlog: list[Backlog] = await _kafka(_reader(request).backlog, group, topics, waiting)
-    lag_by_topic: dict[str, int] = {}
-    for b in backlog:
-        lag_by_topic[b.topic] = lag_by_topic.get(b.topic, 0) + b.lag
     by_partition = partition_status(backlog, waiting, partitions)
     oldest = [p["oldest_undelivered_ms"] for p in by_partition if p["oldest_undelivered_ms"]]
     groups = RedisGroupStore(_redis(request), project, subscription)
@@ -249,10 +246,10 @@ async def status(request: Request, project: str, subscription: str) -> Response:
         StatusOut,
         {
             "state": sub.state.value,
-            "lag": sum(lag_by_topic.values()),
+            "lag": sum(b.lag for b in backlog),
             "in_flight": sum(int(s.get("in_flight", 0)) for s in fresh),
             "failed_groups": failed,
-            "retry_backlog": sum(n for t, n in lag_by_topic.items() if t in retry_topics),
+            "retry_backlog": sum(b.lag for b in backlog if b.topic in retry_topics),
             "dead_lettered": counters["dead_lettered"],
             "delivered_total": counters["delivered_total"],
             "oldest_undelivered_age_ms": max(0, now_ms() - min(oldest)) if oldest else None,

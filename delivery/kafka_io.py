@@ -543,13 +543,6 @@ class KafkaReader:
         finally:
             consumer.close()
 
-    def lag(self, group: str, topics: dict[str, int], timeout_s: float = 10.0) -> dict[str, int]:
-        """Per topic, records between the group's committed offsets and the end."""
-        out = dict.fromkeys(topics, 0)
-        for b in self.backlog(group, topics, oldest_of=(), timeout_s=timeout_s):
-            out[b.topic] += b.lag
-        return out
-
     def backlog(
         self,
         group: str,

@@ -46,7 +46,7 @@ from setu.clock import now_ms
 from setu.envelope import KafkaHeaders
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
 from setu.model import Subscription, SubscriptionState
-from setu.ordering.groups import Kind
+from setu.ordering.groups import Kind, Standing, standing
 from setu.ordering.records import copy_headers
 from setu.ordering.tiers import DLQ, MAIN, tier_name, topics_by_tier
 from state.attempt_log import AttemptLog
@@ -747,7 +747,7 @@ class SubscriptionRunner:
         """Live figures for the worker's metrics (read at scrape time)."""
         engines = [port.engine for port in list(self.ports.values())]
         states = [s for e in engines for s in e.states.values()]
-        dead = sum(1 for s in states if s.head_tier == DLQ and not s.lap)
+        dead = sum(1 for s in states if standing(s)[0] is Standing.DEAD_LETTERED)
         return RunnerFigures(
             project=self.sub.project,
             subscription=self.sub.name,
