@@ -13,7 +13,6 @@ from __future__ import annotations
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from pydantic import SecretStr
 
-
 _UNOPENED = (
     "a stored secret opens with none of the keys in SETU_SECRET_KEY; "
     "was the key it was sealed with removed before `setu secrets rotate`?"
