@@ -21,6 +21,7 @@ import orjson
 from api.validation import check_header
 from setu import headers as rules
 from setu.envelope import (
+    H_CONTENT_TYPE,
     H_GROUP_ID,
     H_MESSAGE_ID,
     H_PRODUCED_AT,
@@ -36,8 +37,18 @@ from setu.limits import MAX_FORWARDED_HEADER_BYTES
 # Producer headers travel with the message into every Kafka record and webhook call.
 
 _BATCH_FIELDS = frozenset(
-    {"message_id", "group_id", "producer_id", "sequence_id", "headers", "body", "body_base64"}
+    {
+        "message_id",
+        "group_id",
+        "producer_id",
+        "sequence_id",
+        "headers",
+        "body",
+        "body_base64",
+        "content_type",
+    }
 )
+MAX_CONTENT_TYPE_CHARS = 255
 
 
 class IngestRecord(NamedTuple):
@@ -57,6 +68,7 @@ def ingest_headers(
     extra: Sequence[tuple[str, str]],
     produced_at_ms: int,
     topic_incarnation: int = 0,
+    content_type: str | None = None,
 ) -> KafkaHeaders:
     """Exactly ``Envelope(...).kafka_headers()`` of a message just produced (no audit fields);
     ``topic_incarnation`` is stamped on messages with a producer id only (see
@@ -73,6 +85,8 @@ def ingest_headers(
         out.append((H_PRODUCED_AT, str(produced_at_ms).encode()))
     if topic_incarnation and producer_id is not None:
         out.append((H_TOPIC_INCARNATION, str(topic_incarnation).encode()))
+    if content_type is not None:
+        out.append((H_CONTENT_TYPE, content_type.encode()))
     return out
 
 
@@ -90,18 +104,44 @@ def decode_header_value(raw: bytes) -> str:
         return raw.decode("latin-1")
 
 
-def scan_headers(raw: Iterable[tuple[bytes, bytes]]) -> tuple[int | None, list[tuple[str, str]]]:
-    """From ASGI headers: the declared Content-Length (None if absent or unreadable) and the
-    ``X-*``/``X_*`` headers, decoded, in order."""
+class ScannedHeaders(NamedTuple):
+    # The declared Content-Length; None if absent or unreadable.
+    length: int | None
+    # The X-*/X_* headers, decoded, in order.
+    found: list[tuple[str, str]]
+    # The request's Content-Type as given (checked by check_content_type), None if absent.
+    content_type: str | None
+
+
+def scan_headers(raw: Iterable[tuple[bytes, bytes]]) -> ScannedHeaders:
+    """What produce reads from ASGI headers: Content-Length, Content-Type and ``X_*``."""
     length: int | None = None
+    content_type: str | None = None
     found: list[tuple[str, str]] = []
     for name, value in raw:
         prefix = name[:2].lower()
         if prefix in (b"x-", b"x_"):
             found.append((name.decode("latin-1"), decode_header_value(value)))
-        elif name.lower() == b"content-length" and value.isdigit():
-            length = int(value)
-    return length, found
+        else:
+            lowered = name.lower()
+            if lowered == b"content-length" and value.isdigit():
+                length = int(value)
+            elif lowered == b"content-type":
+                content_type = decode_header_value(value)
+    return ScannedHeaders(length, found, content_type)
+
+
+def check_content_type(value: str | None) -> str | None:
+    """A producer's Content-Type as it will be sent to webhooks: one line of visible text."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    if len(value) > MAX_CONTENT_TYPE_CHARS:
+        raise InvalidInput(f"Content-Type is longer than {MAX_CONTENT_TYPE_CHARS} characters")
+    check_header("Content-Type", "Content-Type", value)
+    return value
 
 
 def check_body_size(size: int, limit: int) -> None:
@@ -124,6 +164,7 @@ def single_envelope(
     grouped: bool,
     produced_at_ms: int,
     topic_created_at_ms: int = 0,
+    content_type: str | None = None,
 ) -> Envelope:
     """The envelope of a single produce; raises InvalidInput or PayloadTooLarge."""
     parsed = rules.parse_produce_headers(x_headers, grouped=grouped)
@@ -137,6 +178,7 @@ def single_envelope(
         headers=parsed.extra,
         produced_at_ms=produced_at_ms,
         topic_incarnation=incarnation_for(parsed.producer_id, topic_created_at_ms),
+        content_type=check_content_type(content_type),
     )
 
 
@@ -221,6 +263,7 @@ def _batch_message(
         extra,
         produced_at_ms,
         incarnation_for(producer_id, topic_created_at_ms),
+        check_content_type(_text(get("content_type"), "content_type")),
     )
     return IngestRecord(message_id, key, body, headers)
 

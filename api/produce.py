@@ -108,15 +108,16 @@ async def produce_one(
 ) -> Reply:
     """One message from the raw body and the X_* headers; 200 after Kafka's ack."""
     entry = await s.topics.get(project, topic)
-    declared, x_headers = scan_headers(headers)
+    scanned = scan_headers(headers)
     try:
-        body = await read_body(receive, s.settings.max_message_bytes, declared)
+        body = await read_body(receive, s.settings.max_message_bytes, scanned.length)
         envelope = single_envelope(
-            x_headers,
+            scanned.found,
             body,
             grouped=entry.topic.grouped,
             produced_at_ms=now_ms(),
             topic_created_at_ms=entry.topic.created_at_ms,
+            content_type=scanned.content_type,
         )
     except SetuError:
         s.metrics.count_produced(project, topic, "rejected")
@@ -150,7 +151,7 @@ async def produce_many(
 ) -> Reply:
     """A validated batch, every message written, per-message results (see module doc)."""
     entry = await s.topics.get(project, topic)
-    declared, _ = scan_headers(headers)
+    declared = scan_headers(headers).length
     try:
         payload = await read_body(receive, s.settings.max_batch_bytes, declared)
         records = parse_batch(

@@ -31,10 +31,13 @@ DEFAULT_CONTENT_TYPE = "application/octet-stream"
 def request_headers(
     sub: Subscription, envelope: Envelope, attempt: int, timestamp_s: int, keys: Sequence[bytes]
 ) -> list[tuple[str, str]]:
-    """The headers of one call, in a fixed order: endpoint, producer, Setu, Standard Webhooks."""
+    """The headers of one call, in a fixed order: endpoint, producer, Setu, Standard Webhooks.
+
+    Content-Type: the endpoint's fixed one if it has one, else the producer's, else
+    ``application/octet-stream`` (docs/policies.md §7)."""
     out = list(sub.endpoint.headers)
     if not any(name.lower() == "content-type" for name, _ in out):
-        out.append(("content-type", DEFAULT_CONTENT_TYPE))
+        out.append(("content-type", envelope.content_type or DEFAULT_CONTENT_TYPE))
     out.extend(envelope.headers)
     out.append((produce_headers.MESSAGE_ID, envelope.message_id))
     if envelope.group_id is not None:

@@ -24,6 +24,8 @@ H_FAILURE_REASON = "setu-failure-reason"
 H_LAST_STATUS = "setu-last-status"
 H_FAILED_AT = "setu-failed-at"
 H_MAIN_OFFSET = "setu-main-offset"
+# The producer's Content-Type, sent to the webhook as the call's own (docs/policies.md §7).
+H_CONTENT_TYPE = "setu-content-type"
 # Which life of its topic a message with a producer id was produced to: the topic's creation
 # time. De-duplication state and producer marks of a deleted topic never judge or answer for
 # a topic created again under the same name (docs/ingest.md, "A topic created again").
@@ -46,6 +48,7 @@ class Envelope:
     headers: tuple[tuple[str, str], ...] = ()
     produced_at_ms: int = 0
     topic_incarnation: int = 0
+    content_type: str | None = None
     ingest_partition: int | None = None
     ingest_offset: int | None = None
     main_offset: int | None = None
@@ -77,6 +80,8 @@ class Envelope:
             out.append((H_PRODUCED_AT, str(self.produced_at_ms).encode()))
         if self.topic_incarnation:
             out.append((H_TOPIC_INCARNATION, str(self.topic_incarnation).encode()))
+        if self.content_type is not None:
+            out.append((H_CONTENT_TYPE, self.content_type.encode()))
         optional: tuple[tuple[str, object | None], ...] = (
             (H_INGEST_PARTITION, self.ingest_partition),
             (H_INGEST_OFFSET, self.ingest_offset),
@@ -119,6 +124,7 @@ class Envelope:
             headers=tuple(extra),
             produced_at_ms=num(H_PRODUCED_AT) or 0,
             topic_incarnation=num(H_TOPIC_INCARNATION) or 0,
+            content_type=own.get(H_CONTENT_TYPE),
             ingest_partition=num(H_INGEST_PARTITION),
             ingest_offset=num(H_INGEST_OFFSET),
             main_offset=num(H_MAIN_OFFSET),

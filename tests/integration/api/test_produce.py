@@ -59,7 +59,7 @@ async def test_message_lands_on_its_groups_murmur2_partition_with_headers(
         f"X{sep}PRODUCER{sep}ID": "shop",
         f"X{sep}SEQUENCE{sep}ID": "7",
         f"X{sep}TRACE": "abc",
-        "Content-Type": "application/octet-stream",
+        "Content-Type": "application/vnd.shop+cbor",
     }
     body = bytes(range(256))  # any bytes, not only text
     response = await api.client.post(url, content=body, headers=headers)
@@ -76,6 +76,8 @@ async def test_message_lands_on_its_groups_murmur2_partition_with_headers(
     assert got["setu-sequence-id"] == b"7"
     assert int(got["setu-produced-at"]) > 0
     assert got[f"x{sep}trace"] == b"abc"
+    # The producer's Content-Type travels under Setu's name, for the webhook call.
+    assert got["setu-content-type"] == b"application/vnd.shop+cbor"
     assert "content-type" not in got
 
 

@@ -35,9 +35,52 @@ def test_scan_keeps_x_headers_in_order_and_reads_content_length() -> None:
         (b"content-type", b"text/plain"),
         (b"x-trace", b"t"),
     ]
-    length, found = scan_headers(raw)
+    length, found, content_type = scan_headers(raw)
     assert length == 5
     assert found == [("x_message_id", "m1"), ("x-group-id", "g1"), ("x-trace", "t")]
+    assert content_type == "text/plain"
+
+
+def test_a_producer_content_type_is_kept_and_a_broken_one_refused() -> None:
+    envelope = single_envelope(
+        [("X_MESSAGE_ID", "m")],
+        b"{}",
+        grouped=False,
+        produced_at_ms=1,
+        content_type=" application/json; charset=utf-8 ",
+    )
+    assert envelope.content_type == "application/json; charset=utf-8"
+    assert ("setu-content-type", b"application/json; charset=utf-8") in envelope.kafka_headers()
+    assert (
+        single_envelope(
+            [("X_MESSAGE_ID", "m")], b"", grouped=False, produced_at_ms=1, content_type=""
+        ).content_type
+        is None
+    )
+    for bad in ("text/plain\r\nX-Evil: 1", "t/" + "x" * 300):
+        with pytest.raises(InvalidInput, match="Content-Type"):
+            single_envelope(
+                [("X_MESSAGE_ID", "m")], b"", grouped=False, produced_at_ms=1, content_type=bad
+            )
+
+
+def test_a_batch_message_may_name_its_content_type() -> None:
+    payload = orjson.dumps(
+        {
+            "messages": [
+                {"message_id": "a", "body": "{}", "content_type": "application/json"},
+                {"message_id": "b", "body": "x"},
+            ]
+        }
+    )
+    a, b = parse_batch(
+        payload, grouped=False, produced_at_ms=1, max_message_bytes=100, max_messages=10
+    )
+    assert ("setu-content-type", b"application/json") in a.headers
+    assert not any(name == "setu-content-type" for name, _ in b.headers)
+    bad = orjson.dumps({"messages": [{"message_id": "a", "body": "", "content_type": 5}]})
+    with pytest.raises(InvalidInput, match="content_type must be a string"):
+        parse_batch(bad, grouped=False, produced_at_ms=1, max_message_bytes=100, max_messages=10)
 
 
 @pytest.mark.parametrize(("raw", "length"), [([], None), ([(b"content-length", b"abc")], None)])

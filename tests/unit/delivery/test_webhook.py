@@ -38,3 +38,11 @@ def test_an_endpoint_content_type_replaces_the_default_and_no_group_means_no_gro
         "webhook-id",
         "webhook-timestamp",
     ]
+
+
+def test_the_producer_content_type_is_sent_unless_the_endpoint_fixes_one() -> None:
+    envelope = Envelope("m1", b"{}", content_type="application/json")
+    assert request_headers(sub(), envelope, 1, 5, [])[0] == ("content-type", "application/json")
+    fixed = sub(headers=(("Content-Type", "text/plain"),))
+    headers = request_headers(fixed, envelope, 1, 5, [])
+    assert [v for n, v in headers if n.lower() == "content-type"] == ["text/plain"]
