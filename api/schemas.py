@@ -15,7 +15,17 @@ from api.responses import Out
 from setu import names
 from setu.access import ApiKey
 from setu.clock import now_ms
+from setu.errors import InvalidInput
 from setu.model import DEFAULT_RETRY_DELAYS_MS, ProduceQuota, Project, Subscription, Topic
+from setu.policies import (
+    DEFAULT_AUTO_PAUSE_AFTER_S,
+    BreakerPolicy,
+    DeadLetterWindow,
+    Policies,
+    StartFrom,
+    parse_filter,
+    parse_start_from,
+)
 
 MAX_PARTITIONS = 1000
 MAX_RETENTION_HOURS = 10 * 365 * 24
@@ -98,6 +108,32 @@ class RetryBody(Body):
     retryable_codes: list[StatusCode] | None = Field(None, max_length=500)
 
 
+class BreakerBody(Body):
+    """The circuit breaker's thresholds (docs/policies.md §2)."""
+
+    # Opens when more than this share of the window's calls failed...
+    failure_ratio: float = Field(0.5, gt=0, le=1)
+    # ...over at least this many calls.
+    min_calls: int = Field(20, ge=1, le=10_000)
+    window_s: int = Field(30, ge=1, le=3600)
+    # Open this long before a probe call.
+    open_s: int = Field(30, ge=1, le=86_400)
+
+
+class DeadLetterWindowBody(Body):
+    """More than ``threshold`` of the last ``size`` messages dead-lettered pauses the
+    subscription (docs/policies.md §3)."""
+
+    size: int = Field(100, ge=1, le=10_000)
+    threshold: int = Field(50, ge=0)
+
+    @model_validator(mode="after")
+    def _below_size(self) -> DeadLetterWindowBody:
+        if self.threshold >= self.size:
+            raise ValueError("dead_letter_window.threshold must be below size")
+        return self
+
+
 class SubscriptionConfig(Body):
     """What a subscription does; shared by create and update."""
 
@@ -109,6 +145,39 @@ class SubscriptionConfig(Body):
     max_in_flight: int = Field(256, ge=1, le=MAX_IN_FLIGHT)
     rate_limit_per_second: float | None = Field(None, gt=0, le=1_000_000)
     signing_secret: str | None = Field(None, min_length=1, max_length=512)
+    # Policies (docs/design.md §10, docs/policies.md); checked by setu.policies.
+    filter: dict[str, Any] | None = Field(
+        None, examples=[{"header": "X_EVENT_TYPE", "in": ["order.created", "order.paid"]}]
+    )
+    # Left out: default thresholds; null: no breaker.
+    circuit_breaker: BreakerBody | None = Field(
+        default_factory=lambda: BreakerBody.model_validate({})
+    )
+    # null: never paused for a broken endpoint.
+    auto_pause_after_s: int | None = Field(DEFAULT_AUTO_PAUSE_AFTER_S, ge=1, le=30 * 86_400)
+    dead_letter_window: DeadLetterWindowBody | None = None
+    # "earliest", "latest" or {"timestamp_ms": T}; left out on PUT: as it was.
+    start_from: str | dict[str, int] | None = Field(None, examples=["latest"])
+
+    def policies(self, current: Policies | None = None) -> Policies:
+        """The policies this body describes; ``current`` gives the stored start (a PUT)."""
+        breaker, window = self.circuit_breaker, self.dead_letter_window
+        if self.start_from is None:
+            start = current.start_from if current is not None else StartFrom()
+        else:
+            start = parse_start_from(self.start_from)
+            if current is not None and start != current.start_from:
+                raise InvalidInput(
+                    "start_from applies when a subscription is created; seek a stopped "
+                    "subscription to move it"
+                )
+        return Policies(
+            filter=None if self.filter is None else parse_filter(self.filter),
+            circuit_breaker=None if breaker is None else BreakerPolicy(**breaker.model_dump()),
+            auto_pause_after_s=self.auto_pause_after_s,
+            dead_letter_window=None if window is None else DeadLetterWindow(**window.model_dump()),
+            start_from=start,
+        )
 
 
 # How long a rotation's previous secret keeps signing unless said otherwise: a day.
@@ -208,6 +277,8 @@ def subscription_view(sub: Subscription) -> dict[str, Any]:
         "has_signing_secret": bool(held),
         "signing_secrets": held,
         "state": sub.state.value,
+        "paused_reason": sub.paused_reason,
+        **sub.policies.json(),
         "version": sub.version,
         "created_at_ms": sub.created_at_ms,
         "kafka": {
@@ -295,6 +366,18 @@ class SigningSecretsOut(Out):
     signing_secrets: list[SigningSecretOut]
 
 
+class BreakerOut(Out):
+    failure_ratio: float
+    min_calls: int
+    window_s: int
+    open_s: int
+
+
+class DeadLetterWindowOut(Out):
+    size: int
+    threshold: int
+
+
 class SubscriptionKafkaOut(Out):
     consumer_group: str
     retry_topics: list[str]
@@ -314,6 +397,13 @@ class SubscriptionOut(Out):
     has_signing_secret: bool
     signing_secrets: list[SigningSecretOut]
     state: Literal["running", "paused", "stopped"]
+    # Why a policy paused it (docs/policies.md §3); null otherwise.
+    paused_reason: str | None
+    filter: dict[str, Any] | None
+    circuit_breaker: BreakerOut | None
+    auto_pause_after_s: int | None
+    dead_letter_window: DeadLetterWindowOut | None
+    start_from: str | dict[str, int]
     version: int
     created_at_ms: int
     kafka: SubscriptionKafkaOut

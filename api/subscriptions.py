@@ -47,6 +47,7 @@ from setu.model import (
     Topic,
 )
 from setu.names import validate_name
+from setu.policies import Policies
 from state.lifecycle import LifecycleAction
 
 router = APIRouter(
@@ -65,8 +66,10 @@ def to_subscription(
     *,
     signing_secrets: tuple[SigningSecret, ...],
     default_grouped: bool,
+    current: Policies | None = None,
 ) -> Subscription:
-    """The subscription a request describes (pure; the endpoint host is checked elsewhere)."""
+    """The subscription a request describes (pure; the endpoint host is checked elsewhere).
+    ``current``: the stored policies of a subscription being replaced."""
     return Subscription(
         project=project,
         name=validate_name("subscription", name),
@@ -91,6 +94,7 @@ def to_subscription(
         rate_limit_per_second=config.rate_limit_per_second,
         signing_secrets=signing_secrets,
         state=SubscriptionState.RUNNING,
+        policies=config.policies(current),
     )
 
 
@@ -191,6 +195,7 @@ async def update_subscription(
             else replaced_secrets(current.signing_secrets, body.signing_secret)
         ),
         default_grouped=current.grouped,
+        current=current.policies,
     )
     if "headers" not in body.endpoint.model_fields_set:
         sub = dataclasses.replace(

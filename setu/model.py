@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from setu.policies import Policies
+
 DEFAULT_RETRY_DELAYS_MS: tuple[int, ...] = (5_000, 60_000, 600_000)
 # 408, 425, 429 and every 5xx are retried unless a subscription says otherwise (docs/design.md §3).
 DEFAULT_RETRYABLE_CODES: tuple[int, ...] = (408, 425, 429, *range(500, 600))
@@ -145,3 +147,6 @@ class Subscription:
     seek_to_ms: int | None = None
     seek_generation: int = 0
     created_at_ms: int = 0
+    policies: Policies = field(default_factory=lambda: Policies())
+    # Why a policy paused the subscription (docs/policies.md §3); cleared by resume and start.
+    paused_reason: str | None = None

@@ -44,6 +44,7 @@ from setu.model import (
     Topic,
     rotate_secrets,
 )
+from setu.policies import Policies
 from state.api_keys import KeyStore, revoke_project_keys
 from state.lifecycle import LifecycleAction, next_state
 from state.schema import projects, subscriptions, topics
@@ -114,6 +115,8 @@ class SubscriptionCodec:
             seek_to_ms=row.seek_to_ms,
             seek_generation=row.seek_generation,
             created_at_ms=row.created_at_ms,
+            policies=Policies.from_json(row.policies),
+            paused_reason=row.paused_reason,
         )
 
     def config(self, sub: Subscription) -> dict[str, Any]:
@@ -132,6 +135,7 @@ class SubscriptionCodec:
             "max_in_flight": sub.max_in_flight,
             "rate_limit_per_second": sub.rate_limit_per_second,
             "signing_secrets": self.seal_secrets(sub.signing_secrets),
+            "policies": sub.policies.json(),
         }
 
     def resealed(self, row: Row[Any]) -> dict[str, Any]:
@@ -172,6 +176,7 @@ def same_subscription(a: Subscription, b: Subscription) -> bool:
             seek_to_ms=None,
             seek_generation=0,
             created_at_ms=0,
+            paused_reason=None,
         )
 
     return config(a) == config(b)
@@ -358,8 +363,9 @@ class MetadataStore:
                         state=sub.state.value,
                         deleting=False,
                         version=1,
-                        seek_to_ms=None,
-                        seek_generation=0,
+                        # Where it starts is a seek its first takeover applies.
+                        seek_to_ms=sub.policies.start_from.seek_to_ms(at),
+                        seek_generation=int(sub.policies.start_from.kind != "earliest"),
                         created_at_ms=at,
                         updated_at_ms=at,
                     )
@@ -448,9 +454,22 @@ class MetadataStore:
         with self._tx(write=True) as conn:
             current = self._require_subscription(conn, project, name, lock=True)
             state = next_state(current.state, action)
-            if state != current.state:
-                self._update(conn, project, name, state=state.value)
-            return dataclasses.replace(current, state=state)
+            # Whatever an operator does next, a policy's pause reason no longer holds.
+            if state != current.state or current.paused_reason is not None:
+                self._update(conn, project, name, state=state.value, paused_reason=None)
+            return dataclasses.replace(current, state=state, paused_reason=None)
+
+    def pause_by_policy(self, project: str, name: str, reason: str) -> Subscription | None:
+        """Pauses a running subscription with ``reason`` (docs/policies.md §3); None when it
+        is not running (an operator stopped or paused it meanwhile: nothing to do)."""
+        with self._tx(write=True) as conn:
+            current = self._subscription_row(conn, project, name, lock=True)
+            if current is None or current.state != SubscriptionState.RUNNING.value:
+                return None
+            self._update(
+                conn, project, name, state=SubscriptionState.PAUSED.value, paused_reason=reason
+            )
+            return self._require_subscription(conn, project, name)
 
     def request_seek(self, project: str, name: str, timestamp_ms: int) -> Subscription:
         """Asks workers to reset the main offset to ``timestamp_ms``; the subscription must be

@@ -80,6 +80,10 @@ subscriptions = sa.Table(
     sa.Column("seek_generation", sa.Integer, nullable=False),
     sa.Column("created_at_ms", sa.BigInteger, nullable=False),
     sa.Column("updated_at_ms", sa.BigInteger, nullable=False),
+    # setu.policies.Policies.json(); NULL: every policy at its default (docs/policies.md).
+    sa.Column("policies", sa.JSON, nullable=True),
+    # Why a policy paused the subscription; NULL otherwise.
+    sa.Column("paused_reason", sa.Text, nullable=True),
     sa.ForeignKeyConstraint(
         ["project", "topic"],
         ["topics.project", "topics.name"],

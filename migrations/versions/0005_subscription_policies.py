@@ -1,0 +1,31 @@
+"""Subscription policies and why a policy paused a subscription (docs/policies.md).
+
+Revision ID: 0005
+Revises: 0004
+Create Date: 2026-11-24
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0005"
+down_revision: str | None = "0004"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    # NULL policies: every policy at its default, which is how earlier subscriptions behave
+    # from here on (a breaker with default thresholds, auto-pause after a day).
+    with op.batch_alter_table("subscriptions") as batch:
+        batch.add_column(sa.Column("policies", sa.JSON, nullable=True))
+        batch.add_column(sa.Column("paused_reason", sa.Text, nullable=True))
+
+
+def downgrade() -> None:
+    for column in ("paused_reason", "policies"):
+        op.execute(f"ALTER TABLE subscriptions DROP COLUMN {column}")
