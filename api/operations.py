@@ -146,7 +146,8 @@ class MoveOut(Out):
 
 class DeliveryRecordOut(Out):
     message_id: str
-    # "delivered", or where it waits: "main", "rq.N" or "dlq"
+    # "delivered", "filtered" (its subscription's filter turned it away, never called), or
+    # where it waits: "main", "rq.N" or "dlq"
     location: str
     attempts: list[AttemptOut]
     moves: list[MoveOut]

@@ -61,6 +61,10 @@ class AttemptRecorder:
         line = orjson.dumps({"t": at_ms, "to": tier_name(target), "k": kind.value})
         self._buffer.extend((r.envelope.message_id, line) for r in sources)
 
+    def filtered(self, record: Record, at_ms: int) -> None:
+        """The subscription's filter turned the message away (docs/policies.md §1)."""
+        self._buffer.append((record.envelope.message_id, orjson.dumps({"t": at_ms, "f": 1})))
+
     async def flush(self) -> None:
         if not self._buffer:
             return
@@ -82,6 +86,9 @@ def delivery_record(message_id: str, entries: list[dict[str, Any]]) -> dict[str,
     moves = []
     location = "main"
     for e in entries:
+        if "f" in e:
+            location = "filtered"
+            continue
         if "to" in e:
             moves.append({"at_ms": e["t"], "to": e["to"], "why": e["k"]})
             location = e["to"]

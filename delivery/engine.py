@@ -32,6 +32,7 @@ from setu.ordering.groups import Failure, Kind, Route
 from setu.ordering.records import Record
 from setu.ordering.state import GroupState, PartitionSnapshot, StateWrite
 from setu.ordering.tiers import DLQ, MAIN, after_failure, is_retry, next_tier
+from setu.policies import accepts
 
 # Parks and forwards of one group go out together, up to this many copies.
 MAX_MOVE_BATCH = 256
@@ -98,6 +99,9 @@ class Effects(Protocol):
 
     def delivered(self, partition: int, tier: int, offset: int) -> None:
         """Record a 2xx that changes no state (batched; no completion call)."""
+
+    def filtered(self, partition: int, record: Record) -> None:
+        """Count a main record the subscription's filter turned away (no completion call)."""
 
     def hold(self, partition: int, tier: int, offset: int, until_ms: int) -> None:
         """Pause the tier's partition at ``offset`` until ``until_ms``; then :meth:`unblocked`."""
@@ -182,8 +186,7 @@ class PartitionEngine:
         if tracker.is_open(rec.offset):
             tracker.pass_over(rec.offset)  # a DLQ record read again while still in progress
             return
-        stale = rec.epoch is not None and rec.epoch < self.epoch and self._stale(rec)
-        if stale or self._replay_copy(rec):
+        if self._not_for_delivery(rec):
             return
         if is_retry(rec.tier) and rec.due_at_ms > self.clock():
             self.blocked[rec.tier] = 1
@@ -210,6 +213,20 @@ class PartitionEngine:
         queue.append(rec)
         if lane.busy is None:
             self._pump(group, lane)
+
+    def _not_for_delivery(self, rec: Record) -> bool:
+        """Finishes a record that no group may see: a stale worker's copy, a replayed
+        ingest batch's second copy, or a main record the subscription's filter turns away."""
+        stale = rec.epoch is not None and rec.epoch < self.epoch and self._stale(rec)
+        if stale or self._replay_copy(rec):
+            return True
+        if rec.tier == MAIN and not accepts(self.sub.policies.filter, rec.envelope):
+            # Not wanted (docs/policies.md §1): it never holds its group back; copies in retry
+            # tiers were wanted when they were read, so a changed filter leaves them be.
+            self._pass_over(rec)
+            self.effects.filtered(self.partition, rec)
+            return True
+        return False
 
     def _stale(self, rec: Record) -> bool:
         """Skips a copy written by a worker that had lost the partition (see

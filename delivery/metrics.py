@@ -11,6 +11,8 @@ and label value below):
 - ``setu_delivery_refused_calls_total``: calls refused before anything was sent (a host that
   resolves to an address webhooks may not reach, docs/security.md §4, or an unsafe request);
   they are dead-lettered with the reason.
+- ``setu_delivery_filtered_total``: main-log messages the subscription's filter turned away,
+  never called (docs/policies.md §1).
 - ``setu_delivery_reparked_total``: released dead letters that failed for good and parked
   their group again.
 - ``setu_delivery_stale_copies_total``: copies of a worker that had lost the partition,
@@ -77,6 +79,7 @@ class SubscriptionMetrics:
         self.refused_total = 0
         self.attempt_log_dropped_total = 0
         self.stale_total = 0
+        self.filtered_total = 0
         self.failures: dict[str, int] = {}
 
     def call(self, outcome: Outcome, seconds: float) -> None:
@@ -97,6 +100,9 @@ class SubscriptionMetrics:
 
     def stale_copies(self, n: int) -> None:
         self.stale_total += n
+
+    def filtered(self) -> None:
+        self.filtered_total += 1
 
     def failed(self, error: BaseException) -> None:
         name = type(error).__name__
@@ -141,6 +147,11 @@ class _Totals(Collector):
             "Copies of a worker that had lost the partition, skipped.",
             labels=labels,
         )
+        filtered = CounterMetricFamily(
+            "setu_delivery_filtered",
+            "Main-log messages the subscription's filter turned away, never called.",
+            labels=labels,
+        )
         dropped = CounterMetricFamily(
             "setu_delivery_attempt_log_dropped",
             "Attempt-log entries dropped because Redis did not take them.",
@@ -161,10 +172,11 @@ class _Totals(Collector):
             refused.add_metric(key, sub.refused_total)
             reparked.add_metric(key, sub.reparked_total)
             stale.add_metric(key, sub.stale_total)
+            filtered.add_metric(key, sub.filtered_total)
             dropped.add_metric(key, sub.attempt_log_dropped_total)
             for error, n in list(sub.failures.items()):
                 failures.add_metric([*key, error], n)
-        yield from (calls, seconds, moves, refused, reparked, stale, dropped, failures)
+        yield from (calls, seconds, moves, refused, reparked, stale, filtered, dropped, failures)
 
 
 class _Live(Collector):

@@ -47,7 +47,7 @@ from setu.envelope import KafkaHeaders
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
 from setu.model import Subscription, SubscriptionState
 from setu.ordering.groups import Kind, Standing, standing
-from setu.ordering.records import copy_headers
+from setu.ordering.records import Record, copy_headers
 from setu.ordering.tiers import DLQ, MAIN, tier_name, topics_by_tier
 from state.attempt_log import AttemptLog
 from state.groups import GroupStore
@@ -191,6 +191,12 @@ class _Port:
 
     def delivered(self, partition: int, tier: int, offset: int) -> None:
         self.runner.writer.delivered(partition, tier, offset)
+
+    def filtered(self, partition: int, record: Record) -> None:
+        runner = self.runner
+        runner.metrics.filtered()
+        if runner.attempts is not None:
+            runner.attempts.filtered(record, now_ms())
 
     def hold(self, partition: int, tier: int, offset: int, until_ms: int) -> None:
         self.runner.hold(self, tier, offset, until_ms)
@@ -378,6 +384,8 @@ class SubscriptionRunner:
         if shape(sub) != shape(self.sub):
             return False
         self.sub = sub
+        for port in self.ports.values():
+            port.engine.sub = sub  # a new filter applies from the next record on
         self.sender.update(sub)
         if self.dispatcher is not None:
             self.dispatcher.resize(sub.max_in_flight)

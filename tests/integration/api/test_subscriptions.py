@@ -118,6 +118,17 @@ async def test_private_and_loopback_endpoints_are_refused(api: Api, project: str
         {"dead_letter_policy": "drop"},
         {"name": "Bad"},
         {"state": "stopped"},
+        {"filter": {"header": "X_A"}},
+        {"filter": {"header": "Host", "equals": "x"}},
+        {"filter": {"any": []}},
+        {"filter": "X_A=1"},
+        {"circuit_breaker": {"failure_ratio": 0}},
+        {"circuit_breaker": {"min_calls": 0}},
+        {"circuit_breaker": {"open_s": "30"}},
+        {"auto_pause_after_s": 0},
+        {"dead_letter_window": {"size": 10, "threshold": 10}},
+        {"start_from": "newest"},
+        {"start_from": {"timestamp_ms": -1}},
     ],
 )
 async def test_invalid_subscriptions_are_400(
@@ -126,6 +137,62 @@ async def test_invalid_subscriptions_are_400(
     await make_topic(api, project)
     response = await api.client.post(f"/v1/projects/{project}/subscriptions", json=body(**changes))
     assert_error(response, 400, "invalid_input")
+
+
+async def test_policies_are_validated_stored_and_shown(api: Api, project: str) -> None:
+    await make_topic(api, project)
+    policies = {
+        "filter": {
+            "all": [
+                {"header": "x-event-type", "in": ["order.created", "order.paid"]},
+                {"not": {"header": "X_TEST", "exists": True}},
+            ]
+        },
+        "circuit_breaker": {"failure_ratio": 0.8, "min_calls": 5, "window_s": 10, "open_s": 5},
+        "auto_pause_after_s": 3600,
+        "dead_letter_window": {"size": 20, "threshold": 5},
+        "start_from": {"timestamp_ms": 1_700_000_000_000},
+    }
+    created = await api.client.post(f"/v1/projects/{project}/subscriptions", json=body(**policies))
+    assert created.status_code == 201, created.text
+    view = created.json()
+    assert {k: view[k] for k in policies} == policies
+    assert view["paused_reason"] is None
+    # When a PUT leaves the policies out, they take their defaults (start_from is kept)
+    url = f"/v1/projects/{project}/subscriptions/s"
+    put = await api.client.put(url, json={"version": 1, "endpoint": {"url": HOOK}})
+    assert put.status_code == 200, put.text
+    defaults = {k: put.json()[k] for k in policies}
+    assert defaults == {
+        "filter": None,
+        "circuit_breaker": {"failure_ratio": 0.5, "min_calls": 20, "window_s": 30, "open_s": 30},
+        "auto_pause_after_s": 86400,
+        "dead_letter_window": None,
+        "start_from": {"timestamp_ms": 1_700_000_000_000},
+    }
+    # And null turns the breaker and auto-pause off
+    off = await api.client.put(
+        url,
+        json={
+            "version": 2,
+            "endpoint": {"url": HOOK},
+            "circuit_breaker": None,
+            "auto_pause_after_s": None,
+        },
+    )
+    assert (off.json()["circuit_breaker"], off.json()["auto_pause_after_s"]) == (None, None)
+    # But where it started cannot change, and a bad filter changes nothing
+    moved = await api.client.put(
+        url, json={"version": 3, "endpoint": {"url": HOOK}, "start_from": "latest"}
+    )
+    assert_error(moved, 400, "invalid_input")
+    assert "start_from applies when a subscription is created" in moved.text
+    bad = await api.client.put(
+        url, json={"version": 3, "endpoint": {"url": HOOK}, "filter": {"not": {"header": 1}}}
+    )
+    assert_error(bad, 400, "invalid_input")
+    assert "filter.not" in bad.text
+    assert (await api.client.get(url)).json()["version"] == 3
 
 
 async def test_subscription_to_an_unknown_topic_is_404(api: Api, project: str) -> None:

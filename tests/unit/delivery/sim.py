@@ -87,6 +87,7 @@ class SimEffects:
         self.moves: list[Move] = []
         self.persists: list[Transition] = []
         self.unflushed: list[tuple[int, int]] = []
+        self.filtered_ids: list[str] = []
 
     def dispatch(self, attempt: Attempt) -> None:
         self.dispatches.append(attempt)
@@ -105,6 +106,9 @@ class SimEffects:
 
     def delivered(self, partition: int, tier: int, offset: int) -> None:
         self.unflushed.append((tier, offset))
+
+    def filtered(self, partition: int, record: Record) -> None:
+        self.filtered_ids.append(record.envelope.message_id)
 
     def hold(self, partition: int, tier: int, offset: int, until_ms: int) -> None:
         self.world.positions[tier] = offset
@@ -223,11 +227,20 @@ class World:
 
     # Producers and operators
 
-    def publish(self, group: str | None, produced_at_ms: int = 0) -> str:
+    def publish(
+        self,
+        group: str | None,
+        produced_at_ms: int = 0,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> str:
         self.count += 1
         message_id = f"{group or 'm'}-{self.count}"
         env = Envelope(
-            message_id, message_id.encode(), group_id=group, produced_at_ms=produced_at_ms
+            message_id,
+            message_id.encode(),
+            group_id=group,
+            produced_at_ms=produced_at_ms,
+            headers=headers,
         )
         self.logs[MAIN].append((env.kafka_headers(), env.body))
         self.published[group or ""].append(message_id)
@@ -309,8 +322,8 @@ class World:
             return
         if self.sub.grouped and rec.tier != DLQ:
             # Order: everything published before it is delivered already, or (skip policy)
-            # was dead-lettered on its own.
-            dead = set()
+            # was dead-lettered on its own, or was filtered out.
+            dead = set(self.effects.filtered_ids)
             if self.sub.dead_letter_policy is DeadLetterPolicy.SKIP:
                 dead = {r.message_id for r in self.dead_letters() if r.kind is Kind.SKIP}
             ids = self.published[group]

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from delivery.outcome import classify_status
 from setu.envelope import Envelope
-from setu.model import DeadLetterPolicy
+from setu.model import DeadLetterPolicy, Subscription
 from setu.ordering.groups import Kind
 from setu.ordering.records import copy_headers, parse_record
 from setu.ordering.state import Fenced
 from setu.ordering.tiers import DLQ, MAIN
+from setu.policies import Policies, parse_filter
 from tests.unit.delivery.sim import World, run, subscription
 
 
@@ -701,3 +704,46 @@ def test_one_dlq_seek_at_a_time_so_a_late_one_cannot_skip_released_letters() -> 
     engine.unblocked(DLQ, 5)
     assert DLQ not in engine.blocked
     assert engine.trackers[DLQ].position == 5
+
+
+def filtering(document: dict[str, object]) -> Subscription:
+    return replace(subscription(), policies=Policies(filter=parse_filter(document)))
+
+
+KEEP = (("X_KIND", "keep"),)
+DROP = (("X-Kind", "drop"),)
+
+
+def test_filtered_messages_are_never_called_and_never_wait_behind_a_failed_head() -> None:
+    # Given a subscription that wants X_KIND=keep, and g1 = keep, drop, keep
+    world = World(filtering({"header": "X_KIND", "equals": "keep"}))
+    for headers in (KEEP, DROP, KEEP):
+        world.publish("g1", headers=headers)
+    # When g1's head fails
+    poll_all(world)
+    answer_all(world, {"g1": 503})
+    # Then the unwanted message was counted, not called, and did not park behind the head
+    assert world.effects.filtered_ids == ["g1-2"]
+    assert kinds(world, 1) == [("g1-1", "head"), ("g1-3", "park")]
+    world.commit()
+    assert world.committed[MAIN] == 3
+    # And once healed, the wanted ones arrive in order and the unwanted one never
+    world.drain()
+    assert world.first["g1"] == ["g1-1", "g1-3"]
+    assert world.calls["g1-2"] == 0
+
+
+def test_a_changed_filter_applies_from_the_next_message_on() -> None:
+    # Given no filter and one message read
+    world = World(subscription())
+    world.publish("g1", headers=DROP)
+    poll_all(world)
+    # When a filter arrives and more messages come
+    world.engine.sub = filtering({"not": {"header": "X_KIND", "equals": "drop"}})
+    world.publish("g1", headers=DROP)
+    world.publish("g1", headers=KEEP)
+    poll_all(world)
+    world.drain()
+    # Then the message read before the change is still delivered, the later one is not
+    assert world.first["g1"] == ["g1-1", "g1-3"]
+    assert world.effects.filtered_ids == ["g1-2"]
