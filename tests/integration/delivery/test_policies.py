@@ -1,0 +1,126 @@
+"""Subscription policies on the real broker and Redis (docs/policies.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from setu.clock import now_ms
+from setu.policies import Policies, StartFrom, parse_filter
+from tests.integration.delivery.conftest import (
+    Receiver,
+    ThreadWorker,
+    World,
+    free_port,
+    labels,
+    scrape,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+KEEP = (("X-Kind", "keep"),)
+DROP = (("X_KIND", "drop"),)
+
+
+def path(world: World, tail: str) -> str:
+    return f"/v1/projects/{world.project}/subscriptions/s/{tail}"
+
+
+def test_a_filter_skips_unwanted_messages_without_holding_their_group(
+    world: World,
+    receiver: Receiver,
+    start_worker: Callable[..., ThreadWorker],
+    api: httpx.Client,
+) -> None:
+    # Given a subscription that wants X_KIND=keep, whose endpoint fails g1's first call
+    world.topic("t")
+    world.subscription(
+        receiver.url,
+        delays_ms=(100, 100),
+        policies=Policies(filter=parse_filter({"header": "x_kind", "equals": "keep"})),
+    )
+    receiver.answer("g1", 503, 200)
+    [first] = world.publish("t", "g1", headers=KEEP)
+    dropped = world.publish("t", "g1", 3, headers=DROP)
+    [last] = world.publish("t", "g1", headers=KEEP)
+    others = world.publish("t", "g2", 2, headers=DROP)
+    port = free_port()
+    start_worker(delivery_metrics_port=port)
+    # Then the wanted messages arrive in order (the last is the sentinel: everything before it
+    # was read) and no unwanted one was ever called
+    wait_for("g1's wanted messages", lambda: receiver.delivered("g1") == [first, last])
+    assert all(not receiver.attempts(m) for m in [*dropped, *others])
+    # And they are counted and show as filtered in their delivery record
+    filtered = ("setu_delivery_filtered_total", labels(world))
+    wait_for("the filtered count", lambda: scrape(port).get(filtered) == 5)
+
+    def location(message_id: str) -> Any:
+        answer = api.get(path(world, f"messages/{message_id}"))
+        return answer.json()["location"] if answer.status_code == 200 else None
+
+    wait_for("filtered records", lambda: all(location(m) == "filtered" for m in dropped))
+
+    # When the filter changes through the API, it applies from the next message on
+    view = api.get(f"/v1/projects/{world.project}/subscriptions/s").json()
+    changed = api.put(
+        f"/v1/projects/{world.project}/subscriptions/s",
+        json={
+            "version": view["version"],
+            "endpoint": {"url": receiver.url},
+            "retry": {"delays_ms": [100, 100]},
+            "filter": {"header": "X_KIND", "in": ["drop"]},
+        },
+    )
+    assert changed.status_code == 200, changed.text
+    # (workers read the store every 200 ms: probes go out until one is delivered, which
+    # proves the worker runs the new filter)
+    probes: list[str] = []
+
+    def switched() -> bool:
+        if not any(receiver.delivered("g3")):
+            probes.extend(world.publish("t", "g3", headers=DROP))
+            return False
+        return True
+
+    wait_for("the new filter", switched, every_s=0.3)
+    unwanted = world.publish("t", "g3", headers=KEEP)
+    sentinel = world.publish("t", "g3", headers=DROP)
+    wait_for("the sentinel", lambda: receiver.delivered("g3")[-1:] == sentinel)
+    assert not receiver.attempts(unwanted[0])
+
+
+def test_the_producer_content_type_reaches_the_webhook(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    world.topic("t")
+    world.subscription(receiver.url)
+    [typed] = world.publish("t", "g1", content_type="application/json; charset=utf-8")
+    [untyped] = world.publish("t", "g1")
+    start_worker()
+    wait_for("both delivered", lambda: receiver.delivered("g1") == [typed, untyped])
+    assert receiver.attempts(typed)[0].headers["content-type"] == "application/json; charset=utf-8"
+    assert receiver.attempts(untyped)[0].headers["content-type"] == "application/octet-stream"
+
+
+@pytest.mark.parametrize("start", ["latest", "timestamp"])
+def test_a_new_subscription_starts_where_it_says(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], start: str
+) -> None:
+    # Given messages in the topic before the subscription exists
+    world.topic("t")
+    before = world.publish("t", "g1", 3)
+    cut = now_ms() + 1
+    start_from = StartFrom("latest") if start == "latest" else StartFrom("timestamp", cut)
+    while now_ms() <= cut:
+        pass  # the next records carry a later timestamp than the cut
+    world.subscription(receiver.url, policies=Policies(start_from=start_from))
+    after = world.publish("t", "g1", 2)
+    # When a worker runs it
+    start_worker()
+    # Then only the messages after the start are delivered (the later ones are the sentinel)
+    wait_for("the later messages", lambda: receiver.delivered("g1") == after)
+    assert not any(receiver.attempts(m) for m in before)
