@@ -92,8 +92,21 @@ class PartitionStatusOut(Out):
     oldest_undelivered_ms: int | None
 
 
+class BreakerStatusOut(Out):
+    state: Literal["closed", "open", "half_open"]
+    # When it entered that state (ms); for closed with no worker reporting, null.
+    since_ms: int | None
+    # The last failure it saw (e.g. "HTTP 503", "connection refused").
+    last_error: str | None
+
+
 class StatusOut(Out):
     state: Literal["running", "paused", "stopped"]
+    # Why a policy paused it (docs/policies.md §3); null otherwise.
+    paused_reason: str | None
+    # The endpoint's circuit breaker (docs/policies.md §2), the worst one the live workers
+    # report: open over half-open over closed.
+    breaker: BreakerStatusOut
     lag: int
     in_flight: int
     failed_groups: int
@@ -136,6 +149,9 @@ class AttemptOut(Out):
     duration_ms: float
     # The start of a failed answer's body (up to 4 KiB), as text.
     response_excerpt: str | None
+    # False when it failed while the endpoint's circuit breaker was open: the attempt was not
+    # counted, and the message was called again with the same attempt number.
+    counted: bool
 
 
 class MoveOut(Out):
@@ -247,6 +263,8 @@ async def status(request: Request, project: str, subscription: str) -> Response:
         StatusOut,
         {
             "state": sub.state.value,
+            "paused_reason": sub.paused_reason,
+            "breaker": breaker_status([s.get("breaker") for s in fresh]),
             "lag": sum(b.lag for b in backlog),
             "in_flight": sum(int(s.get("in_flight", 0)) for s in fresh),
             "failed_groups": failed,
@@ -258,6 +276,22 @@ async def status(request: Request, project: str, subscription: str) -> Response:
             "ingest": ingest,
         },
     )
+
+
+_BREAKER_RANK = {"closed": 0, "half_open": 1, "open": 2}
+
+
+def breaker_status(reports: list[Any]) -> dict[str, Any]:
+    """The workers' breakers as one: the worst state, and of those the one longest in it."""
+    found = [r for r in reports if isinstance(r, dict) and r.get("state") in _BREAKER_RANK]
+    if not found:
+        return {"state": "closed", "since_ms": None, "last_error": None}
+    worst = max(found, key=lambda r: (_BREAKER_RANK[r["state"]], -int(r.get("since_ms") or 0)))
+    return {
+        "state": worst["state"],
+        "since_ms": worst.get("since_ms"),
+        "last_error": worst.get("last_error"),
+    }
 
 
 def partition_status(

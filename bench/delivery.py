@@ -173,6 +173,9 @@ class _Fixed:
     def list_subscriptions(self) -> list[Subscription]:
         return self._subs
 
+    def pause_by_policy(self, project: str, name: str, reason: str) -> None:
+        raise RuntimeError(f"the benchmark's subscription would pause: {reason}")
+
 
 def serve_worker(config: dict[str, Any]) -> None:
     from delivery.worker import _run_loop, serve

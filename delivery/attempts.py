@@ -55,6 +55,8 @@ class AttemptRecorder:
             entry["e"] = outcome.error
         if outcome.excerpt:
             entry["x"] = outcome.excerpt
+        if outcome.given_back:
+            entry["g"] = 1
         self._buffer.append((record.envelope.message_id, orjson.dumps(entry)))
 
     def moved(self, sources: Iterable[Record], target: int, kind: Kind, at_ms: int) -> None:
@@ -103,6 +105,9 @@ def delivery_record(message_id: str, entries: list[dict[str, Any]]) -> dict[str,
                 "error": e.get("e"),
                 "duration_ms": e["ms"],
                 "response_excerpt": e.get("x"),
+                # False: failed while the circuit breaker was open; the attempt was not
+                # counted and the same number goes out again (docs/policies.md §2).
+                "counted": "g" not in e,
             }
         )
         # A failed attempt leaves the message where it was until a move says otherwise.

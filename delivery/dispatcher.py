@@ -5,6 +5,10 @@ message cost more CPU than the call itself on the target machine. Attempts go in
 queue; each pool coroutine takes the next, waits while the subscription is paused, skips it
 when its partition is being drained or was given up (the record stays unfinished and is read
 again by whoever owns the partition next), and hands the outcome to the partition's engine.
+
+With a circuit breaker (delivery/breaker.py), a coroutine waits before each call until the
+breaker lets it through, and an attempt the breaker gives back goes into the queue again
+instead of to the engine: the engine sees one attempt, however long the outage.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
+from delivery.breaker import CircuitBreaker
 from delivery.engine import Attempt, PartitionEngine
 from delivery.outcome import Outcome
 from delivery.webhook import WebhookSender
@@ -42,10 +48,12 @@ class Dispatcher:
         size: int,
         on_error: Callable[[BaseException], None],
         observe: Callable[[Attempt, Outcome, float], None] | None = None,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         """``observe`` is told every call's outcome and duration in seconds (metrics, the
         attempt log)."""
         self._sender = sender
+        self._breaker = breaker
         self._observe = observe
         self._gate = gate
         self._on_error = on_error
@@ -84,7 +92,7 @@ class Dispatcher:
         await asyncio.gather(*self._workers, return_exceptions=True)
 
     async def _work(self) -> None:
-        queue, gate, sender = self._queue, self._gate, self._sender
+        queue, gate = self._queue, self._gate
         while True:
             if self._excess:
                 self._excess -= 1
@@ -97,22 +105,36 @@ class Dispatcher:
                 return
             if not gate.is_set():
                 await gate.wait()
-            if caller.draining or not caller.alive:
-                continue
-            caller.calling += 1
-            started = time.perf_counter()
+            await self._call(caller, attempt)
+
+    async def _call(self, caller: Caller, attempt: Attempt) -> None:
+        breaker = self._breaker
+        probe = False if breaker is None else await breaker.admit()
+        if caller.draining or not caller.alive:
+            if probe:
+                assert breaker is not None
+                breaker.cancel_probe()
+            return
+        caller.calling += 1
+        started = time.perf_counter()
+        try:
+            outcome: Outcome = await self._sender.send(attempt.record.envelope, attempt.number)
+        except Exception as exc:  # a bug, not a failed call: those are outcomes
+            self._on_error(exc)
+            raise
+        finally:
+            caller.calling -= 1
+        given_back = breaker is not None and breaker.record(outcome, probe)
+        if self._observe is not None:
+            seen = replace(outcome, given_back=True) if given_back else outcome
+            self._observe(attempt, seen, time.perf_counter() - started)
+        if given_back:
+            if caller.alive and not caller.draining:
+                self._queue.put_nowait((caller, attempt))  # the same attempt, again
+            return
+        if caller.alive:
             try:
-                outcome: Outcome = await sender.send(attempt.record.envelope, attempt.number)
-            except Exception as exc:  # a bug, not a failed call: those are outcomes
+                caller.engine.on_result(attempt, outcome)
+            except Exception as exc:
                 self._on_error(exc)
                 raise
-            finally:
-                caller.calling -= 1
-            if self._observe is not None:
-                self._observe(attempt, outcome, time.perf_counter() - started)
-            if caller.alive:
-                try:
-                    caller.engine.on_result(attempt, outcome)
-                except Exception as exc:
-                    self._on_error(exc)
-                    raise

@@ -13,6 +13,9 @@ and label value below):
   they are dead-lettered with the reason.
 - ``setu_delivery_filtered_total``: main-log messages the subscription's filter turned away,
   never called (docs/policies.md §1).
+- ``setu_delivery_breaker_opened_total``: times the circuit breaker opened, and
+  ``setu_delivery_breaker_given_back_total``: failed calls made while it was open, whose
+  attempt was not counted (docs/policies.md §2).
 - ``setu_delivery_reparked_total``: released dead letters that failed for good and parked
   their group again.
 - ``setu_delivery_stale_copies_total``: copies of a worker that had lost the partition,
@@ -25,7 +28,8 @@ and label value below):
 Gauges, read from the live runners at scrape time (nothing on the hot path):
 ``setu_delivery_partitions``, ``setu_delivery_in_flight``, ``setu_delivery_buffered_records``,
 ``setu_delivery_retry_backlog``, ``setu_delivery_parked_messages``,
-``setu_delivery_oldest_held_age_seconds`` (the oldest
+``setu_delivery_breaker_state{state}`` (1 for the breaker's state on this worker: ``closed``,
+``open`` or ``half_open``), ``setu_delivery_oldest_held_age_seconds`` (the oldest
 message a group holds unfinished, since it was produced), ``setu_delivery_failed_groups{state}``
 (``retrying`` or ``dead_lettered``) of the partitions this worker owns.
 """
@@ -42,6 +46,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from delivery.breaker import BreakerState, BreakerView
 from delivery.outcome import Outcome
 from setu.metrics import Buckets, serve
 
@@ -64,6 +69,7 @@ class RunnerFigures:
     oldest_held_ms: int | None = None
     # Messages parked in the DLQ behind their failed groups (the DLQ's live depth).
     parked: int = 0
+    breaker: str = "closed"
 
 
 class SubscriptionMetrics:
@@ -80,10 +86,14 @@ class SubscriptionMetrics:
         self.attempt_log_dropped_total = 0
         self.stale_total = 0
         self.filtered_total = 0
+        self.breaker_opened_total = 0
+        self.given_back_total = 0
         self.failures: dict[str, int] = {}
 
     def call(self, outcome: Outcome, seconds: float) -> None:
         self.calls[outcome.verdict.value] += 1
+        if outcome.given_back:
+            self.given_back_total += 1
         self.call_seconds.observe(seconds)
         if outcome.refused:
             self.refused_total += 1
@@ -103,6 +113,10 @@ class SubscriptionMetrics:
 
     def filtered(self) -> None:
         self.filtered_total += 1
+
+    def breaker_changed(self, view: BreakerView) -> None:
+        if view.state is BreakerState.OPEN:
+            self.breaker_opened_total += 1
 
     def failed(self, error: BaseException) -> None:
         name = type(error).__name__
@@ -152,6 +166,16 @@ class _Totals(Collector):
             "Main-log messages the subscription's filter turned away, never called.",
             labels=labels,
         )
+        opened = CounterMetricFamily(
+            "setu_delivery_breaker_opened",
+            "Times the subscription's circuit breaker opened.",
+            labels=labels,
+        )
+        given_back = CounterMetricFamily(
+            "setu_delivery_breaker_given_back",
+            "Failed calls made while the circuit breaker was open; their attempt was not counted.",
+            labels=labels,
+        )
         dropped = CounterMetricFamily(
             "setu_delivery_attempt_log_dropped",
             "Attempt-log entries dropped because Redis did not take them.",
@@ -173,10 +197,13 @@ class _Totals(Collector):
             reparked.add_metric(key, sub.reparked_total)
             stale.add_metric(key, sub.stale_total)
             filtered.add_metric(key, sub.filtered_total)
+            opened.add_metric(key, sub.breaker_opened_total)
+            given_back.add_metric(key, sub.given_back_total)
             dropped.add_metric(key, sub.attempt_log_dropped_total)
             for error, n in list(sub.failures.items()):
                 failures.add_metric([*key, error], n)
-        yield from (calls, seconds, moves, refused, reparked, stale, filtered, dropped, failures)
+        yield from (calls, seconds, moves, refused, reparked, stale, filtered)
+        yield from (opened, given_back, dropped, failures)
 
 
 class _Live(Collector):
@@ -223,8 +250,15 @@ class _Live(Collector):
             "Failed groups on the partitions this worker owns, by state.",
             labels=[*labels, "state"],
         )
+        breaker = GaugeMetricFamily(
+            "setu_delivery_breaker_state",
+            "1 for the circuit breaker's state on this worker (closed, open, half_open).",
+            labels=[*labels, "state"],
+        )
         for f in self._figures():
             key = [f.project, f.subscription]
+            for state in BreakerState:
+                breaker.add_metric([*key, state.value], float(f.breaker == state.value))
             gauges["partitions"].add_metric(key, f.partitions)
             gauges["in_flight"].add_metric(key, f.in_flight)
             gauges["buffered"].add_metric(key, f.buffered)
@@ -236,6 +270,7 @@ class _Live(Collector):
             groups.add_metric([*key, "dead_lettered"], f.dead_lettered_groups)
         yield from gauges.values()
         yield groups
+        yield breaker
 
 
 class DeliveryMetrics:

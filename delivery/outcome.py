@@ -35,6 +35,9 @@ class Outcome:
     refused: bool = False
     # The start of a failed answer's body, as text (the attempt log, delivery/attempts.py).
     excerpt: str | None = None
+    # Failed while the circuit breaker was open: the attempt is not counted and the message
+    # is called again with the same attempt number (delivery/breaker.py).
+    given_back: bool = False
 
     @property
     def reason(self) -> str:

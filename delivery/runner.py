@@ -19,13 +19,15 @@ import logging
 import random
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from delivery.attempts import FLUSH_MS, AttemptRecorder
+from delivery.autopause import AutoPause
+from delivery.breaker import BreakerView, CircuitBreaker
 from delivery.dispatcher import Dispatcher
 from delivery.engine import Attempt, Move, PartitionEngine, Transition
 from delivery.kafka_io import (
@@ -36,7 +38,7 @@ from delivery.kafka_io import (
     record_of,
 )
 from delivery.metrics import DeliveryMetrics, RunnerFigures
-from delivery.outcome import Outcome
+from delivery.outcome import Outcome, Verdict
 from delivery.replays import decode_marks, encode_marks
 from delivery.takeover import take_over
 from delivery.webhook import WebhookSender
@@ -69,6 +71,20 @@ FULL_STOP_S = 1.0
 SEEK_RETRY_S = 0.05
 SEEK_RETRY_MAX_S = 1.0
 SEEK_RETRIES_QUIET = 3
+# How often a runner asks whether a policy pauses its subscription.
+POLICY_CHECK_MS = 1000
+# Copies to the DLQ that are the message's own failure (delivery/autopause.py).
+DEAD_LETTERED = frozenset({Kind.HEAD, Kind.SKIP, Kind.DEAD})
+
+
+def breaker_report(view: BreakerView) -> dict[str, Any]:
+    """The breaker as a worker reports it (the API's status sums the workers' reports)."""
+    return {
+        "state": view.state.value,
+        "since_ms": view.since_ms,
+        "last_error": view.last_error,
+        "outage_since_ms": view.outage_since_ms,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +151,8 @@ class RunnerParts:
     consumer: Callable[[dict[str, Any], asyncio.AbstractEventLoop, RebalanceListener], ConsumerPort]
     # Where each message's attempts are recorded (delivery/attempts.py); None: not recorded.
     attempts: AttemptLog | None = None
+    # Pauses the subscription in the metadata store with a reason (docs/policies.md §3).
+    pause: Callable[[str], Awaitable[None]] | None = None
 
 
 class _Port:
@@ -178,6 +196,7 @@ class _Port:
         if write.dead_lettered and write.state is not None:
             # Only a released head that failed for good is dead-lettered without a copy.
             self.runner.metrics.reparked()
+            self.runner.autopause.finished(True)
             log.warning(
                 "subscription %s/%s: group %s parked in the DLQ again on %s after %d attempts (%s)",
                 self.runner.sub.project,
@@ -220,6 +239,10 @@ class _Port:
         ]
         offsets = await runner.producer.send(runner.topics[move.target], self.partition, records)
         runner.metrics.moved(tier_name(move.target), move.kind.value, len(records))
+        if move.target == DLQ:
+            for copy in move.copies:
+                if copy.kind in DEAD_LETTERED:
+                    runner.autopause.finished(True)
         if runner.attempts is not None:
             runner.attempts.moved(move.sources, move.target, move.kind, now_ms())
         if move.target == DLQ or move.kind is Kind.LAP:
@@ -265,6 +288,14 @@ class SubscriptionRunner:
             else AttemptRecorder(parts.attempts, self.metrics.attempt_log_dropped)
         )
         self.reader = parts.reader
+        self._pause = parts.pause
+        self._pausing = False  # a policy pause is on its way to the store
+        self.breaker = CircuitBreaker(
+            sub.policies.circuit_breaker,
+            f"subscription {sub.project}/{sub.name}",
+            on_change=self.metrics.breaker_changed,
+        )
+        self.autopause = AutoPause(sub.policies)
         group = names.consumer_group(sub.project, sub.name)
         self._consumer = parts.consumer(
             consumer_config(
@@ -295,7 +326,12 @@ class SubscriptionRunner:
         await self._adopt_dropped_tiers()
         consumer = self._consumer
         self.dispatcher = Dispatcher(
-            self.sender, self.gate, self.sub.max_in_flight, self.fail, self._called
+            self.sender,
+            self.gate,
+            self.sub.max_in_flight,
+            self.fail,
+            self._called,
+            breaker=self.breaker,
         )
         consumer.start(list(self.tiers))
         background = [
@@ -304,6 +340,7 @@ class SubscriptionRunner:
             loop.create_task(self._every(self.config.stats_interval_ms, self._report)),
             loop.create_task(self._every(50, self._balance)),
             loop.create_task(self._every(self.config.dead_letter_trim_ms, self._trim_dead_letters)),
+            loop.create_task(self._every(POLICY_CHECK_MS, self._check_policies)),
         ]
         if self.attempts is not None:
             background.append(loop.create_task(self._every(FLUSH_MS, self.attempts.flush)))
@@ -330,9 +367,28 @@ class SubscriptionRunner:
     def _called(self, attempt: Attempt, outcome: Outcome, seconds: float) -> None:
         """Every webhook call's outcome: counted, and recorded in the message's attempt log."""
         self.metrics.call(outcome, seconds)
+        if outcome.verdict is Verdict.DELIVERED:
+            self.autopause.finished(False)
         if self.attempts is not None:
             ms = seconds * 1000
             self.attempts.called(attempt.record, attempt.number, outcome, now_ms() - int(ms), ms)
+
+    async def _check_policies(self) -> None:
+        """Pauses the subscription when a policy says so (docs/policies.md §3)."""
+        if self._pause is None or self._pausing or not self.gate.is_set():
+            return
+        reason = self.autopause.reason(self.breaker.rules.view(), now_ms())
+        if reason is None:
+            return
+        self._pausing = True
+        log.warning("subscription %s/%s: pausing: %s", self.sub.project, self.sub.name, reason)
+        try:
+            await self._pause(reason)
+        except Exception as exc:  # tried again at the next check
+            log.warning(
+                "subscription %s/%s: pause not stored: %s", self.sub.project, self.sub.name, exc
+            )
+            self._pausing = False
 
     async def _adopt_dropped_tiers(self) -> None:
         """Also consumes retry tiers beyond the subscription's current count that still exist
@@ -383,6 +439,12 @@ class SubscriptionRunner:
 
         if shape(sub) != shape(self.sub):
             return False
+        if sub.state is not SubscriptionState.PAUSED:
+            self._pausing = False
+            if self.sub.state is SubscriptionState.PAUSED:
+                self.autopause.reset()  # resumed: the window starts again
+        self.breaker.update(sub.policies.circuit_breaker)
+        self.autopause.update(sub.policies)
         self.sub = sub
         for port in self.ports.values():
             port.engine.sub = sub  # a new filter applies from the next record on
@@ -769,6 +831,7 @@ class SubscriptionRunner:
             oldest_held_ms=min(
                 (at for e in engines if (at := e.oldest_held_ms()) is not None), default=None
             ),
+            breaker=self.breaker.rules.state.value,
         )
 
     async def _report(self) -> None:
@@ -777,6 +840,7 @@ class SubscriptionRunner:
             "retry_backlog": sum(p.engine.retry_backlog() for p in self.ports.values()),
             "partitions": sorted(self.ports),
             "paused": not self.gate.is_set(),
+            "breaker": breaker_report(self.breaker.rules.view()),
             "at": now_ms(),
         }
         await self.reports.report(self.sub.project, self.sub.name, self.config.worker_id, figures)

@@ -21,6 +21,7 @@ import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import redis
@@ -51,6 +52,9 @@ class SubscriptionSource(Protocol):
     """Where subscriptions come from (the metadata store, or a fixed list in tests)."""
 
     def list_subscriptions(self) -> list[Subscription]: ...
+
+    def pause_by_policy(self, project: str, name: str, reason: str) -> object:
+        """Pauses a running subscription with ``reason`` (docs/policies.md §3)."""
 
 
 def worker_id(settings: Settings) -> str:
@@ -105,6 +109,7 @@ def runner_parts(
     client: Redis[bytes],
     producer: AsyncProducer,
     http: HttpClient,
+    source: SubscriptionSource,
 ) -> RunnerParts:
     """The collaborators of ``sub``'s runner in a delivery process: its group store in Redis,
     its webhook sender on the shared HTTP client, a reader and a consumer thread of its own,
@@ -121,7 +126,12 @@ def runner_parts(
             if config.attempt_log_hours > 0
             else None
         ),
+        pause=partial(_pause, source, sub.project, sub.name),
     )
+
+
+async def _pause(source: SubscriptionSource, project: str, name: str, reason: str) -> None:
+    await asyncio.to_thread(source.pause_by_policy, project, name, reason)
 
 
 async def serve(
@@ -155,7 +165,7 @@ async def serve(
     worker = Worker(
         source,
         lambda sub: SubscriptionRunner(
-            sub, config, runner_parts(sub, config, client, producer, http), metrics
+            sub, config, runner_parts(sub, config, client, producer, http, source), metrics
         ),
     )
     metrics.watch(lambda: _on_loop(loop, worker.figures))

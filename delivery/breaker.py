@@ -1,0 +1,257 @@
+"""A subscription's circuit breaker on one worker (docs/policies.md §2).
+
+Closed, calls go out and their results fill a sliding window of per-second buckets. When the
+window holds at least ``min_calls`` calls and the failed share reaches ``failure_ratio``, the
+breaker opens: no call starts, and calls that come back failed while it is open (the one that
+tripped it and those in flight) are *given back*: their attempt is not counted, the message
+waits where it is and goes out again with the same attempt number. After ``open_s`` it is
+half-open: one call goes through as a probe. Success closes it; failure opens it again.
+
+A failure is what says the endpoint is not there: a connection error, a timeout or a
+retryable status. A non-retryable answer (say 400) is the endpoint answering, a success for
+the breaker. A call refused before sending (SSRF rule) says nothing about the endpoint.
+
+:class:`BreakerRules` is the pure state machine (times in ms, passed in);
+:class:`CircuitBreaker` adds the waiting on the event loop that the dispatcher needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from delivery.outcome import Outcome, Verdict
+from setu.clock import now_ms
+from setu.policies import BreakerPolicy
+
+log = logging.getLogger(__name__)
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+def is_failure(outcome: Outcome) -> bool | None:
+    """Whether a call's outcome says the endpoint is down; None when it says nothing."""
+    if outcome.refused:
+        return None
+    return outcome.verdict is Verdict.RETRY
+
+
+def describe(outcome: Outcome) -> str:
+    """A failed call in a few words, for the breaker's ``last_error``."""
+    if outcome.status is not None:
+        return f"HTTP {outcome.status}"
+    return outcome.error or "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerView:
+    """What status, metrics and the worker's report show."""
+
+    state: BreakerState
+    since_ms: int
+    last_error: str | None
+    # When the endpoint's outage began: the first opening since it was last closed.
+    outage_since_ms: int | None
+    opened: int  # times opened since this worker started the subscription
+    given_back: int  # failed calls whose attempt was not counted
+    probes: int  # half-open probe calls made
+
+
+class BreakerRules:
+    """The breaker's decisions, pure: every method takes the time."""
+
+    def __init__(self, policy: BreakerPolicy | None, now: int) -> None:
+        self.policy = policy
+        self.state = BreakerState.CLOSED
+        self.since_ms = now
+        self.last_error: str | None = None
+        self.outage_since_ms: int | None = None
+        self.probing = False
+        self.opened = 0
+        self.given_back = 0
+        self.probes = 0
+        # (second, calls, failures), oldest first, within the window.
+        self._buckets: deque[list[int]] = deque()
+
+    def update(self, policy: BreakerPolicy | None, now: int) -> None:
+        """New thresholds; no breaker at all closes it."""
+        self.policy = policy
+        if policy is None and self.state is not BreakerState.CLOSED:
+            self._close(now)
+
+    def may_call(self, now: int) -> bool | None:
+        """Whether a call may start now: False (wait), True (as a probe), None (closed)."""
+        if self.state is BreakerState.CLOSED:
+            return None
+        if self.state is BreakerState.OPEN:
+            if now < self.reopens_at():
+                return False
+            self._move(BreakerState.HALF_OPEN, now)
+        if self.probing:
+            return False
+        self.probing = True
+        self.probes += 1
+        return True
+
+    def reopens_at(self) -> int:
+        """When an open breaker lets a probe through."""
+        assert self.policy is not None
+        return self.since_ms + self.policy.open_s * 1000
+
+    def record(self, outcome: Outcome, probe: bool, now: int) -> bool:
+        """A call's result; True when its attempt is given back (not counted)."""
+        failed = is_failure(outcome)
+        if probe:
+            self.probing = False
+        if failed is None or self.policy is None:
+            return False
+        if failed:
+            self.last_error = describe(outcome)
+        if probe:
+            if failed:
+                self._open(now)
+            else:
+                self._close(now)
+            return False
+        if self.state is not BreakerState.CLOSED:
+            # A call that was in flight when the breaker opened.
+            if failed:
+                self.given_back += 1
+            return failed
+        self._count(failed, now)
+        if failed and self._tripped():
+            self._open(now)
+            self.given_back += 1
+            return True
+        return False
+
+    def cancel_probe(self) -> None:
+        """A probe that was not made after all (its partition was given up)."""
+        self.probing = False
+        self.probes -= 1
+
+    def view(self) -> BreakerView:
+        return BreakerView(
+            self.state,
+            self.since_ms,
+            self.last_error,
+            self.outage_since_ms,
+            self.opened,
+            self.given_back,
+            self.probes,
+        )
+
+    def _count(self, failed: bool, now: int) -> None:
+        assert self.policy is not None
+        second = now // 1000
+        buckets = self._buckets
+        while buckets and buckets[0][0] <= second - self.policy.window_s:
+            buckets.popleft()
+        if not buckets or buckets[-1][0] != second:
+            buckets.append([second, 0, 0])
+        buckets[-1][1] += 1
+        buckets[-1][2] += int(failed)
+
+    def _tripped(self) -> bool:
+        assert self.policy is not None
+        calls = sum(b[1] for b in self._buckets)
+        failures = sum(b[2] for b in self._buckets)
+        return calls >= self.policy.min_calls and failures >= self.policy.failure_ratio * calls
+
+    def _open(self, now: int) -> None:
+        if self.outage_since_ms is None:
+            self.outage_since_ms = now
+        self.opened += 1
+        self._move(BreakerState.OPEN, now)
+
+    def _close(self, now: int) -> None:
+        self.outage_since_ms = None
+        self.probing = False
+        self._buckets.clear()
+        self._move(BreakerState.CLOSED, now)
+
+    def _move(self, state: BreakerState, now: int) -> None:
+        self.state = state
+        self.since_ms = now
+
+
+class CircuitBreaker:
+    """:class:`BreakerRules` for the dispatcher's coroutines: :meth:`admit` waits while open."""
+
+    def __init__(
+        self,
+        policy: BreakerPolicy | None,
+        name: str,
+        *,
+        clock: Callable[[], int] = now_ms,
+        on_change: Callable[[BreakerView], None] = lambda view: None,
+    ) -> None:
+        self.rules = BreakerRules(policy, clock())
+        self._name = name
+        self._clock = clock
+        self._on_change = on_change
+        self._wake = asyncio.Event()
+
+    def update(self, policy: BreakerPolicy | None) -> None:
+        before = self.rules.state
+        self.rules.update(policy, self._clock())
+        self._changed(before)
+
+    async def admit(self) -> bool:
+        """Waits until a call may start; True when it is the half-open probe."""
+        rules = self.rules
+        while True:
+            before = rules.state
+            allowed = rules.may_call(self._clock())
+            if allowed is None:
+                return False
+            if allowed:
+                self._changed(before)
+                return True
+            wake = self._wake
+            timeout = None
+            if rules.state is BreakerState.OPEN:
+                timeout = max(0.0, (rules.reopens_at() - self._clock()) / 1000)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout)
+
+    def record(self, outcome: Outcome, probe: bool) -> bool:
+        """A call's result; True when its attempt is given back (the caller sends it again)."""
+        before = self.rules.state
+        given_back = self.rules.record(outcome, probe, self._clock())
+        self._changed(before)
+        return given_back
+
+    def cancel_probe(self) -> None:
+        self.rules.cancel_probe()
+        self._wake_all()
+
+    def _changed(self, before: BreakerState) -> None:
+        view = self.rules.view()
+        if view.state is before:
+            return
+        if view.state is BreakerState.OPEN:
+            log.warning(
+                "%s: circuit breaker open (%s); calls wait, no attempt is spent",
+                self._name,
+                view.last_error,
+            )
+        elif view.state is BreakerState.HALF_OPEN:
+            log.info("%s: circuit breaker half-open: one probe call", self._name)
+        else:
+            log.info("%s: circuit breaker closed; calls go out again", self._name)
+        self._wake_all()
+        self._on_change(view)
+
+    def _wake_all(self) -> None:
+        self._wake.set()
+        self._wake = asyncio.Event()
