@@ -5,7 +5,10 @@ window holds at least ``min_calls`` calls and the failed share reaches ``failure
 breaker opens: no call starts, and calls that come back failed while it is open (the one that
 tripped it and those in flight) are *given back*: their attempt is not counted, the message
 waits where it is and goes out again with the same attempt number. After ``open_s`` it is
-half-open: one call goes through as a probe. Success closes it; failure opens it again.
+half-open: one call goes through as a probe. Success closes it; failure opens it again, and
+the probe's attempt is given back too: however long the outage, waiting messages spend no
+attempts and none is dead-lettered because of it (only failures counted before the breaker
+opened were spent, as for any flaky endpoint).
 
 A failure is what says the endpoint is not there: a connection error, a timeout or a
 retryable status. A non-retryable answer (say 400) is the endpoint answering, a success for
@@ -117,11 +120,12 @@ class BreakerRules:
         if failed:
             self.last_error = describe(outcome)
         if probe:
-            if failed:
-                self._open(now)
-            else:
+            if not failed:
                 self._close(now)
-            return False
+                return False
+            self._open(now)
+            self.given_back += 1
+            return True
         if self.state is not BreakerState.CLOSED:
             # A call that was in flight when the breaker opened.
             if failed:

@@ -92,7 +92,7 @@ class Dispatcher:
         await asyncio.gather(*self._workers, return_exceptions=True)
 
     async def _work(self) -> None:
-        queue, gate = self._queue, self._gate
+        queue = self._queue
         while True:
             if self._excess:
                 self._excess -= 1
@@ -103,13 +103,25 @@ class Dispatcher:
                 self._excess -= 1
                 queue.put_nowait((caller, attempt))
                 return
+            probe = await self._admit()
+            await self._call(caller, attempt, probe)
+
+    async def _admit(self) -> bool:
+        """Waits while the subscription is paused or the breaker open; True: a probe."""
+        gate, breaker = self._gate, self._breaker
+        while True:
             if not gate.is_set():
                 await gate.wait()
-            await self._call(caller, attempt)
+            if breaker is None:
+                return False
+            probe = await breaker.admit()
+            if gate.is_set():
+                return probe
+            if probe:
+                breaker.cancel_probe()  # paused while waiting for the breaker
 
-    async def _call(self, caller: Caller, attempt: Attempt) -> None:
+    async def _call(self, caller: Caller, attempt: Attempt, probe: bool) -> None:
         breaker = self._breaker
-        probe = False if breaker is None else await breaker.admit()
         if caller.draining or not caller.alive:
             if probe:
                 assert breaker is not None

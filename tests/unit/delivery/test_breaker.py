@@ -60,8 +60,8 @@ def test_open_waits_then_lets_one_probe_through_which_closes_or_reopens_it() -> 
     assert rules.may_call(5_003) is True
     assert rules.state is BreakerState.HALF_OPEN
     assert rules.may_call(5_004) is False
-    # A failed probe counts as an attempt and opens the breaker again for open_s
-    assert rules.record(DOWN, True, 5_100) is False
+    # A failed probe opens the breaker again for open_s, and its attempt is given back too
+    assert rules.record(DOWN, True, 5_100) is True
     assert (rules.state, rules.since_ms) == (BreakerState.OPEN, 5_100)
     assert rules.view().outage_since_ms == 3  # the same outage goes on
     assert rules.may_call(10_099) is False

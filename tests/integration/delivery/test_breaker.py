@@ -1,0 +1,165 @@
+"""The circuit breaker and auto-pause on the real broker and Redis (docs/policies.md §2, §3)."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from setu.model import SubscriptionState
+from setu.policies import BreakerPolicy, DeadLetterWindow, Policies
+from tests.integration.delivery.conftest import (
+    Receiver,
+    ThreadWorker,
+    World,
+    free_port,
+    labels,
+    scrape,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+FAST = BreakerPolicy(failure_ratio=0.5, min_calls=4, window_s=10, open_s=1)
+
+
+class Outage:
+    """Every group's calls answer 503 while ``down`` is set."""
+
+    def __init__(self, receiver: Receiver, groups: list[str]) -> None:
+        self.down = threading.Event()
+        self.down.set()
+        with receiver.lock:
+            for group in groups:
+                receiver.rules[group] = lambda: 503 if self.down.is_set() else 200
+
+    def end(self) -> None:
+        self.down.clear()
+
+
+def status(api: httpx.Client, world: World) -> dict[str, Any]:
+    answer = api.get(f"/v1/projects/{world.project}/subscriptions/s/status")
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+def test_an_outage_opens_the_breaker_spends_no_attempts_and_recovery_keeps_order(
+    world: World,
+    receiver: Receiver,
+    start_worker: Callable[..., ThreadWorker],
+    api: httpx.Client,
+) -> None:
+    # Given a subscription with a quick breaker and an endpoint that is down
+    world.topic("t")
+    world.subscription(
+        receiver.url,
+        delays_ms=(200, 200),
+        policies=Policies(circuit_breaker=FAST, auto_pause_after_s=None),
+    )
+    groups = [f"g{i}" for i in range(6)]
+    outage = Outage(receiver, groups)
+    ids = {g: world.publish("t", g, 3) for g in groups}
+    port = free_port()
+    start_worker(delivery_metrics_port=port)
+    # Then the breaker opens, and status says so with the endpoint's last answer
+    wait_for(
+        "the breaker open in status", lambda: status(api, world)["breaker"]["state"] != "closed"
+    )
+    seen = status(api, world)["breaker"]
+    assert seen["last_error"] == "HTTP 503" and seen["since_ms"] > 0
+    # And while the outage lasts (several half-open probes fail), every failed call made
+    # after it opened is given back: the calls keep their attempt numbers
+    given_back = ("setu_delivery_breaker_given_back_total", labels(world))
+    wait_for("three failed probes", lambda: scrape(port).get(given_back, 0) >= 4 + 3)
+    failed = [c for c in receiver.calls if c.status == 503]
+    counted = len(failed) - int(scrape(port)[given_back])
+    assert counted <= FAST.min_calls - 1, counted
+    assert world.dlq_size() == 0
+    # When the endpoint comes back, the next probe closes the breaker and every group is
+    # delivered in order
+    outage.end()
+    wait_for(
+        "every group in order",
+        lambda: all(receiver.delivered(g) == published for g, published in ids.items()),
+    )
+    assert world.dlq_size() == 0
+    # And no message spent more than the failures counted before the breaker opened
+    assert all(c.attempt <= 2 for c in receiver.calls)
+    wait_for(
+        "the breaker closed in status", lambda: status(api, world)["breaker"]["state"] == "closed"
+    )
+    opened = ("setu_delivery_breaker_opened_total", labels(world))
+    assert scrape(port)[opened] >= 1
+    state = ("setu_delivery_breaker_state", labels(world, state="closed"))
+    assert scrape(port)[state] == 1
+
+
+def test_an_endpoint_broken_longer_than_auto_pause_after_s_pauses_the_subscription(
+    world: World,
+    receiver: Receiver,
+    start_worker: Callable[..., ThreadWorker],
+    api: httpx.Client,
+) -> None:
+    # Given an endpoint that stays down and a subscription that pauses after 1 s of outage
+    world.topic("t")
+    world.subscription(
+        receiver.url,
+        policies=Policies(
+            circuit_breaker=BreakerPolicy(failure_ratio=0.5, min_calls=2, window_s=10, open_s=1),
+            auto_pause_after_s=1,
+        ),
+    )
+    Outage(receiver, ["g1", "g2", "g3"])
+    for group in ("g1", "g2", "g3"):
+        world.publish("t", group, 2)
+    start_worker()
+    # Then it is paused with the reason recorded, shown by the subscription and its status
+    wait_for(
+        "the policy pause",
+        lambda: world.store.get_subscription(world.project, "s").state is SubscriptionState.PAUSED,
+    )
+    reason = world.store.get_subscription(world.project, "s").paused_reason
+    assert reason is not None and reason.startswith("endpoint broken for ")
+    assert "last error: HTTP 503" in reason
+    assert status(api, world)["paused_reason"] == reason
+    view = api.get(f"/v1/projects/{world.project}/subscriptions/s").json()
+    assert (view["state"], view["paused_reason"]) == ("paused", reason)
+    # When an operator resumes it, the reason is cleared
+    resumed = api.post(f"/v1/projects/{world.project}/subscriptions/s/resume")
+    assert resumed.json() == {"state": "running"}
+    assert world.store.get_subscription(world.project, "s").paused_reason is None
+
+
+def test_a_dead_letter_window_pauses_a_subscription_that_dead_letters_too_much(
+    world: World,
+    receiver: Receiver,
+    start_worker: Callable[..., ThreadWorker],
+) -> None:
+    # Given an endpoint that refuses every message (400: dead-lettered at once) and a
+    # window of "more than 2 of the last 4"
+    world.topic("t")
+    world.subscription(
+        receiver.url,
+        policies=Policies(dead_letter_window=DeadLetterWindow(size=4, threshold=2)),
+    )
+    groups = [f"g{i}" for i in range(5)]
+    for group in groups:
+        receiver.answer(group, 400)
+        world.publish("t", group)
+    start_worker()
+    # Then the subscription pauses itself, saying why
+    wait_for(
+        "the policy pause",
+        lambda: world.store.get_subscription(world.project, "s").state is SubscriptionState.PAUSED,
+    )
+    reason = world.store.get_subscription(world.project, "s").paused_reason
+    # (checked each second: by then 3 to 5 of the messages may have been dead-lettered)
+    assert reason is not None
+    assert re.fullmatch(
+        r"dead_letter_window: [345] of the last [345] messages dead-lettered \(more than 2 of 4\)",
+        reason,
+    ), reason
