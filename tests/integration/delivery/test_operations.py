@@ -73,6 +73,8 @@ def test_status_and_group_state_follow_delivery(
     status = api.get(path(world, "status")).json()
     assert status == {
         "state": "running",
+        "paused_reason": None,
+        "breaker": status["breaker"],
         "lag": 2,
         "in_flight": status["in_flight"],
         "failed_groups": 2,
@@ -83,6 +85,9 @@ def test_status_and_group_state_follow_delivery(
         "partitions": status["partitions"],
         "ingest": status["ingest"],  # no ingest job runs here (see test_health_docs)
     }
+    # One 503 among the calls is no outage (the worker may not have reported yet)
+    assert status["breaker"]["state"] == "closed"
+    assert status["breaker"]["last_error"] in (None, "HTTP 503")
     # And per partition: g2's two messages wait where g2 hashes, since they were published
     waiting = [p for p in status["partitions"] if p["lag"]]
     assert [p["lag"] for p in waiting] == [2] and len(status["partitions"]) == 2
