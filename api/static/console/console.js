@@ -203,8 +203,14 @@ async function subscription(p, s) {
     }
     previous = { at: now, delivered: status.delivered_total, dead: status.dead_lettered };
     const card = (title, value, cls) => h("div", { class: "card" }, h("b", { class: cls }, value), title);
-    statusBox.replaceChildren(h("div", { class: "cards" },
-      card("state", status.state), card("lag", status.lag),
+    const breaker = status.breaker;
+    const breakerText = breaker.state === "closed" ? "closed"
+      : `${breaker.state.replace("_", "-")} since ${when(breaker.since_ms)} (${breaker.last_error || "-"})`;
+    statusBox.replaceChildren(
+      status.paused_reason ? h("p", { class: "bad" }, `Paused by a policy: ${status.paused_reason}`) : "",
+      h("div", { class: "cards" },
+      card("state", status.state), card("endpoint breaker", breakerText, breaker.state === "closed" ? "good" : "bad"),
+      card("lag", status.lag),
       card("oldest undelivered", age(status.oldest_undelivered_age_ms)),
       card("delivery rate", rates[0]), card("dead-letter rate", rates[1], "bad"),
       card("failed groups", status.failed_groups, status.failed_groups ? "bad" : "good"),
