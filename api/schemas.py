@@ -417,6 +417,36 @@ class StateOut(Out):
     state: Literal["running", "paused", "stopped"]
 
 
+class StopBody(Body):
+    """``POST .../stop`` (docs/policies.md §6)."""
+
+    # graceful: calls in progress finish (within the workers' drain timeout), then offsets
+    # are committed; forced: calls in progress are abandoned and made again on start.
+    mode: Literal["graceful", "forced"] = "graceful"
+    # How long the answer waits for the workers running the subscription to confirm.
+    wait_ms: int = Field(30_000, ge=0, le=120_000)
+
+
+class StopWorkerOut(Out):
+    worker: str
+    stopped_at_ms: int
+    # Calls in progress that a forced stop abandoned (made again on start).
+    abandoned_calls: int
+    # False when work outlived the drain timeout and was cut short.
+    drained: bool
+
+
+class StopOut(Out):
+    state: Literal["running", "paused", "stopped"]
+    mode: Literal["graceful", "forced"]
+    requested_at_ms: int
+    # Whether every worker that ran the subscription has confirmed the stop.
+    confirmed: bool
+    workers: list[StopWorkerOut]
+    # Workers that ran it and have not confirmed within wait_ms.
+    pending_workers: list[str]
+
+
 class ProducerMarkOut(Out):
     producer_id: str
     last_sequence_id: int

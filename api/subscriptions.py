@@ -10,10 +10,14 @@ expires, so receivers can switch over (docs/security.md §5).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import secrets
+import time
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
+from redis.exceptions import RedisError
 from starlette.responses import Response
 
 from api import control
@@ -24,6 +28,8 @@ from api.schemas import (
     SecretRotation,
     SigningSecretsOut,
     StateOut,
+    StopBody,
+    StopOut,
     SubscriptionConfig,
     SubscriptionCreate,
     SubscriptionOut,
@@ -36,12 +42,13 @@ from api.schemas import (
 from api.validation import check_endpoint_headers, check_signing_secret
 from setu.access import Permission
 from setu.clock import now_ms
-from setu.errors import InvalidInput
+from setu.errors import DependencyUnavailable, InvalidInput
 from setu.model import (
     DeadLetterPolicy,
     Endpoint,
     RetryPolicy,
     SigningSecret,
+    StopMode,
     Subscription,
     SubscriptionState,
     Topic,
@@ -49,6 +56,10 @@ from setu.model import (
 from setu.names import validate_name
 from setu.policies import Policies
 from state.lifecycle import LifecycleAction
+from state.workers import RedisWorkers, WorkerReports
+
+# How often a stop request looks for the workers' confirmations.
+STOP_POLL_S = 0.1
 
 router = APIRouter(
     dependencies=[Depends(authorize)],
@@ -282,13 +293,62 @@ async def start(request: Request, project: str, subscription: str) -> Response:
 
 @router.post(
     "/{subscription}/stop",
-    summary="Stop and release partitions",
+    summary="Stop and release partitions: graceful (calls in progress finish) or forced "
+    "(they are abandoned and made again on start); waits for the workers to confirm",
     response_model=None,
-    responses=_LIFECYCLE_RESPONSES,
+    responses={200: {"model": StopOut}, **errors(400, 404, 503)},
 )
 @allow(Permission.OPERATE)
-async def stop(request: Request, project: str, subscription: str) -> Response:
-    return await _lifecycle(request, project, subscription, LifecycleAction.STOP)
+async def stop(
+    request: Request, project: str, subscription: str, body: StopBody | None = None
+) -> Response:
+    s = services(request)
+    wanted = body or StopBody.model_validate({})
+    workers = RedisWorkers(s.redis)
+    try:
+        # The workers running it now are the ones whose confirmation the answer waits for.
+        running = await workers.fresh_by_worker(project, subscription, now_ms())
+    except RedisError as exc:
+        raise DependencyUnavailable(f"Redis: {exc}") from exc
+    stopped = await blocking(s.store.request_stop, project, subscription, StopMode(wanted.mode))
+    assert stopped.stop_requested_at_ms is not None
+    deadline = time.monotonic() + wanted.wait_ms / 1000
+    while True:
+        report = await stop_report(workers, stopped, list(running))
+        if report["confirmed"] or time.monotonic() >= deadline:
+            return reply(StopOut, report)
+        await asyncio.sleep(STOP_POLL_S)
+
+
+async def stop_report(
+    workers: WorkerReports, sub: Subscription, running: list[str]
+) -> dict[str, Any]:
+    """How far the latest stop of ``sub`` got: the workers in ``running`` that confirmed it,
+    and those that have not (yet)."""
+    requested = sub.stop_requested_at_ms
+    try:
+        confirmations = await workers.stop_confirmations(sub.project, sub.name)
+    except RedisError as exc:
+        raise DependencyUnavailable(f"Redis: {exc}") from exc
+    done = {
+        worker: c for worker, c in confirmations.items() if c.get("requested_at_ms") == requested
+    }
+    return {
+        "state": sub.state.value,
+        "mode": sub.stop_mode.value,
+        "requested_at_ms": requested,
+        "confirmed": all(worker in done for worker in running),
+        "workers": [
+            {
+                "worker": worker,
+                "stopped_at_ms": c["stopped_at_ms"],
+                "abandoned_calls": c["abandoned_calls"],
+                "drained": c["drained"],
+            }
+            for worker, c in sorted(done.items())
+        ],
+        "pending_workers": sorted(w for w in running if w not in done),
+    }
 
 
 @router.post(

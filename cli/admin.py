@@ -227,8 +227,14 @@ def add_commands(sub: Any) -> None:
     made = action(subs, "create", "from a YAML/JSON file (-f)", "project")
     made.add_argument("-f", "--file", required=True)
     action(subs, "rm", "delete a subscription", "project", "subscription")
-    for verb in ("start", "stop", "pause", "resume"):
+    for verb in ("start", "pause", "resume"):
         action(subs, verb, f"{verb} a subscription", "project", "subscription")
+    stop = action(subs, "stop", "stop a subscription", "project", "subscription")
+    stop.add_argument(
+        "--forced",
+        action="store_true",
+        help="abandon calls in progress (made again on start) instead of letting them finish",
+    )
     seek = action(
         subs, "seek", "where a stopped subscription starts again", "project", "subscription"
     )
@@ -389,6 +395,23 @@ def _subscriptions(a: argparse.Namespace, api: Api, out: Out) -> None:
     if a.action == "seek":
         body = {"timestamp_ms": parse_time(a.to)}
         out.record(api.call("POST", f"{base}/{a.subscription}/seek", json=body))
+        return
+    if a.action == "stop":
+        mode = "forced" if a.forced else "graceful"
+        done = api.call("POST", f"{base}/{a.subscription}/stop", json={"mode": mode})
+        if out.as_json:
+            out.record(done)
+            return
+        out.say(f"{a.subscription}: stopped ({done['mode']})")
+        for worker in done["workers"]:
+            abandoned = worker["abandoned_calls"]
+            out.say(
+                f"  {worker['worker']} confirmed at {at(worker['stopped_at_ms'])}"
+                + (f", {abandoned} call(s) abandoned" if abandoned else "")
+                + ("" if worker["drained"] else ", drain cut short")
+            )
+        for worker in done["pending_workers"]:
+            out.say(f"  {worker} has not confirmed yet (see status)")
         return
     state = api.call("POST", f"{base}/{a.subscription}/{a.action}")
     out.record(state) if out.as_json else out.say(f"{a.subscription}: {state['state']}")

@@ -47,7 +47,7 @@ from setu import names
 from setu.clock import now_ms
 from setu.envelope import KafkaHeaders
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
-from setu.model import Subscription, SubscriptionState
+from setu.model import StopMode, Subscription, SubscriptionState
 from setu.ordering.groups import Kind, Standing, standing
 from setu.ordering.records import Record, copy_headers
 from setu.ordering.tiers import DLQ, MAIN, tier_name, topics_by_tier
@@ -317,6 +317,11 @@ class SubscriptionRunner:
         self.dispatcher: Dispatcher | None = None
         self._housekeeping: set[asyncio.Task[None]] = set()
         self._full_since: float | None = None
+        self._key = (sub.project, sub.name)
+        self._stop_mode = StopMode.GRACEFUL
+        self._stop_request: int | None = None
+        self._abandoned = 0  # calls a forced stop abandoned
+        self._outlived = False  # work outlived a drain
 
     # Control
 
@@ -334,6 +339,12 @@ class SubscriptionRunner:
             breaker=self.breaker,
         )
         consumer.start(list(self.tiers))
+        try:
+            # At once, not after the first interval: a stop asked for from now on waits for
+            # this worker's confirmation (api/subscriptions.py, stop).
+            await self._report()
+        except Exception as exc:  # reported again every interval
+            log.warning("subscription %s/%s: first report failed: %s", *self._key, exc)
         background = [
             loop.create_task(self._every(self.config.commit_interval_ms, self.commit)),
             loop.create_task(self._every(self.config.release_poll_ms, self._poll_releases)),
@@ -361,8 +372,29 @@ class SubscriptionRunner:
             if self.attempts is not None:
                 await self.attempts.flush()
             await self._forget_stats()
+            await self._confirm_stop()
         if self._fatal is not None:
             raise self._fatal
+
+    async def _confirm_stop(self) -> None:
+        """Tells the API how this worker carried out an operator's stop."""
+        if self._stop_request is None or not self._stopped.is_set():
+            return
+        record = {
+            "requested_at_ms": self._stop_request,
+            "mode": self._stop_mode.value,
+            "stopped_at_ms": now_ms(),
+            "abandoned_calls": self._abandoned,
+            "drained": not self._outlived,
+        }
+        try:
+            await self.reports.confirm_stop(
+                self.sub.project, self.sub.name, self.config.worker_id, record
+            )
+        except Exception as exc:  # the stop happened; only its confirmation is missing
+            log.warning(
+                "subscription %s/%s: stop not confirmed: %s", self.sub.project, self.sub.name, exc
+            )
 
     def _called(self, attempt: Attempt, outcome: Outcome, seconds: float) -> None:
         """Every webhook call's outcome: counted, and recorded in the message's attempt log."""
@@ -401,7 +433,12 @@ class SubscriptionRunner:
             self.tiers[topic] = extra[topic]
             self.topics[extra[topic]] = topic
 
-    def stop(self) -> None:
+    def stop(self, mode: StopMode = StopMode.GRACEFUL, requested_at_ms: int | None = None) -> None:
+        """Stops the runner: ``graceful`` lets calls in progress finish (within the drain
+        timeout), ``forced`` abandons them. ``requested_at_ms``: the operator's stop request
+        this carries out, confirmed in Redis once stopped (docs/policies.md §6)."""
+        self._stop_mode = mode
+        self._stop_request = requested_at_ms
         self._stopped.set()
 
     def fail(self, error: BaseException) -> None:
@@ -850,12 +887,19 @@ class SubscriptionRunner:
             await self.reports.forget(self.sub.project, self.sub.name, self.config.worker_id)
 
     async def _drain(self, port: _Port) -> None:
-        """Lets calls and writes in progress finish; calls not yet made are dropped."""
+        """Lets calls and writes in progress finish; calls not yet made are dropped. A
+        forced stop abandons calls in progress instead: their results are ignored and their
+        records stay unfinished, so they are called again on start (same ``webhook-id``)."""
         port.draining = True
+        forced = self._stopped.is_set() and self._stop_mode is StopMode.FORCED
+        if forced:
+            port.alive = False
+            self._abandoned += port.calling
         deadline = asyncio.get_running_loop().time() + self.config.drain_timeout_s
-        while port.tasks or port.calling or port.writing:
+        while port.tasks or port.writing or (port.calling and not forced):
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
+                self._outlived = True
                 log.warning("partition %d: work outlived the drain", port.partition)
                 for task in port.tasks:
                     task.cancel()

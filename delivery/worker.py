@@ -260,8 +260,10 @@ class Worker:
 
     async def reconcile(self, subs: list[Subscription]) -> None:
         wanted = {(s.project, s.name): s for s in subs if s.state is not SubscriptionState.STOPPED}
-        for key in [k for k in self.slots if k not in wanted]:
-            await self._retire(key)
+        stopped = {(s.project, s.name): s for s in subs if s.state is SubscriptionState.STOPPED}
+        retiring = [k for k in self.slots if k not in wanted]
+        # Stops run side by side: one subscription's drain does not hold up another's.
+        await asyncio.gather(*(self._retire(key, stopped.get(key)) for key in retiring))
         for key, sub in wanted.items():
             slot = self.slots.get(key)
             if slot is None:
@@ -292,12 +294,17 @@ class Worker:
                 slot.runner = self._make_runner(slot.sub)
                 slot.runner.set_paused(slot.sub.state is SubscriptionState.PAUSED)
 
-    async def _retire(self, key: tuple[str, str]) -> None:
+    async def _retire(self, key: tuple[str, str], stopped: Subscription | None = None) -> None:
+        """Stops a runner; ``stopped``: the subscription as an operator stopped it (how, and
+        the request its runner confirms), None when it was deleted or the worker stops."""
         slot = self.slots.pop(key, None)
         if slot is None:
             return
         slot.retired = True
-        slot.runner.stop()
+        if stopped is None:
+            slot.runner.stop()
+        else:
+            slot.runner.stop(stopped.stop_mode, stopped.stop_requested_at_ms)
         if slot.task is not None:
             try:
                 await asyncio.wait_for(slot.task, STOP_TIMEOUT_S)

@@ -22,6 +22,13 @@ class SubscriptionState(StrEnum):
     STOPPED = "stopped"
 
 
+class StopMode(StrEnum):
+    """How workers stop a subscription (docs/policies.md §6)."""
+
+    GRACEFUL = "graceful"  # calls in progress finish (within the drain timeout), then commit
+    FORCED = "forced"  # calls in progress are abandoned; they are made again on start
+
+
 class DeadLetterPolicy(StrEnum):
     PARK = "park"
     SKIP = "skip"
@@ -150,3 +157,6 @@ class Subscription:
     policies: Policies = field(default_factory=lambda: Policies())
     # Why a policy paused the subscription (docs/policies.md §3); cleared by resume and start.
     paused_reason: str | None = None
+    # The latest stop: how, and when it was asked for (docs/policies.md §6).
+    stop_mode: StopMode = StopMode.GRACEFUL
+    stop_requested_at_ms: int | None = None

@@ -97,6 +97,12 @@ def worker_stats(project: str, subscription: str) -> str:
     return f"{_sub(project, subscription)}:workers"
 
 
+def stop_confirmations(project: str, subscription: str) -> str:
+    """Hash worker_id -> JSON of how that worker carried out the latest stop it saw (mode,
+    when it was asked, when it had stopped, calls it abandoned): docs/policies.md §6."""
+    return f"{_sub(project, subscription)}:stopped"
+
+
 def producer_marks(project: str, topic: str) -> str:
     """Hash producer_id -> "<topic incarnation>:<highest sequence id accepted into the main
     log>" (written by ingest; read with :mod:`state.producer_marks`)."""

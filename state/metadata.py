@@ -39,6 +39,7 @@ from setu.model import (
     Project,
     RetryPolicy,
     SigningSecret,
+    StopMode,
     Subscription,
     SubscriptionState,
     Topic,
@@ -117,6 +118,8 @@ class SubscriptionCodec:
             created_at_ms=row.created_at_ms,
             policies=Policies.from_json(row.policies),
             paused_reason=row.paused_reason,
+            stop_mode=StopMode(row.stop_mode or StopMode.GRACEFUL.value),
+            stop_requested_at_ms=row.stop_requested_at_ms,
         )
 
     def config(self, sub: Subscription) -> dict[str, Any]:
@@ -177,6 +180,8 @@ def same_subscription(a: Subscription, b: Subscription) -> bool:
             seek_generation=0,
             created_at_ms=0,
             paused_reason=None,
+            stop_mode=StopMode.GRACEFUL,
+            stop_requested_at_ms=None,
         )
 
     return config(a) == config(b)
@@ -458,6 +463,21 @@ class MetadataStore:
             if state != current.state or current.paused_reason is not None:
                 self._update(conn, project, name, state=state.value, paused_reason=None)
             return dataclasses.replace(current, state=state, paused_reason=None)
+
+    def request_stop(self, project: str, name: str, mode: StopMode) -> Subscription:
+        """Stops the subscription (from any state) and records how and when it was asked."""
+        with self._tx(write=True) as conn:
+            self._require_subscription(conn, project, name, lock=True)
+            self._update(
+                conn,
+                project,
+                name,
+                state=SubscriptionState.STOPPED.value,
+                paused_reason=None,
+                stop_mode=mode.value,
+                stop_requested_at_ms=now_ms(),
+            )
+            return self._require_subscription(conn, project, name)
 
     def pause_by_policy(self, project: str, name: str, reason: str) -> Subscription | None:
         """Pauses a running subscription with ``reason`` (docs/policies.md §3); None when it

@@ -84,6 +84,9 @@ subscriptions = sa.Table(
     sa.Column("policies", sa.JSON, nullable=True),
     # Why a policy paused the subscription; NULL otherwise.
     sa.Column("paused_reason", sa.Text, nullable=True),
+    # The latest stop's mode and when it was asked for; NULL before any stop.
+    sa.Column("stop_mode", sa.String(8), nullable=True),
+    sa.Column("stop_requested_at_ms", sa.BigInteger, nullable=True),
     sa.ForeignKeyConstraint(
         ["project", "topic"],
         ["topics.project", "topics.name"],

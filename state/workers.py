@@ -22,6 +22,8 @@ from state import keys
 # A worker's figures older than this are not counted (it reports every 2 s; an older
 # report is of a worker gone or stalled).
 STATS_FRESH_MS = 10_000
+# A stop's confirmations are kept a day after the last one.
+STOP_CONFIRMATION_TTL_MS = 24 * 3600 * 1000
 
 
 class WorkerReports(Protocol):
@@ -39,6 +41,21 @@ class WorkerReports(Protocol):
     async def fresh(self, project: str, subscription: str, now_ms: int) -> list[dict[str, Any]]:
         """The figures of the workers that reported within :data:`STATS_FRESH_MS`."""
         ...
+
+    async def fresh_by_worker(
+        self, project: str, subscription: str, now_ms: int
+    ) -> dict[str, dict[str, Any]]:
+        """:meth:`fresh`, by worker id."""
+        ...
+
+    async def confirm_stop(
+        self, project: str, subscription: str, worker_id: str, record: Mapping[str, Any]
+    ) -> None:
+        """The worker stopped running the subscription (docs/policies.md §6)."""
+
+    async def stop_confirmations(
+        self, project: str, subscription: str
+    ) -> dict[str, dict[str, Any]]: ...
 
 
 class RedisWorkers:
@@ -66,6 +83,27 @@ class RedisWorkers:
         raw = await self._client.hvals(keys.worker_stats(project, subscription))
         return _fresh([orjson.loads(r) for r in raw], now_ms)
 
+    async def fresh_by_worker(
+        self, project: str, subscription: str, now_ms: int
+    ) -> dict[str, dict[str, Any]]:
+        raw = await self._client.hgetall(keys.worker_stats(project, subscription))
+        return _fresh_by_worker({k.decode(): orjson.loads(v) for k, v in raw.items()}, now_ms)
+
+    async def confirm_stop(
+        self, project: str, subscription: str, worker_id: str, record: Mapping[str, Any]
+    ) -> None:
+        key = keys.stop_confirmations(project, subscription)
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.hset(key, worker_id, orjson.dumps(record))
+            pipe.pexpire(key, STOP_CONFIRMATION_TTL_MS)
+            await pipe.execute()
+
+    async def stop_confirmations(
+        self, project: str, subscription: str
+    ) -> dict[str, dict[str, Any]]:
+        raw = await self._client.hgetall(keys.stop_confirmations(project, subscription))
+        return {k.decode(): orjson.loads(v) for k, v in raw.items()}
+
 
 class StubWorkers:
     """In memory; time is what the caller says it is."""
@@ -73,6 +111,7 @@ class StubWorkers:
     def __init__(self) -> None:
         self.beats: dict[str, int] = {}  # worker -> ttl_ms
         self.reports: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+        self.stops: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
 
     async def beat(self, worker_id: str, ttl_ms: int) -> None:
         self.beats[worker_id] = ttl_ms
@@ -91,9 +130,28 @@ class StubWorkers:
     async def fresh(self, project: str, subscription: str, now_ms: int) -> list[dict[str, Any]]:
         return _fresh(list(self.reports.get((project, subscription), {}).values()), now_ms)
 
+    async def fresh_by_worker(
+        self, project: str, subscription: str, now_ms: int
+    ) -> dict[str, dict[str, Any]]:
+        return _fresh_by_worker(dict(self.reports.get((project, subscription), {})), now_ms)
+
+    async def confirm_stop(
+        self, project: str, subscription: str, worker_id: str, record: Mapping[str, Any]
+    ) -> None:
+        self.stops.setdefault((project, subscription), {})[worker_id] = dict(record)
+
+    async def stop_confirmations(
+        self, project: str, subscription: str
+    ) -> dict[str, dict[str, Any]]:
+        return dict(self.stops.get((project, subscription), {}))
+
 
 def _fresh(reports: list[dict[str, Any]], now_ms: int) -> list[dict[str, Any]]:
     return [r for r in reports if now_ms - r.get("at", 0) < STATS_FRESH_MS]
+
+
+def _fresh_by_worker(reports: dict[str, dict[str, Any]], now_ms: int) -> dict[str, dict[str, Any]]:
+    return {w: r for w, r in reports.items() if now_ms - r.get("at", 0) < STATS_FRESH_MS}
 
 
 def is_alive(client: redis.Redis[bytes], worker_id: str) -> bool:

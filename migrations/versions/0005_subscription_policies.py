@@ -1,4 +1,5 @@
-"""Subscription policies and why a policy paused a subscription (docs/policies.md).
+"""Subscription policies, why a policy paused a subscription, and how the latest stop was
+asked for (docs/policies.md).
 
 Revision ID: 0005
 Revises: 0004
@@ -24,8 +25,10 @@ def upgrade() -> None:
     with op.batch_alter_table("subscriptions") as batch:
         batch.add_column(sa.Column("policies", sa.JSON, nullable=True))
         batch.add_column(sa.Column("paused_reason", sa.Text, nullable=True))
+        batch.add_column(sa.Column("stop_mode", sa.String(8), nullable=True))
+        batch.add_column(sa.Column("stop_requested_at_ms", sa.BigInteger, nullable=True))
 
 
 def downgrade() -> None:
-    for column in ("paused_reason", "policies"):
+    for column in ("stop_requested_at_ms", "stop_mode", "paused_reason", "policies"):
         op.execute(f"ALTER TABLE subscriptions DROP COLUMN {column}")

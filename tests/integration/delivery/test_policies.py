@@ -124,3 +124,61 @@ def test_a_new_subscription_starts_where_it_says(
     # Then only the messages after the start are delivered (the later ones are the sentinel)
     wait_for("the later messages", lambda: receiver.delivered("g1") == after)
     assert not any(receiver.attempts(m) for m in before)
+
+
+def test_a_graceful_stop_lets_the_call_in_progress_finish_and_confirms(
+    world: World,
+    receiver: Receiver,
+    start_worker: Callable[..., ThreadWorker],
+    api: httpx.Client,
+) -> None:
+    # Given a call in progress at a slow endpoint
+    world.topic("t")
+    world.subscription(receiver.url)
+    receiver.delay_s = 1.5
+    [slow] = world.publish("t", "g1")
+    start_worker()
+    wait_for("the call in progress", lambda: receiver.active == 1)
+    # When it is stopped gracefully
+    answer = api.post(path(world, "stop"), json={"mode": "graceful"})
+    # Then the answer comes once the worker confirmed, after the call finished
+    assert answer.status_code == 200, answer.text
+    stop = answer.json()
+    assert (stop["state"], stop["mode"], stop["confirmed"]) == ("stopped", "graceful", True)
+    [worker] = stop["workers"]
+    assert (worker["abandoned_calls"], worker["drained"]) == (0, True)
+    assert worker["stopped_at_ms"] >= stop["requested_at_ms"]
+    assert receiver.delivered("g1") == [slow] and receiver.active == 0
+    # And once started again, that message is not called again (the next one is the sentinel)
+    receiver.delay_s = 0
+    assert api.post(path(world, "start")).json() == {"state": "running"}
+    [sentinel] = world.publish("t", "g1")
+    wait_for("the sentinel", lambda: receiver.delivered("g1") == [slow, sentinel])
+
+
+def test_a_forced_stop_abandons_the_call_in_progress_and_it_is_made_again_on_start(
+    world: World,
+    receiver: Receiver,
+    start_worker: Callable[..., ThreadWorker],
+    api: httpx.Client,
+) -> None:
+    # Given a call in progress at a very slow endpoint
+    world.topic("t")
+    world.subscription(receiver.url)
+    receiver.delay_s = 4
+    [slow] = world.publish("t", "g1")
+    start_worker()
+    wait_for("the call in progress", lambda: receiver.active == 1)
+    # When it is stopped by force
+    stop = api.post(path(world, "stop"), json={"mode": "forced"}).json()
+    # Then the worker confirmed without waiting for the call, which it abandoned
+    assert (stop["mode"], stop["confirmed"]) == ("forced", True)
+    assert [w["abandoned_calls"] for w in stop["workers"]] == [1]
+    assert receiver.active == 1  # the endpoint is still answering the abandoned call
+    # And on start the message is called again, with the same webhook-id and attempt number
+    receiver.delay_s = 0
+    api.post(path(world, "start"))
+    wait_for("the call made again", lambda: len(receiver.attempts(slow)) == 2)
+    first, again = receiver.attempts(slow)
+    assert first.headers["webhook-id"] == again.headers["webhook-id"] == slow
+    assert again.attempt == first.attempt == 1
