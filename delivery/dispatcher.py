@@ -60,6 +60,8 @@ class Dispatcher:
         self._queue: asyncio.Queue[tuple[Caller, Attempt]] = asyncio.Queue()
         self._workers: set[asyncio.Task[None]] = set()
         self._excess = 0  # coroutines to retire after their current call
+        self.holding = 0  # attempts the pool's coroutines hold (waiting to call, or calling)
+        self.size = 0
         self.resize(size)
 
     def submit(self, caller: Caller, attempt: Attempt) -> None:
@@ -72,8 +74,13 @@ class Dispatcher:
         else:
             self._queue.put_nowait((caller, attempt))
 
+    def demand(self) -> int:
+        """Attempts that want a call now: queued, or held by the pool's coroutines."""
+        return self._queue.qsize() + self.holding
+
     def resize(self, size: int) -> None:
         """Grows the pool at once; shrinking happens as coroutines finish their calls."""
+        self.size = size
         current = len(self._workers) - self._excess
         if size < current:
             self._excess += current - size
@@ -103,8 +110,12 @@ class Dispatcher:
                 self._excess -= 1
                 queue.put_nowait((caller, attempt))
                 return
-            probe = await self._admit()
-            await self._call(caller, attempt, probe)
+            self.holding += 1
+            try:
+                probe = await self._admit()
+                await self._call(caller, attempt, probe)
+            finally:
+                self.holding -= 1
 
     async def _admit(self) -> bool:
         """Waits while the subscription is paused or the breaker open; True: a probe."""

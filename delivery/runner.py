@@ -52,6 +52,7 @@ from setu.ordering.groups import Kind, Standing, standing
 from setu.ordering.records import Record, copy_headers
 from setu.ordering.tiers import DLQ, MAIN, tier_name, topics_by_tier
 from state.attempt_log import AttemptLog
+from state.delivery_budget import DeliveryBudget
 from state.groups import GroupStore
 from state.workers import WorkerReports
 
@@ -73,6 +74,10 @@ SEEK_RETRY_MAX_S = 1.0
 SEEK_RETRIES_QUIET = 3
 # How often a runner asks whether a policy pauses its subscription.
 POLICY_CHECK_MS = 1000
+# How often a runner renews its share of max_in_flight, and the headroom it asks for beyond
+# what it wants now (state/delivery_budget.py).
+SLOT_RENEW_MS = 250
+SLOT_HEADROOM = 4
 # Copies to the DLQ that are the message's own failure (delivery/autopause.py).
 DEAD_LETTERED = frozenset({Kind.HEAD, Kind.SKIP, Kind.DEAD})
 
@@ -153,6 +158,9 @@ class RunnerParts:
     attempts: AttemptLog | None = None
     # Pauses the subscription in the metadata store with a reason (docs/policies.md §3).
     pause: Callable[[str], Awaitable[None]] | None = None
+    # max_in_flight shared with the subscription's other workers (docs/policies.md §5);
+    # None: this worker alone keeps it.
+    budget: DeliveryBudget | None = None
 
 
 class _Port:
@@ -289,6 +297,7 @@ class SubscriptionRunner:
         )
         self.reader = parts.reader
         self._pause = parts.pause
+        self.budget = parts.budget
         self._pausing = False  # a policy pause is on its way to the store
         self.breaker = CircuitBreaker(
             sub.policies.circuit_breaker,
@@ -333,7 +342,8 @@ class SubscriptionRunner:
         self.dispatcher = Dispatcher(
             self.sender,
             self.gate,
-            self.sub.max_in_flight,
+            # With a shared budget the pool grows to this worker's share (_renew_slots).
+            self.sub.max_in_flight if self.budget is None else 0,
             self.fail,
             self._called,
             breaker=self.breaker,
@@ -345,6 +355,8 @@ class SubscriptionRunner:
             await self._report()
         except Exception as exc:  # reported again every interval
             log.warning("subscription %s/%s: first report failed: %s", *self._key, exc)
+        if self.budget is not None:
+            await self._renew_slots()
         background = [
             loop.create_task(self._every(self.config.commit_interval_ms, self.commit)),
             loop.create_task(self._every(self.config.release_poll_ms, self._poll_releases)),
@@ -353,6 +365,8 @@ class SubscriptionRunner:
             loop.create_task(self._every(self.config.dead_letter_trim_ms, self._trim_dead_letters)),
             loop.create_task(self._every(POLICY_CHECK_MS, self._check_policies)),
         ]
+        if self.budget is not None:
+            background.append(loop.create_task(self._every(SLOT_RENEW_MS, self._renew_slots)))
         if self.attempts is not None:
             background.append(loop.create_task(self._every(FLUSH_MS, self.attempts.flush)))
         try:
@@ -372,6 +386,9 @@ class SubscriptionRunner:
             if self.attempts is not None:
                 await self.attempts.flush()
             await self._forget_stats()
+            if self.budget is not None:
+                with contextlib.suppress(Exception):  # its entry expires anyway
+                    await self.budget.leave(self.config.worker_id)
             await self._confirm_stop()
         if self._fatal is not None:
             raise self._fatal
@@ -404,6 +421,18 @@ class SubscriptionRunner:
         if self.attempts is not None:
             ms = seconds * 1000
             self.attempts.called(attempt.record, attempt.number, outcome, now_ms() - int(ms), ms)
+
+    async def _renew_slots(self) -> None:
+        """Asks for this worker's share of ``max_in_flight`` (state/delivery_budget.py): what
+        it wants going, with headroom so a burst need not wait a round, and what it has."""
+        assert self.budget is not None and self.dispatcher is not None
+        limit = self.sub.max_in_flight
+        demand = self.dispatcher.demand()
+        ask = min(limit, demand + max(SLOT_HEADROOM, demand))
+        busy = sum(port.calling for port in self.ports.values())
+        granted = await self.budget.share(self.config.worker_id, ask, busy, limit)
+        if granted != self.dispatcher.size:
+            self.dispatcher.resize(granted)
 
     async def _check_policies(self) -> None:
         """Pauses the subscription when a policy says so (docs/policies.md §3)."""
@@ -486,7 +515,7 @@ class SubscriptionRunner:
         for port in self.ports.values():
             port.engine.sub = sub  # a new filter applies from the next record on
         self.sender.update(sub)
-        if self.dispatcher is not None:
+        if self.dispatcher is not None and self.budget is None:
             self.dispatcher.resize(sub.max_in_flight)
         self.set_paused(sub.state is SubscriptionState.PAUSED)
         return True
@@ -878,6 +907,7 @@ class SubscriptionRunner:
             "partitions": sorted(self.ports),
             "paused": not self.gate.is_set(),
             "breaker": breaker_report(self.breaker.rules.view()),
+            "slots": None if self.dispatcher is None else self.dispatcher.size,
             "at": now_ms(),
         }
         await self.reports.report(self.sub.project, self.sub.name, self.config.worker_id, figures)

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from delivery.http import HttpClient, HttpError, RefusedAddress, Target, UnsafeRequest
 from delivery.outcome import Outcome, Verdict, classify_error, classify_status
-from delivery.ratelimit import TokenBucket
+from delivery.ratelimit import SharedRate, Take, TokenBucket
 from delivery.signing import signing_key, webhook_headers
 from setu import headers as produce_headers
 from setu.clock import now_ms
@@ -56,9 +56,13 @@ class WebhookSender:
         client: HttpClient,
         *,
         clock: Callable[[], int] = now_ms,
+        shared_rate: Take | None = None,
     ) -> None:
+        """``shared_rate``: the subscription's rate bucket shared by its workers
+        (delivery/ratelimit.py); None: a bucket of this worker's own."""
         self._client = client
         self._clock = clock
+        self._shared_rate = shared_rate
         self._limit = 0
         self.update(sub)
 
@@ -73,6 +77,10 @@ class WebhookSender:
         self._keys = [(signing_key(s.value), s) for s in sub.signing_secrets]
         rate = sub.rate_limit_per_second
         self._bucket = TokenBucket(rate, now=time.monotonic()) if rate else None
+        self._shared: SharedRate | None = None
+        if rate and self._shared_rate is not None:
+            self._bucket = None
+            self._shared = SharedRate(self._shared_rate, rate)
         if sub.max_in_flight != self._limit:
             # Calls holding a slot of the old semaphore release it there when they finish.
             self._slots = asyncio.Semaphore(sub.max_in_flight)
@@ -88,6 +96,8 @@ class WebhookSender:
             wait = self._bucket.reserve(time.monotonic())
             if wait > 0:
                 await asyncio.sleep(wait)
+        elif self._shared is not None:
+            await self._shared.acquire()
         return await self._call(envelope, attempt)
 
     async def _call(self, envelope: Envelope, attempt: int) -> Outcome:

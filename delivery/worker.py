@@ -37,6 +37,7 @@ from setu.model import Subscription, SubscriptionState
 from setu.settings import Settings
 from state import workers
 from state.attempt_log import RedisAttemptLog
+from state.delivery_budget import RedisDeliveryBudget
 from state.groups import RedisGroupStore
 from state.workers import RedisWorkers
 
@@ -113,10 +114,11 @@ def runner_parts(
 ) -> RunnerParts:
     """The collaborators of ``sub``'s runner in a delivery process: its group store in Redis,
     its webhook sender on the shared HTTP client, a reader and a consumer thread of its own,
-    and the process's producer for copies."""
+    the process's producer for copies, and the call budget it shares with other workers."""
+    budget = RedisDeliveryBudget(client, sub.project, sub.name)
     return RunnerParts(
         store=RedisGroupStore(client, sub.project, sub.name),
-        sender=WebhookSender(sub, http),
+        sender=WebhookSender(sub, http, shared_rate=budget.take_rate),
         reader=KafkaReader(config.bootstrap, config.client_config),
         copies=producer,
         reports=RedisWorkers(client),
@@ -127,6 +129,7 @@ def runner_parts(
             else None
         ),
         pause=partial(_pause, source, sub.project, sub.name),
+        budget=budget,
     )
 
 

@@ -97,6 +97,18 @@ def worker_stats(project: str, subscription: str) -> str:
     return f"{_sub(project, subscription)}:workers"
 
 
+def delivery_slots(project: str, subscription: str) -> str:
+    """Hash worker_id -> "demand,held,expires_ms": the workers' shares of ``max_in_flight``
+    (state/delivery_budget.py)."""
+    return f"{_sub(project, subscription)}:slots"
+
+
+def delivery_rate(project: str, subscription: str) -> str:
+    """Token bucket (tokens, at) of the subscription's ``rate_limit_per_second``, shared by
+    its workers (state/delivery_budget.py)."""
+    return f"{_sub(project, subscription)}:rate"
+
+
 def stop_confirmations(project: str, subscription: str) -> str:
     """Hash worker_id -> JSON of how that worker carried out the latest stop it saw (mode,
     when it was asked, when it had stopped, calls it abandoned): docs/policies.md §6."""

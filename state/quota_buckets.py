@@ -89,9 +89,26 @@ def burst(rate: float) -> float:
     return max(rate, 1.0)
 
 
-class RedisQuotaBuckets:
+class RedisTokenBuckets:
+    """The script over any pair of buckets of one hash tag; ``specs``: per bucket (rate (0:
+    not limited), burst, need, extra). Delivery's shared call rate uses it too
+    (state/delivery_budget.py)."""
+
     def __init__(self, client: Redis[bytes]) -> None:
         self._script = client.register_script(_TAKE)
+
+    async def take(
+        self, pair: tuple[str, str], specs: tuple[tuple[float, float, int, int], ...]
+    ) -> Grant:
+        args = [value for spec in specs for value in spec]
+        answer = await self._script(keys=list(pair), args=args)
+        admitted, wait_ms, extra_a, extra_b = (int(v) for v in answer)
+        return Grant(bool(admitted), wait_ms, extra_a, extra_b)
+
+
+class RedisQuotaBuckets:
+    def __init__(self, client: Redis[bytes]) -> None:
+        self._buckets = RedisTokenBuckets(client)
 
     async def take(
         self,
@@ -102,15 +119,11 @@ class RedisQuotaBuckets:
         extra_messages: int,
         extra_bytes: int,
     ) -> Grant:
-        args: list[float] = []
-        for rate, need, extra in (
-            (quota.messages_per_second, messages, extra_messages),
-            (quota.bytes_per_second, nbytes, extra_bytes),
-        ):
-            args += [rate or 0, burst(rate or 0), need, extra]
-        answer = await self._script(
-            keys=[keys.produce_quota(project, "messages"), keys.produce_quota(project, "bytes")],
-            args=args,
+        by_count, by_size = quota.messages_per_second or 0, quota.bytes_per_second or 0
+        return await self._buckets.take(
+            (keys.produce_quota(project, "messages"), keys.produce_quota(project, "bytes")),
+            (
+                (by_count, burst(by_count), messages, extra_messages),
+                (by_size, burst(by_size), nbytes, extra_bytes),
+            ),
         )
-        admitted, wait_ms, extra_m, extra_b = (int(v) for v in answer)
-        return Grant(bool(admitted), wait_ms, extra_m, extra_b)

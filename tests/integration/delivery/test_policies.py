@@ -182,3 +182,55 @@ def test_a_forced_stop_abandons_the_call_in_progress_and_it_is_made_again_on_sta
     first, again = receiver.attempts(slow)
     assert first.headers["webhook-id"] == again.headers["webhook-id"] == slow
     assert again.attempt == first.attempt == 1
+
+
+def three_workers(world: World, start_worker: Callable[..., ThreadWorker]) -> None:
+    """Three workers in the subscription's consumer group, each owning partitions."""
+    for n in range(3):
+        start_worker(worker_id=f"w{n}-{world.project}")
+    wait_for(
+        "three workers sharing the partitions",
+        lambda: sum(1 for r in world.worker_reports() if r["partitions"]) == 3,
+    )
+
+
+def test_max_in_flight_holds_across_three_workers(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    # Given a subscription allowing 3 calls at a time, run by three workers, and a slow
+    # endpoint
+    world.topic("t", partitions=6)
+    world.subscription(receiver.url, max_in_flight=3)
+    receiver.delay_s = 0.2
+    three_workers(world, start_worker)
+    # When 12 groups have messages for it
+    ids = {f"g{i}": world.publish("t", f"g{i}", 3) for i in range(12)}
+    # Then everything is delivered in order with never more than 3 calls at the endpoint
+    # (each worker alone would allow 3: up to 9)
+    wait_for(
+        "every group in order",
+        lambda: all(receiver.delivered(g) == published for g, published in ids.items()),
+        timeout_s=60,
+    )
+    assert 2 <= receiver.most_active <= 3, receiver.most_active
+
+
+def test_the_rate_limit_holds_across_three_workers(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    # Given a subscription limited to 10 calls a second, run by three workers
+    world.topic("t", partitions=6)
+    world.subscription(receiver.url, rate_limit_per_second=10.0)
+    three_workers(world, start_worker)
+    # When 40 messages of 20 groups arrive at once
+    ids = {f"g{i}": world.publish("t", f"g{i}", 2) for i in range(20)}
+    wait_for(
+        "every group in order",
+        lambda: all(receiver.delivered(g) == published for g, published in ids.items()),
+        timeout_s=60,
+    )
+    # Then no second saw more than the rate plus the bucket's one saved call (a tolerance of
+    # one more for network jitter); three workers with a bucket each would allow 30
+    times = sorted(c.at for c in receiver.calls)
+    busiest = max(sum(1 for t in times if start <= t < start + 1.0) for start in times)
+    assert busiest <= 12, busiest
