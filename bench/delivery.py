@@ -25,6 +25,10 @@ call. A row's rate is messages / (last call - first call), so group-join time is
   against the 10000 row of the same run it gives what recording every attempt costs (target:
   at most 10 % of the throughput), and the 10000 row reports the log's Redis memory per
   message.
+- 10000-rate: the 10,000-group row with ``rate_limit_per_second`` set far above reach, so
+  every call takes its token from the rate bucket the subscription's workers share in Redis
+  (docs/policies.md §5); against the 10000 row it gives what the shared limit costs. (Every
+  row shares ``max_in_flight`` through Redis: a script call per worker every 250 ms.)
 
 Figures are printed and written as JSON under bench/results/. Targets (2-core machine):
 10,000 groups >= 4,700 messages/s and within 1.25x of the ungrouped time; healthy groups keep
@@ -59,7 +63,21 @@ from state.kafka_admin import KafkaTopics
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BODY = b'{"order": 12345, "items": [1, 2, 3], "note": "' + b"x" * 180 + b'"}'
-ROWS = ("1", "10", "100", "10000", "10000-nolog", "ungrouped", "isolation", "flaky", "memory")
+ROWS = (
+    "1",
+    "10",
+    "100",
+    "10000",
+    "10000-nolog",
+    "10000-rate",
+    "ungrouped",
+    "isolation",
+    "flaky",
+    "memory",
+)
+# The 10000-rate row's limit: far above what one worker reaches, so every call goes through
+# the shared rate bucket without being held back by it.
+RATE_ROW_LIMIT = 1_000_000.0
 FLAKY_DELAYS_MS = (100, 300)
 FLAKY_FAILURES = 2  # failed calls per message of a flaky group, within FLAKY_DELAYS_MS's tiers
 
@@ -189,6 +207,7 @@ def serve_worker(config: dict[str, Any]) -> None:
         grouped=config["grouped"],
         retry=RetryPolicy(delays_ms=tuple(config["delays_ms"])),
         max_in_flight=config["max_in_flight"],
+        rate_limit_per_second=config.get("rate_limit_per_second"),
     )
     settings = Settings(
         kafka_bootstrap=config["bootstrap"],
@@ -277,7 +296,7 @@ def row_groups(row: str, messages: int) -> int | None:
         return max(1, messages // 10)
     if row == "memory":
         return messages
-    return int(row.removesuffix("-nolog"))
+    return int(row.removesuffix("-nolog").removesuffix("-rate"))
 
 
 def flaky_figures(
@@ -346,6 +365,7 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
             "max_in_flight": args.max_in_flight,
             "delays_ms": list(sub.retry.delays_ms),
             "attempt_log_hours": 0 if row.endswith("-nolog") else 24,
+            "rate_limit_per_second": RATE_ROW_LIMIT if row.endswith("-rate") else None,
         }
         worker = subprocess.Popen(
             [sys.executable, "-m", "bench.delivery", "--serve-worker", json.dumps(config)]
@@ -471,6 +491,11 @@ def verdicts(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
         share = many["messages_per_s"] / nolog["messages_per_s"]
         out["attempt_log_keeps_share"] = round(share, 3)
         out["attempt_log_costs_at_most_10_percent"] = share >= 0.9
+    rated = rows.get("10000-rate")
+    if many and rated:
+        out["shared_rate_limit_keeps_share"] = round(
+            rated["messages_per_s"] / many["messages_per_s"], 3
+        )
     mem = rows.get("memory")
     if mem:
         out["worker_peak_rss_at_most_300_mb"] = mem["worker_peak_rss_mb"] <= 300

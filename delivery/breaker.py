@@ -138,6 +138,15 @@ class BreakerRules:
             return True
         return False
 
+    def count_success(self, now: int) -> None:
+        """A closed breaker's successful call (what :meth:`record` does for one, quicker)."""
+        second = now // 1000
+        last = self._buckets[-1] if self._buckets else None
+        if last is not None and last[0] == second:
+            last[1] += 1
+        else:
+            self._count(False, now)
+
     def cancel_probe(self) -> None:
         """A probe that was not made after all (its partition was given up)."""
         self.probing = False
@@ -205,6 +214,10 @@ class CircuitBreaker:
         self._on_change = on_change
         self._wake = asyncio.Event()
 
+    @property
+    def closed(self) -> bool:
+        return self.rules.state is BreakerState.CLOSED
+
     def update(self, policy: BreakerPolicy | None) -> None:
         before = self.rules.state
         self.rules.update(policy, self._clock())
@@ -213,6 +226,8 @@ class CircuitBreaker:
     async def admit(self) -> bool:
         """Waits until a call may start; True when it is the half-open probe."""
         rules = self.rules
+        if rules.state is BreakerState.CLOSED:
+            return False  # the hot path: no clock, no call
         while True:
             before = rules.state
             allowed = rules.may_call(self._clock())
@@ -230,9 +245,15 @@ class CircuitBreaker:
 
     def record(self, outcome: Outcome, probe: bool) -> bool:
         """A call's result; True when its attempt is given back (the caller sends it again)."""
-        before = self.rules.state
-        given_back = self.rules.record(outcome, probe, self._clock())
-        self._changed(before)
+        rules = self.rules
+        before = rules.state
+        if before is BreakerState.CLOSED and outcome.verdict is not Verdict.RETRY:
+            if rules.policy is not None and not outcome.refused:
+                rules.count_success(self._clock())  # the hot path
+            return False
+        given_back = rules.record(outcome, probe, self._clock())
+        if rules.state is not before:
+            self._changed(before)
         return given_back
 
     def cancel_probe(self) -> None:

@@ -112,7 +112,11 @@ class Dispatcher:
                 return
             self.holding += 1
             try:
-                probe = await self._admit()
+                breaker = self._breaker
+                if self._gate.is_set() and (breaker is None or breaker.closed):
+                    probe = False  # the hot path: nothing to wait for
+                else:
+                    probe = await self._admit()
                 await self._call(caller, attempt, probe)
             finally:
                 self.holding -= 1
