@@ -127,7 +127,10 @@ def run_secrets(settings: Settings, action: str, say: Callable[[str], None]) -> 
         count = store.reseal_secrets()
     finally:
         store.close()
-    say(f"setu secrets rotate: sealed the secrets of {count} subscription(s) with the first key")
+    say(
+        f"setu secrets rotate: sealed the secrets of {count} subscription(s) and notification "
+        "endpoint(s) with the first key"
+    )
     return 0
 
 

@@ -160,3 +160,25 @@ class Subscription:
     # The latest stop: how, and when it was asked for (docs/policies.md §6).
     stop_mode: StopMode = StopMode.GRACEFUL
     stop_requested_at_ms: int | None = None
+
+
+# The operational events a project may be told of (docs/policies.md §4).
+EVENT_TYPES: tuple[str, ...] = (
+    "subscription.paused",
+    "endpoint.breaker_opened",
+    "endpoint.breaker_closed",
+    "message.dead_lettered",
+    "group.parked",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Notifications:
+    """Where a project's operational events go. ``signing_secret`` is write-only, as a
+    subscription's (kept out of the repr, sealed at rest)."""
+
+    project: str
+    url: str
+    events: tuple[str, ...]
+    signing_secret: str | None = field(default=None, repr=False)
+    updated_at_ms: int = 0

@@ -35,6 +35,7 @@ from setu.errors import Conflict, NotFound
 from setu.model import (
     DeadLetterPolicy,
     Endpoint,
+    Notifications,
     ProduceQuota,
     Project,
     RetryPolicy,
@@ -48,7 +49,7 @@ from setu.model import (
 from setu.policies import Policies
 from state.api_keys import KeyStore, revoke_project_keys
 from state.lifecycle import LifecycleAction, next_state
-from state.schema import projects, subscriptions, topics
+from state.schema import notifications, projects, subscriptions, topics
 from state.sealing import Sealer
 from state.sql import make_engine, transaction
 
@@ -89,6 +90,10 @@ class SubscriptionCodec:
 
     def __init__(self, sealer: Sealer) -> None:
         self._sealer = sealer
+
+    @property
+    def sealer(self) -> Sealer:
+        return self._sealer
 
     def read(self, row: Row[Any]) -> Subscription:
         codes = row.retryable_codes
@@ -266,8 +271,65 @@ class MetadataStore:
             ).scalar_one()
             if count:
                 raise Conflict(f"project {name!r} still has {count} topic(s); delete them first")
+            conn.execute(sa.delete(notifications).where(notifications.c.project == name))
             conn.execute(sa.delete(projects).where(projects.c.name == name))
             revoke_project_keys(conn, name)
+
+    # Where a project's operational events go (docs/policies.md §4)
+
+    def set_notifications(self, n: Notifications) -> Notifications:
+        """Creates or replaces the project's notification endpoint (NotFound: no project)."""
+        values = {
+            "url": n.url,
+            "events": list(n.events),
+            "signing_secret": (
+                None if n.signing_secret is None else self._codec.sealer.seal(n.signing_secret)
+            ),
+            "updated_at_ms": now_ms(),
+        }
+        with self._tx(write=True) as conn:
+            if self._project_row(conn, n.project) is None:
+                raise NotFound(f"project {n.project!r} not found")
+            done = conn.execute(
+                sa.update(notifications)
+                .where(notifications.c.project == n.project)
+                .values(**values)
+            )
+            if done.rowcount == 0:
+                conn.execute(sa.insert(notifications).values(project=n.project, **values))
+        return self.get_notifications(n.project)
+
+    def get_notifications(self, project: str) -> Notifications:
+        """The project's notification endpoint; NotFound when it has none."""
+        with self._tx() as conn:
+            row = conn.execute(
+                sa.select(notifications).where(notifications.c.project == project)
+            ).one_or_none()
+        if row is None:
+            raise NotFound(f"project {project!r} has no notification endpoint")
+        return self._notifications(row)
+
+    def list_notifications(self) -> list[Notifications]:
+        with self._tx() as conn:
+            rows = conn.execute(sa.select(notifications)).all()
+        return [self._notifications(row) for row in rows]
+
+    def delete_notifications(self, project: str) -> None:
+        """Removes the project's notification endpoint; NotFound when it has none."""
+        with self._tx(write=True) as conn:
+            done = conn.execute(sa.delete(notifications).where(notifications.c.project == project))
+        if done.rowcount == 0:
+            raise NotFound(f"project {project!r} has no notification endpoint")
+
+    def _notifications(self, row: Row[Any]) -> Notifications:
+        sealed = row.signing_secret
+        return Notifications(
+            project=row.project,
+            url=row.url,
+            events=tuple(str(e) for e in row.events),
+            signing_secret=None if sealed is None else self._codec.sealer.open(sealed),
+            updated_at_ms=row.updated_at_ms,
+        )
 
     # Topics
 
@@ -440,9 +502,32 @@ class MetadataStore:
 
     def reseal_secrets(self) -> int:
         """Seals every stored secret again under the first key (``setu secrets rotate``);
-        returns how many subscriptions were rewritten. Each row is its own transaction."""
+        returns how many rows (subscriptions, notification endpoints) were rewritten. Each row
+        is its own transaction."""
         with self._tx() as conn:
             keys = conn.execute(sa.select(subscriptions.c.project, subscriptions.c.name)).all()
+            signed = (
+                conn.execute(
+                    sa.select(notifications.c.project).where(
+                        notifications.c.signing_secret.is_not(None)
+                    )
+                )
+                .scalars()
+                .all()
+            )
+        for project in signed:
+            with self._tx(write=True) as conn:
+                sealed = conn.execute(
+                    sa.select(notifications.c.signing_secret)
+                    .where(notifications.c.project == project)
+                    .with_for_update()
+                ).scalar_one_or_none()
+                if sealed is not None:
+                    conn.execute(
+                        sa.update(notifications)
+                        .where(notifications.c.project == project)
+                        .values(signing_secret=self._codec.sealer.reseal(sealed))
+                    )
         for project, name in keys:
             with self._tx(write=True) as conn:
                 row = self._subscription_row(conn, project, name, lock=True)
@@ -452,7 +537,7 @@ class MetadataStore:
                         .where(subscriptions.c.project == project, subscriptions.c.name == name)
                         .values(**self._codec.resealed(row))
                     )
-        return len(keys)
+        return len(keys) + len(signed)
 
     def apply_lifecycle(self, project: str, name: str, action: LifecycleAction) -> Subscription:
         """Moves the subscription's state by ``action`` (see :mod:`state.lifecycle`)."""

@@ -114,3 +114,20 @@ api_keys = sa.Table(
     sa.Column("revoked_at_ms", sa.BigInteger, nullable=True),
     sa.Index("ix_api_keys_project", "project"),
 )
+
+
+# Where a project's operational events go (docs/policies.md §4); one row per project at most.
+notifications = sa.Table(
+    "notifications",
+    metadata,
+    sa.Column("project", NAME, primary_key=True),
+    sa.Column("url", sa.Text, nullable=False),
+    # JSON list of event types.
+    sa.Column("events", sa.JSON, nullable=False),
+    # Sealed (state.sealing); NULL: calls are not signed.
+    sa.Column("signing_secret", sa.Text, nullable=True),
+    sa.Column("updated_at_ms", sa.BigInteger, nullable=False),
+    sa.ForeignKeyConstraint(
+        ["project"], ["projects.name"], ondelete="CASCADE", name="fk_notifications_project_projects"
+    ),
+)

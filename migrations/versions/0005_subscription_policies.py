@@ -1,5 +1,5 @@
-"""Subscription policies, why a policy paused a subscription, and how the latest stop was
-asked for (docs/policies.md).
+"""Subscription policies, why a policy paused a subscription, how the latest stop was asked
+for, and where a project's operational events go (docs/policies.md).
 
 Revision ID: 0005
 Revises: 0004
@@ -27,8 +27,23 @@ def upgrade() -> None:
         batch.add_column(sa.Column("paused_reason", sa.Text, nullable=True))
         batch.add_column(sa.Column("stop_mode", sa.String(8), nullable=True))
         batch.add_column(sa.Column("stop_requested_at_ms", sa.BigInteger, nullable=True))
+    op.create_table(
+        "notifications",
+        sa.Column("project", sa.String(63), primary_key=True),
+        sa.Column("url", sa.Text, nullable=False),
+        sa.Column("events", sa.JSON, nullable=False),
+        sa.Column("signing_secret", sa.Text, nullable=True),
+        sa.Column("updated_at_ms", sa.BigInteger, nullable=False),
+        sa.ForeignKeyConstraint(
+            ["project"],
+            ["projects.name"],
+            ondelete="CASCADE",
+            name="fk_notifications_project_projects",
+        ),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("notifications")
     for column in ("stop_requested_at_ms", "stop_mode", "paused_reason", "policies"):
         op.execute(f"ALTER TABLE subscriptions DROP COLUMN {column}")

@@ -13,6 +13,7 @@ from setu.errors import Conflict, DependencyUnavailable, NotFound
 from setu.model import (
     DeadLetterPolicy,
     Endpoint,
+    Notifications,
     Project,
     RetryPolicy,
     SigningSecret,
@@ -23,7 +24,7 @@ from setu.model import (
 from state import migrate
 from state.lifecycle import LifecycleAction
 from state.metadata import MetadataStore
-from state.schema import subscriptions
+from state.schema import notifications, subscriptions
 from state.sealing import Sealer
 
 pytestmark = pytest.mark.integration
@@ -288,13 +289,18 @@ def test_secrets_are_sealed_at_rest_and_rotate_with_the_key(database_url: str) -
     store.create_project(Project("p"))
     store.create_topic(Topic("p", "t", grouped=True, partitions=3, retention_hours=5))
     store.create_subscription(subscription())
-    # Then the rows hold neither value
+    store.set_notifications(
+        Notifications("p", "https://ops.example.com/e", ("group.parked",), "whsec_n")
+    )
+    # Then the rows hold none of the values
     raw = raw_subscriptions(store)
     assert "Bearer a" not in raw and "whsec_x" not in raw
+    with store._tx() as conn:
+        assert "whsec_n" not in str(conn.execute(sa.select(notifications)).all())
     store.close()
     # When key B is put first and the secrets are sealed again
     both = MetadataStore(database_url, Sealer([key_b, key_a]))
-    assert both.reseal_secrets() == 1
+    assert both.reseal_secrets() == 2
     both.close()
     # Then key B alone opens them
     only_b = MetadataStore(database_url, Sealer([key_b]))
@@ -302,6 +308,7 @@ def test_secrets_are_sealed_at_rest_and_rotate_with_the_key(database_url: str) -
         sub = only_b.get_subscription("p", "s")
         assert sub.endpoint.headers == (("Authorization", "Bearer a"),)
         assert [s.value for s in sub.signing_secrets] == ["whsec_x"]
+        assert only_b.get_notifications("p").signing_secret == "whsec_n"
     finally:
         only_b.close()
 

@@ -15,7 +15,7 @@ from state.sealing import Sealer
 
 pytestmark = pytest.mark.integration
 
-TABLES = {"api_keys", "projects", "topics", "subscriptions"}
+TABLES = {"api_keys", "projects", "topics", "subscriptions", "notifications"}
 
 
 def tables(url: str) -> set[str]:
