@@ -19,7 +19,16 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from redis.asyncio import Redis
 
-from api import health, keys, operations, produce, projects, subscriptions, topics
+from api import (
+    health,
+    keys,
+    notifications,
+    operations,
+    produce,
+    projects,
+    subscriptions,
+    topics,
+)
 from api.auth import Authenticator
 from api.console import serve_console
 from api.context import Services, blocking
@@ -41,6 +50,9 @@ from state.metadata import MetadataStore
 from state.quota_buckets import RedisQuotaBuckets
 from state.retired_topics import RedisRetiredList
 from state.sealing import required_sealer
+
+# Every router the API serves (the access test walks their routes: docs/security.md §3).
+ROUTERS = (projects, keys, topics, produce, subscriptions, operations, notifications, health)
 
 
 def _required(value: str | None, variable: str) -> str:
@@ -188,7 +200,7 @@ def create_app(settings: Settings, *, resolver: Resolver = system_resolver) -> F
     # Added first, so it runs inside the metrics middleware.
     app.add_middleware(ProduceFastPath)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    for module in (projects, keys, topics, produce, subscriptions, operations, health):
+    for module in ROUTERS:
         app.include_router(module.router)
     serve_docs(app)
     serve_console(app)

@@ -526,3 +526,29 @@ def key_view(key: ApiKey) -> dict[str, Any]:
         "expires_at_ms": key.expires_at_ms,
         "last_used_at_ms": key.last_used_at_ms,
     }
+
+
+EventType = Literal[
+    "subscription.paused",
+    "endpoint.breaker_opened",
+    "endpoint.breaker_closed",
+    "message.dead_lettered",
+    "group.parked",
+]
+
+
+class NotificationsBody(Body):
+    """``PUT /v1/projects/{p}/notifications`` (docs/policies.md §4)."""
+
+    url: str = Field(max_length=2048, examples=["https://ops.example.com/setu-events"])
+    # Left out: the stored one is kept; null: calls are not signed.
+    signing_secret: str | None = Field(None, min_length=1, max_length=512)
+    events: list[EventType] = Field(min_length=1, max_length=5)
+
+
+class NotificationsOut(Out):
+    project: str
+    url: str
+    events: list[str]
+    has_signing_secret: bool
+    updated_at_ms: int

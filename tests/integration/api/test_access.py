@@ -20,7 +20,7 @@ import pytest_asyncio
 from confluent_kafka import Consumer, TopicPartition
 from fastapi.routing import APIRoute
 
-from api import health, keys, operations, produce, projects, subscriptions, topics
+from api.app import ROUTERS
 from setu import names
 from setu.access import ApiKey, Role, digest, new_token
 from setu.clock import now_ms
@@ -47,6 +47,9 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("GET", P): READ,
     ("DELETE", P): ADMIN,
     ("PUT", P + "/quota"): ADMIN,  # a project's owner must not raise its own quota
+    ("PUT", P + "/notifications"): MANAGE,
+    ("GET", P + "/notifications"): READ,
+    ("DELETE", P + "/notifications"): MANAGE,
     ("POST", "/v1/keys"): ADMIN,
     ("GET", "/v1/keys"): ADMIN,
     ("DELETE", "/v1/keys/{key_id}"): ADMIN,
@@ -87,7 +90,7 @@ HOOK = "https://hooks.example.com/orders"
 def app_routes() -> set[tuple[str, str]]:
     """Every (method, path) the application serves, from its routers' own tables."""
     found = set()
-    for module in (projects, keys, topics, produce, subscriptions, operations, health):
+    for module in ROUTERS:
         for route in module.router.routes:
             assert isinstance(route, APIRoute)
             for method in route.methods - {"HEAD"}:
@@ -202,6 +205,7 @@ def request_for(w: World, method: str, route: str) -> dict[str, Any]:
     bodies: dict[str, Any] = {
         "/v1/projects": {"name": unique()},
         P + "/quota": {"messages_per_second": 5},
+        P + "/notifications": {"url": HOOK, "events": ["group.parked"]},
         "/v1/keys": {"name": "k", "role": "viewer", "project": w.project},
         P + "/keys": {"name": "k", "role": "viewer"},
         P + "/topics": {"name": unique("t")},
@@ -236,6 +240,7 @@ async def snapshot(w: World, bootstrap: str) -> dict[str, Any]:
         "projects": store.list_projects(),
         "topics": store.list_topics(w.project),
         "subscriptions": store.list_subscriptions(w.project),
+        "notifications": store.list_notifications(),
         # (last use is written in the background, when a key is first seen: not a change)
         "keys": [dataclasses.replace(k, last_used_at_ms=None) for k in store.keys.list()],
         "ingest": ends,
