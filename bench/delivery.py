@@ -57,7 +57,7 @@ import redis
 from confluent_kafka import Producer
 
 from setu.envelope import Envelope
-from setu.model import Endpoint, RetryPolicy, Subscription, Topic
+from setu.model import Endpoint, Notifications, RetryPolicy, Subscription, Topic
 from state import keys
 from state.kafka_admin import KafkaTopics
 
@@ -193,6 +193,9 @@ class _Fixed:
 
     def pause_by_policy(self, project: str, name: str, reason: str) -> None:
         raise RuntimeError(f"the benchmark's subscription would pause: {reason}")
+
+    def list_notifications(self) -> list[Notifications]:
+        return []
 
 
 def serve_worker(config: dict[str, Any]) -> None:

@@ -16,6 +16,9 @@ and label value below):
 - ``setu_delivery_breaker_opened_total``: times the circuit breaker opened, and
   ``setu_delivery_breaker_given_back_total``: failed calls made while it was open, whose
   attempt was not counted (docs/policies.md §2).
+- ``setu_delivery_events_total{result}`` (no subscription label): operational events sent to
+  projects' notification endpoints, calls that failed, events dropped, events no endpoint
+  wanted (delivery/events.py).
 - ``setu_delivery_reparked_total``: released dead letters that failed for good and parked
   their group again.
 - ``setu_delivery_stale_copies_total``: copies of a worker that had lost the partition,
@@ -47,6 +50,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from delivery.breaker import BreakerState, BreakerView
+from delivery.events import EventCounts
 from delivery.outcome import Outcome
 from setu.metrics import Buckets, serve
 
@@ -273,6 +277,24 @@ class _Live(Collector):
         yield breaker
 
 
+class _Events(Collector):
+    """What the worker's notifier did with operational events (delivery/events.py)."""
+
+    def __init__(self, counts: EventCounts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "setu_delivery_events",
+            "Operational events by what became of them: sent, failed (a call that failed; "
+            "tried again), dropped (given up), skipped (no endpoint wanted them).",
+            labels=["result"],
+        )
+        for result in ("sent", "failed", "dropped", "skipped"):
+            family.add_metric([result], getattr(self._counts, result))
+        yield family
+
+
 class DeliveryMetrics:
     """The worker's registry (see the module doc)."""
 
@@ -280,7 +302,9 @@ class DeliveryMetrics:
         self.registry = CollectorRegistry()
         self._subscriptions: dict[tuple[str, str], SubscriptionMetrics] = {}
         self._figures = figures
+        self.events = EventCounts()
         ProcessCollector(registry=self.registry)
+        self.registry.register(_Events(self.events))
         self.registry.register(_Totals(lambda: list(self._subscriptions.values())))
         self.registry.register(_Live(lambda: self._figures()))
 

@@ -27,9 +27,10 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from delivery.attempts import FLUSH_MS, AttemptRecorder
 from delivery.autopause import AutoPause
-from delivery.breaker import BreakerView, CircuitBreaker
+from delivery.breaker import BreakerState, BreakerView, CircuitBreaker
 from delivery.dispatcher import Dispatcher
 from delivery.engine import Attempt, Move, PartitionEngine, Transition
+from delivery.events import EventSink
 from delivery.kafka_io import (
     Assignment,
     KafkaReader,
@@ -161,6 +162,8 @@ class RunnerParts:
     # max_in_flight shared with the subscription's other workers (docs/policies.md §5);
     # None: this worker alone keeps it.
     budget: DeliveryBudget | None = None
+    # Where operational events go (delivery/events.py); None: nowhere.
+    events: EventSink | None = None
 
 
 class _Port:
@@ -205,6 +208,14 @@ class _Port:
             # Only a released head that failed for good is dead-lettered without a copy.
             self.runner.metrics.reparked()
             self.runner.autopause.finished(True)
+            self.runner.emit(
+                "group.parked",
+                {
+                    "group_id": write.group,
+                    "head_message_id": write.state.head,
+                    "reason": write.state.reason,
+                },
+            )
             log.warning(
                 "subscription %s/%s: group %s parked in the DLQ again on %s after %d attempts (%s)",
                 self.runner.sub.project,
@@ -251,6 +262,19 @@ class _Port:
             for copy in move.copies:
                 if copy.kind in DEAD_LETTERED:
                     runner.autopause.finished(True)
+                    if runner.events is not None:
+                        runner.events.dead_lettered(
+                            runner.sub.project, runner.sub.name, copy.envelope.message_id
+                        )
+            if move.kind is Kind.HEAD and move.group is not None:
+                runner.emit(
+                    "group.parked",
+                    {
+                        "group_id": move.group,
+                        "head_message_id": move.copies[0].envelope.message_id,
+                        "reason": move.copies[0].envelope.failure_reason,
+                    },
+                )
         if runner.attempts is not None:
             runner.attempts.moved(move.sources, move.target, move.kind, now_ms())
         if move.target == DLQ or move.kind is Kind.LAP:
@@ -298,11 +322,12 @@ class SubscriptionRunner:
         self.reader = parts.reader
         self._pause = parts.pause
         self.budget = parts.budget
+        self.events = parts.events
         self._pausing = False  # a policy pause is on its way to the store
         self.breaker = CircuitBreaker(
             sub.policies.circuit_breaker,
             f"subscription {sub.project}/{sub.name}",
-            on_change=self.metrics.breaker_changed,
+            on_change=self._breaker_changed,
         )
         self.autopause = AutoPause(sub.policies)
         group = names.consumer_group(sub.project, sub.name)
@@ -422,6 +447,17 @@ class SubscriptionRunner:
             ms = seconds * 1000
             self.attempts.called(attempt.record, attempt.number, outcome, now_ms() - int(ms), ms)
 
+    def _breaker_changed(self, view: BreakerView) -> None:
+        self.metrics.breaker_changed(view)
+        if self.events is not None and view.state is not BreakerState.HALF_OPEN:
+            kind = "opened" if view.state is BreakerState.OPEN else "closed"
+            self.emit(f"endpoint.breaker_{kind}", breaker_report(view))
+
+    def emit(self, kind: str, data: dict[str, Any]) -> None:
+        """An operational event of this subscription (delivery/events.py)."""
+        if self.events is not None:
+            self.events.emit(kind, self.sub.project, self.sub.name, data)
+
     async def _renew_slots(self) -> None:
         """Asks for this worker's share of ``max_in_flight`` (state/delivery_budget.py): what
         it wants going, with headroom so a burst need not wait a round, and what it has."""
@@ -445,6 +481,7 @@ class SubscriptionRunner:
         log.warning("subscription %s/%s: pausing: %s", self.sub.project, self.sub.name, reason)
         try:
             await self._pause(reason)
+            self.emit("subscription.paused", {"reason": reason})
         except Exception as exc:  # tried again at the next check
             log.warning(
                 "subscription %s/%s: pause not stored: %s", self.sub.project, self.sub.name, exc

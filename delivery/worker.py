@@ -27,13 +27,14 @@ from typing import Protocol
 import redis
 from redis.asyncio import Redis
 
+from delivery.events import EventSink, Notifier
 from delivery.http import HttpClient
 from delivery.kafka_io import AsyncProducer, ConsumerThread, KafkaReader, producer_config
 from delivery.metrics import DeliveryMetrics, RunnerFigures
 from delivery.runner import RunnerConfig, RunnerParts, SubscriptionRunner
 from delivery.webhook import WebhookSender
 from setu.limits import MessageLimits
-from setu.model import Subscription, SubscriptionState
+from setu.model import Notifications, Subscription, SubscriptionState
 from setu.settings import Settings
 from state import workers
 from state.attempt_log import RedisAttemptLog
@@ -56,6 +57,10 @@ class SubscriptionSource(Protocol):
 
     def pause_by_policy(self, project: str, name: str, reason: str) -> object:
         """Pauses a running subscription with ``reason`` (docs/policies.md §3)."""
+
+    def list_notifications(self) -> list[Notifications]:
+        """Every project's notification endpoint (docs/policies.md §4)."""
+        ...
 
 
 def worker_id(settings: Settings) -> str:
@@ -111,6 +116,7 @@ def runner_parts(
     producer: AsyncProducer,
     http: HttpClient,
     source: SubscriptionSource,
+    events: EventSink | None = None,
 ) -> RunnerParts:
     """The collaborators of ``sub``'s runner in a delivery process: its group store in Redis,
     its webhook sender on the shared HTTP client, a reader and a consumer thread of its own,
@@ -130,6 +136,7 @@ def runner_parts(
         ),
         pause=partial(_pause, source, sub.project, sub.name),
         budget=budget,
+        events=events,
     )
 
 
@@ -165,10 +172,23 @@ async def serve(
         attempt_log_hours=settings.attempt_log_hours,
     )
     metrics = DeliveryMetrics()
+    sink = EventSink(client, metrics.events)
+    notifier = Notifier(
+        client,
+        partial(asyncio.to_thread, source.list_notifications),
+        http,
+        instance,
+        metrics.events,
+    )
+    events_stop = asyncio.Event()
+    event_tasks = [
+        loop.create_task(sink.run(events_stop)),
+        loop.create_task(notifier.run(events_stop)),
+    ]
     worker = Worker(
         source,
         lambda sub: SubscriptionRunner(
-            sub, config, runner_parts(sub, config, client, producer, http, source), metrics
+            sub, config, runner_parts(sub, config, client, producer, http, source, sink), metrics
         ),
     )
     metrics.watch(lambda: _on_loop(loop, worker.figures))
@@ -184,6 +204,9 @@ async def serve(
     try:
         await worker.run(stop, settings.subscription_refresh_ms / 1000)
     finally:
+        # After the runners: their last events are written before the sink stops.
+        events_stop.set()
+        await asyncio.gather(*event_tasks, return_exceptions=True)
         if server is not None:
             await asyncio.to_thread(server.shutdown)
             server.server_close()

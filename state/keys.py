@@ -115,6 +115,12 @@ def stop_confirmations(project: str, subscription: str) -> str:
     return f"{_sub(project, subscription)}:stopped"
 
 
+def events_stream() -> str:
+    """Stream of every project's operational events, read by the notifiers' consumer group
+    (delivery/events.py)."""
+    return f"{PREFIX}:events"
+
+
 def producer_marks(project: str, topic: str) -> str:
     """Hash producer_id -> "<topic incarnation>:<highest sequence id accepted into the main
     log>" (written by ingest; read with :mod:`state.producer_marks`)."""
