@@ -364,9 +364,14 @@ async def test_lifecycle_actions_change_the_stored_state(api: Api, project: str)
     ]:
         response = await api.client.post(f"{base}/{action}")
         assert response.status_code == 200, response.text
-        assert response.json() == {"state": state}
+        assert response.json()["state"] == state
         assert (await api.client.get(base)).json()["state"] == state
-    await api.client.post(f"{base}/stop")
+    # A stop with no worker running the subscription is confirmed at once
+    stop = (await api.client.post(f"{base}/stop", json={"mode": "forced"})).json()
+    assert stop["mode"] == "forced" and stop["confirmed"] is True and stop["workers"] == []
+    assert_error(
+        await api.client.post(f"{base}/stop", json={"mode": "abrupt"}), 400, "invalid_input"
+    )
     assert_error(await api.client.post(f"{base}/resume"), 409, "conflict")
     assert_error(
         await api.client.post(f"/v1/projects/{project}/subscriptions/nope/start"), 404, "not_found"
