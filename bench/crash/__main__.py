@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--database-url", help="default: SQLite in the work folder")
     parser.add_argument("--seed", type=int)
     parser.add_argument(
+        "--outage",
+        type=parse_duration,
+        default=parse_duration("30s"),
+        help="an endpoint outage this long, 40%% into the run (0s: none)",
+    )
+    parser.add_argument(
         "--spark-workers",
         type=int,
         default=0,
@@ -86,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         min_kill_events=args.min_kills,
         drain_timeout_s=600.0,
         spark_workers=args.spark_workers,
+        outage_s=args.outage,
     )
     if args.seed is not None:
         config = dataclasses.replace(config, seed=args.seed)

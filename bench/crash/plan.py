@@ -12,6 +12,10 @@ calls: a group gets a call every few seconds, and deliveries come in bursts when
 ingest job catches up, so a run could end without a single 503 and never exercise the retry
 tiers.
 
+An *outage* is a window in which the receiver answers 503 to every call, whatever its group:
+the endpoint is down. It lasts longer than the subscription's circuit breaker needs to open and
+probe (docs/policies.md §2), so the run sees the breaker open, fail probes and close.
+
 A *flaky group* fails each of its messages' first k calls with 503 (k at most the number of
 retry tiers), then answers 200: the everyday flaky endpoint. Every message keeps its own retry
 budget (docs/delivery.md), so none of these messages may reach the DLQ.
@@ -49,12 +53,14 @@ class FailurePlan:
     windows: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     rejected: frozenset[str] = frozenset()
     flaky: dict[str, int] = field(default_factory=dict)  # group -> failed calls per message
+    outage: tuple[int, int] | None = None  # every call fails in [start, end)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "windows": {group: [list(w) for w in ws] for group, ws in self.windows.items()},
             "rejected": sorted(self.rejected),
             "flaky": self.flaky,
+            "outage": None if self.outage is None else list(self.outage),
         }
 
     @classmethod
@@ -64,7 +70,13 @@ class FailurePlan:
             for group, spans in data.get("windows", {}).items()
         }
         flaky = {group: int(k) for group, k in data.get("flaky", {}).items()}
-        return cls(windows=windows, rejected=frozenset(data.get("rejected", ())), flaky=flaky)
+        outage = data.get("outage")
+        return cls(
+            windows=windows,
+            rejected=frozenset(data.get("rejected", ())),
+            flaky=flaky,
+            outage=None if outage is None else (int(outage[0]), int(outage[1])),
+        )
 
 
 class FailureSchedule:
@@ -110,6 +122,9 @@ def decide_status(
     how many calls of the same message it answered before."""
     if phase is Phase.DRAIN:
         return 200
+    outage = schedule.plan.outage
+    if outage is not None and outage[0] <= now_ms < outage[1]:
+        return FAIL_STATUS
     if message_id in schedule.plan.rejected:
         return REJECT_STATUS
     if schedule.failing(group_id, now_ms):
@@ -137,6 +152,8 @@ class PlanShape:
     rejected_messages: int = 5
     flaky_group_fraction: float = 0.05
     max_flaky_failures: int = 2  # at most the subscription's number of retry tiers
+    outage_ms: int = 0  # 0: no outage
+    outage_at: float = 0.4  # where in the span the outage begins (a fraction)
 
 
 def make_plan(shape: PlanShape, seed: int) -> FailurePlan:
@@ -172,4 +189,8 @@ def make_plan(shape: PlanShape, seed: int) -> FailurePlan:
         group_name(index): rng.randint(1, shape.max_flaky_failures)
         for index in sorted(rng.sample(healthy, count))
     }
-    return FailurePlan(windows=windows, rejected=frozenset(rejected), flaky=flaky)
+    outage = None
+    if shape.outage_ms:
+        begins = shape.start_ms + int(shape.span_ms * shape.outage_at)
+        outage = (begins, begins + shape.outage_ms)
+    return FailurePlan(windows=windows, rejected=frozenset(rejected), flaky=flaky, outage=outage)

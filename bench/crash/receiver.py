@@ -5,6 +5,9 @@ becomes one journal entry: ``t`` (ms), ``mid`` (``X_MESSAGE_ID``), ``gid`` (``X_
 ``wid`` (``webhook-id``), ``attempt`` (``X_DELIVERY_ATTEMPT``), ``status`` (what it answered),
 ``hash`` (SHA-256 of the body), ``sig`` (signature valid: true/false, null without a secret).
 
+``POST /events`` takes Setu's operational events (docs/policies.md §4) into a journal of their
+own, ``events.journal`` beside the calls' (``t``, ``id``, ``type``, ``at_ms``, ``data``).
+
 ``POST /control/phase {"phase": "drain"}`` switches to answering 2xx to everything;
 ``GET /control/stats`` returns the call counts.
 """
@@ -67,6 +70,11 @@ def identity_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {canonical(name): value for name, value in headers.items()}
 
 
+def events_journal(journal_path: Path) -> Path:
+    """Where the receiver journals operational events, beside its calls' journal."""
+    return journal_path.parent / "events.journal"
+
+
 class Receiver:
     """The webhook's state: plan, phase, journal and counters."""
 
@@ -76,6 +84,7 @@ class Receiver:
         self.phase = Phase.RUN
         self.secret = secret
         self.journal = Journal(journal_path)
+        self.events = Journal(events_journal(journal_path))
         self.calls = 0
         self.ok_calls = 0
         self.last_call_ms = 0
@@ -85,9 +94,23 @@ class Receiver:
         # A receiver started again on its journal goes on counting each message's calls.
         self.calls_by_message = Counter(e["mid"] for e in read_entries(self.journal.path))
         await self.journal.open()
+        await self.events.open()
 
     async def close(self) -> None:
         await self.journal.close()
+        await self.events.close()
+
+    async def handle_event(self, body: bytes) -> None:
+        event = orjson.loads(body)
+        await self.events.append(
+            {
+                "t": now_ms(),
+                "id": event.get("id"),
+                "type": event.get("type"),
+                "at_ms": event.get("at_ms"),
+                "data": event.get("data"),
+            }
+        )
 
     async def handle_call(self, headers: Mapping[str, str], body: bytes) -> int:
         """Journal one webhook call and return the status to answer."""
@@ -133,6 +156,10 @@ def make_app(receiver: Receiver, *, manage_journal: bool = True) -> Starlette:
         status = await receiver.handle_call(request.headers, await request.body())
         return Response(status_code=status)
 
+    async def event(request: Request) -> Response:
+        await receiver.handle_event(await request.body())
+        return Response(status_code=204)
+
     async def set_phase(request: Request) -> Response:
         receiver.phase = Phase(orjson.loads(await request.body())["phase"])
         return JSONResponse({"phase": receiver.phase.value})
@@ -160,6 +187,7 @@ def make_app(receiver: Receiver, *, manage_journal: bool = True) -> Starlette:
     routes = [
         Route("/hook", hook, methods=["POST", "PUT"]),
         Route("/hook/{rest:path}", hook, methods=["POST", "PUT"]),
+        Route("/events", event, methods=["POST"]),
         Route("/control/phase", set_phase, methods=["POST"]),
         Route("/control/stats", stats, methods=["GET"]),
     ]

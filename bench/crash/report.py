@@ -50,6 +50,17 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         exits = {k: v for k, v in chaos["exits_by_component"].items() if v}
         if exits:
             lines.append(f"       {'exits on their own':<48} {exits}")
+    outage = report.get("outage")
+    if outage:
+        mark = "ok  " if not outage["violations"] else "FAIL"
+        lines += [
+            f"  {mark} {'endpoint outage: breaker opened / closed after':<48} "
+            f"{outage['breaker_opened']} / {outage['breaker_closed']}",
+            f"       {'outage: seconds / calls / attempts spent':<48} "
+            f"{outage['seconds']} / {outage['calls']} / {outage['attempts_spent']}",
+            f"       {'outage: opened after / closed after its end (ms)':<48} "
+            f"{outage['first_opened_after_ms']} / {outage['closed_after_outage_ms']}",
+        ]
     for exit_ in report.get("exits_on_their_own", [])[:3]:
         name, code = exit_["component"], exit_["code"]
         lines.append(f"  {name} exited on its own (code {code}); the end of its log:")

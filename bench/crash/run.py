@@ -20,6 +20,7 @@ import re
 import subprocess
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,7 +34,9 @@ from bench.crash.checker import DeadLetter, calls_from_journal, check, published
 from bench.crash.dead_letters import read_dead_letters
 from bench.crash.drain import drain
 from bench.crash.journal import read_entries
+from bench.crash.outage import outage_figures
 from bench.crash.plan import PlanShape, make_plan
+from bench.crash.receiver import events_journal
 from bench.crash.setu_api import SetuApi
 from bench.crash.stack import (
     SPARK_EXECUTOR_CONF,
@@ -91,6 +94,17 @@ class RunConfig:
     # 0: the ingest job runs Spark in its own process (local[2]). N: on a local standalone
     # cluster of N one-core workers, which the chaos loop kills too (cluster mode).
     spark_workers: int = 0
+    # An endpoint outage this long (0: none), 40 % into the run: every call fails, so the
+    # subscription's circuit breaker opens, probes and closes (docs/policies.md §2).
+    outage_s: float = 0.0
+    circuit_breaker: dict[str, Any] = field(
+        default_factory=lambda: {
+            "failure_ratio": 0.5,
+            "min_calls": 10,
+            "window_s": 10,
+            "open_s": 2,
+        }
+    )
 
 
 def migrate(layout: StackLayout) -> None:
@@ -125,6 +139,7 @@ class CrashRun:
         self.components: dict[str, Component] = {}
         self.timings: dict[str, float] = {}
         self.flaky_groups: list[str] = []
+        self.outage: tuple[int, int] | None = None
         self._started = time.monotonic()
 
     async def execute(self) -> dict[str, Any]:
@@ -233,9 +248,11 @@ class CrashRun:
                 rejected_messages=config.rejected_messages,
                 flaky_group_fraction=config.flaky_group_fraction,
                 max_flaky_failures=min(2, len(config.retry_delays_ms)),
+                outage_ms=int(config.outage_s * 1000),
             ),
             config.seed,
         )
+        self.outage = plan.outage
         self.flaky_groups = sorted(plan.flaky)
         plan_path = config.workdir / "plan.json"
         plan_path.write_bytes(orjson.dumps(plan.to_json()))
@@ -251,6 +268,8 @@ class CrashRun:
             retry_delays_ms=list(config.retry_delays_ms),
             signing_secret=config.signing_secret,
             timeout_ms=config.webhook_timeout_ms,
+            circuit_breaker=config.circuit_breaker,
+            events_url=f"{layout.receiver_url}/events",
         )
         for spec in specs.values():
             self._start(spec)
@@ -311,13 +330,19 @@ class CrashRun:
     def _verdict(
         self, layout: StackLayout, drained: dict[str, Any], dead_letters: list[DeadLetter]
     ) -> dict[str, Any]:
+        calls = read_entries(receiver_journal(layout))
         report = check(
             published_from_journal(read_entries(producer_journal(layout))),
-            calls_from_journal(read_entries(receiver_journal(layout))),
+            calls_from_journal(calls),
             dead_letters,
             retry_tiers=len(self.config.retry_delays_ms),
             flaky_groups=self.flaky_groups,
         )
+        events = read_entries(events_journal(receiver_journal(layout)))
+        report["events"] = dict(Counter(str(e["type"]) for e in events))
+        if self.outage is not None:
+            report["outage"] = outage_figures(self.outage, calls, events)
+            report["violations"] = report["violations"] + report["outage"]["violations"]
         kills = self.events.count("kill")
         names = sorted({e["component"] for e in self.events.events})
         report["kill_restart_events"] = kills

@@ -16,6 +16,9 @@ import httpx
 TRANSIENT = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 
+BREAKER_EVENTS = ["endpoint.breaker_opened", "endpoint.breaker_closed"]
+
+
 class SetuApiError(Exception):
     """Raised when the API answers a definite error, or does not answer before the deadline."""
 
@@ -76,8 +79,12 @@ class SetuApi:
         retry_delays_ms: list[int],
         signing_secret: str | None,
         timeout_ms: int,
+        circuit_breaker: dict[str, Any] | None = None,
+        events_url: str | None = None,
     ) -> None:
-        """Project, grouped topic and grouped ``park`` subscription (docs/design.md §5)."""
+        """Project, grouped topic and grouped ``park`` subscription (docs/design.md §5), with
+        ``circuit_breaker`` (and no auto-pause: the run must drain) and breaker events sent to
+        ``events_url`` (docs/policies.md §2, §4)."""
         await self.call("POST", "/v1/projects", json={"name": self.project})
         topic = {"name": self.topic, "grouped": True, "partitions": partitions}
         await self.call("POST", f"{self._p}/topics", json=topic)
@@ -88,10 +95,15 @@ class SetuApi:
             "endpoint": {"url": endpoint_url, "timeout_ms": timeout_ms},
             "retry": {"delays_ms": retry_delays_ms},
             "dead_letter_policy": "park",
+            "circuit_breaker": circuit_breaker,
+            "auto_pause_after_s": None,
         }
         if signing_secret is not None:
             subscription["signing_secret"] = signing_secret
         await self.call("POST", f"{self._p}/subscriptions", json=subscription)
+        if events_url is not None:
+            wanted = {"url": events_url, "events": BREAKER_EVENTS}
+            await self.call("PUT", f"{self._p}/notifications", json=wanted)
 
     async def group_state(self, group_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
         path = f"{self._s}/groups/{quote(group_id)}"

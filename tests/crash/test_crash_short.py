@@ -2,7 +2,8 @@
 
 A producer publishes ~3,000 small records over 100 groups while a chaos loop kills and restarts
 the API, the Spark ingest job, the two delivery workers and the producer itself every few
-seconds; the webhook fails some groups with 503 for a while and rejects a few messages with 422.
+seconds; the webhook fails some groups with 503 for a while and rejects a few messages with 422,
+and for 12 s it fails every call (an endpoint outage: the circuit breaker opens and closes).
 Then the dead-lettered groups are unsidelined and the checker proves nothing accepted was lost,
 reordered, corrupted or delivered twice under two webhook-ids. The long form is
 ``python -m bench.crash --duration 30m``, which also kills the Kafka broker and Redis.
@@ -37,6 +38,7 @@ def test_nothing_accepted_is_lost_reordered_corrupted_or_duplicated_under_kills(
         redis_url=redis_url,
         min_kill_events=10,
         drain_timeout_s=240.0,
+        outage_s=12.0,
     )
     if os.environ.get("SETU_CRASH_SEED"):
         # Replays a failed run's choices (its seed is in the report).
@@ -57,3 +59,6 @@ def test_nothing_accepted_is_lost_reordered_corrupted_or_duplicated_under_kills(
     assert report["messages_failed_5xx"] >= 1
     assert report["messages_rejected_4xx"] >= 1
     assert report["drain"]["unsidelined_groups"] >= 1
+    # And the endpoint outage opened the circuit breaker (checked in report["violations"];
+    # its closing and the attempts spent are in the report)
+    assert report["outage"]["breaker_opened"] >= 1

@@ -1,0 +1,65 @@
+"""What the run's endpoint outage did (docs/policies.md §2), from the receiver's journals: pure.
+
+During the outage every call fails. A failed call *spent* an attempt when the same message's
+next call carries a higher ``X_DELIVERY_ATTEMPT`` (or never comes: it was dead-lettered and
+delivered after an unsideline under a new count); a call given back by an open breaker is
+followed by one with the same number. Calls made by a worker that died before it recorded the
+failure are followed by the same number too (docs/delivery.md), so under kills the figure is a
+floor, not exact; the breaker's own count is ``setu_delivery_breaker_given_back_total``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from bench.crash.journal import Entry
+
+# How long after the outage the breaker may take to close: open_s plus a probe's round trip,
+# with room for a worker killed and started again meanwhile.
+CLOSE_GRACE_MS = 60_000
+
+
+def outage_figures(
+    window: tuple[int, int], calls: Sequence[Entry], events: Sequence[Entry]
+) -> dict[str, Any]:
+    start, end = window
+    by_message: dict[str, list[Entry]] = defaultdict(list)
+    for call in calls:
+        by_message[call["mid"]].append(call)
+    during = [c for c in calls if start <= c["t"] < end]
+    spent = 0
+    for call in during:
+        if call["status"] < 500:
+            continue
+        later = [c for c in by_message[call["mid"]] if c["t"] > call["t"]]
+        if not later or _attempt(later[0]) > _attempt(call):
+            spent += 1
+    opened = sorted(e["at_ms"] for e in events if e["type"] == "endpoint.breaker_opened")
+    closed = sorted(e["at_ms"] for e in events if e["type"] == "endpoint.breaker_closed")
+    opened_in = [t for t in opened if start <= t < end]
+    closed_after = [t for t in closed if opened_in and t >= opened_in[0]]
+    closes = [t for t in closed_after if end <= t < end + CLOSE_GRACE_MS]
+    return {
+        "window_ms": [start, end],
+        "seconds": round((end - start) / 1000, 1),
+        "calls": len(during),
+        "failed_calls": sum(c["status"] >= 500 for c in during),
+        "attempts_spent": spent,
+        "breaker_opened": len(opened_in),
+        "breaker_closed": len(closed_after),
+        "first_opened_after_ms": opened_in[0] - start if opened_in else None,
+        "closed_after_outage_ms": closes[0] - end if closes else None,
+        # A breaker that never opens in a long outage is a defect. One that is not seen
+        # closing is reported only: a worker killed while its breaker is open, or started
+        # late in the outage, closes nothing (its successor starts closed).
+        "violations": ["breaker_never_opened"] if not opened_in else [],
+    }
+
+
+def _attempt(call: Entry) -> int:
+    try:
+        return int(call.get("attempt") or 0)
+    except ValueError:
+        return 0

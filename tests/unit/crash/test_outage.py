@@ -1,0 +1,64 @@
+"""The crash test's endpoint outage: the plan's answer and the report's figures."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bench.crash.outage import outage_figures
+from bench.crash.plan import (
+    FailurePlan,
+    FailureSchedule,
+    Phase,
+    PlanShape,
+    decide_status,
+    make_plan,
+)
+
+
+def test_every_call_fails_inside_the_outage_and_nothing_changes_outside_it() -> None:
+    plan = FailurePlan(outage=(1_000, 2_000), flaky={"g": 1})
+    schedule = FailureSchedule(plan)
+    assert decide_status(schedule, Phase.RUN, "h", "m", 999) == 200
+    assert decide_status(schedule, Phase.RUN, "h", "m", 1_000) == 503
+    assert decide_status(schedule, Phase.RUN, "g", "m", 1_999, calls_before=5) == 503
+    assert decide_status(schedule, Phase.RUN, "h", "m", 2_000) == 200
+    assert decide_status(schedule, Phase.DRAIN, "h", "m", 1_500) == 200
+    assert FailurePlan.from_json(plan.to_json()) == plan
+
+
+def test_the_plan_places_the_outage_inside_the_run() -> None:
+    shape = PlanShape("r", groups=10, lanes=2, messages_per_lane=5, start_ms=0, span_ms=100_000)
+    assert make_plan(shape, 1).outage is None
+    with_outage = dataclasses.replace(shape, outage_ms=12_000)
+    assert make_plan(with_outage, 1).outage == (40_000, 52_000)
+
+
+def call(t: int, mid: str, attempt: int, status: int) -> dict[str, object]:
+    return {"t": t, "mid": mid, "attempt": str(attempt), "status": status}
+
+
+def test_given_back_calls_spend_nothing_and_counted_ones_do() -> None:
+    calls = [
+        call(1_000, "a", 1, 503),  # counted: a's next call is attempt 2
+        call(1_100, "b", 1, 503),  # given back: b's next call is attempt 1 again
+        call(1_500, "a", 2, 503),  # given back
+        call(1_900, "b", 1, 503),  # given back (its next call comes after the outage)
+        call(2_500, "a", 2, 200),
+        call(2_600, "b", 1, 200),
+    ]
+    events = [
+        {"type": "endpoint.breaker_opened", "at_ms": 1_200},
+        {"type": "endpoint.breaker_closed", "at_ms": 2_400},
+    ]
+    figures = outage_figures((1_000, 2_000), calls, events)
+    assert figures["calls"] == 4 and figures["failed_calls"] == 4
+    assert figures["attempts_spent"] == 1
+    assert (figures["breaker_opened"], figures["breaker_closed"]) == (1, 1)
+    assert (figures["first_opened_after_ms"], figures["closed_after_outage_ms"]) == (200, 400)
+    assert figures["violations"] == []
+
+
+def test_a_breaker_that_never_opens_in_an_outage_is_a_violation() -> None:
+    figures = outage_figures((0, 10_000), [call(5, "a", 1, 503)], [])
+    assert figures["violations"] == ["breaker_never_opened"]
+    assert figures["closed_after_outage_ms"] is None
