@@ -126,6 +126,22 @@ def test_a_new_subscription_starts_where_it_says(
     assert not any(receiver.attempts(m) for m in before)
 
 
+def call_in_progress(
+    world: World,
+    receiver: Receiver,
+    start_worker: Callable[..., ThreadWorker],
+    delay_s: float,
+) -> str:
+    """A subscription whose endpoint answers after ``delay_s``, and its first call under way."""
+    world.topic("t")
+    world.subscription(receiver.url)
+    receiver.delay_s = delay_s
+    [slow] = world.publish("t", "g1")
+    start_worker()
+    wait_for("the call in progress", lambda: receiver.active == 1)
+    return slow
+
+
 def test_a_graceful_stop_lets_the_call_in_progress_finish_and_confirms(
     world: World,
     receiver: Receiver,
@@ -133,12 +149,7 @@ def test_a_graceful_stop_lets_the_call_in_progress_finish_and_confirms(
     api: httpx.Client,
 ) -> None:
     # Given a call in progress at a slow endpoint
-    world.topic("t")
-    world.subscription(receiver.url)
-    receiver.delay_s = 1.5
-    [slow] = world.publish("t", "g1")
-    start_worker()
-    wait_for("the call in progress", lambda: receiver.active == 1)
+    slow = call_in_progress(world, receiver, start_worker, delay_s=1.5)
     # When it is stopped gracefully
     answer = api.post(path(world, "stop"), json={"mode": "graceful"})
     # Then the answer comes once the worker confirmed, after the call finished
@@ -163,12 +174,7 @@ def test_a_forced_stop_abandons_the_call_in_progress_and_it_is_made_again_on_sta
     api: httpx.Client,
 ) -> None:
     # Given a call in progress at a very slow endpoint
-    world.topic("t")
-    world.subscription(receiver.url)
-    receiver.delay_s = 4
-    [slow] = world.publish("t", "g1")
-    start_worker()
-    wait_for("the call in progress", lambda: receiver.active == 1)
+    slow = call_in_progress(world, receiver, start_worker, delay_s=4)
     # When it is stopped by force
     stop = api.post(path(world, "stop"), json={"mode": "forced"}).json()
     # Then the worker confirmed without waiting for the call, which it abandoned
