@@ -16,6 +16,13 @@ the breaker. A call refused before sending (SSRF rule) says nothing about the en
 
 :class:`BreakerRules` is the pure state machine (times in ms, passed in);
 :class:`CircuitBreaker` adds the waiting on the event loop that the dispatcher needs.
+
+Workers share one fact (the runner publishes it, state/delivery_budget.py): a worker whose
+own calls opened its breaker says so in Redis while it stays open; the subscription's other
+workers *adopt* it within a second (their breakers open, counting the outage from when it
+began), and *release* it when the word goes (that worker's probe closed its breaker, or it
+died). A worker started during an outage opens at once instead of spending its own
+``min_calls`` failed attempts first.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from delivery.outcome import Outcome, Verdict
 from setu.clock import now_ms
@@ -82,6 +90,9 @@ class BreakerRules:
         self.opened = 0
         self.given_back = 0
         self.probes = 0
+        # Open because another worker found the endpoint down (adopt), not on this worker's
+        # own calls; such a breaker closes again when that worker's word goes (release).
+        self.adopted = False
         # (second, calls, failures), oldest first, within the window.
         self._buckets: deque[list[int]] = deque()
 
@@ -152,6 +163,21 @@ class BreakerRules:
         self.probing = False
         self.probes -= 1
 
+    def adopt(self, now: int, outage_since_ms: int | None, last_error: str | None) -> None:
+        """Another worker's breaker is open: open this one too (a closed one only), the
+        outage counted from when it began there."""
+        if self.state is not BreakerState.CLOSED or self.policy is None:
+            return
+        self.adopted = True
+        self.last_error = last_error
+        self.outage_since_ms = outage_since_ms if outage_since_ms is not None else now
+        self._move(BreakerState.OPEN, now)
+
+    def release(self, now: int) -> None:
+        """The worker whose word opened this breaker is gone or closed its own: close."""
+        if self.state is not BreakerState.CLOSED:
+            self._close(now)
+
     def view(self) -> BreakerView:
         return BreakerView(
             self.state,
@@ -181,12 +207,14 @@ class BreakerRules:
         return calls >= self.policy.min_calls and failures >= self.policy.failure_ratio * calls
 
     def _open(self, now: int) -> None:
+        self.adopted = False  # this worker's own calls say so now
         if self.outage_since_ms is None:
             self.outage_since_ms = now
         self.opened += 1
         self._move(BreakerState.OPEN, now)
 
     def _close(self, now: int) -> None:
+        self.adopted = False
         self.outage_since_ms = None
         self.probing = False
         self._buckets.clear()
@@ -258,6 +286,26 @@ class CircuitBreaker:
 
     def cancel_probe(self) -> None:
         self.rules.cancel_probe()
+        self._wake_all()
+
+    def adopt(self, shared: dict[str, Any]) -> None:
+        """Opens on another worker's word (see :meth:`BreakerRules.adopt`); no event."""
+        if not self.closed:
+            return
+        self.rules.adopt(self._clock(), shared.get("outage_since_ms"), shared.get("last_error"))
+        if not self.closed:
+            log.warning(
+                "%s: circuit breaker open: another worker found the endpoint down (%s)",
+                self._name,
+                self.rules.last_error,
+            )
+
+    def release(self) -> None:
+        """Closes a breaker opened on another worker's word that no longer stands."""
+        if self.closed:
+            return
+        self.rules.release(self._clock())
+        log.info("%s: circuit breaker closed: the endpoint answers again", self._name)
         self._wake_all()
 
     def _changed(self, before: BreakerState) -> None:

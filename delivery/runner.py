@@ -79,6 +79,8 @@ POLICY_CHECK_MS = 1000
 # what it wants now (state/delivery_budget.py).
 SLOT_RENEW_MS = 250
 SLOT_HEADROOM = 4
+# How long a worker's word that its breaker is open lasts unless renewed (every policy check).
+SHARED_BREAKER_TTL_MS = 5_000
 # Copies to the DLQ that are the message's own failure (delivery/autopause.py).
 DEAD_LETTERED = frozenset({Kind.HEAD, Kind.SKIP, Kind.DEAD})
 
@@ -330,6 +332,7 @@ class SubscriptionRunner:
             on_change=self._breaker_changed,
         )
         self.autopause = AutoPause(sub.policies)
+        self._published_breaker = False  # this worker's open breaker is in Redis
         group = names.consumer_group(sub.project, sub.name)
         self._consumer = parts.consumer(
             consumer_config(
@@ -452,6 +455,34 @@ class SubscriptionRunner:
         if self.events is not None and view.state is not BreakerState.HALF_OPEN:
             kind = "opened" if view.state is BreakerState.OPEN else "closed"
             self.emit(f"endpoint.breaker_{kind}", breaker_report(view))
+        if view.state is BreakerState.CLOSED and self.budget is not None:
+            # A probe got through: the other workers may call again (_sync_breaker).
+            self._published_breaker = False
+            task = asyncio.get_running_loop().create_task(self.budget.clear_breaker())
+            self._housekeeping.add(task)
+            task.add_done_callback(self._housekeeping.discard)
+
+    async def _sync_breaker(self) -> None:
+        """Shares the breaker with the subscription's other workers (delivery/breaker.py):
+        adopts another worker's open breaker, releases an adopted one whose word is gone,
+        and publishes this worker's own open breaker while it stays open."""
+        assert self.budget is not None
+        breaker, rules = self.breaker, self.breaker.rules
+        shared = await self.budget.shared_breaker()
+        if rules.state is BreakerState.CLOSED:
+            self._published_breaker = False
+            if shared is not None:
+                breaker.adopt(shared)
+            return
+        if shared is None and (rules.adopted or self._published_breaker):
+            self._published_breaker = False
+            breaker.release()  # its owner's probe got through, or the owner is gone
+            return
+        if not rules.adopted:
+            await self.budget.publish_breaker(
+                breaker_report(rules.view()), SHARED_BREAKER_TTL_MS
+            )
+            self._published_breaker = True
 
     def emit(self, kind: str, data: dict[str, Any]) -> None:
         """An operational event of this subscription (delivery/events.py)."""
@@ -471,7 +502,10 @@ class SubscriptionRunner:
             self.dispatcher.resize(granted)
 
     async def _check_policies(self) -> None:
-        """Pauses the subscription when a policy says so (docs/policies.md §3)."""
+        """Shares the breaker, then pauses the subscription when a policy says so
+        (docs/policies.md §2, §3)."""
+        if self.budget is not None:
+            await self._sync_breaker()
         if self._pause is None or self._pausing or not self.gate.is_set():
             return
         reason = self.autopause.reason(self.breaker.rules.view(), now_ms())

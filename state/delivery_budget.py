@@ -14,12 +14,18 @@ whole, not per worker.
   at a time.
 
 Times come from the Redis server's clock, so workers' clocks do not matter.
+
+The same object carries the one circuit-breaker fact workers share: that some worker found the
+endpoint down (a key with the open breaker's view and a TTL, refreshed while it stays open),
+so the others stop calling within a second instead of each spending its own ``min_calls``
+failed attempts first (docs/policies.md §2).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
+import orjson
 from redis.asyncio import Redis
 
 from state import keys
@@ -84,11 +90,22 @@ class DeliveryBudget(Protocol):
     async def leave(self, worker: str) -> None:
         """``worker`` no longer runs the subscription: its slots are free at once."""
 
+    async def shared_breaker(self) -> dict[str, Any] | None:
+        """The open breaker some worker published, or None (docs/policies.md §2)."""
+        ...
+
+    async def publish_breaker(self, view: dict[str, Any], ttl_ms: int) -> None:
+        """This worker's breaker is open: tell the others, for ``ttl_ms``."""
+
+    async def clear_breaker(self) -> None:
+        """This worker's probe closed its breaker: the endpoint answers again."""
+
 
 class RedisDeliveryBudget:
     def __init__(self, client: Redis[bytes], project: str, subscription: str) -> None:
         self._client = client
         self._slots_key = keys.delivery_slots(project, subscription)
+        self._breaker_key = keys.breaker(project, subscription)
         self._rate_keys = (
             keys.delivery_rate(project, subscription),
             keys.delivery_rate(project, subscription) + ":unused",
@@ -107,3 +124,13 @@ class RedisDeliveryBudget:
 
     async def leave(self, worker: str) -> None:
         await self._client.hdel(self._slots_key, worker)
+
+    async def shared_breaker(self) -> dict[str, Any] | None:
+        raw = await self._client.get(self._breaker_key)
+        return None if raw is None else dict(orjson.loads(raw))
+
+    async def publish_breaker(self, view: dict[str, Any], ttl_ms: int) -> None:
+        await self._client.set(self._breaker_key, orjson.dumps(view), px=ttl_ms)
+
+    async def clear_breaker(self) -> None:
+        await self._client.delete(self._breaker_key)

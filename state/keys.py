@@ -109,6 +109,12 @@ def delivery_rate(project: str, subscription: str) -> str:
     return f"{_sub(project, subscription)}:rate"
 
 
+def breaker(project: str, subscription: str) -> str:
+    """JSON (state, since_ms, last_error, outage_since_ms) while some worker's circuit breaker
+    for the subscription's endpoint is open; absent otherwise (delivery/breaker.py)."""
+    return f"{_sub(project, subscription)}:breaker"
+
+
 def stop_confirmations(project: str, subscription: str) -> str:
     """Hash worker_id -> JSON of how that worker carried out the latest stop it saw (mode,
     when it was asked, when it had stopped, calls it abandoned): docs/policies.md §6."""

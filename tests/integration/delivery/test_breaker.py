@@ -21,6 +21,7 @@ from tests.integration.delivery.conftest import (
     scrape,
     wait_for,
 )
+from tests.integration.delivery.test_policies import three_workers
 
 pytestmark = pytest.mark.integration
 
@@ -163,3 +164,41 @@ def test_a_dead_letter_window_pauses_a_subscription_that_dead_letters_too_much(
         r"dead_letter_window: [345] of the last [345] messages dead-lettered \(more than 2 of 4\)",
         reason,
     ), reason
+
+
+def breakers(world: World) -> list[str]:
+    """The breaker state each worker running ``s`` last reported."""
+    return [r["breaker"]["state"] for r in world.worker_reports()]
+
+
+def test_workers_share_an_open_breaker_and_one_started_in_the_outage_opens_at_once(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    # Given three workers of a subscription whose endpoint goes down
+    world.topic("t", partitions=6)
+    world.subscription(
+        receiver.url,
+        delays_ms=(200, 200),
+        policies=Policies(circuit_breaker=FAST, auto_pause_after_s=None),
+    )
+    three_workers(world, start_worker)
+    groups = [f"g{i}" for i in range(12)]
+    outage = Outage(receiver, groups)
+    ids = {g: world.publish("t", g, 2) for g in groups}
+    # Then every worker's breaker opens, on its own calls or on another's word
+    wait_for("three open breakers", lambda: breakers(world).count("closed") == 0)
+    # And a worker started during the outage opens on their word (within a second)
+    start_worker(worker_id=f"late-{world.project}")
+    wait_for(
+        "four open breakers",
+        lambda: len(breakers(world)) == 4 and breakers(world).count("closed") == 0,
+    )
+    # When the endpoint is back, one probe closes a breaker and the others follow
+    outage.end()
+    wait_for(
+        "every group in order",
+        lambda: all(receiver.delivered(g) == published for g, published in ids.items()),
+        timeout_s=60,
+    )
+    wait_for("every breaker closed", lambda: set(breakers(world)) == {"closed"})
+    assert world.dlq_size(partitions=6) == 0

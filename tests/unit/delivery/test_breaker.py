@@ -124,3 +124,39 @@ def test_callers_wait_while_open_and_go_once_a_probe_closes_it() -> None:
         return changes
 
     assert asyncio.run(scenario()) == ["open", "half_open", "closed"]
+
+
+def test_another_workers_word_opens_a_closed_breaker_and_its_end_closes_it() -> None:
+    rules = BreakerRules(POLICY, 0)
+    # When another worker says the endpoint has been down since t=100
+    rules.adopt(1_000, 100, "HTTP 502")
+    view = rules.view()
+    assert (view.state, view.since_ms, view.outage_since_ms, view.last_error) == (
+        BreakerState.OPEN,
+        1_000,
+        100,
+        "HTTP 502",
+    )
+    # Then it waits open_s like its own, and calls that come back failed are given back
+    assert rules.adopted and rules.may_call(5_999) is False
+    assert rules.record(DOWN, False, 2_000) is True
+    # And when the word goes, it closes
+    rules.release(3_000)
+    assert (rules.state, rules.adopted, rules.view().outage_since_ms) == (
+        BreakerState.CLOSED,
+        False,
+        None,
+    )
+
+
+def test_a_failed_probe_makes_an_adopted_breaker_its_own_and_open_ones_ignore_words() -> None:
+    rules = BreakerRules(POLICY, 0)
+    rules.adopt(0, 0, "HTTP 503")
+    assert rules.may_call(5_000) is True
+    rules.record(DOWN, True, 5_100)
+    assert rules.state is BreakerState.OPEN and not rules.adopted
+    rules.adopt(6_000, 3, "other")  # already open: nothing changes
+    assert (rules.since_ms, rules.view().outage_since_ms) == (5_100, 0)
+    off = BreakerRules(None, 0)
+    off.adopt(0, 0, "HTTP 503")  # no breaker: nothing to open
+    assert off.state is BreakerState.CLOSED
