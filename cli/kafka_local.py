@@ -161,8 +161,13 @@ logger.state.level = WARN
 
 
 def new_cluster_id() -> str:
-    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (22 chars)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (22 chars), not
+    starting with ``-`` (as Kafka's own ``random-uuid``): the storage tool read such an id as
+    an option and refused to format, so one ``dev up`` in 64 failed on a fresh data folder."""
+    while True:
+        found = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not found.startswith("-"):
+            return found
 
 
 def classpath(libs: Path) -> str:
