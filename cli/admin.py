@@ -25,6 +25,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from setu.model import EVENT_TYPES
+
 DEFAULT_URL = "http://127.0.0.1:8080"
 COMMANDS = (
     "projects",
@@ -35,6 +37,7 @@ COMMANDS = (
     "dlq",
     "message",
     "keys",
+    "notifications",
     "produce",
 )
 # How many pages `dlq show` reads looking for one message.
@@ -282,6 +285,26 @@ def add_commands(sub: Any) -> None:
     gone = action(keys, "revoke", "revoke a key", "key_id")
     gone.add_argument("--project")
 
+    notes = group("notifications", "where a project's operational events go")
+    action(notes, "show", "the project's notification endpoint", "project")
+    told = action(notes, "set", "send the project's events to --url", "project")
+    told.add_argument("--url", required=True)
+    told.add_argument(
+        "--event",
+        action="append",
+        dest="events",
+        required=True,
+        choices=list(EVENT_TYPES),
+        help="an event type to send (repeat for more)",
+    )
+    told.add_argument(
+        "--signing-secret-env",
+        metavar="VARIABLE",
+        help="sign with the secret in this environment variable (not on the command line, "
+        "where other users see it); left out: the stored secret is kept",
+    )
+    action(notes, "rm", "stop sending the project's events", "project")
+
     produce = sub.add_parser(
         "produce",
         help="produce JSON lines (batch-produce messages) from a file or stdin",
@@ -319,6 +342,7 @@ def _dispatch(args: argparse.Namespace, api: Api, out: Out) -> None:
         "dlq": _dlq,
         "message": _message,
         "keys": _keys,
+        "notifications": _notifications,
         "produce": _produce,
     }
     handlers[args.command](args, api, out)
@@ -367,6 +391,23 @@ def _projects(a: argparse.Namespace, api: Api, out: Out) -> None:
         return
     body = {"messages_per_second": a.messages_per_second, "bytes_per_second": a.bytes_per_second}
     out.record(api.call("PUT", f"/v1/projects/{a.project}/quota", json=body))
+
+
+def _notifications(a: argparse.Namespace, api: Api, out: Out) -> None:
+    path = f"/v1/projects/{a.project}/notifications"
+    if a.action == "show":
+        out.record(api.call("GET", path))
+    elif a.action == "rm":
+        api.call("DELETE", path)
+        out.say(f"{a.project}: no notification endpoint")
+    else:
+        body: dict[str, Any] = {"url": a.url, "events": a.events}
+        if a.signing_secret_env:
+            secret = os.environ.get(a.signing_secret_env)
+            if not secret:
+                raise Failed(f"{a.signing_secret_env} is not set")
+            body["signing_secret"] = secret
+        out.record(api.call("PUT", path, json=body))
 
 
 def _topics(a: argparse.Namespace, api: Api, out: Out) -> None:

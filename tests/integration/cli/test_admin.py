@@ -103,6 +103,51 @@ def test_produce_sends_json_lines_in_batches_and_reports(run: Any) -> None:
         run("projects", "rm", project)
 
 
+def test_notification_endpoints_are_set_shown_and_removed_with_the_secret_kept_out_of_argv(
+    run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = f"cli{uuid.uuid4().hex[:8]}"
+    run("projects", "create", "-f", "-", stdin=json.dumps({"name": project}))
+    secret = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM="
+    monkeypatch.setenv("OPS_SECRET", secret)
+    try:
+        code, out, err = run(
+            "notifications",
+            "set",
+            project,
+            "--url",
+            "https://hooks.example.com/ops",
+            "--event",
+            "group.parked",
+            "--event",
+            "subscription.paused",
+            "--signing-secret-env",
+            "OPS_SECRET",
+            "--json",
+        )
+        assert code == 0, err
+        shown = json.loads(out)
+        assert shown["events"] == ["group.parked", "subscription.paused"]
+        assert shown["has_signing_secret"] is True and secret not in out
+        assert "https://hooks.example.com/ops" in run("notifications", "show", project)[1]
+        code, _, err = run(
+            "notifications",
+            "set",
+            project,
+            "--url",
+            "https://hooks.example.com/ops",
+            "--event",
+            "group.parked",
+            "--signing-secret-env",
+            "NOT_SET_ANYWHERE",
+        )
+        assert code == 1 and "NOT_SET_ANYWHERE is not set" in err
+        assert run("notifications", "rm", project)[0] == 0
+        assert run("notifications", "show", project)[0] == 1
+    finally:
+        run("projects", "rm", project)
+
+
 def test_errors_say_what_to_do(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     code, _, err = run("topics", "ls", "no-such-project")
     assert code == 1 and "404" in err and "setu projects ls" in err
@@ -116,7 +161,15 @@ def test_errors_say_what_to_do(run: Any, monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_every_admin_command_has_help() -> None:
     parser = build_parser()
-    for command in ("projects", "topics", "subscriptions", "dlq", "message", "keys"):
+    for command in (
+        "projects",
+        "topics",
+        "subscriptions",
+        "dlq",
+        "message",
+        "keys",
+        "notifications",
+    ):
         with pytest.raises(SystemExit) as shown:
             parser.parse_args([command, "--help"])
         assert shown.value.code == 0
