@@ -43,6 +43,27 @@ from setu.policies import BreakerPolicy
 log = logging.getLogger(__name__)
 
 
+# How long a failure that may start an outage waits before it counts (see Settlement).
+HOLD_S = 1.0
+
+
+class Settlement(StrEnum):
+    """What becomes of a failed call's attempt.
+
+    ``HELD``: the breaker is closed but its window fails at the opening ratio with too few
+    calls to decide. Such a failure waits :data:`HOLD_S` before it counts: if the breaker
+    opens meanwhile (the other calls of an outage come back failed), it is given back like
+    the calls in flight. So a full outage with a few calls a second spends no attempts, where
+    the first ``min_calls - 1`` failures were spent otherwise. A merely flaky endpoint (a
+    failure ratio below the threshold) is never held; the group of a held failure waits one
+    second more before its retry.
+    """
+
+    COUNTED = "counted"
+    GIVEN_BACK = "given_back"
+    HELD = "held"
+
+
 class BreakerState(StrEnum):
     CLOSED = "closed"
     OPEN = "open"
@@ -148,6 +169,20 @@ class BreakerRules:
             self.given_back += 1
             return True
         return False
+
+    def suspicious(self) -> bool:
+        """Closed, with too few calls in the window to decide, but failing at the ratio that
+        opens it once there are enough: a failure now may be the start of an outage."""
+        policy = self.policy
+        if policy is None or self.state is not BreakerState.CLOSED:
+            return False
+        calls = sum(b[1] for b in self._buckets)
+        failures = sum(b[2] for b in self._buckets)
+        return 0 < calls < policy.min_calls and failures >= policy.failure_ratio * calls
+
+    def give_back(self) -> None:
+        """A held failure (see :class:`CircuitBreaker`) whose breaker opened meanwhile."""
+        self.given_back += 1
 
     def count_success(self, now: int) -> None:
         """A closed breaker's successful call (what :meth:`record` does for one, quicker)."""
@@ -271,18 +306,32 @@ class CircuitBreaker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout)
 
-    def record(self, outcome: Outcome, probe: bool) -> bool:
-        """A call's result; True when its attempt is given back (the caller sends it again)."""
+    def record(self, outcome: Outcome, probe: bool) -> Settlement:
+        """A call's result: ``COUNTED`` (to the engine), ``GIVEN_BACK`` (the caller sends the
+        same attempt again) or ``HELD`` (the caller asks :meth:`settle` after
+        :data:`HOLD_S`)."""
         rules = self.rules
         before = rules.state
         if before is BreakerState.CLOSED and outcome.verdict is not Verdict.RETRY:
             if rules.policy is not None and not outcome.refused:
                 rules.count_success(self._clock())  # the hot path
-            return False
+            return Settlement.COUNTED
         given_back = rules.record(outcome, probe, self._clock())
         if rules.state is not before:
             self._changed(before)
-        return given_back
+        if given_back:
+            return Settlement.GIVEN_BACK
+        if rules.suspicious():
+            return Settlement.HELD
+        return Settlement.COUNTED
+
+    def settle(self) -> Settlement:
+        """A held failure, :data:`HOLD_S` later: given back if the breaker opened meanwhile,
+        else counted."""
+        if self.closed:
+            return Settlement.COUNTED
+        self.rules.give_back()
+        return Settlement.GIVEN_BACK
 
     def cancel_probe(self) -> None:
         self.rules.cancel_probe()

@@ -20,13 +20,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
-from delivery.breaker import CircuitBreaker
+from delivery.breaker import HOLD_S, CircuitBreaker, Settlement
 from delivery.engine import Attempt, PartitionEngine
 from delivery.outcome import Outcome
 from delivery.webhook import WebhookSender
 from setu.clock import now_ms
 
 log = logging.getLogger(__name__)
+COUNTED, GIVEN_BACK, HELD = Settlement.COUNTED, Settlement.GIVEN_BACK, Settlement.HELD
 
 
 class Caller(Protocol):
@@ -151,10 +152,32 @@ class Dispatcher:
             raise
         finally:
             caller.calling -= 1
-        given_back = breaker is not None and breaker.record(outcome, probe)
+        verdict = COUNTED if breaker is None else breaker.record(outcome, probe)
+        if verdict is HELD:
+            # May be the start of an outage: decided a little later (delivery/breaker.py).
+            asyncio.get_running_loop().call_later(
+                HOLD_S, self._settle, caller, attempt, outcome, time.perf_counter() - started
+            )
+            return
+        self._finish(caller, attempt, outcome, verdict, time.perf_counter() - started)
+
+    def _settle(self, caller: Caller, attempt: Attempt, outcome: Outcome, seconds: float) -> None:
+        assert self._breaker is not None
+        self._finish(caller, attempt, outcome, self._breaker.settle(), seconds)
+
+    def _finish(
+        self,
+        caller: Caller,
+        attempt: Attempt,
+        outcome: Outcome,
+        verdict: Settlement,
+        seconds: float,
+    ) -> None:
+        given_back = verdict is GIVEN_BACK
         if self._observe is not None:
-            seen = replace(outcome, given_back=True) if given_back else outcome
-            self._observe(attempt, seen, time.perf_counter() - started)
+            self._observe(
+                attempt, replace(outcome, given_back=True) if given_back else outcome, seconds
+            )
         if given_back:
             if caller.alive and not caller.draining:
                 self._queue.put_nowait((caller, attempt))  # the same attempt, again

@@ -479,9 +479,7 @@ class SubscriptionRunner:
             breaker.release()  # its owner's probe got through, or the owner is gone
             return
         if not rules.adopted:
-            await self.budget.publish_breaker(
-                breaker_report(rules.view()), SHARED_BREAKER_TTL_MS
-            )
+            await self.budget.publish_breaker(breaker_report(rules.view()), SHARED_BREAKER_TTL_MS)
             self._published_breaker = True
 
     def emit(self, kind: str, data: dict[str, Any]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from delivery.breaker import BreakerRules, BreakerState, CircuitBreaker
+from delivery.breaker import BreakerRules, BreakerState, CircuitBreaker, Settlement
 from delivery.outcome import Outcome, Verdict
 from setu.policies import BreakerPolicy
 
@@ -160,3 +160,43 @@ def test_a_failed_probe_makes_an_adopted_breaker_its_own_and_open_ones_ignore_wo
     off = BreakerRules(None, 0)
     off.adopt(0, 0, "HTTP 503")  # no breaker: nothing to open
     assert off.state is BreakerState.CLOSED
+
+
+def test_failures_that_may_start_an_outage_are_held_and_given_back_when_it_opens() -> None:
+    async def scenario() -> list[Settlement]:
+        now = [0]
+        breaker = CircuitBreaker(POLICY, "s", clock=lambda: now[0])
+        seen = [breaker.record(DOWN, False), breaker.record(DOWN, False)]
+        # A success brings the window's ratio to 2 of 3: still suspicious
+        seen.append(breaker.record(OK, False))
+        # When the fourth failure opens the breaker, it is given back, and so are the held
+        seen.append(breaker.record(DOWN, False))
+        seen += [breaker.settle(), breaker.settle()]
+        return seen
+
+    assert asyncio.run(scenario()) == [
+        Settlement.HELD,
+        Settlement.HELD,
+        Settlement.COUNTED,
+        Settlement.GIVEN_BACK,
+        Settlement.GIVEN_BACK,
+        Settlement.GIVEN_BACK,
+    ]
+
+
+def test_a_merely_flaky_endpoint_is_not_held_and_a_held_failure_counts_if_nothing_opens() -> None:
+    async def scenario() -> list[Settlement]:
+        breaker = CircuitBreaker(POLICY, "s", clock=lambda: 0)
+        for _ in range(3):
+            breaker.record(OK, False)
+        # 1 failure of 4 calls is below the ratio: counted at once
+        seen = [breaker.record(DOWN, False)]
+        other = CircuitBreaker(POLICY, "t", clock=lambda: 0)
+        seen += [other.record(DOWN, False), other.settle()]  # held, then nothing opened
+        return seen
+
+    assert asyncio.run(scenario()) == [
+        Settlement.COUNTED,
+        Settlement.HELD,
+        Settlement.COUNTED,
+    ]
