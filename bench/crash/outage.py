@@ -22,9 +22,15 @@ CLOSE_GRACE_MS = 60_000
 
 
 def outage_figures(
-    window: tuple[int, int], calls: Sequence[Entry], events: Sequence[Entry]
+    length_ms: int, calls: Sequence[Entry], events: Sequence[Entry]
 ) -> dict[str, Any]:
-    start, end = window
+    """The figures of an outage of ``length_ms`` that opened when the receiver journalled
+    ``outage.started`` among ``events``."""
+    began = [e["at_ms"] for e in events if e["type"] == "outage.started"]
+    if not began:
+        return {"started": False, "violations": ["outage_never_started"]}
+    start = began[0]
+    end = start + length_ms
     by_message: dict[str, list[Entry]] = defaultdict(list)
     for call in calls:
         by_message[call["mid"]].append(call)
@@ -42,6 +48,7 @@ def outage_figures(
     closed_after = [t for t in closed if opened_in and t >= opened_in[0]]
     closes = [t for t in closed_after if end <= t < end + CLOSE_GRACE_MS]
     return {
+        "started": True,
         "window_ms": [start, end],
         "seconds": round((end - start) / 1000, 1),
         "calls": len(during),

@@ -13,8 +13,10 @@ ingest job catches up, so a run could end without a single 503 and never exercis
 tiers.
 
 An *outage* is a window in which the receiver answers 503 to every call, whatever its group:
-the endpoint is down. It lasts longer than the subscription's circuit breaker needs to open and
-probe (docs/policies.md §2), so the run sees the breaker open, fail probes and close.
+the endpoint is down. Like a group's window it opens at the first call at or after its planned
+start (the receiver journals when: ``outage.started`` among its events). It lasts longer than
+the subscription's circuit breaker needs to open and probe (docs/policies.md §2), so the run
+sees the breaker open, fail probes and close.
 
 A *flaky group* fails each of its messages' first k calls with 503 (k at most the number of
 retry tiers), then answers 200: the everyday flaky endpoint. Every message keeps its own retry
@@ -87,6 +89,20 @@ class FailureSchedule:
     def __init__(self, plan: FailurePlan) -> None:
         self.plan = plan
         self._opened: dict[str, list[int]] = {}
+        # When the outage opened: at the first call at or after its planned start, as a
+        # group's window (calls may pause for a while when chaos stalls ingest or delivery).
+        self.outage_started: int | None = None
+
+    def in_outage(self, now_ms: int) -> bool:
+        """Whether a call at ``now_ms`` falls in the outage (it may open it)."""
+        outage = self.plan.outage
+        if outage is None:
+            return False
+        if self.outage_started is None:
+            if now_ms < outage[0]:
+                return False
+            self.outage_started = now_ms
+        return now_ms < self.outage_started + _length(outage)
 
     def failing(self, group_id: str, now_ms: int) -> bool:
         """Whether a call of ``group_id`` at ``now_ms`` falls in an open window (it may open
@@ -122,8 +138,7 @@ def decide_status(
     how many calls of the same message it answered before."""
     if phase is Phase.DRAIN:
         return 200
-    outage = schedule.plan.outage
-    if outage is not None and outage[0] <= now_ms < outage[1]:
+    if schedule.in_outage(now_ms):
         return FAIL_STATUS
     if message_id in schedule.plan.rejected:
         return REJECT_STATUS

@@ -70,6 +70,10 @@ def identity_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {canonical(name): value for name, value in headers.items()}
 
 
+# The event the receiver journals when the plan's outage opens (bench/crash/plan.py).
+OUTAGE_STARTED = "outage.started"
+
+
 def events_journal(journal_path: Path) -> Path:
     """Where the receiver journals operational events, beside its calls' journal."""
     return journal_path.parent / "events.journal"
@@ -121,7 +125,12 @@ class Receiver:
         timestamp = headers.get("webhook-timestamp", "")
         now = now_ms()
         before = self.calls_by_message[message_id]
+        started = self.schedule.outage_started
         status = decide_status(self.schedule, self.phase, group_id, message_id, now, before)
+        if self.schedule.outage_started != started:
+            await self.events.append(
+                {"t": now, "id": None, "type": OUTAGE_STARTED, "at_ms": now, "data": None}
+            )
         self.calls_by_message[message_id] += 1
         sig = None
         if self.secret is not None:

@@ -51,7 +51,9 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         if exits:
             lines.append(f"       {'exits on their own':<48} {exits}")
     outage = report.get("outage")
-    if outage:
+    if outage and not outage["started"]:
+        lines.append("  FAIL endpoint outage: no call came after its planned start")
+    elif outage:
         mark = "ok  " if not outage["violations"] else "FAIL"
         lines += [
             f"  {mark} {'endpoint outage: breaker opened / closed after':<48} "

@@ -341,7 +341,8 @@ class CrashRun:
         events = read_entries(events_journal(receiver_journal(layout)))
         report["events"] = dict(Counter(str(e["type"]) for e in events))
         if self.outage is not None:
-            report["outage"] = outage_figures(self.outage, calls, events)
+            length = self.outage[1] - self.outage[0]
+            report["outage"] = outage_figures(length, calls, events)
             report["violations"] = report["violations"] + report["outage"]["violations"]
         kills = self.events.count("kill")
         names = sorted({e["component"] for e in self.events.events})

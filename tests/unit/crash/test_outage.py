@@ -15,14 +15,16 @@ from bench.crash.plan import (
 )
 
 
-def test_every_call_fails_inside_the_outage_and_nothing_changes_outside_it() -> None:
+def test_every_call_fails_inside_the_outage_which_opens_at_the_first_call_due() -> None:
     plan = FailurePlan(outage=(1_000, 2_000), flaky={"g": 1})
     schedule = FailureSchedule(plan)
     assert decide_status(schedule, Phase.RUN, "h", "m", 999) == 200
-    assert decide_status(schedule, Phase.RUN, "h", "m", 1_000) == 503
-    assert decide_status(schedule, Phase.RUN, "g", "m", 1_999, calls_before=5) == 503
-    assert decide_status(schedule, Phase.RUN, "h", "m", 2_000) == 200
-    assert decide_status(schedule, Phase.DRAIN, "h", "m", 1_500) == 200
+    # No call came at 1,000: the outage opens with the first call after it, for its length
+    assert decide_status(schedule, Phase.RUN, "h", "m", 1_500) == 503
+    assert schedule.outage_started == 1_500
+    assert decide_status(schedule, Phase.RUN, "g", "m", 2_499, calls_before=5) == 503
+    assert decide_status(schedule, Phase.RUN, "h", "m", 2_500) == 200
+    assert decide_status(schedule, Phase.DRAIN, "h", "m", 2_000) == 200
     assert FailurePlan.from_json(plan.to_json()) == plan
 
 
@@ -47,10 +49,11 @@ def test_given_back_calls_spend_nothing_and_counted_ones_do() -> None:
         call(2_600, "b", 1, 200),
     ]
     events = [
+        {"type": "outage.started", "at_ms": 1_000},
         {"type": "endpoint.breaker_opened", "at_ms": 1_200},
         {"type": "endpoint.breaker_closed", "at_ms": 2_400},
     ]
-    figures = outage_figures((1_000, 2_000), calls, events)
+    figures = outage_figures(1_000, calls, events)
     assert figures["calls"] == 4 and figures["failed_calls"] == 4
     assert figures["attempts_spent"] == 1
     assert (figures["breaker_opened"], figures["breaker_closed"]) == (1, 1)
@@ -59,6 +62,8 @@ def test_given_back_calls_spend_nothing_and_counted_ones_do() -> None:
 
 
 def test_a_breaker_that_never_opens_in_an_outage_is_a_violation() -> None:
-    figures = outage_figures((0, 10_000), [call(5, "a", 1, 503)], [])
+    started = [{"type": "outage.started", "at_ms": 0}]
+    figures = outage_figures(10_000, [call(5, "a", 1, 503)], started)
     assert figures["violations"] == ["breaker_never_opened"]
     assert figures["closed_after_outage_ms"] is None
+    assert outage_figures(10_000, [], [])["violations"] == ["outage_never_started"]
