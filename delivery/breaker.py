@@ -50,12 +50,11 @@ HOLD_S = 1.0
 class Settlement(StrEnum):
     """What becomes of a failed call's attempt.
 
-    ``HELD``: the breaker is closed but its window fails at the opening ratio with too few
-    calls to decide. Such a failure waits :data:`HOLD_S` before it counts: if the breaker
-    opens meanwhile (the other calls of an outage come back failed), it is given back like
-    the calls in flight. So a full outage with a few calls a second spends no attempts, where
-    the first ``min_calls - 1`` failures were spent otherwise. A merely flaky endpoint (a
-    failure ratio below the threshold) is never held; the group of a held failure waits one
+    ``HELD``: the breaker was closed. The failure may be the first of an outage, so it waits
+    :data:`HOLD_S` before it counts: if the breaker opens meanwhile (the other calls of the
+    outage come back failed), it is given back like the calls in flight. So an outage in which
+    ``min_calls`` calls fail within about a second spends no attempts, where the failures
+    before the opening were spent otherwise. The price: a failed message's group waits one
     second more before its retry.
     """
 
@@ -116,6 +115,7 @@ class BreakerRules:
         self.adopted = False
         # (second, calls, failures), oldest first, within the window.
         self._buckets: deque[list[int]] = deque()
+        self.consecutive = 0  # failures since the last success
 
     def update(self, policy: BreakerPolicy | None, now: int) -> None:
         """New thresholds; no breaker at all closes it."""
@@ -171,14 +171,8 @@ class BreakerRules:
         return False
 
     def suspicious(self) -> bool:
-        """Closed, with too few calls in the window to decide, but failing at the ratio that
-        opens it once there are enough: a failure now may be the start of an outage."""
-        policy = self.policy
-        if policy is None or self.state is not BreakerState.CLOSED:
-            return False
-        calls = sum(b[1] for b in self._buckets)
-        failures = sum(b[2] for b in self._buckets)
-        return 0 < calls < policy.min_calls and failures >= policy.failure_ratio * calls
+        """Closed (with a policy): a failure now may be the start of an outage."""
+        return self.policy is not None and self.state is BreakerState.CLOSED
 
     def give_back(self) -> None:
         """A held failure (see :class:`CircuitBreaker`) whose breaker opened meanwhile."""
@@ -186,6 +180,7 @@ class BreakerRules:
 
     def count_success(self, now: int) -> None:
         """A closed breaker's successful call (what :meth:`record` does for one, quicker)."""
+        self.consecutive = 0
         second = now // 1000
         last = self._buckets[-1] if self._buckets else None
         if last is not None and last[0] == second:
@@ -226,6 +221,7 @@ class BreakerRules:
 
     def _count(self, failed: bool, now: int) -> None:
         assert self.policy is not None
+        self.consecutive = self.consecutive + 1 if failed else 0
         second = now // 1000
         buckets = self._buckets
         while buckets and buckets[0][0] <= second - self.policy.window_s:
@@ -236,7 +232,12 @@ class BreakerRules:
         buckets[-1][2] += int(failed)
 
     def _tripped(self) -> bool:
+        """The window's share of failures over enough calls, or ``min_calls`` failures in a
+        row (an endpoint that went down after a healthy spell: its earlier successes would
+        hold the window's share down for up to ``window_s``)."""
         assert self.policy is not None
+        if self.consecutive >= self.policy.min_calls:
+            return True
         calls = sum(b[1] for b in self._buckets)
         failures = sum(b[2] for b in self._buckets)
         return calls >= self.policy.min_calls and failures >= self.policy.failure_ratio * calls
@@ -250,6 +251,7 @@ class BreakerRules:
 
     def _close(self, now: int) -> None:
         self.adopted = False
+        self.consecutive = 0
         self.outage_since_ms = None
         self.probing = False
         self._buckets.clear()
@@ -360,6 +362,11 @@ class CircuitBreaker:
     def _changed(self, before: BreakerState) -> None:
         view = self.rules.view()
         if view.state is before:
+            return
+        if before is BreakerState.HALF_OPEN and view.state is BreakerState.OPEN:
+            # A failed probe: the same outage goes on (no new opening to tell of).
+            log.debug("%s: probe failed (%s); open again", self._name, view.last_error)
+            self._wake_all()
             return
         if view.state is BreakerState.OPEN:
             log.warning(

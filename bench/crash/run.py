@@ -100,7 +100,7 @@ class RunConfig:
     circuit_breaker: dict[str, Any] = field(
         default_factory=lambda: {
             "failure_ratio": 0.5,
-            "min_calls": 10,
+            "min_calls": 5,
             "window_s": 10,
             "open_s": 2,
         }

@@ -45,9 +45,21 @@ def test_old_calls_leave_the_sliding_window() -> None:
     rules = BreakerRules(POLICY, 0)
     for t in (0, 1000, 2000):
         rules.record(DOWN, False, t)
+    rules.record(OK, False, 2500)
     # 10 s later those failures are out of the window: one more failure is 1 of 1 call
     assert rules.record(DOWN, False, 12_500) is False
     assert rules.state is BreakerState.CLOSED
+
+
+def test_min_calls_failures_in_a_row_open_it_after_a_healthy_spell() -> None:
+    # Given a window full of successes, whose share of failures a sudden outage cannot
+    # reach for seconds
+    rules = BreakerRules(POLICY, 0)
+    for t in range(100):
+        rules.record(OK, False, t)
+    # When min_calls calls in a row fail, it opens all the same
+    assert [rules.record(DOWN, False, 200 + t) for t in range(4)] == [False] * 3 + [True]
+    assert rules.state is BreakerState.OPEN
 
 
 def test_open_waits_then_lets_one_probe_through_which_closes_or_reopens_it() -> None:
@@ -184,19 +196,30 @@ def test_failures_that_may_start_an_outage_are_held_and_given_back_when_it_opens
     ]
 
 
-def test_a_merely_flaky_endpoint_is_not_held_and_a_held_failure_counts_if_nothing_opens() -> None:
-    async def scenario() -> list[Settlement]:
-        breaker = CircuitBreaker(POLICY, "s", clock=lambda: 0)
+def test_a_held_failure_counts_when_nothing_opens_and_a_failed_probe_tells_no_new_opening() -> None:
+    async def scenario() -> tuple[list[Settlement], list[str]]:
+        changes: list[str] = []
+        breaker = CircuitBreaker(
+            POLICY, "s", clock=lambda: 0, on_change=lambda v: changes.append(v.state.value)
+        )
         for _ in range(3):
             breaker.record(OK, False)
-        # 1 failure of 4 calls is below the ratio: counted at once
-        seen = [breaker.record(DOWN, False)]
-        other = CircuitBreaker(POLICY, "t", clock=lambda: 0)
-        seen += [other.record(DOWN, False), other.settle()]  # held, then nothing opened
-        return seen
+        seen = [breaker.record(DOWN, False), breaker.settle()]  # held, then nothing opened
+        return seen, changes
 
-    assert asyncio.run(scenario()) == [
-        Settlement.COUNTED,
-        Settlement.HELD,
-        Settlement.COUNTED,
-    ]
+    assert asyncio.run(scenario()) == ([Settlement.HELD, Settlement.COUNTED], [])
+
+    async def probes() -> list[str]:
+        now = [0]
+        changes: list[str] = []
+        breaker = CircuitBreaker(
+            POLICY, "s", clock=lambda: now[0], on_change=lambda v: changes.append(v.state.value)
+        )
+        for _ in range(4):
+            breaker.record(DOWN, False)
+        now[0] = 5_000
+        assert await breaker.admit() is True
+        breaker.record(DOWN, True)  # the probe fails: open again, the same outage
+        return changes
+
+    assert asyncio.run(probes()) == ["open", "half_open"]
