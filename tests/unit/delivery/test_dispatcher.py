@@ -46,6 +46,12 @@ def attempt(n: int, not_before_ms: int = 0) -> Attempt:
     return Attempt(0, Record(0, n, Envelope(f"m{n}", b"")), 1, False, not_before_ms)
 
 
+async def settle_within(predicate: Any, seconds: float) -> None:
+    async with asyncio.timeout(seconds):
+        while not predicate():  # noqa: ASYNC110 (a deadline-bound poll of plain state)
+            await asyncio.sleep(0.005)
+
+
 async def settle(predicate: Any) -> None:
     """Polls ``predicate`` until it holds, for at most two seconds."""
     async with asyncio.timeout(2.0):
@@ -141,3 +147,33 @@ async def test_every_call_is_observed_with_its_outcome_and_duration() -> None:
     assert sorted(offset for offset, _, _ in seen) == [0, 1, 2]
     assert [verdict for _, verdict, _ in seen] == [Verdict.DELIVERED] * 3
     assert all(seconds >= 0.001 for _, _, seconds in seen)
+
+
+class Down(Sender):
+    """An endpoint that is down: every call 503."""
+
+    async def send(self, envelope: Envelope, attempt: int) -> Outcome:
+        await super().send(envelope, attempt)
+        return Outcome(Verdict.RETRY, status=503)
+
+
+async def test_an_outage_opens_the_breaker_and_the_held_failures_are_given_back() -> None:
+    from delivery.breaker import CircuitBreaker
+    from setu.policies import BreakerPolicy
+
+    # Given a breaker that opens on 3 failures in a row, and a dead endpoint
+    breaker = CircuitBreaker(BreakerPolicy(0.5, 3, 10, 60), "s")
+    sender, caller, gate = Down(), Caller(), asyncio.Event()
+    gate.set()
+    pool = Dispatcher(sender, gate, 8, lambda exc: None, breaker=breaker)  # type: ignore[arg-type]
+    # When three messages are called
+    for n in range(3):
+        pool.submit(caller, attempt(n))
+    await settle(lambda: len(sender.sent) == 3)
+    # Then the breaker opened, and no failure reached the engine: each was held, then given
+    # back, and waits for the breaker in the pool
+    assert not breaker.closed
+    await settle_within(lambda: breaker.rules.given_back == 3, 3.0)  # after the hold
+    assert caller.results == []
+    assert pool.holding == 3
+    await pool.close()
