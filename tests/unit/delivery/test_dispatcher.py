@@ -54,9 +54,7 @@ async def settle_within(predicate: Any, seconds: float) -> None:
 
 async def settle(predicate: Any) -> None:
     """Polls ``predicate`` until it holds, for at most two seconds."""
-    async with asyncio.timeout(2.0):
-        while not predicate():  # noqa: ASYNC110 (a deadline-bound poll of plain state)
-            await asyncio.sleep(0.005)
+    await settle_within(predicate, 2.0)
 
 
 async def test_at_most_size_calls_run_at_once_and_all_outcomes_come_back() -> None:
