@@ -332,7 +332,6 @@ class SubscriptionRunner:
             on_change=self._breaker_changed,
         )
         self.autopause = AutoPause(sub.policies)
-        self._published_breaker = False  # this worker's open breaker is in Redis
         group = names.consumer_group(sub.project, sub.name)
         self._consumer = parts.consumer(
             consumer_config(
@@ -457,30 +456,33 @@ class SubscriptionRunner:
             self.emit(f"endpoint.breaker_{kind}", breaker_report(view))
         if view.state is BreakerState.CLOSED and self.budget is not None:
             # A probe got through: the other workers may call again (_sync_breaker).
-            self._published_breaker = False
-            task = asyncio.get_running_loop().create_task(self.budget.clear_breaker())
+            task = asyncio.get_running_loop().create_task(
+                self.budget.close_breaker(view.since_ms, SHARED_BREAKER_TTL_MS)
+            )
             self._housekeeping.add(task)
             task.add_done_callback(self._housekeeping.discard)
 
     async def _sync_breaker(self) -> None:
         """Shares the breaker with the subscription's other workers (delivery/breaker.py):
-        adopts another worker's open breaker, releases an adopted one whose word is gone,
-        and publishes this worker's own open breaker while it stays open."""
+        adopts another worker's open breaker, closes when another worker's probe got
+        through, carries an adopted outage on when its owner is gone, and publishes this
+        worker's own open breaker while it stays open."""
         assert self.budget is not None
         breaker, rules = self.breaker, self.breaker.rules
         shared = await self.budget.shared_breaker()
+        word = None if shared is None else shared.get("state")
         if rules.state is BreakerState.CLOSED:
-            self._published_breaker = False
-            if shared is not None:
+            if shared is not None and word == BreakerState.OPEN.value:
                 breaker.adopt(shared)
             return
-        if shared is None and (rules.adopted or self._published_breaker):
-            self._published_breaker = False
-            breaker.release()  # its owner's probe got through, or the owner is gone
+        if word == BreakerState.CLOSED.value:
+            breaker.release()  # another worker's probe got through
             return
+        if rules.adopted and shared is None:
+            rules.adopted = False  # its owner is gone: this worker carries the outage on
         if not rules.adopted:
-            await self.budget.publish_breaker(breaker_report(rules.view()), SHARED_BREAKER_TTL_MS)
-            self._published_breaker = True
+            said = {**breaker_report(rules.view()), "state": BreakerState.OPEN.value}
+            await self.budget.publish_breaker(said, SHARED_BREAKER_TTL_MS)
 
     def emit(self, kind: str, data: dict[str, Any]) -> None:
         """An operational event of this subscription (delivery/events.py)."""

@@ -15,10 +15,11 @@ whole, not per worker.
 
 Times come from the Redis server's clock, so workers' clocks do not matter.
 
-The same object carries the one circuit-breaker fact workers share: that some worker found the
-endpoint down (a key with the open breaker's view and a TTL, refreshed while it stays open),
-so the others stop calling within a second instead of each spending its own ``min_calls``
-failed attempts first (docs/policies.md §2).
+The same object carries the circuit-breaker facts workers share (docs/policies.md §2): that
+some worker found the endpoint down (a key with the open breaker's view and a TTL, refreshed
+while it stays open), so the others stop calling within a second instead of each spending its
+own ``min_calls`` failed attempts first; and that a probe found it up again (the same key,
+saying ``closed``, for a few seconds).
 """
 
 from __future__ import annotations
@@ -97,8 +98,9 @@ class DeliveryBudget(Protocol):
     async def publish_breaker(self, view: dict[str, Any], ttl_ms: int) -> None:
         """This worker's breaker is open: tell the others, for ``ttl_ms``."""
 
-    async def clear_breaker(self) -> None:
-        """This worker's probe closed its breaker: the endpoint answers again."""
+    async def close_breaker(self, at_ms: int, ttl_ms: int) -> None:
+        """This worker's probe closed its breaker: the endpoint answers again (the others
+        close theirs; said for ``ttl_ms``)."""
 
 
 class RedisDeliveryBudget:
@@ -132,5 +134,6 @@ class RedisDeliveryBudget:
     async def publish_breaker(self, view: dict[str, Any], ttl_ms: int) -> None:
         await self._client.set(self._breaker_key, orjson.dumps(view), px=ttl_ms)
 
-    async def clear_breaker(self) -> None:
-        await self._client.delete(self._breaker_key)
+    async def close_breaker(self, at_ms: int, ttl_ms: int) -> None:
+        closed = {"state": "closed", "since_ms": at_ms}
+        await self._client.set(self._breaker_key, orjson.dumps(closed), px=ttl_ms)
