@@ -43,24 +43,11 @@ from setu.policies import BreakerPolicy
 log = logging.getLogger(__name__)
 
 
-# How long a failure that may start an outage waits before it counts (see Settlement).
-HOLD_S = 1.0
-
-
 class Settlement(StrEnum):
-    """What becomes of a failed call's attempt.
-
-    ``HELD``: the breaker was closed. The failure may be the first of an outage, so it waits
-    :data:`HOLD_S` before it counts: if the breaker opens meanwhile (the other calls of the
-    outage come back failed), it is given back like the calls in flight. So an outage in which
-    ``min_calls`` calls fail within about a second spends no attempts, where the failures
-    before the opening were spent otherwise. The price: a failed message's group waits one
-    second more before its retry.
-    """
+    """What becomes of a call's attempt."""
 
     COUNTED = "counted"
     GIVEN_BACK = "given_back"
-    HELD = "held"
 
 
 class BreakerState(StrEnum):
@@ -169,14 +156,6 @@ class BreakerRules:
             self.given_back += 1
             return True
         return False
-
-    def suspicious(self) -> bool:
-        """Closed (with a policy): a failure now may be the start of an outage."""
-        return self.policy is not None and self.state is BreakerState.CLOSED
-
-    def give_back(self) -> None:
-        """A held failure (see :class:`CircuitBreaker`) whose breaker opened meanwhile."""
-        self.given_back += 1
 
     def count_success(self, now: int) -> None:
         """A closed breaker's successful call (what :meth:`record` does for one, quicker)."""
@@ -309,9 +288,8 @@ class CircuitBreaker:
                 await asyncio.wait_for(wake.wait(), timeout)
 
     def record(self, outcome: Outcome, probe: bool) -> Settlement:
-        """A call's result: ``COUNTED`` (to the engine), ``GIVEN_BACK`` (the caller sends the
-        same attempt again) or ``HELD`` (the caller asks :meth:`settle` after
-        :data:`HOLD_S`)."""
+        """A call's result: ``COUNTED`` (to the engine) or ``GIVEN_BACK`` (the caller sends the
+        same attempt again)."""
         rules = self.rules
         before = rules.state
         if before is BreakerState.CLOSED and outcome.verdict is not Verdict.RETRY:
@@ -321,19 +299,7 @@ class CircuitBreaker:
         given_back = rules.record(outcome, probe, self._clock())
         if rules.state is not before:
             self._changed(before)
-        if given_back:
-            return Settlement.GIVEN_BACK
-        if rules.suspicious():
-            return Settlement.HELD
-        return Settlement.COUNTED
-
-    def settle(self) -> Settlement:
-        """A held failure, :data:`HOLD_S` later: given back if the breaker opened meanwhile,
-        else counted."""
-        if self.closed:
-            return Settlement.COUNTED
-        self.rules.give_back()
-        return Settlement.GIVEN_BACK
+        return Settlement.GIVEN_BACK if given_back else Settlement.COUNTED
 
     def cancel_probe(self) -> None:
         self.rules.cancel_probe()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from delivery.breaker import BreakerRules, BreakerState, CircuitBreaker, Settlement
+from delivery.breaker import BreakerRules, BreakerState, CircuitBreaker
 from delivery.outcome import Outcome, Verdict
 from setu.policies import BreakerPolicy
 
@@ -174,41 +174,7 @@ def test_a_failed_probe_makes_an_adopted_breaker_its_own_and_open_ones_ignore_wo
     assert off.state is BreakerState.CLOSED
 
 
-def test_failures_that_may_start_an_outage_are_held_and_given_back_when_it_opens() -> None:
-    async def scenario() -> list[Settlement]:
-        now = [0]
-        breaker = CircuitBreaker(POLICY, "s", clock=lambda: now[0])
-        seen = [breaker.record(DOWN, False), breaker.record(DOWN, False)]
-        # A success brings the window's ratio to 2 of 3: still suspicious
-        seen.append(breaker.record(OK, False))
-        # When the fourth failure opens the breaker, it is given back, and so are the held
-        seen.append(breaker.record(DOWN, False))
-        seen += [breaker.settle(), breaker.settle()]
-        return seen
-
-    assert asyncio.run(scenario()) == [
-        Settlement.HELD,
-        Settlement.HELD,
-        Settlement.COUNTED,
-        Settlement.GIVEN_BACK,
-        Settlement.GIVEN_BACK,
-        Settlement.GIVEN_BACK,
-    ]
-
-
-def test_a_held_failure_counts_when_nothing_opens_and_a_failed_probe_tells_no_new_opening() -> None:
-    async def scenario() -> tuple[list[Settlement], list[str]]:
-        changes: list[str] = []
-        breaker = CircuitBreaker(
-            POLICY, "s", clock=lambda: 0, on_change=lambda v: changes.append(v.state.value)
-        )
-        for _ in range(3):
-            breaker.record(OK, False)
-        seen = [breaker.record(DOWN, False), breaker.settle()]  # held, then nothing opened
-        return seen, changes
-
-    assert asyncio.run(scenario()) == ([Settlement.HELD, Settlement.COUNTED], [])
-
+def test_a_failed_probe_is_the_same_outage_and_tells_no_new_opening() -> None:
     async def probes() -> list[str]:
         now = [0]
         changes: list[str] = []
