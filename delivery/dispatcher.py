@@ -20,14 +20,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
-from delivery.breaker import CircuitBreaker, Settlement
+from delivery.breaker import HOLD_S, CircuitBreaker, Settlement
 from delivery.engine import Attempt, PartitionEngine
 from delivery.outcome import Outcome
 from delivery.webhook import WebhookSender
 from setu.clock import now_ms
 
 log = logging.getLogger(__name__)
-COUNTED, GIVEN_BACK = Settlement.COUNTED, Settlement.GIVEN_BACK
+COUNTED, GIVEN_BACK, HELD = Settlement.COUNTED, Settlement.GIVEN_BACK, Settlement.HELD
 
 
 class Caller(Protocol):
@@ -153,7 +153,17 @@ class Dispatcher:
         finally:
             caller.calling -= 1
         verdict = COUNTED if breaker is None else breaker.record(outcome, probe)
+        if verdict is HELD:
+            # May be the start of an outage: decided a little later (delivery/breaker.py).
+            asyncio.get_running_loop().call_later(
+                HOLD_S, self._settle, caller, attempt, outcome, time.perf_counter() - started
+            )
+            return
         self._finish(caller, attempt, outcome, verdict, time.perf_counter() - started)
+
+    def _settle(self, caller: Caller, attempt: Attempt, outcome: Outcome, seconds: float) -> None:
+        assert self._breaker is not None
+        self._finish(caller, attempt, outcome, self._breaker.settle(), seconds)
 
     def _finish(
         self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from delivery.breaker import BreakerRules, BreakerState, CircuitBreaker
+from delivery.breaker import BreakerRules, BreakerState, CircuitBreaker, Settlement
 from delivery.outcome import Outcome, Verdict
 from setu.policies import BreakerPolicy
 
@@ -174,7 +174,41 @@ def test_a_failed_probe_makes_an_adopted_breaker_its_own_and_open_ones_ignore_wo
     assert off.state is BreakerState.CLOSED
 
 
-def test_a_failed_probe_is_the_same_outage_and_tells_no_new_opening() -> None:
+def test_failures_that_may_start_an_outage_are_held_and_given_back_when_it_opens() -> None:
+    async def scenario() -> list[Settlement]:
+        now = [0]
+        breaker = CircuitBreaker(POLICY, "s", clock=lambda: now[0])
+        seen = [breaker.record(DOWN, False), breaker.record(DOWN, False)]
+        # A success brings the window's ratio to 2 of 3: still suspicious
+        seen.append(breaker.record(OK, False))
+        # When the fourth failure opens the breaker, it is given back, and so are the held
+        seen.append(breaker.record(DOWN, False))
+        seen += [breaker.settle(), breaker.settle()]
+        return seen
+
+    assert asyncio.run(scenario()) == [
+        Settlement.HELD,
+        Settlement.HELD,
+        Settlement.COUNTED,
+        Settlement.GIVEN_BACK,
+        Settlement.GIVEN_BACK,
+        Settlement.GIVEN_BACK,
+    ]
+
+
+def test_a_held_failure_counts_when_nothing_opens_and_a_failed_probe_tells_no_new_opening() -> None:
+    async def scenario() -> tuple[list[Settlement], list[str]]:
+        changes: list[str] = []
+        breaker = CircuitBreaker(
+            POLICY, "s", clock=lambda: 0, on_change=lambda v: changes.append(v.state.value)
+        )
+        for _ in range(3):
+            breaker.record(OK, False)
+        seen = [breaker.record(DOWN, False), breaker.settle()]  # held, then nothing opened
+        return seen, changes
+
+    assert asyncio.run(scenario()) == ([Settlement.HELD, Settlement.COUNTED], [])
+
     async def probes() -> list[str]:
         now = [0]
         changes: list[str] = []
@@ -189,3 +223,30 @@ def test_a_failed_probe_is_the_same_outage_and_tells_no_new_opening() -> None:
         return changes
 
     assert asyncio.run(probes()) == ["open", "half_open"]
+
+
+def test_a_successful_probe_is_never_held_and_a_late_probe_answer_opens_nothing() -> None:
+    async def scenario() -> tuple[Settlement, Settlement, BreakerState]:
+        now = [0]
+        breaker = CircuitBreaker(POLICY, "s", clock=lambda: now[0])
+        for _ in range(4):
+            breaker.record(DOWN, False)
+        now[0] = 5_000
+        assert await breaker.admit() is True
+        # A held success given back would be sent again: a duplicate 2xx
+        first = breaker.record(OK, True)
+        # A probe whose breaker closed meanwhile (released) answers like any call: one
+        # failure opens nothing
+        for _ in range(4):
+            breaker.record(DOWN, False)
+        now[0] = 10_000
+        assert await breaker.admit() is True
+        breaker.release()
+        late = breaker.record(DOWN, True)
+        return first, late, breaker.rules.state
+
+    assert asyncio.run(scenario()) == (
+        Settlement.COUNTED,
+        Settlement.HELD,
+        BreakerState.CLOSED,
+    )
