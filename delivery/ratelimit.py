@@ -26,6 +26,12 @@ Take = Callable[[float, float, int, int], Awaitable[Grant]]
 """(rate, burst, need, extra) -> the shared bucket's grant"""
 
 
+def burst_of(rate: float) -> float:
+    """What a bucket of ``rate`` saves up by default: a tenth of a second's worth, at least
+    one call."""
+    return max(1.0, rate / 10)
+
+
 class TokenBucket:
     """``rate`` tokens per second, at most ``burst`` saved up."""
 
@@ -35,7 +41,7 @@ class TokenBucket:
         if rate <= 0:
             raise ValueError("rate must be positive")
         self.rate = rate
-        self.burst = max(1.0, burst if burst is not None else rate / 10)
+        self.burst = burst_of(rate) if burst is None else max(1.0, burst)
         self._tokens = self.burst
         self._at = now
 
@@ -55,7 +61,7 @@ class SharedRate:
         if rate <= 0:
             raise ValueError("rate must be positive")
         self.rate = rate
-        self.burst = max(1.0, rate / 10)  # as the local bucket
+        self.burst = burst_of(rate)
         self._take = take
         self._clock = clock
         self._lease = int(rate * LEASE_SHARE)

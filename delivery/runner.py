@@ -353,7 +353,6 @@ class SubscriptionRunner:
         self.dispatcher: Dispatcher | None = None
         self._housekeeping: set[asyncio.Task[None]] = set()
         self._full_since: float | None = None
-        self._key = (sub.project, sub.name)
         self._stop_mode = StopMode.GRACEFUL
         self._stop_request: int | None = None
         self._abandoned = 0  # calls a forced stop abandoned
@@ -381,7 +380,9 @@ class SubscriptionRunner:
             # this worker's confirmation (api/subscriptions.py, stop).
             await self._report()
         except Exception as exc:  # reported again every interval
-            log.warning("subscription %s/%s: first report failed: %s", *self._key, exc)
+            log.warning(
+                "subscription %s/%s: first report failed: %s", self.sub.project, self.sub.name, exc
+            )
         if self.budget is not None:
             await self._renew_slots()
         background = [
@@ -456,11 +457,7 @@ class SubscriptionRunner:
             self.emit(f"endpoint.breaker_{kind}", breaker_report(view))
         if view.state is BreakerState.CLOSED and self.budget is not None:
             # A probe got through: the other workers may call again (_sync_breaker).
-            task = asyncio.get_running_loop().create_task(
-                self.budget.close_breaker(view.since_ms, SHARED_BREAKER_TTL_MS)
-            )
-            self._housekeeping.add(task)
-            task.add_done_callback(self._housekeeping.discard)
+            self._background(self.budget.close_breaker(view.since_ms, SHARED_BREAKER_TTL_MS))
 
     async def _sync_breaker(self) -> None:
         """Shares the breaker with the subscription's other workers (delivery/breaker.py):
@@ -708,14 +705,18 @@ class SubscriptionRunner:
                 self._reasons.pop((port.partition, tier), None)
         return offsets
 
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Housekeeping that nothing waits for; kept referenced until it ends."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._housekeeping.add(task)
+        task.add_done_callback(self._housekeeping.discard)
+
     def committed(self, offsets: list[TopicPartition]) -> None:
         by_index: dict[int, dict[int, int]] = defaultdict(dict)
         for tp in offsets:
             by_index[tp.partition][self.tiers[tp.topic]] = tp.offset
         for partition, committed in by_index.items():
-            task = asyncio.get_running_loop().create_task(self._trim(partition, committed))
-            self._housekeeping.add(task)
-            task.add_done_callback(self._housekeeping.discard)
+            self._background(self._trim(partition, committed))
 
     def lost(self, partitions: list[TopicPartition]) -> None:
         for partition in {tp.partition for tp in partitions}:

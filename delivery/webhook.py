@@ -5,8 +5,9 @@ Every call carries the body as published, the producer's ``X_*`` headers, ``X_ME
 ``X_GROUP_ID`` (when the message has one), ``X_DELIVERY_ATTEMPT`` (1-based), the endpoint's own
 fixed headers and the Standard Webhooks headers. :func:`request_headers` builds them, purely.
 
-:class:`WebhookSender` enforces the endpoint timeout, ``max_in_flight`` (a semaphore) and
-``rate_limit_per_second`` (a token bucket), and classifies the answer.
+:class:`WebhookSender` enforces the endpoint timeout and ``rate_limit_per_second`` (a token
+bucket, this worker's or the subscription's shared one), and classifies the answer.
+``max_in_flight`` is the dispatcher's pool size (delivery/dispatcher.py).
 """
 
 from __future__ import annotations
@@ -63,7 +64,6 @@ class WebhookSender:
         self._client = client
         self._clock = clock
         self._shared_rate = shared_rate
-        self._limit = 0
         self.update(sub)
 
     def update(self, sub: Subscription) -> None:
@@ -76,19 +76,12 @@ class WebhookSender:
         # signing at its expiry without waiting for the next configuration change.
         self._keys = [(signing_key(s.value), s) for s in sub.signing_secrets]
         rate = sub.rate_limit_per_second
-        self._bucket = TokenBucket(rate, now=time.monotonic()) if rate else None
+        self._bucket: TokenBucket | None = None
         self._shared: SharedRate | None = None
         if rate and self._shared_rate is not None:
-            self._bucket = None
             self._shared = SharedRate(self._shared_rate, rate)
-        if sub.max_in_flight != self._limit:
-            # Calls holding a slot of the old semaphore release it there when they finish.
-            self._slots = asyncio.Semaphore(sub.max_in_flight)
-            self._limit = sub.max_in_flight
-
-    def slot(self) -> asyncio.Semaphore:
-        """Hold one of ``max_in_flight`` slots around :meth:`send`."""
-        return self._slots
+        elif rate:
+            self._bucket = TokenBucket(rate, now=time.monotonic())
 
     async def send(self, envelope: Envelope, attempt: int) -> Outcome:
         """Calls the endpoint once (after the rate limit allows) and classifies the answer."""

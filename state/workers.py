@@ -80,8 +80,7 @@ class RedisWorkers:
         await self._client.hdel(keys.worker_stats(project, subscription), worker_id)
 
     async def fresh(self, project: str, subscription: str, now_ms: int) -> list[dict[str, Any]]:
-        raw = await self._client.hvals(keys.worker_stats(project, subscription))
-        return _fresh([orjson.loads(r) for r in raw], now_ms)
+        return list((await self.fresh_by_worker(project, subscription, now_ms)).values())
 
     async def fresh_by_worker(
         self, project: str, subscription: str, now_ms: int
@@ -128,7 +127,7 @@ class StubWorkers:
         self.reports.get((project, subscription), {}).pop(worker_id, None)
 
     async def fresh(self, project: str, subscription: str, now_ms: int) -> list[dict[str, Any]]:
-        return _fresh(list(self.reports.get((project, subscription), {}).values()), now_ms)
+        return list((await self.fresh_by_worker(project, subscription, now_ms)).values())
 
     async def fresh_by_worker(
         self, project: str, subscription: str, now_ms: int
@@ -144,10 +143,6 @@ class StubWorkers:
         self, project: str, subscription: str
     ) -> dict[str, dict[str, Any]]:
         return dict(self.stops.get((project, subscription), {}))
-
-
-def _fresh(reports: list[dict[str, Any]], now_ms: int) -> list[dict[str, Any]]:
-    return [r for r in reports if now_ms - r.get("at", 0) < STATS_FRESH_MS]
 
 
 def _fresh_by_worker(reports: dict[str, dict[str, Any]], now_ms: int) -> dict[str, dict[str, Any]]:
