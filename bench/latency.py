@@ -1,0 +1,638 @@
+"""End-to-end latency: from a producer's POST to the webhook call, on the real stack.
+
+    python -m bench.latency [--bootstrap 127.0.0.1:9092] [--redis redis://127.0.0.1:6379/0]
+                            [--phases 50,200,1000,200dup] [--seconds 60] [--warmup 15]
+
+The stack is Setu's own processes as deployed (``setu api``, ``setu ingest`` with its default
+``local[2]``, one ``setu deliver``) on free ports, with a data folder and Spark checkpoint of
+its own, reading only this run's project; the webhook is a process of its own (uvloop) that
+answers 200 at once and timestamps each call. Kafka and Redis are the ones given.
+
+One grouped topic of 6 partitions, one grouped subscription, 1,000 groups. Each phase sends an
+open-loop load (every message at its scheduled time, on as many keep-alive connections as it
+takes, so a stall is never hidden: latency counts from the schedule) for ``--warmup`` plus
+``--seconds``; only messages scheduled after the warm-up are measured. ``200dup`` is 200 msg/s
+with 10 % of the messages carrying a producer id and sequence, half of those sent twice (a
+producer's retry): the de-duplication path, which must still call the webhook once.
+
+Per message, from clocks of this one machine:
+
+- ``end_to_end``: scheduled POST -> webhook call arrives;
+- ``produce_ack``: scheduled POST -> 2xx answer;
+- ``to_ingest_topic``: scheduled POST -> the ingest record's timestamp (the API's produce);
+- ``ingest``: ingest record -> main-log record (waiting for a batch, plus the batch);
+- ``delivery``: main-log record -> webhook call (waiting for the worker, dispatch, the call).
+
+The finer split comes from the services' own histograms, read before and after each phase
+(quantiles interpolated within buckets, as Prometheus's ``histogram_quantile``):
+``setu_ingest_wait_seconds`` (ingest record -> its batch starts), ``setu_ingest_batch_seconds``
+(the batch's write), ``setu_delivery_main_wait_seconds`` (main-log record -> read by the
+worker), ``setu_delivery_dispatch_seconds`` (read -> call sent) and
+``setu_delivery_call_duration_seconds``; a service without one reports it as missing.
+
+Targets (docs/latency.md; 2-core machine, everything on it): p95 <= 400 ms at 200 msg/s,
+p99 <= 1 s at 1,000 msg/s. Figures are printed and written as JSON under bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from confluent_kafka import Consumer, TopicPartition
+
+from bench.http_load import Connection, percentile, request_bytes
+from bench.machine import (
+    free_port,
+    machine,
+    quiet_client_logs,
+    quiet_kafka_config,
+    wait_for_own_server,
+    write_result,
+)
+from setu import names
+from setu.envelope import H_MESSAGE_ID
+from spark.job import project_pattern
+from state.sealing import Sealer
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GROUPS = 1_000
+PARTITIONS = 6
+PRODUCERS = 7
+BODY = b'{"order": 12345, "items": [1, 2, 3], "note": "' + b"x" * 180 + b'"}'
+TARGETS = {"200": ("p95", 400.0), "1000": ("p99", 1000.0)}
+# The services' histograms of the finer split: (name, stage).
+HISTOGRAMS = {
+    "ingest": [
+        ("setu_ingest_wait_seconds", "ingest_wait"),
+        ("setu_ingest_batch_seconds", "ingest_batch"),
+    ],
+    "deliver": [
+        ("setu_delivery_main_wait_seconds", "main_wait"),
+        ("setu_delivery_dispatch_seconds", "dispatch"),
+        ("setu_delivery_call_duration_seconds", "webhook_call"),
+        ("setu_delivery_end_to_end_seconds", "end_to_end_at_worker"),
+    ],
+}
+
+
+# The webhook: a process of its own that answers at once and timestamps every call.
+
+
+class _Webhook(asyncio.Protocol):
+    arrivals: dict[bytes, list[float]] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport: Any = transport
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        now = time.time()
+        self.buffer += data
+        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
+            head = self.buffer[:end]
+            lower = head.lower()
+            length = 0
+            at = lower.find(b"content-length: ")
+            if at >= 0:
+                length = int(head[at + 16 : head.find(b"\r\n", at)])
+            if len(self.buffer) < end + 4 + length:
+                return
+            self.buffer = self.buffer[end + 4 + length :]
+            if head.startswith(b"GET /"):
+                self._report(head)
+                continue
+            at = lower.find(b"\r\nx_message_id: ")
+            if at >= 0:
+                message = head[at + 16 : head.find(b"\r\n", at + 2)]
+                seen = self.arrivals.get(message)
+                if seen is None:
+                    self.arrivals[message] = [now, 1]
+                else:
+                    seen[1] += 1
+            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+
+    def _report(self, head: bytes) -> None:
+        if head.startswith(b"GET /count"):
+            body = b"%d" % len(self.arrivals)
+        else:  # GET /dump
+            body = orjson.dumps({k.decode(): v for k, v in self.arrivals.items()})
+        self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def serve_webhook(port: int) -> None:
+    import uvloop
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(_Webhook, "127.0.0.1", port)
+        await server.serve_forever()
+
+    uvloop.run(main())
+
+
+def webhook_get(port: int, what: str) -> bytes:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/{what}", timeout=60) as response:
+        body: bytes = response.read()
+        return body
+
+
+# The stack.
+
+
+@dataclass
+class Stack:
+    workdir: Path
+    bootstrap: str
+    redis: str
+    project: str
+    api_port: int = field(default_factory=free_port)
+    webhook_port: int = field(default_factory=free_port)
+    ingest_metrics_port: int = field(default_factory=free_port)
+    deliver_metrics_port: int = field(default_factory=free_port)
+    admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SETU_")}
+        return {
+            **env,
+            "PYTHONUNBUFFERED": "1",
+            "SETU_DATA_DIR": str(self.workdir / "data"),
+            "SETU_KAFKA_BOOTSTRAP": self.bootstrap,
+            "SETU_REDIS_URL": self.redis,
+            "SETU_API_HOST": "127.0.0.1",
+            "SETU_API_PORT": str(self.api_port),
+            "SETU_ALLOW_PRIVATE_ENDPOINTS": "true",
+            "SETU_ADMIN_KEY": self.admin_key,
+            "SETU_SECRET_KEY": Sealer.new_key(),
+            # Only this run's topics: the broker may hold other projects' backlogs.
+            "SETU_SPARK_INGEST_PATTERN": project_pattern(self.project),
+            "SETU_INGEST_METRICS_PORT": str(self.ingest_metrics_port),
+            "SETU_DELIVERY_METRICS_PORT": str(self.deliver_metrics_port),
+            "SETU_WORKER_ID": "latency-bench",
+        }
+
+    def spawn(self, name: str, argv: list[str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
+        log = (self.workdir / f"{name}.log").open("wb")
+        process = subprocess.Popen(
+            argv, env=self.env(), cwd=cwd or self.workdir, stdout=log, stderr=subprocess.STDOUT
+        )
+        self.processes[name] = process
+        return process
+
+    def start(self) -> None:
+        setu = shutil.which("setu") or str(Path(sys.executable).with_name("setu"))
+        subprocess.run([setu, "migrate"], env=self.env(), cwd=self.workdir, check=True,
+                       capture_output=True)
+        webhook = self.spawn(
+            "webhook",
+            [sys.executable, "-m", "bench.latency", "--webhook", str(self.webhook_port)],
+            cwd=REPO_ROOT,
+        )
+        wait_for_own_server(
+            webhook, "the webhook", lambda: webhook_get(self.webhook_port, "count") != b"", 20
+        )
+        api = self.spawn("api", [setu, "api"])
+        health = f"http://127.0.0.1:{self.api_port}/v1/health"
+        wait_for_own_server(api, "setu api", lambda: _ok(health), 60)
+        self.spawn("ingest", [setu, "ingest"])
+        self.spawn("deliver", [setu, "deliver"])
+
+    def check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise SystemExit(f"{name} exited with code {process.returncode}:\n{tail}")
+
+    def stop(self) -> None:
+        for process in reversed(list(self.processes.values())):
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return bool(response.status == 200)
+
+
+# The load.
+
+
+@dataclass
+class Sent:
+    due: float  # wall clock, s
+    acked: float = 0.0
+    status: int = 0
+
+
+@dataclass
+class Phase:
+    name: str
+    rate: float
+    dedup: bool
+
+    @classmethod
+    def parse(cls, text: str) -> Phase:
+        dedup = text.endswith("dup")
+        return cls(text, float(text.removesuffix("dup")), dedup)
+
+
+async def run_load(
+    port: int, phase: Phase, seconds: float, warmup: float, headers: Mapping[str, str]
+) -> tuple[dict[str, Sent], float]:
+    """Sends the phase's messages on schedule; returns each message's timings (duplicates
+    under their own key ``<id>#dup``) and when measuring began (wall clock)."""
+    rng = random.Random(phase.name)
+    path = "/v1/projects/{p}/topics/{t}/produce".format(**headers)
+    auth = {"Authorization": headers["auth"]}
+    total = int(phase.rate * (warmup + seconds))
+    idle: list[Connection] = []
+    sent: dict[str, Sent] = {}
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def send(key: str, request: bytes) -> None:
+        conn = idle.pop() if idle else await Connection.open("127.0.0.1", port)
+        status, _ = await conn.send(request)
+        record = sent[key]
+        record.acked, record.status = time.time(), status
+        idle.append(conn)
+
+    def request(n: int) -> bytes:
+        message = {
+            **auth,
+            "X_MESSAGE_ID": f"{phase.name}-{n}",
+            "X_GROUP_ID": f"g{rng.randrange(GROUPS)}",
+        }
+        if phase.dedup and n % 10 == 0:
+            message["X_PRODUCER_ID"] = f"producer-{n % PRODUCERS}"
+            message["X_SEQUENCE_ID"] = str(n)
+        return request_bytes("POST", path, message, BODY)
+
+    wall, mono = time.time(), time.monotonic()
+    start = mono + 0.2
+    retries: list[tuple[float, str, bytes]] = []
+    for n in range(total):
+        due = start + n / phase.rate
+        while retries and retries[0][0] <= due:
+            retry_due, key, raw = retries.pop(0)
+            await _launch(send, key, raw, retry_due, wall - mono, sent, tasks)
+        raw = request(n)
+        key = f"{phase.name}-{n}"
+        await _launch(send, key, raw, due, wall - mono, sent, tasks)
+        if phase.dedup and n % 20 == 0:
+            retries.append((due + 0.05, f"{key}#dup", raw))
+    for retry_due, key, raw in retries:
+        await _launch(send, key, raw, retry_due, wall - mono, sent, tasks)
+    await asyncio.gather(*tasks)
+    for conn in idle:
+        conn.close()
+    return sent, wall + (start - mono) + warmup
+
+
+async def _launch(
+    send: Any,
+    key: str,
+    raw: bytes,
+    due: float,
+    offset: float,
+    sent: dict[str, Sent],
+    tasks: set[asyncio.Task[None]],
+) -> None:
+    delay = due - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    sent[key] = Sent(due=due + offset)
+    task = asyncio.create_task(send(key, raw))
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+
+
+# The figures.
+
+
+def stats_ms(values_s: list[float]) -> dict[str, float | int]:
+    ordered = sorted(values_s)
+    if not ordered:
+        return {"n": 0}
+    return {
+        "n": len(ordered),
+        "p50": round(percentile(ordered, 0.50) * 1000, 1),
+        "p95": round(percentile(ordered, 0.95) * 1000, 1),
+        "p99": round(percentile(ordered, 0.99) * 1000, 1),
+        "max": round(ordered[-1] * 1000, 1),
+    }
+
+
+def record_times(bootstrap: str, topic: str) -> dict[str, float]:
+    """message id -> timestamp (s) of its first record in ``topic``, read to the end."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"latency-bench-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            **quiet_kafka_config(),
+        }
+    )
+    try:
+        metadata = consumer.list_topics(topic, timeout=30).topics[topic]
+        ends = {}
+        for p in metadata.partitions:
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+            ends[p] = high
+        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+        left = {p for p, high in ends.items() if high > 0}
+        found: dict[str, float] = {}
+        while left:
+            for message in consumer.consume(10_000, timeout=5):
+                if message.error():
+                    continue
+                headers = dict(message.headers() or [])
+                key = headers.get(H_MESSAGE_ID, b"").decode()
+                found.setdefault(key, message.timestamp()[1] / 1000)
+                if message.offset() + 1 >= ends[message.partition()]:
+                    left.discard(message.partition())
+        return found
+    finally:
+        consumer.close()
+
+
+Histograms = dict[str, list[tuple[float, float]]]
+
+
+def scrape(port: int, names_wanted: list[str]) -> Histograms:
+    """Cumulative buckets (le, count) of each wanted histogram, summed over label sets."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, dict[float, float]] = {}
+    for line in text.splitlines():
+        for name in names_wanted:
+            if line.startswith(name + "_bucket{"):
+                le = line.split('le="', 1)[1].split('"', 1)[0]
+                bound = float("inf") if le == "+Inf" else float(le)
+                buckets = out.setdefault(name, {})
+                buckets[bound] = buckets.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
+    return {name: sorted(b.items()) for name, b in out.items()}
+
+
+def histogram_quantiles(before: Histograms, after: Histograms) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, buckets in after.items():
+        earlier = dict(before.get(name, []))
+        delta = [(le, count - earlier.get(le, 0.0)) for le, count in buckets]
+        total = delta[-1][1] if delta else 0.0
+        if total <= 0:
+            continue
+        out[name] = {"n": int(total)} | {
+            f"p{int(q * 100)}": round(_quantile(delta, q) * 1000, 1) for q in (0.5, 0.95, 0.99)
+        }
+    return out
+
+
+def _quantile(cumulative: list[tuple[float, float]], q: float) -> float:
+    """Prometheus's histogram_quantile over (le, cumulative count) pairs."""
+    total = cumulative[-1][1]
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in cumulative:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound
+            width = count - lower_count
+            share = (rank - lower_count) / width if width else 1.0
+            return lower_bound + (bound - lower_bound) * share
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def phase_figures(
+    phase: Phase,
+    sent: dict[str, Sent],
+    measured_from: float,
+    arrivals: Mapping[str, list[float]],
+    ingest: Mapping[str, float],
+    main: Mapping[str, float],
+) -> dict[str, Any]:
+    segments: dict[str, list[float]] = {
+        k: [] for k in ("end_to_end", "produce_ack", "to_ingest_topic", "ingest", "delivery")
+    }
+    missing = duplicates = failed = 0
+    for key, record in sent.items():
+        if key.endswith("#dup"):
+            continue
+        if record.status // 100 != 2:
+            failed += 1
+            continue
+        arrival = arrivals.get(key)
+        if arrival is None:
+            missing += 1
+            continue
+        duplicates += int(arrival[1]) - 1
+        if record.due < measured_from:
+            continue
+        segments["end_to_end"].append(arrival[0] - record.due)
+        segments["produce_ack"].append(record.acked - record.due)
+        if key in ingest and key in main:
+            segments["to_ingest_topic"].append(ingest[key] - record.due)
+            segments["ingest"].append(main[key] - ingest[key])
+            segments["delivery"].append(arrival[0] - main[key])
+    measured = len(segments["end_to_end"])
+    return {
+        "rate_per_s": phase.rate,
+        "dedup_share": 0.1 if phase.dedup else 0.0,
+        "sent": len(sent),
+        "measured": measured,
+        "failed_posts": failed,
+        "missing_at_webhook": missing,
+        "duplicate_calls": duplicates,
+        **{name: stats_ms(values) for name, values in segments.items()},
+    }
+
+
+def verdicts(phases: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, (quantile, limit) in TARGETS.items():
+        if name in phases:
+            value = phases[name]["end_to_end"].get(quantile)
+            out[f"{name}_{quantile}_ms"] = {
+                "value": value,
+                "target": limit,
+                "met": value is not None and value <= limit,
+            }
+    for name, figures in phases.items():
+        out[f"{name}_nothing_lost_or_doubled"] = (
+            figures["missing_at_webhook"] == 0
+            and figures["duplicate_calls"] == 0
+            and figures["failed_posts"] == 0
+        )
+    return out
+
+
+def report(phases: dict[str, dict[str, Any]], checks: dict[str, Any]) -> None:
+    columns = ["end_to_end", "produce_ack", "to_ingest_topic", "ingest", "delivery"]
+    print(f"{'phase':<9} {'segment':<38} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8}")
+    for name, figures in phases.items():
+        for column in columns:
+            s = figures[column]
+            if s.get("n"):
+                row = f"{s['p50']:>8} {s['p95']:>8} {s['p99']:>8} {s['max']:>8}"
+                print(f"{name:<9} {column:<38} {row}")
+        for stage, s in figures.get("stages", {}).items():
+            print(f"{name:<9} {'  ' + stage:<38} {s['p50']:>8} {s['p95']:>8} {s['p99']:>8}")
+        print(
+            f"{name:<9} sent {figures['sent']}, measured {figures['measured']}, missing "
+            f"{figures['missing_at_webhook']}, duplicate calls {figures['duplicate_calls']}"
+        )
+    for name, verdict in checks.items():
+        print(f"{name}: {verdict}")
+
+
+@contextmanager
+def stack_running(args: argparse.Namespace) -> Iterator[Stack]:
+    workdir = Path(tempfile.mkdtemp(prefix="setu-latency-"))
+    stack = Stack(workdir, args.bootstrap, args.redis, f"lat{uuid.uuid4().hex[:8]}")
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"logs kept in {workdir}")
+
+
+def set_up(stack: Stack, timeout_s: float) -> dict[str, str]:
+    base = f"http://127.0.0.1:{stack.api_port}"
+    auth = {"Authorization": f"Bearer {stack.admin_key}"}
+    p = stack.project
+    with httpx.Client(base_url=base, headers=auth, timeout=30) as client:
+        for method, path, body in [
+            ("POST", "/v1/projects", {"name": p}),
+            ("POST", f"/v1/projects/{p}/topics",
+             {"name": "orders", "grouped": True, "partitions": PARTITIONS}),
+            ("POST", f"/v1/projects/{p}/subscriptions", {
+                "name": "hook", "topic": "orders", "grouped": True,
+                "endpoint": {"url": f"http://127.0.0.1:{stack.webhook_port}/hook"},
+            }),
+        ]:
+            response = client.request(method, path, json=body)
+            if response.status_code not in (200, 201):
+                raise SystemExit(f"{method} {path}: {response.status_code} {response.text}")
+        # Warm up: the ingest job and the worker are ready once a message gets through.
+        deadline = time.monotonic() + timeout_s
+        n = 0
+        while int(webhook_get(stack.webhook_port, "count")) == 0:
+            stack.check_alive()
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no message reached the webhook within {timeout_s:.0f} s")
+            response = client.post(
+                f"/v1/projects/{p}/topics/orders/produce",
+                content=b"{}",
+                headers={"X_MESSAGE_ID": f"warm-{n}", "X_GROUP_ID": "warm"},
+            )
+            if response.status_code // 100 != 2 and response.status_code != 503:
+                raise SystemExit(f"produce: {response.status_code} {response.text}")
+            n += 1
+            time.sleep(1)
+    return {"p": p, "t": "orders", "auth": auth["Authorization"]}
+
+
+def wait_delivered(stack: Stack, expected: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while int(webhook_get(stack.webhook_port, "count")) < expected:
+        stack.check_alive()
+        if time.monotonic() > deadline:
+            return  # reported as missing
+        time.sleep(0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bootstrap", default="127.0.0.1:9092")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--phases", default="50,200,1000,200dup")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--warmup", type=float, default=15.0)
+    parser.add_argument("--label", default="", help="a suffix for the result file's name")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder and logs")
+    parser.add_argument("--webhook", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.webhook is not None:
+        serve_webhook(args.webhook)
+        return 0
+    quiet_client_logs()
+    phases = [Phase.parse(p) for p in args.phases.split(",")]
+    results: dict[str, dict[str, Any]] = {}
+    with stack_running(args) as stack:
+        headers = set_up(stack, timeout_s=180)
+        expected = int(webhook_get(stack.webhook_port, "count"))
+        runs = []
+        for phase in phases:
+            print(f"phase {phase.name}: {phase.rate:.0f} msg/s for {args.warmup + args.seconds:.0f} s",
+                  flush=True)
+            before = {kind: scrape(port, [n for n, _ in HISTOGRAMS[kind]]) for kind, port in
+                      (("ingest", stack.ingest_metrics_port),
+                       ("deliver", stack.deliver_metrics_port))}
+            sent, measured_from = asyncio.run(
+                run_load(stack.api_port, phase, args.seconds, args.warmup, headers)
+            )
+            expected += sum(
+                1 for k, s in sent.items() if not k.endswith("#dup") and s.status // 100 == 2
+            )
+            wait_delivered(stack, expected, timeout_s=120)
+            stages: dict[str, Any] = {}
+            for kind, port in (("ingest", stack.ingest_metrics_port),
+                               ("deliver", stack.deliver_metrics_port)):
+                wanted = HISTOGRAMS[kind]
+                quantiles = histogram_quantiles(before[kind], scrape(port, [n for n, _ in wanted]))
+                for name, stage in wanted:
+                    stages[stage] = quantiles.get(name, {"missing": True})
+            runs.append((phase, sent, measured_from, stages))
+        arrivals = orjson.loads(webhook_get(stack.webhook_port, "dump"))
+        ingest = record_times(args.bootstrap, names.ingest_topic(stack.project, "orders"))
+        main_log = record_times(args.bootstrap, names.main_topic(stack.project, "orders"))
+    for phase, sent, measured_from, stages in runs:
+        figures = phase_figures(phase, sent, measured_from, arrivals, ingest, main_log)
+        figures["stages"] = {k: v for k, v in stages.items() if "missing" not in v}
+        figures["stages_missing"] = [k for k, v in stages.items() if "missing" in v]
+        results[phase.name] = figures
+    checks = verdicts(results)
+    report(results, checks)
+    path = write_result(
+        "latency",
+        {"settings": {"seconds": args.seconds, "warmup": args.warmup, "groups": GROUPS,
+                      "partitions": PARTITIONS}, "phases": results, "verdicts": checks},
+        f"-{args.label}" if args.label else "",
+    )
+    print(f"written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

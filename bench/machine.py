@@ -1,0 +1,87 @@
+"""What every benchmark states about where it ran, and the helpers they share to run honestly:
+their own servers on free ports, and figures kept apart from client libraries' log noise."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    """Cores, load average (1, 5, 15 min) and versions, as the JSON of a result states them."""
+    return {
+        "cores": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (the kernel's choice)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ServerDidNotStart(SystemExit):
+    """A benchmark's own server exited or stayed silent: nothing may be measured."""
+
+
+def wait_for_own_server(
+    process: subprocess.Popen[Any], name: str, answers: Callable[[], bool], timeout_s: float
+) -> None:
+    """Waits until ``answers()`` is true while ``process`` (the benchmark's own server) is alive.
+
+    Stops the benchmark with an error if the process exits first (a taken port, say) or never
+    answers: an answer while the process is dead would come from some other server.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServerDidNotStart(f"{name} exited with code {process.returncode} during startup")
+        try:
+            if answers():
+                if process.poll() is not None:
+                    raise ServerDidNotStart(f"{name} exited during startup")
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    process.terminate()
+    raise ServerDidNotStart(f"{name} did not answer within {timeout_s:.0f} s")
+
+
+def quiet_client_logs() -> None:
+    """Keeps librdkafka's and py4j's chatter out of the printed figures (they log at WARNING
+    and INFO on stderr while brokers and Spark start and stop)."""
+    for name in ("py4j", "py4j.clientserver", "confluent_kafka", "kafka"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def quiet_kafka_config() -> dict[str, Any]:
+    """A confluent-kafka client setting that sends librdkafka's logs to a silent logger."""
+    silent = logging.getLogger("bench.librdkafka")
+    silent.addHandler(logging.NullHandler())
+    silent.propagate = False
+    return {"logger": silent}
+
+
+def write_result(name: str, figures: dict[str, Any], suffix: str = "") -> Path:
+    """Writes ``figures`` (with the machine) to ``bench/results/<name>-<time><suffix>.json``."""
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = RESULTS / f"{name}-{stamp}{suffix}.json"
+    path.write_text(json.dumps({"machine": machine(), **figures}, indent=2) + "\n")
+    return path
