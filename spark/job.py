@@ -1,38 +1,37 @@
 """The ingest job: every ``setu.*.ingest`` topic -> de-duplicated, ordered main logs.
 
-One Structured Streaming query, Spark's own Kafka source and sink:
+One Structured Streaming query, Spark's own Kafka source and sink, and no shuffle:
 
 1. Read every ingest topic by pattern (``setu.names.INGEST_PATTERN``); a topic created later is
    picked up at the next metadata refresh (``SETU_SPARK_TOPIC_REFRESH_MS``), from its first
-   offset.
-2. De-duplicate (:mod:`spark.dedup`) in :class:`spark.processor.DedupFunction`
-   (``applyInPandasWithState``, one state value per bucket, checkpointed state store).
-   Rows are grouped by ingest partition, so all rows of a group (one key, one ingest partition)
-   meet in one task, and the function emits them sorted by ingest (partition, offset). Rows
-   without a producer pass through in the same order.
-3. In each micro-batch (``foreachBatch``) write the kept rows with the Kafka sink as they come
-   out of that task (a projection only: no shuffle that could reorder them). One task writes its
-   rows in order through one idempotent producer (``acks=all``, ``enable.idempotence``, at most
-   5 requests in flight), so retries cannot reorder a partition; the sink's default partitioner
-   is murmur2 on the key, as docs/design.md §1 requires. Key = GroupId, else MessageId; headers are
-   carried over plus ``setu-ingest-partition`` / ``setu-ingest-offset``.
+   offset. The source gives each ingest partition's offset range of a batch to one task.
+2. In each micro-batch (``foreachBatch``), each task de-duplicates its partition's rows
+   (:mod:`spark.dedup`, in :class:`spark.processor.PartitionDedup`, a ``mapInPandas``) against
+   the partition's marks, versioned by batch in the checkpoint (:mod:`spark.dedup_state`), and
+   hands the kept rows on in ingest order.
+3. The same task writes them with the Kafka sink as they come (a projection only: nothing
+   could reorder them), through one idempotent producer (``acks=all``,
+   ``enable.idempotence``, at most 5 requests in flight), so retries cannot reorder a
+   partition; the sink's default partitioner is murmur2 on the key, as docs/design.md §1
+   requires. Key = GroupId, else MessageId; headers are carried over plus
+   ``setu-ingest-partition`` / ``setu-ingest-offset``. A group lives on one ingest partition,
+   so its rows leave in ingest order.
 4. After the write returns (every record acknowledged), raise the producers' high marks in Redis
    (:mod:`spark.marks`) and count the batch (:mod:`spark.metrics`); the dedup step gathers the
    marks and the per-topic counts in accumulators during the same pass.
 
-Crash safety. Spark commits a batch (source offsets + state version) only after
-``foreachBatch`` returns. A kill before that commit replays the batch from the same offsets,
-with the same state version and the same batch timestamp (TTL is measured in batch time), so
-the dedup decisions, the rows and their order are exactly those of the first attempt: the main
-log may hold the batch twice, as an exact replay (same message ids, same order) that the
+Crash safety. Spark commits a batch (its source offsets) only after ``foreachBatch`` returns.
+A kill before that commit runs the batch again from the same offsets; each partition's task
+starts again from the marks stored below the batch's id, and TTL is measured in record time,
+so the dedup decisions, the rows and their order are exactly those of the first attempt: the
+main log may hold the batch twice, as an exact replay (same message ids, same order) that the
 delivery side recognises by its ingest offsets and skips (``delivery.replays``). Nothing
 accepted is lost, because a batch is committed only after its write succeeded; marks are
 max-guarded, so replays never lower them.
 
-Latency and cost per batch. Only the dedup step runs Python, and it reaches the state store once
-per bucket (state in, state out, in the rows' own Arrow stream); the store keeps the bounded
-state in memory and writes one small delta file per batch. A checkpoint written by the earlier
-``transformWithStateInPandas`` job (other state layout) cannot be resumed: start from a new one.
+Latency. One stage per batch, no shuffle and no state store: docs/latency.md has the figures.
+A checkpoint written by an earlier version of the job (its marks in Spark's state store) cannot
+be resumed: :func:`check_checkpoint` says so before Spark starts.
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -80,20 +80,18 @@ from setu.names import (
     parse_main_topic,
 )
 from setu.settings import Settings, is_local_master
+from spark.dedup_state import PartitionMarks
 from spark.marks import HighsParam, MarkPublisher, ProducerHighs, by_topic
-from spark.metrics import CountsParam, IngestMetrics, TopicCounts
+from spark.metrics import CountsParam, IngestMetrics, TopicCounts, WaitCounts, WaitsParam, no_waits
 from spark.processor import (
-    BUCKET,
-    BUCKETS,
     INCARNATION,
     OFFSET,
     PARTITION,
     PRODUCER,
+    RECORD_MS,
     SEQUENCE,
-    STATE_SCHEMA,
-    TIMEOUT,
     TOPIC,
-    DedupFunction,
+    PartitionDedup,
 )
 from spark.rejects import routed
 from spark.status import StatusReporter
@@ -108,8 +106,6 @@ HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 # Anchored: the Kafka source matches the pattern anywhere in a topic name.
 SUBSCRIBE_PATTERN = f"^{INGEST_PATTERN}$"
 RAW_HEADERS, KEY, VALUE = "headers", "key", "value"
-# How Spark names the stateful operator in the checkpoint's state metadata.
-STATE_OPERATOR = "applyInPandasWithState"
 LOCAL_CHECKPOINT_FILE_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 )
@@ -165,12 +161,6 @@ def session_config(settings: Settings) -> dict[str, str]:
         "spark.master": settings.spark_master,
         "spark.app.name": QUERY_NAME,
         "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
-        # The state is at most BUCKETS values of bounded size: the in-memory store (one small
-        # delta file per batch) holds it without a native store. Measured per batch commit on a
-        # 2-core machine: 110-160 ms with this store or RocksDB alike, so disk-bound either way.
-        "spark.sql.streaming.stateStore.providerClass": (
-            "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
-        ),
         "spark.ui.showConsoleProgress": "false",
         # Batches only when data arrives: TTL expiry is lazy, so empty batches buy nothing.
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
@@ -264,9 +254,9 @@ def with_identity(raw: DataFrame) -> DataFrame:
         producer.alias(PRODUCER),
         fn.coalesce(sequence, fn.lit(-1).cast("bigint")).alias(SEQUENCE),
         fn.coalesce(incarnation, fn.lit(0).cast("bigint")).alias(INCARNATION),
+        fn.unix_millis(fn.col("timestamp")).alias(RECORD_MS),
     )
-    bucket = fn.pmod(fn.xxhash64(TOPIC, PARTITION), fn.lit(BUCKETS)).cast("int")
-    return rows.withColumn(BUCKET, bucket)
+    return rows
 
 
 def dedup_schema(rows: DataFrame) -> StructType:
@@ -274,33 +264,55 @@ def dedup_schema(rows: DataFrame) -> StructType:
     return StructType([fields[name] for name in DEDUP_COLUMNS])
 
 
-def deduplicated(
-    spark: SparkSession,
-    settings: Settings,
-    highs: Accumulator[ProducerHighs],
-    counts: Accumulator[TopicCounts],
-    pattern: str = SUBSCRIBE_PATTERN,
+def source_rows(
+    spark: SparkSession, settings: Settings, pattern: str = SUBSCRIBE_PATTERN
 ) -> DataFrame:
-    """The streaming frame of accepted rows (the job's stateful part).
-
-    Each batch adds its producers' highest accepted sequences to ``highs``, and per topic the
-    rows it kept and dropped to ``counts``.
-    """
+    """The streaming frame of ingest records, as :func:`with_identity` columns."""
     raw = spark.readStream.format("kafka").options(**source_options(settings, pattern)).load()
-    rows = with_identity(raw)
-    function = DedupFunction(
-        ttl_ms=settings.dedup_ttl_seconds * 1000,
-        max_producers=settings.dedup_max_producers,
-        output_columns=DEDUP_COLUMNS,
-        highs=highs,
-        counts=counts,
-    )
-    return rows.groupBy(BUCKET).applyInPandasWithState(
-        function,
-        outputStructType=dedup_schema(rows),
-        stateStructType=STATE_SCHEMA,
-        outputMode="append",
-        timeoutConf=TIMEOUT,
+    return with_identity(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class Dedup:
+    """What the batch writer needs to de-duplicate each batch (:class:`PartitionDedup`)."""
+
+    marks: PartitionMarks
+    ttl_ms: int
+    max_producers: int
+    highs: Accumulator[ProducerHighs]
+    counts: Accumulator[TopicCounts]
+    waits: Accumulator[WaitCounts]
+
+    def accepted(self, rows: DataFrame, batch_id: int, started_ms: int) -> DataFrame:
+        """The batch's rows that are not duplicates, each task's in ingest order."""
+        function = PartitionDedup(
+            batch_id,
+            self.marks,
+            self.ttl_ms,
+            self.max_producers,
+            DEDUP_COLUMNS,
+            self.highs,
+            self.counts,
+            self.waits,
+            started_ms,
+        )
+        return rows.mapInPandas(function, schema=dedup_schema(rows))
+
+    def reset(self) -> None:
+        """Empties the accumulators before a batch is computed (again)."""
+        self.highs.value = {}
+        self.counts.value = {}
+        self.waits.value = no_waits()
+
+
+def new_dedup(spark: SparkSession, settings: Settings) -> Dedup:
+    return Dedup(
+        PartitionMarks(settings.resolved_checkpoint_dir()),
+        settings.dedup_ttl_seconds * 1000,
+        settings.dedup_max_producers,
+        spark.sparkContext.accumulator({}, HighsParam()),
+        spark.sparkContext.accumulator({}, CountsParam()),
+        spark.sparkContext.accumulator(no_waits(), WaitsParam()),
     )
 
 
@@ -348,8 +360,7 @@ class BatchWriter:
     def __init__(
         self,
         settings: Settings,
-        highs: Accumulator[ProducerHighs],
-        counts: Accumulator[TopicCounts],
+        dedup: Dedup,
         publisher: MarkPublisher,
         metrics: IngestMetrics,
         limits: Callable[[], Mapping[str, int]] = dict,
@@ -358,8 +369,7 @@ class BatchWriter:
         """``limits`` tells the main topics' current ``max.message.bytes`` (spark.topics),
         ``retired`` the ingest topics of deleted topics (state.retired_topics)."""
         self._options = sink_options(settings)
-        self._highs = highs
-        self._counts = counts
+        self._dedup = dedup
         self._publisher = publisher
         self._metrics = metrics
         # The sink's own limit, less a request's framing: no row above it is sent to Kafka.
@@ -369,16 +379,20 @@ class BatchWriter:
         self._bootstrap = _bootstrap(settings)
         self._client_config = settings.kafka_client_config()
 
-    def __call__(self, accepted: DataFrame, batch_id: int) -> None:
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        accepted = self._dedup.accepted(batch, batch_id, int(time.time() * 1000))
         retired = self._retired()
         rows = routed(main_log_rows(accepted), self._limits(), self._default_limit)
         self._write(rows, batch_id, {main_topic(*parse_ingest_topic(t)) for t in retired})
+        dedup = self._dedup
         highs = [
-            (owner, mark) for owner, mark in self._highs.value.items() if owner[0] not in retired
+            (owner, mark) for owner, mark in dedup.highs.value.items() if owner[0] not in retired
         ]
         self._publisher.publish(by_topic(highs))
-        self._metrics.batch_written(self._counts.value, time.monotonic() - started)
+        self._metrics.batch_written(
+            dedup.counts.value, time.monotonic() - started, dedup.waits.value
+        )
 
     def _write(self, rows: DataFrame, batch_id: int, retired: set[str]) -> None:
         """Writes the batch without the rows of ``retired`` main topics; a failed write is
@@ -389,8 +403,7 @@ class BatchWriter:
         kept, pause = (rows.where(~main.isin(*retired)) if retired else rows), 1.0
         while True:
             # Every attempt computes the rows again (same state version, same decisions).
-            self._highs.value = {}
-            self._counts.value = {}
+            self._dedup.reset()
             try:
                 kept.write.format("kafka").options(**self._options).save()
                 return
@@ -451,14 +464,16 @@ def root_cause(exc: BaseException, limit: int = 500) -> str:
 
 
 def check_checkpoint(checkpoint: str) -> None:
-    """Refuses, with what to do, a local checkpoint whose state another operator wrote.
+    """Refuses, with what to do, a local checkpoint that holds Spark state-store state: an
+    earlier version of this job kept its de-duplication marks there, and this one keeps them
+    in ``dedup/`` (:mod:`spark.dedup_state`), so resuming it would forget every mark.
 
-    Spark would fail on it only at the first batch, with an error about state schemas.
+    Spark would not fail on it at all: the old state would just no longer be read.
     """
     if not is_local_path(checkpoint):
         return
     folder = Path(urlparse(checkpoint).path) / "state" / "0" / "_metadata"
-    # v1 metadata (this job's operator) or the v2 files of transformWithState operators.
+    # v1 metadata (applyInPandasWithState) or the v2 files of transformWithState operators.
     versions = folder / "v2"
     found = [folder / "metadata"] if (folder / "metadata").is_file() else []
     if versions.is_dir():
@@ -470,12 +485,11 @@ def check_checkpoint(checkpoint: str) -> None:
             name = operator["operatorName"]
         except (OSError, IndexError, KeyError, TypeError, ValueError) as exc:
             raise CheckpointLayoutError(f"cannot read {metadata}: {exc}") from exc
-        if name != STATE_OPERATOR:
-            raise CheckpointLayoutError(
-                f"the checkpoint at {checkpoint} holds the state of {name!r}, written by an "
-                f"earlier version of the ingest job, and cannot be resumed: stop `setu ingest`, "
-                f"remove the directory and start the job again (README: Operations)"
-            )
+        raise CheckpointLayoutError(
+            f"the checkpoint at {checkpoint} holds the state of {name!r}, written by an "
+            f"earlier version of the ingest job, and cannot be resumed: stop `setu ingest`, "
+            f"remove the directory and start the job again (README: Operations)"
+        )
 
 
 def ingest_pattern(settings: Settings, pattern: str | None = None) -> str:
@@ -502,12 +516,11 @@ def start(
     """
     pattern = ingest_pattern(settings, pattern)
     metrics = metrics or IngestMetrics()
-    highs = spark.sparkContext.accumulator({}, HighsParam())
-    counts = spark.sparkContext.accumulator({}, CountsParam())
+    dedup = new_dedup(spark, settings)
     query = (
-        deduplicated(spark, settings, highs, counts, pattern)
+        source_rows(spark, settings, pattern)
         .writeStream.queryName(QUERY_NAME)
-        .foreachBatch(BatchWriter(settings, highs, counts, publisher, metrics, limits, retired))
+        .foreachBatch(BatchWriter(settings, dedup, publisher, metrics, limits, retired))
         .option("checkpointLocation", settings.resolved_checkpoint_dir())
         .trigger(processingTime=f"{settings.spark_trigger_ms} milliseconds")
         .start()

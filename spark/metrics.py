@@ -7,6 +7,8 @@ Counted once a batch is in the main log (a batch replayed after a crash counts a
   kept (``accepted``) or dropped (``duplicate``).
 - ``setu_ingest_batches_total``: batches written, and ``setu_ingest_batch_seconds``: how long
   each took to de-duplicate and write (a histogram).
+- ``setu_ingest_wait_seconds``: per message, from its ingest record's timestamp (the API's
+  produce) to the start of the write of the batch that took it: the wait for a batch.
 - ``setu_ingest_last_batch_timestamp_seconds``: when the last batch was written.
 - ``setu_ingest_main_topics_recreated_total``: main topics found missing and created again
   (:mod:`spark.topics`).
@@ -26,16 +28,18 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from pyspark.accumulators import AccumulatorParam
 
-from setu.metrics import Buckets, serve
+from setu.metrics import LATENCY_BUCKETS, Buckets, serve
 from setu.names import parse_ingest_topic
 
-BATCH_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_BUCKETS = LATENCY_BUCKETS
 
 TopicCounts = dict[str, tuple[int, int]]
 """Ingest topic -> (messages accepted, duplicates dropped)."""
@@ -61,6 +65,36 @@ class CountsParam(AccumulatorParam[TopicCounts]):
         return add_counts(value1, value2)
 
 
+WaitCounts = tuple[list[int], float]
+"""Messages per bound of ``LATENCY_BUCKETS`` (+Inf last), and the sum of their waits (s)."""
+
+
+def wait_counts(waits_s: npt.NDArray[np.float64]) -> WaitCounts:
+    """``waits_s`` as a histogram's counts (the bounds of ``Buckets.observe``)."""
+    at = np.searchsorted(np.asarray(LATENCY_BUCKETS), waits_s, side="left")
+    counts = np.bincount(at, minlength=len(LATENCY_BUCKETS) + 1)
+    return [int(n) for n in counts], float(waits_s.sum())
+
+
+def no_waits() -> WaitCounts:
+    return [0] * (len(LATENCY_BUCKETS) + 1), 0.0
+
+
+class WaitsParam(AccumulatorParam[WaitCounts]):
+    """A Spark accumulator of :data:`WaitCounts` (a sum)."""
+
+    def zero(self, value: WaitCounts) -> WaitCounts:
+        return no_waits()
+
+    def addInPlace(  # noqa: N802 (Spark's name)
+        self, value1: WaitCounts, value2: WaitCounts
+    ) -> WaitCounts:
+        counts, total = value1
+        for i, n in enumerate(value2[0]):
+            counts[i] += n
+        return counts, total + value2[1]
+
+
 Progress = Callable[[], "tuple[bool, Mapping[str, Any] | None]"]
 """Whether the query is active, and its last progress report (None before the first)."""
 
@@ -70,6 +104,7 @@ class _Totals:
     counts: TopicCounts = field(default_factory=dict)
     batches: int = 0
     batch_seconds: Buckets = field(default_factory=lambda: Buckets(BATCH_BUCKETS))
+    wait_seconds: Buckets = field(default_factory=lambda: Buckets(LATENCY_BUCKETS))
     last_batch_at: float | None = None
     recreated: int = 0
 
@@ -89,9 +124,16 @@ class IngestMetrics(Collector):
         """Where the scrape-time gauges come from (the running query)."""
         self._progress = progress
 
-    def batch_written(self, counts: Mapping[str, tuple[int, int]], seconds: float) -> None:
+    def batch_written(
+        self,
+        counts: Mapping[str, tuple[int, int]],
+        seconds: float,
+        waits: WaitCounts | None = None,
+    ) -> None:
         totals = self._totals
         add_counts(totals.counts, counts)
+        if waits is not None:
+            totals.wait_seconds.merge(*waits)
         totals.batches += 1
         totals.batch_seconds.observe(seconds)
         totals.last_batch_at = time.time()
@@ -138,6 +180,12 @@ class IngestMetrics(Collector):
             "Time to de-duplicate and write one batch",
             buckets=totals.batch_seconds.cumulative(),
             sum_value=totals.batch_seconds.sum,
+        )
+        yield HistogramMetricFamily(
+            "setu_ingest_wait_seconds",
+            "From a message's ingest record to the start of its batch's write",
+            buckets=totals.wait_seconds.cumulative(),
+            sum_value=totals.wait_seconds.sum,
         )
         yield CounterMetricFamily(
             "setu_ingest_main_topics_recreated",

@@ -1,35 +1,31 @@
-"""The stateful step of the ingest job: an ``applyInPandasWithState`` function.
+"""The de-duplication step of the ingest job: a ``mapInPandas`` function run inside each batch.
 
-Rows are grouped by *bucket* = hash(ingest topic, ingest partition) mod ``BUCKETS``: every
-record of one ingest partition, with or without a producer id, goes through one bucket, and the
-function emits a bucket's kept rows in (topic, partition, offset) order. Since a group lives on
-one ingest partition, the rows of each group leave this step in ingest order, in one task, and
-the Kafka sink can write them as they come: no second shuffle, no sort.
+The Kafka source gives every ingest partition's offset range of a batch to one task, in offset
+order, and de-duplication is per ingest partition (spark/dedup.py): so each task decides its
+own rows, with the marks of its own partition, and hands them on in ingest order to the Kafka
+sink in the same task. No shuffle, no stateful operator: the marks are versioned by batch in
+the checkpoint (:mod:`spark.dedup_state`), read once and written once per partition and batch,
+and only for a partition whose batch holds a message with a producer id.
 
-State per bucket: one value, the marks of every (topic, producer) seen in the bucket, each with
-the topic incarnation it was built under (:func:`spark.dedup.encode_marks`). It travels to
-Python with the bucket's rows and back with the output, in the same Arrow stream: one state read
-and one write per bucket and batch, none per producer.
+Time. Marks expire and are ranked by *record* time: the newest ingest timestamp of the
+partition's rows in the batch (the API's produce time). It is the same whenever the batch runs
+again, so a replayed batch sees the same marks.
 
-Bounds. A mark idle for ``dedup_ttl_seconds`` is dropped the next time its bucket is read, before
-any decision, so it never judges a message again; the TTL is measured in batch time, so a
-replayed batch sees the same marks. One bucket holds many producers, which lets the function
-bound how many it tracks: each bucket keeps at most ``ceil(dedup_max_producers / BUCKETS)`` marks
-and forgets the least recently seen beyond that (a producer writing to partitions in k buckets
-counts k times). There is no state timeout: a timeout makes Spark visit the state every batch,
-and a bucket nobody writes to any more holds at most its bounded share of marks.
+Bounds. A mark idle for ``dedup_ttl_seconds`` is dropped the next time its partition is read,
+before any decision, so it never judges a message again. Each partition keeps at most
+``ceil(dedup_max_producers / SHARES)`` marks and forgets the least recently seen beyond that
+(a producer writing to k partitions counts k times); a partition nobody writes to any more
+keeps its bounded file.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 from pyspark.accumulators import Accumulator
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from spark.dedup import (
     INCARNATION,
@@ -44,12 +40,11 @@ from spark.dedup import (
     least_recently_seen,
     live_marks,
 )
+from spark.dedup_state import PartitionMarks
 from spark.marks import ProducerHighs
-from spark.metrics import TopicCounts
+from spark.metrics import TopicCounts, WaitCounts, wait_counts
 
 __all__ = [
-    "BUCKET",
-    "BUCKETS",
     "INCARNATION",
     "OFFSET",
     "PARTITION",
@@ -58,17 +53,15 @@ __all__ = [
     "TOPIC",
 ]
 
-BUCKETS = 32
-"""Fixed for the life of a checkpoint: changing it would move producers away from their marks."""
-BUCKET = "bucket"
-
-STATE_SCHEMA = "marks string"
-TIMEOUT = GroupStateTimeout.NoTimeout
+SHARES = 32
+"""Each partition keeps at most ``ceil(dedup_max_producers / SHARES)`` marks."""
+RECORD_MS = "record_ms"
+"""The ingest record's timestamp in ms (the API's produce time)."""
 
 
-def bucket_cap(max_producers: int) -> int:
-    """Marks one bucket may hold so that all buckets together hold at most ``max_producers``."""
-    return max(1, -(-max_producers // BUCKETS))
+def partition_cap(max_producers: int) -> int:
+    """Marks one ingest partition keeps."""
+    return max(1, -(-max_producers // SHARES))
 
 
 def in_log_order(frame: pd.DataFrame) -> pd.DataFrame:
@@ -88,46 +81,61 @@ def topic_counts(topics: pd.Series, keep: npt.NDArray[np.bool_] | None = None) -
     }
 
 
-class DedupFunction:
-    """Keeps the rows of a bucket that are not duplicates; adds each producer's batch high to
-    the ``highs`` accumulator. Picklable: Spark ships it to the Python workers."""
+class PartitionDedup:
+    """Keeps the rows of a task that are not duplicates, partition by partition; adds each
+    producer's batch high to ``highs``, per topic the rows kept and dropped to ``counts``, and
+    how long the rows waited for the batch to ``waits``. Picklable: Spark ships it to the
+    Python workers, one per batch (it knows the batch's id)."""
 
     def __init__(
         self,
+        batch: int,
+        marks: PartitionMarks,
         ttl_ms: int,
         max_producers: int,
         output_columns: list[str],
         highs: Accumulator[ProducerHighs],
         counts: Accumulator[TopicCounts],
+        waits: Accumulator[WaitCounts] | None = None,
+        batch_started_ms: int = 0,
     ) -> None:
+        self.batch = batch
+        self.marks = marks
         self.ttl_ms = ttl_ms
-        self.cap = bucket_cap(max_producers)
+        self.cap = partition_cap(max_producers)
         self.output_columns = output_columns
-        # Both reach the driver with the task's result, i.e. only for rows the batch really
-        # wrote.
+        # These reach the driver with the task's result, i.e. only for rows the batch wrote.
         self.highs = highs
         self.counts = counts
+        self.waits = waits
+        self.batch_started_ms = batch_started_ms
 
-    def __call__(
-        self, key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState
-    ) -> Iterator[pd.DataFrame]:
-        frame = in_log_order(pd.concat(list(frames), ignore_index=True))
-        if not state.exists and not frame[PRODUCER].notna().any():
-            self.counts.add(topic_counts(frame[TOPIC]))
-            yield frame[self.output_columns]
+    def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        chunks = [f for f in frames if len(f)]
+        if not chunks:
             return
-        now_ms = int(state.getCurrentProcessingTimeMs())
-        stored = decode_marks(state.get[0]) if state.exists else {}
+        frame = in_log_order(pd.concat(chunks, ignore_index=True))
+        if self.waits is not None and self.batch_started_ms:
+            waited = (self.batch_started_ms - frame[RECORD_MS].to_numpy(dtype=np.int64)) / 1000
+            self.waits.add(wait_counts(waited))
+        # Normally one partition per task; several would each keep their own marks.
+        for (topic, partition), rows in frame.groupby([TOPIC, PARTITION], sort=False):
+            yield self._partition(str(topic), int(partition), rows)
+
+    def _partition(self, topic: str, partition: int, frame: pd.DataFrame) -> pd.DataFrame:
+        if not frame[PRODUCER].notna().any():
+            self.counts.add(topic_counts(frame[TOPIC]))
+            return frame[self.output_columns]
+        now_ms = int(frame[RECORD_MS].max())
+        loaded = self.marks.load(topic, partition, self.batch)
+        stored = decode_marks(loaded.text) if loaded.text else {}
         known = live_marks(stored, now_ms, self.ttl_ms)
         decision, highs = decide_incarnated(frame, known, now_ms)
         marks = {o: m for o, m in known.items() if o not in decision.dropped} | decision.marks
         for producer in least_recently_seen(marks, self.cap):
             del marks[producer]
-        if marks:
-            state.update((encode_marks(marks),))
-        else:
-            state.remove()
+        self.marks.save(topic, partition, self.batch, encode_marks(marks))
         if highs:
             self.highs.add(highs)
         self.counts.add(topic_counts(frame[TOPIC], decision.keep))
-        yield frame.loc[decision.keep, self.output_columns]
+        return frame.loc[decision.keep, self.output_columns]

@@ -16,9 +16,9 @@ from pyspark.sql import DataFrame
 from setu import names
 from setu.envelope import H_INGEST_OFFSET, H_INGEST_PARTITION, Envelope
 from spark import job
-from spark.marks import HighsParam, MarkPublisher
-from spark.metrics import CountsParam, IngestMetrics
-from spark.processor import BUCKETS
+from spark.marks import MarkPublisher
+from spark.metrics import IngestMetrics
+from spark.processor import SHARES
 from spark.rejects import REASON_HEADER
 from spark.topics import MainTopicGuard
 from state.kafka_admin import topic_config
@@ -154,23 +154,23 @@ def test_restarted_query_loses_nothing_and_replays_exactly(world: IngestWorld) -
 
 
 def test_idle_producers_expire_and_the_tracked_number_is_bounded(world: IngestWorld) -> None:
-    # Given a job with a 3 s TTL and room for one producer per bucket
+    # Given a job with a 3 s TTL and room for one producer per partition
     world.create_topic("ttl")
     log = world.main_log("ttl")
-    a, b = "producer-a", "producer-b"  # one group: one partition, one bucket
-    settings = world.settings(dedup_ttl_seconds=3, dedup_max_producers=BUCKETS)
+    a, b = "producer-a", "producer-b"  # one group: one partition
+    settings = world.settings(dedup_ttl_seconds=3, dedup_max_producers=SHARES)
     with world.running_job(settings):
         # When producer a goes idle for longer than the TTL
         world.send("ttl", "a5", "g", a, 5)
         world.flush()
         log.wait_for_ids({"a5"})
-        time.sleep(4)  # the TTL itself: batch time has to pass it
+        time.sleep(4)  # the TTL itself: record time has to pass it
         world.send("ttl", "a2", "g", a, 2)
         world.flush()
         # Then its state is gone and an older sequence is accepted as new
         log.wait_for_ids({"a2"})
 
-        # When producer b takes the only place in a's bucket
+        # When producer b takes the only place in the partition
         world.send("ttl", "b1", "g", b, 1)
         world.flush()
         log.wait_for_ids({"b1"})
@@ -265,7 +265,8 @@ def ingest_of(topic: str, world: IngestWorld) -> str:
 
 
 def batch_of(world: IngestWorld, messages: list[tuple[str, str]]) -> DataFrame:
-    """A micro-batch as the dedup step hands it to the writer: (Setu topic, message id)."""
+    """A micro-batch as the source hands it to the writer (:func:`spark.job.with_identity`):
+    (Setu topic, message id), no producer ids."""
     rows = []
     for offset, (topic, message_id) in enumerate(messages):
         envelope = Envelope(message_id, message_id.encode(), group_id="g")
@@ -274,8 +275,12 @@ def batch_of(world: IngestWorld, messages: list[tuple[str, str]]) -> DataFrame:
             for name, value in envelope.kafka_headers()
         ]
         ingest = names.ingest_topic(world.project, topic)
-        rows.append((ingest, 0, offset, envelope.body, json.dumps(headers), envelope.key))
-    schema = "topic string, partition int, offset long, value binary, headers string, key binary"
+        row = (ingest, 0, offset, envelope.body, json.dumps(headers), envelope.key)
+        rows.append((*row, None, -1, 0, int(time.time() * 1000)))
+    schema = (
+        "topic string, partition int, offset long, value binary, headers string, key binary, "
+        "producer string, seq long, incarnation long, record_ms long"
+    )
     return world.spark.createDataFrame(rows, schema)
 
 
@@ -366,11 +371,10 @@ def test_a_batch_holding_messages_of_a_topic_deleted_meanwhile_is_written_withou
         future.result(timeout=30)
     wait_for("a to go", lambda: not set(gone) & set(world.admin.list_topics(timeout=10).topics))
     batch = batch_of(world, [("b", "b1"), ("a", "a1"), ("b", "b2")])
-    context = world.spark.sparkContext
+    settings = world.settings()
     writer = job.BatchWriter(
-        world.settings(),
-        context.accumulator({}, HighsParam()),
-        context.accumulator({}, CountsParam()),
+        settings,
+        job.new_dedup(world.spark, settings),
         MarkPublisher(world.redis),
         IngestMetrics(),
     )

@@ -98,16 +98,23 @@ def state_metadata(checkpoint: Path, operator: str, version: int = 1) -> None:
 
 def test_a_checkpoint_of_this_job_or_none_yet_is_accepted(tmp_path: Path) -> None:
     check_checkpoint(str(tmp_path / "new"))
-    state_metadata(tmp_path / "ours", "applyInPandasWithState")
+    (tmp_path / "ours" / "dedup" / "setu.p.t.ingest" / "0").mkdir(parents=True)
+    (tmp_path / "ours" / "commits").mkdir()
     check_checkpoint(str(tmp_path / "ours"))
     check_checkpoint(f"file://{tmp_path / 'ours'}")
 
 
-def test_a_checkpoint_of_the_earlier_layout_is_refused_with_what_to_do(tmp_path: Path) -> None:
-    # Given a checkpoint written by the earlier transformWithState job
-    state_metadata(tmp_path, "transformWithStateInPandasExec", version=2)
+@pytest.mark.parametrize(
+    ("operator", "version"),
+    [("applyInPandasWithState", 1), ("transformWithStateInPandasExec", 2)],
+)
+def test_a_checkpoint_of_an_earlier_layout_is_refused_with_what_to_do(
+    tmp_path: Path, operator: str, version: int
+) -> None:
+    # Given a checkpoint whose marks an earlier job kept in Spark's state store
+    state_metadata(tmp_path, operator, version=version)
     # When the job checks it, then it refuses, naming the operator and the way out
-    with pytest.raises(CheckpointLayoutError, match=r"transformWithStateInPandasExec.*remove"):
+    with pytest.raises(CheckpointLayoutError, match=rf"{operator}.*remove"):
         check_checkpoint(str(tmp_path))
 
 

@@ -1,46 +1,24 @@
-"""The applyInPandasWithState function of the ingest job, with a stand-in for Spark's state."""
+"""The de-duplication step of the ingest job (a ``mapInPandas`` function), with its marks in a
+real folder as in a local checkpoint."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pytest
 
 from spark.dedup import ProducerMark, decode_marks, encode_marks
+from spark.dedup_state import KEEP_OLDER, PartitionMarks
 from spark.marks import ProducerHighs, merge_highs
-from spark.metrics import TopicCounts, add_counts
-from spark.processor import BUCKETS, DedupFunction
+from spark.metrics import TopicCounts, WaitCounts, add_counts, no_waits
+from spark.processor import SHARES, PartitionDedup
 
-COLUMNS = ["topic", "partition", "offset", "value", "producer", "seq", "incarnation"]
+COLUMNS = ["topic", "partition", "offset", "value", "producer", "seq", "incarnation", "record_ms"]
 OUTPUT = ["topic", "partition", "offset", "value"]
-
-
-@dataclass
-class FakeState:
-    """The part of ``GroupState`` the function uses."""
-
-    now_ms: int
-    value: tuple[Any, ...] | None = None
-
-    @property
-    def exists(self) -> bool:
-        return self.value is not None
-
-    @property
-    def get(self) -> tuple[Any, ...]:
-        assert self.value is not None
-        return self.value
-
-    def update(self, value: tuple[Any, ...]) -> None:
-        self.value = value
-
-    def remove(self) -> None:
-        self.value = None
-
-    def getCurrentProcessingTimeMs(self) -> int:  # noqa: N802 (Spark's name)
-        return self.now_ms
 
 
 @dataclass
@@ -59,100 +37,147 @@ class FakeCounts:
         add_counts(self.value, counts)
 
 
-def run(
-    function: DedupFunction, state: FakeState, rows: list[tuple[Any, ...]]
-) -> list[tuple[Any, ...]]:
-    """Feed ``rows`` as two Arrow-sized chunks, as Spark may; return the emitted rows. A row
-    without an incarnation has incarnation 0."""
-    frame = pd.DataFrame([row + (0,) * (len(COLUMNS) - len(row)) for row in rows], columns=COLUMNS)
-    chunks: Iterator[pd.DataFrame] = iter(
-        [frame.iloc[: len(rows) // 2], frame.iloc[len(rows) // 2 :]]
-    )
-    out = pd.concat(list(function(("bucket",), chunks, state)))  # type: ignore[arg-type]
-    return list(out.itertuples(index=False, name=None))
+@dataclass
+class FakeWaits:
+    value: WaitCounts = field(default_factory=no_waits)
+
+    def add(self, waits: WaitCounts) -> None:
+        self.value = (
+            [a + b for a, b in zip(self.value[0], waits[0], strict=True)],
+            (self.value[1] + waits[1]),
+        )
 
 
-def dedup(
-    ttl_ms: int = 60_000, max_producers: int = 1000, counts: FakeCounts | None = None
-) -> tuple[DedupFunction, FakeHighs]:
-    highs = FakeHighs()
-    function = DedupFunction(
-        ttl_ms,
-        max_producers,
-        OUTPUT,
-        highs,  # type: ignore[arg-type]
-        counts or FakeCounts(),  # type: ignore[arg-type]
-    )
-    return function, highs
+@dataclass
+class Dedup:
+    marks: PartitionMarks
+    ttl_ms: int = 60_000
+    max_producers: int = 1000
+    highs: FakeHighs = field(default_factory=FakeHighs)
+    counts: FakeCounts = field(default_factory=FakeCounts)
+    waits: FakeWaits = field(default_factory=FakeWaits)
+
+    def run(
+        self, batch: int, rows: list[tuple[Any, ...]], now_ms: int = 1000, started_ms: int = 0
+    ) -> list[tuple[Any, ...]]:
+        """Feeds ``rows`` as two Arrow-sized chunks, as Spark may; returns the emitted rows.
+        A row without an incarnation has incarnation 0, without a record time ``now_ms``."""
+        defaults = (0, now_ms)
+        full = [row + defaults[len(row) - 6 :] for row in rows]
+        frame = pd.DataFrame(full, columns=COLUMNS)
+        chunks: Iterator[pd.DataFrame] = iter(
+            [frame.iloc[: len(rows) // 2], frame.iloc[len(rows) // 2 :]]
+        )
+        function = PartitionDedup(
+            batch,
+            self.marks,
+            self.ttl_ms,
+            self.max_producers,
+            OUTPUT,
+            self.highs,  # type: ignore[arg-type]
+            self.counts,  # type: ignore[arg-type]
+            self.waits,  # type: ignore[arg-type]
+            started_ms,
+        )
+        out = list(function(chunks))
+        if not out:
+            return []
+        return list(pd.concat(out).itertuples(index=False, name=None))
+
+    def stored(self, topic: str, partition: int, below: int = 1 << 62) -> dict[Any, ProducerMark]:
+        loaded = self.marks.load(topic, partition, below)
+        return decode_marks(loaded.text) if loaded.text else {}
 
 
-def test_bucket_rows_leave_deduplicated_in_log_order() -> None:
-    # Given a bucket's rows out of order: two partitions, a retry, an anonymous message
-    function, highs = dedup()
-    state = FakeState(now_ms=1000)
+@pytest.fixture
+def dedup(tmp_path: Path) -> Dedup:
+    return Dedup(PartitionMarks(str(tmp_path / "checkpoint")))
+
+
+def store(dedup: Dedup, batch: int, marks: dict[Any, ProducerMark], partition: int = 0) -> None:
+    dedup.marks.save("t", partition, batch, encode_marks(marks))
+
+
+def test_a_partitions_rows_leave_deduplicated_in_log_order(dedup: Dedup) -> None:
+    # Given a partition's rows out of order: a retry and an anonymous message among them
     rows = [
-        ("t", 1, 0, b"b0", "p", 0),
         ("t", 0, 1, b"a1", "p", 1),
         ("t", 0, 0, b"a0", "p", 0),
         ("t", 0, 2, b"a1 again", "p", 1),
-        ("t", 1, 1, b"free", None, -1),
+        ("t", 0, 3, b"free", None, -1),
     ]
-    # When the function decides them
-    out = run(function, state, rows)
-    # Then the retry is gone and the rest come out by (partition, offset)
-    assert out == [
-        ("t", 0, 0, b"a0"),
-        ("t", 0, 1, b"a1"),
-        ("t", 1, 0, b"b0"),
-        ("t", 1, 1, b"free"),
-    ]
-    assert highs.value == {("t", "p"): (0, 1)}
-    assert decode_marks(state.get[0]) == {("t", "p"): ProducerMark({0: 1, 1: 0}, 1000)}
+    # When batch 4 decides them
+    out = dedup.run(4, rows)
+    # Then the retry is gone, the rest come out by offset, and the marks are version 4
+    assert out == [("t", 0, 0, b"a0"), ("t", 0, 1, b"a1"), ("t", 0, 3, b"free")]
+    assert dedup.highs.value == {("t", "p"): (0, 1)}
+    assert dedup.marks.versions("t", 0) == [4]
+    assert dedup.stored("t", 0) == {("t", "p"): ProducerMark({0: 1}, 1000)}
 
 
-def test_next_batch_is_judged_against_the_stored_marks() -> None:
-    # Given a bucket whose state remembers producer p at sequence 5 on partition 0
-    function, _ = dedup()
-    state = FakeState(now_ms=2000, value=(encode_marks({("t", "p"): ProducerMark({0: 5}, 1000)}),))
-    # When p resends 5 and sends 6
-    out = run(function, state, [("t", 0, 7, b"old", "p", 5), ("t", 0, 8, b"new", "p", 6)])
+def test_each_partition_of_a_task_keeps_its_own_marks(dedup: Dedup) -> None:
+    out = dedup.run(1, [("t", 1, 0, b"b0", "p", 0), ("t", 0, 0, b"a0", "p", 3)])
+    assert sorted(out) == [("t", 0, 0, b"a0"), ("t", 1, 0, b"b0")]
+    assert dedup.stored("t", 0) == {("t", "p"): ProducerMark({0: 3}, 1000)}
+    assert dedup.stored("t", 1) == {("t", "p"): ProducerMark({1: 0}, 1000)}
+
+
+def test_next_batch_is_judged_against_the_stored_marks(dedup: Dedup) -> None:
+    # Given marks of batch 3: producer p at sequence 5 on partition 0
+    store(dedup, 3, {("t", "p"): ProducerMark({0: 5}, 1000)})
+    # When batch 4 has p resend 5 and send 6
+    out = dedup.run(4, [("t", 0, 7, b"old", "p", 5), ("t", 0, 8, b"new", "p", 6)])
     # Then only 6 passes
     assert out == [("t", 0, 8, b"new")]
 
 
-def test_marks_idle_for_the_ttl_no_longer_judge() -> None:
-    # Given a mark last seen at 1000 and a 3 s TTL
-    function, _ = dedup(ttl_ms=3000)
-    state = FakeState(now_ms=4000, value=(encode_marks({("t", "p"): ProducerMark({0: 5}, 1000)}),))
-    # When an older sequence arrives once the TTL has passed
-    out = run(function, state, [("t", 0, 9, b"late", "p", 2), ("t", 0, 10, b"x", None, -1)])
-    # Then it is accepted, and the state holds only the fresh mark
+def test_a_batch_run_again_decides_exactly_as_its_first_run(dedup: Dedup) -> None:
+    # Given batch 7 ran (and stored its marks) but was never committed
+    store(dedup, 6, {("t", "p"): ProducerMark({0: 5}, 1000)})
+    rows = [("t", 0, 7, b"dup", "p", 5), ("t", 0, 8, b"new", "p", 6), ("t", 0, 9, b"n2", "p", 7)]
+    first = dedup.run(7, rows)
+    # When it runs again from the same offsets
+    again = dedup.run(7, rows)
+    # Then it starts from batch 6's marks, not its own, and keeps the very same rows
+    assert first == again == [("t", 0, 8, b"new"), ("t", 0, 9, b"n2")]
+    assert dedup.stored("t", 0) == {("t", "p"): ProducerMark({0: 7}, 1000)}
+
+
+def test_only_a_few_versions_below_the_newest_are_kept(dedup: Dedup) -> None:
+    for batch in range(1, 8):
+        dedup.run(batch, [("t", 0, batch, b"x", "p", batch)])
+    assert dedup.marks.versions("t", 0) == list(range(7 - KEEP_OLDER, 8))
+
+
+def test_marks_idle_for_the_ttl_no_longer_judge(dedup: Dedup) -> None:
+    # Given a mark last seen at record time 1000 and a 3 s TTL
+    dedup.ttl_ms = 3000
+    store(dedup, 1, {("t", "p"): ProducerMark({0: 5}, 1000)})
+    # When an older sequence arrives in a record written once the TTL has passed
+    out = dedup.run(2, [("t", 0, 9, b"late", "p", 2), ("t", 0, 10, b"x", None, -1)], now_ms=4000)
+    # Then it is accepted, and the marks hold only the fresh one
     assert [r[3] for r in out] == [b"late", b"x"]
-    assert decode_marks(state.get[0]) == {("t", "p"): ProducerMark({0: 2}, 4000)}
+    assert dedup.stored("t", 0) == {("t", "p"): ProducerMark({0: 2}, 4000)}
 
 
-def test_each_bucket_forgets_its_least_recently_seen_beyond_its_share() -> None:
-    # Given room for one producer per bucket, held by a
-    function, _ = dedup(max_producers=BUCKETS)
-    state = FakeState(now_ms=5000, value=(encode_marks({("t", "a"): ProducerMark({0: 9}, 1000)}),))
+def test_each_partition_forgets_its_least_recently_seen_beyond_its_share(dedup: Dedup) -> None:
+    # Given room for one producer per partition, held by a
+    dedup.max_producers = SHARES
+    store(dedup, 1, {("t", "a"): ProducerMark({0: 9}, 1000)})
     # When b writes
-    run(function, state, [("t", 0, 3, b"b", "b", 0), ("t", 0, 4, b"b", "b", 1)])
+    dedup.run(2, [("t", 0, 3, b"b", "b", 0), ("t", 0, 4, b"b", "b", 1)], now_ms=5000)
     # Then only b is remembered
-    assert set(decode_marks(state.get[0])) == {("t", "b")}
+    assert set(dedup.stored("t", 0)) == {("t", "b")}
 
 
-def test_a_bucket_of_anonymous_messages_keeps_no_state() -> None:
-    function, highs = dedup()
-    state = FakeState(now_ms=1)
-    out = run(function, state, [("t", 0, 1, b"y", None, -1), ("t", 0, 0, b"x", None, -1)])
+def test_a_partition_of_anonymous_messages_keeps_no_marks(dedup: Dedup) -> None:
+    out = dedup.run(1, [("t", 0, 1, b"y", None, -1), ("t", 0, 0, b"x", None, -1)])
     assert [r[3] for r in out] == [b"x", b"y"]
-    assert not state.exists and highs.value == {}
+    assert dedup.marks.versions("t", 0) == [] and dedup.highs.value == {}
 
 
-def test_kept_and_dropped_rows_are_counted_per_topic() -> None:
-    # Given a bucket with two topics: a retry in t, anonymous messages in u
-    counts = FakeCounts()
-    function, _ = dedup(counts=counts)
+def test_kept_and_dropped_rows_are_counted_per_topic(dedup: Dedup) -> None:
+    # Given a task with two topics: a retry in t, anonymous messages in u
     rows = [
         ("t", 0, 0, b"a", "p", 0),
         ("t", 0, 1, b"a again", "p", 0),
@@ -161,44 +186,45 @@ def test_kept_and_dropped_rows_are_counted_per_topic() -> None:
         ("u", 1, 1, b"y", None, -1),
     ]
     # When the function decides them, then a batch of anonymous messages only
-    run(function, FakeState(now_ms=1), rows)
-    run(function, FakeState(now_ms=2), [("u", 1, 2, b"z", None, -1)])
+    dedup.run(1, rows)
+    dedup.run(2, [("u", 1, 2, b"z", None, -1)])
     # Then each topic's kept and dropped rows are counted
-    assert counts.value == {"t": (2, 1), "u": (3, 0)}
+    assert dedup.counts.value == {"t": (2, 1), "u": (3, 0)}
 
 
-def test_a_topic_created_again_starts_with_none_of_its_old_marks() -> None:
-    # Given marks of producers p and q on topic t as first created (incarnation 1), and of p
-    # on topic u
-    function, highs = dedup()
-    old = {
-        ("t", "p"): ProducerMark({0: 50}, 1000, 1),
-        ("t", "q"): ProducerMark({0: 50}, 1000, 1),
-        ("u", "p"): ProducerMark({0: 50}, 1000, 1),
-    }
-    state = FakeState(now_ms=2000, value=(encode_marks(old),))
+def test_the_wait_for_the_batch_is_counted_per_message(dedup: Dedup) -> None:
+    # Given records written at 1.0 s and 1.9 s, and a batch whose write began at 2.0 s
+    rows = [("t", 0, 0, b"a", None, -1, 0, 1000), ("t", 0, 1, b"b", None, -1, 0, 1900)]
+    dedup.run(1, rows, started_ms=2000)
+    # Then one waited 1 s and one 0.1 s
+    counts, total = dedup.waits.value
+    assert sum(counts) == 2 and total == pytest.approx(1.1)
+
+
+def test_a_topic_created_again_starts_with_none_of_its_old_marks(dedup: Dedup) -> None:
+    # Given marks of producers p and q on topic t as first created (incarnation 1)
+    old = {("t", "p"): ProducerMark({0: 50}, 1000, 1), ("t", "q"): ProducerMark({0: 50}, 1000, 1)}
+    store(dedup, 1, old)
     # When t, deleted and created again (incarnation 2), gets q's first messages
-    out = run(function, state, [("t", 0, 0, b"q1", "q", 1, 2), ("t", 0, 1, b"q2", "q", 2, 2)])
-    # Then they pass, q's mark starts over under incarnation 2, p's mark on the old t is
-    # gone, and u is untouched
+    rows = [("t", 0, 0, b"q1", "q", 1, 2), ("t", 0, 1, b"q2", "q", 2, 2)]
+    out = dedup.run(2, rows, now_ms=2000)
+    # Then they pass, q's mark starts over under incarnation 2, and p's mark on the old t is
+    # gone
     assert [r[3] for r in out] == [b"q1", b"q2"]
-    assert highs.value == {("t", "q"): (2, 2)}
-    assert decode_marks(state.get[0]) == {
-        ("t", "q"): ProducerMark({0: 2}, 2000, 2),
-        ("u", "p"): ProducerMark({0: 50}, 1000, 1),
-    }
+    assert dedup.highs.value == {("t", "q"): (2, 2)}
+    assert dedup.stored("t", 0) == {("t", "q"): ProducerMark({0: 2}, 2000, 2)}
 
 
-def test_an_older_stamp_is_judged_as_the_topics_current_incarnation() -> None:
+def test_an_older_stamp_is_judged_as_the_topics_current_incarnation(dedup: Dedup) -> None:
     # Given p's mark at 5 under incarnation 2 of t
-    function, highs = dedup()
-    state = FakeState(now_ms=2000, value=(encode_marks({("t", "p"): ProducerMark({0: 5}, 1, 2)}),))
+    store(dedup, 1, {("t", "p"): ProducerMark({0: 5}, 1, 2)})
     # When messages stamped with incarnation 1 arrive (an API replica that had not yet seen t
     # created again)
-    out = run(function, state, [("t", 0, 7, b"dup", "p", 5, 1), ("t", 0, 8, b"new", "p", 6, 1)])
+    rows = [("t", 0, 7, b"dup", "p", 5, 1), ("t", 0, 8, b"new", "p", 6, 1)]
+    out = dedup.run(2, rows, now_ms=2000)
     # Then they are de-duplicated against incarnation 2's mark, which they raise
     assert [r[3] for r in out] == [b"new"]
-    assert highs.value == {("t", "p"): (2, 6)}
+    assert dedup.highs.value == {("t", "p"): (2, 6)}
 
 
 def test_marks_stored_before_incarnations_read_as_incarnation_0() -> None:

@@ -1,0 +1,104 @@
+"""The de-duplication marks of each ingest partition, versioned by batch, in the checkpoint.
+
+One folder per ingest partition, ``{checkpoint}/dedup/{ingest topic}/{partition}/``, holding
+one file per batch that changed its marks: ``{batch id}.json`` (:func:`spark.dedup.encode_marks`).
+The task that de-duplicates a partition in batch N reads the newest version *below* N and
+writes version N, so a batch that runs again (a crash before Spark committed it, or a write
+tried again) starts from exactly the marks its first run started from and decides exactly as
+it did: the replay guarantee of docs/ingest.md. A version at or above N is what an earlier run
+of this batch (or of one that was never committed) left, and is never read as the base.
+
+Writes go to a temporary name first and are renamed into place, so a reader sees a whole
+version or none. The files live wherever the checkpoint does: ``pyarrow.fs`` reaches a local
+folder as well as HDFS or an object store, from any executor.
+
+Only the task of the partition's batch writes the partition's folder: the Kafka source gives
+each ingest partition's offset range of a batch to exactly one task (the job never sets the
+source's ``minPartitions``), and two attempts of that task write the same bytes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pyarrow import fs as pafs
+
+FOLDER = "dedup"
+SUFFIX = ".json"
+# Versions kept below the newest: a batch that runs again needs the one below its own.
+KEEP_OLDER = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """The base a batch starts from: its version (None: no marks yet) and the encoded marks."""
+
+    version: int | None
+    text: str | None
+
+
+class PartitionMarks:
+    """The versioned marks of every ingest partition under one checkpoint. Picklable: only the
+    checkpoint's URI travels to the executors, which open the file system themselves."""
+
+    def __init__(self, checkpoint: str) -> None:
+        self.checkpoint = checkpoint.rstrip("/")
+        self._fs: Any = None
+        self._root = ""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"checkpoint": self.checkpoint}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["checkpoint"])  # type: ignore[misc]
+
+    def _open(self) -> tuple[Any, str]:
+        if self._fs is None:
+            if "://" in self.checkpoint and not self.checkpoint.startswith("file:"):
+                self._fs, path = pafs.FileSystem.from_uri(self.checkpoint)
+            else:
+                path = self.checkpoint.removeprefix("file://").removeprefix("file:")
+                self._fs = pafs.LocalFileSystem()
+            self._root = f"{path}/{FOLDER}"
+        return self._fs, self._root
+
+    def folder(self, topic: str, partition: int) -> str:
+        _, root = self._open()
+        return f"{root}/{topic}/{partition}"
+
+    def versions(self, topic: str, partition: int) -> list[int]:
+        """The versions stored for the partition, oldest first."""
+        fs, _ = self._open()
+        selector = pafs.FileSelector(self.folder(topic, partition), allow_not_found=True)
+        found = []
+        for info in fs.get_file_info(selector):
+            name = info.base_name
+            if name.endswith(SUFFIX) and name[: -len(SUFFIX)].isdigit():
+                found.append(int(name[: -len(SUFFIX)]))
+        return sorted(found)
+
+    def load(self, topic: str, partition: int, batch: int) -> Loaded:
+        """The newest marks stored below ``batch``."""
+        below = [v for v in self.versions(topic, partition) if v < batch]
+        if not below:
+            return Loaded(None, None)
+        fs, _ = self._open()
+        path = f"{self.folder(topic, partition)}/{below[-1]}{SUFFIX}"
+        with fs.open_input_stream(path) as stream:
+            return Loaded(below[-1], stream.read().decode())
+
+    def save(self, topic: str, partition: int, batch: int, text: str) -> None:
+        """Stores ``text`` as the partition's version ``batch`` and forgets versions older
+        than the ``KEEP_OLDER`` below it."""
+        fs, _ = self._open()
+        folder = self.folder(topic, partition)
+        fs.create_dir(folder, recursive=True)
+        temporary = f"{folder}/.{batch}.{uuid.uuid4().hex}.tmp"
+        with fs.open_output_stream(temporary) as stream:
+            stream.write(text.encode())
+        fs.move(temporary, f"{folder}/{batch}{SUFFIX}")
+        older = [v for v in self.versions(topic, partition) if v < batch]
+        for version in older[: max(0, len(older) - KEEP_OLDER)]:
+            fs.delete_file(f"{folder}/{version}{SUFFIX}")
