@@ -48,10 +48,11 @@ POLL_TIMEOUT_S = 0.05
 MAX_OUTSTANDING_BATCHES = 2
 
 
-def record_of(tier: int, msg: Message) -> Record:
-    """The delivery record of a consumed message; raises ValueError for a foreign one."""
+def record_of(tier: int, msg: Message, read_ms: int = 0) -> Record:
+    """The delivery record of a consumed message, read at ``read_ms``; raises ValueError for a
+    foreign one."""
     headers = cast("list[tuple[str, bytes | None]] | None", msg.headers())
-    return parse_record(tier, msg.offset() or 0, headers, msg.value())
+    return parse_record(tier, msg.offset() or 0, headers, msg.value(), read_ms)
 
 
 class RebalanceListener(Protocol):

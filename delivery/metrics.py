@@ -6,6 +6,10 @@ and label value below):
 
 - ``setu_delivery_calls_total{result}``: webhook calls by verdict (``delivered``, ``retry``,
   ``dead_letter``), and ``setu_delivery_call_duration_seconds``: how long they took.
+- Latency histograms (docs/latency.md): ``setu_delivery_main_wait_seconds`` (a main-log
+  record's timestamp to the worker reading it), ``setu_delivery_dispatch_seconds`` (read to its
+  first call sent: the wait behind its group and for a free call slot) and
+  ``setu_delivery_end_to_end_seconds`` (produced, as the API stamped it, to the 2xx).
 - ``setu_delivery_moves_total{tier, kind}``: copies written to a retry tier or the DLQ, by
   why (``head``, ``park``, ``forward``, ``skip``, ``retry``, ``dead``, ``lap``).
 - ``setu_delivery_refused_calls_total``: calls refused before anything was sent (a host that
@@ -51,8 +55,9 @@ from prometheus_client.registry import Collector
 
 from delivery.breaker import BreakerState, BreakerView
 from delivery.events import EventCounts
-from delivery.outcome import Outcome
-from setu.metrics import Buckets, serve
+from delivery.outcome import Outcome, Verdict
+from setu.metrics import LATENCY_BUCKETS, Buckets, serve
+from setu.ordering.records import Record
 
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -84,6 +89,9 @@ class SubscriptionMetrics:
         self.labels = [project, subscription]
         self.calls = {"delivered": 0, "retry": 0, "dead_letter": 0}
         self.call_seconds = Buckets(CALL_BUCKETS)
+        self.main_wait_seconds = Buckets(LATENCY_BUCKETS)
+        self.dispatch_seconds = Buckets(LATENCY_BUCKETS)
+        self.end_to_end_seconds = Buckets(LATENCY_BUCKETS)
         self.moves: dict[tuple[str, str], int] = {}
         self.reparked_total = 0
         self.refused_total = 0
@@ -101,6 +109,17 @@ class SubscriptionMetrics:
         self.call_seconds.observe(seconds)
         if outcome.refused:
             self.refused_total += 1
+
+    def timed(
+        self, record: Record, attempt: int, outcome: Outcome, seconds: float, now: int
+    ) -> None:
+        """The latency figures of one call ended at ``now`` (ms) after ``seconds``."""
+        if attempt == 1 and record.kind is None and record.read_ms:
+            started = now - seconds * 1000
+            self.dispatch_seconds.observe(max(0.0, started - record.read_ms) / 1000)
+        produced = record.envelope.produced_at_ms
+        if outcome.verdict is Verdict.DELIVERED and produced:
+            self.end_to_end_seconds.observe(max(0, now - produced) / 1000)
 
     def attempt_log_dropped(self, n: int) -> None:
         self.attempt_log_dropped_total += n
@@ -145,6 +164,23 @@ class _Totals(Collector):
             "Webhook call duration, to the answer or the error.",
             labels=labels,
         )
+        latencies = [
+            HistogramMetricFamily(
+                "setu_delivery_main_wait_seconds",
+                "From a main-log record's timestamp to the worker reading it.",
+                labels=labels,
+            ),
+            HistogramMetricFamily(
+                "setu_delivery_dispatch_seconds",
+                "From a main-log record read to its first call sent.",
+                labels=labels,
+            ),
+            HistogramMetricFamily(
+                "setu_delivery_end_to_end_seconds",
+                "From a message's produce to its webhook's 2xx.",
+                labels=labels,
+            ),
+        ]
         moves = CounterMetricFamily(
             "setu_delivery_moves",
             "Copies written to a retry tier or the DLQ, by tier and why.",
@@ -195,6 +231,9 @@ class _Totals(Collector):
             for verdict, n in list(sub.calls.items()):
                 calls.add_metric([*key, verdict], n)
             seconds.add_metric(key, sub.call_seconds.cumulative(), sub.call_seconds.sum)
+            timings = (sub.main_wait_seconds, sub.dispatch_seconds, sub.end_to_end_seconds)
+            for family, buckets in zip(latencies, timings, strict=True):
+                family.add_metric(key, buckets.cumulative(), buckets.sum)
             for (tier, kind), n in list(sub.moves.items()):
                 moves.add_metric([*key, tier, kind], n)
             refused.add_metric(key, sub.refused_total)
@@ -207,7 +246,7 @@ class _Totals(Collector):
             for error, n in list(sub.failures.items()):
                 failures.add_metric([*key, error], n)
         yield from (calls, seconds, moves, refused, reparked, stale, filtered)
-        yield from (opened, given_back, dropped, failures)
+        yield from (opened, given_back, dropped, failures, *latencies)
 
 
 class _Live(Collector):

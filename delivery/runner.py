@@ -444,6 +444,7 @@ class SubscriptionRunner:
     def _called(self, attempt: Attempt, outcome: Outcome, seconds: float) -> None:
         """Every webhook call's outcome: counted, and recorded in the message's attempt log."""
         self.metrics.call(outcome, seconds)
+        self.metrics.timed(attempt.record, attempt.number, outcome, seconds, now_ms())
         if outcome.verdict is Verdict.DELIVERED:
             self.autopause.finished(False)
         if self.attempts is not None:
@@ -594,6 +595,8 @@ class SubscriptionRunner:
         tiers, ports = self.tiers, self.ports
         stale = sum(port.engine.stale_copies for port in ports.values())
         replays = sum(port.engine.replay_copies for port in ports.values())
+        read_ms = now_ms()
+        waits = self.metrics.main_wait_seconds
         for msg in messages:
             if msg.error() is not None:
                 log.warning("consume error: %s", msg.error())
@@ -602,8 +605,10 @@ class SubscriptionRunner:
             port = ports.get(msg.partition() or 0)
             if tier is None or port is None:
                 continue
+            if tier == MAIN:
+                waits.observe(max(0, read_ms - msg.timestamp()[1]) / 1000)
             try:
-                rec = record_of(tier, msg)
+                rec = record_of(tier, msg, read_ms)
             except ValueError:
                 log.warning("skipping a record without a message id at %s", msg.offset())
                 port.engine.skip(tier, msg.offset() or 0)

@@ -32,6 +32,7 @@ class Record:
     origin: tuple[int, int] | None = None  # (tier, offset) this copy was made from
     due_at_ms: int = 0
     epoch: int | None = None  # the writer's owner epoch; None for a main record or older copy
+    read_ms: int = 0  # when the worker read it (wall clock), 0 where unknown
 
     @property
     def group(self) -> str | None:
@@ -56,7 +57,11 @@ def copy_headers(
 
 
 def parse_record(
-    tier: int, offset: int, headers: Sequence[tuple[str, bytes | None]] | None, value: bytes | None
+    tier: int,
+    offset: int,
+    headers: Sequence[tuple[str, bytes | None]] | None,
+    value: bytes | None,
+    read_ms: int = 0,
 ) -> Record:
     """Rebuild a record; raises ValueError when it is not a Setu message."""
     envelope = Envelope.from_kafka(headers, value)
@@ -74,4 +79,4 @@ def parse_record(
             due = int(raw)
         elif name == H_EPOCH and raw is not None:
             epoch = int(raw)
-    return Record(tier, offset, envelope, kind, origin, due, epoch)
+    return Record(tier, offset, envelope, kind, origin, due, epoch, read_ms)

@@ -9,6 +9,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from delivery.metrics import DeliveryMetrics, RunnerFigures
 from delivery.outcome import Outcome, Verdict
+from setu.envelope import Envelope
+from setu.ordering.groups import Kind
+from setu.ordering.records import Record
 from setu.ordering.state import Fenced
 
 
@@ -57,6 +60,30 @@ def test_failures_are_counted_per_subscription() -> None:
     assert got[("setu_delivery_runner_failures_total", of(error="Fenced"))] == 1
     # And a restarted runner of the subscription counts on from there
     assert metrics.subscription("shop", "billing") is sub
+
+
+def test_latency_is_split_into_wait_dispatch_and_end_to_end() -> None:
+    # Given a message produced at 1,000 ms and read from the main log at 1,300 ms
+    metrics = DeliveryMetrics()
+    sub = metrics.subscription("shop", "billing")
+    envelope = Envelope("m1", b"x", produced_at_ms=1_000)
+    record = Record(0, 5, envelope, read_ms=1_300)
+    sub.main_wait_seconds.observe(0.25)
+    # When its first call, sent at 1,350 ms, answers 200 at 1,400 ms, and a retry of a copy
+    # (attempt 2) answers 503 at 9,000 ms
+    sub.timed(record, 1, Outcome(Verdict.DELIVERED, status=200), 0.05, 1_400)
+    retry = Record(1, 2, envelope, kind=Kind.RETRY, read_ms=8_000)
+    sub.timed(retry, 2, Outcome(Verdict.RETRY, status=503), 0.01, 9_000)
+    # Then the wait, the 50 ms dispatch of the first call and the 400 ms from produce to 2xx
+    # are in their histograms; the retry's failed call adds to neither
+    got = samples(metrics.render())
+    assert got[("setu_delivery_main_wait_seconds_bucket", of(le="0.3"))] == 1
+    assert got[("setu_delivery_dispatch_seconds_count", SUB)] == 1
+    assert round(got[("setu_delivery_dispatch_seconds_sum", SUB)], 6) == 0.05
+    assert got[("setu_delivery_end_to_end_seconds_count", SUB)] == 1
+    assert round(got[("setu_delivery_end_to_end_seconds_sum", SUB)], 6) == 0.4
+    assert got[("setu_delivery_end_to_end_seconds_bucket", of(le="0.4"))] == 1
+    assert got[("setu_delivery_end_to_end_seconds_bucket", of(le="0.3"))] == 0
 
 
 def test_live_gauges_come_from_the_runners_at_scrape_time() -> None:
