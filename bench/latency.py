@@ -169,6 +169,7 @@ class Stack:
     ingest_metrics_port: int = field(default_factory=free_port)
     deliver_metrics_port: int = field(default_factory=free_port)
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    extra_env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def env(self) -> dict[str, str]:
@@ -189,6 +190,7 @@ class Stack:
             "SETU_INGEST_METRICS_PORT": str(self.ingest_metrics_port),
             "SETU_DELIVERY_METRICS_PORT": str(self.deliver_metrics_port),
             "SETU_WORKER_ID": "latency-bench",
+            **self.extra_env,
         }
 
     def spawn(self, name: str, argv: list[str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
@@ -552,6 +554,7 @@ def report(phases: dict[str, dict[str, Any]], checks: dict[str, Any]) -> None:
 def stack_running(args: argparse.Namespace) -> Iterator[Stack]:
     workdir = Path(tempfile.mkdtemp(prefix="setu-latency-"))
     stack = Stack(workdir, args.bootstrap, args.redis, f"lat{uuid.uuid4().hex[:8]}")
+    stack.extra_env = dict(item.split("=", 1) for item in args.env)
     try:
         stack.start()
         yield stack
@@ -625,6 +628,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=15.0)
     parser.add_argument("--label", default="", help="a suffix for the result file's name")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="SETU_X=value",
+        help="a setting for Setu's processes (to measure a change); may repeat",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder and logs")
     parser.add_argument("--webhook", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -679,6 +689,7 @@ def main(argv: list[str] | None = None) -> int:
         "latency",
         {
             "settings": {
+                "env": args.env,
                 "seconds": args.seconds,
                 "warmup": args.warmup,
                 "groups": GROUPS,

@@ -87,6 +87,8 @@ class Settings(BaseSettings):
     spark_trigger_ms: int = 250
     spark_max_offsets_per_trigger: int = 200_000
     spark_shuffle_partitions: int = 2
+    # Tasks that de-duplicate a batch; 0: as many as Spark has cores (docs/latency.md).
+    spark_dedup_tasks: int = 0
     spark_topic_refresh_ms: int = 5_000
     # Regex of the ingest topics the job reads; unset = every ``setu.*.ingest`` topic. Lets
     # tests and stacks that share one broker keep to their own projects.

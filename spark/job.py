@@ -93,7 +93,7 @@ from spark.processor import (
     TOPIC,
     PartitionDedup,
 )
-from spark.rejects import routed
+from spark.rejects import routed_columns
 from spark.status import StatusReporter
 from spark.topics import MainTopicGuard
 from state.ingest_status import RedisIngestStatus
@@ -282,6 +282,8 @@ class Dedup:
     highs: Accumulator[ProducerHighs]
     counts: Accumulator[TopicCounts]
     waits: Accumulator[WaitCounts]
+    tasks: int = 0
+    """Tasks a batch's de-duplication runs in (0: as many as the source has partitions)."""
 
     def accepted(self, rows: DataFrame, batch_id: int, started_ms: int) -> DataFrame:
         """The batch's rows that are not duplicates, each task's in ingest order."""
@@ -296,6 +298,10 @@ class Dedup:
             self.waits,
             started_ms,
         )
+        # Fewer, larger tasks: each Python task costs a fixed handful of ms, and a coalesce
+        # keeps each source partition whole, in order, in one task.
+        if self.tasks:
+            rows = rows.coalesce(self.tasks)
         return rows.mapInPandas(function, schema=dedup_schema(rows))
 
     def reset(self) -> None:
@@ -313,11 +319,13 @@ def new_dedup(spark: SparkSession, settings: Settings) -> Dedup:
         spark.sparkContext.accumulator({}, HighsParam()),
         spark.sparkContext.accumulator({}, CountsParam()),
         spark.sparkContext.accumulator(no_waits(), WaitsParam()),
+        settings.spark_dedup_tasks or spark.sparkContext.defaultParallelism,
     )
 
 
-def main_log_rows(accepted: DataFrame) -> DataFrame:
-    """Accepted rows as Kafka sink rows; a projection only, so each task keeps its row order."""
+def main_log_columns() -> list[Column]:
+    """Accepted rows as Kafka sink rows: a projection only, so each task keeps its row order.
+    The columns hold no data frame, so one list serves every batch."""
     ingest_headers = fn.array(
         fn.struct(
             fn.lit(H_INGEST_PARTITION).alias("key"),
@@ -329,12 +337,12 @@ def main_log_rows(accepted: DataFrame) -> DataFrame:
         ),
     )
     headers = fn.concat(fn.from_json(fn.col(RAW_HEADERS), HEADERS_TYPE), ingest_headers)
-    return accepted.select(
+    return [
         fn.regexp_replace(TOPIC, re.escape(INGEST_SUFFIX) + "$", "").alias("topic"),
         fn.col(KEY).alias("key"),
         fn.col(VALUE).alias("value"),
         headers.alias("headers"),
-    )
+    ]
 
 
 # Failed query starts in a row (no batch written in between) before the job gives up.
@@ -378,12 +386,27 @@ class BatchWriter:
         self._retired = retired
         self._bootstrap = _bootstrap(settings)
         self._client_config = settings.kafka_client_config()
+        # The sink's columns, built once (and again when the main topics' limits change).
+        self._columns: tuple[Mapping[str, int], list[Column], list[Column]] | None = None
+
+    def _sink_rows(self, accepted: DataFrame) -> DataFrame:
+        """The accepted rows as the sink writes them (:func:`main_log_columns`, then
+        :func:`spark.rejects.routed_columns`)."""
+        limits = self._limits()
+        if self._columns is None or self._columns[0] != limits:
+            self._columns = (
+                dict(limits),
+                main_log_columns(),
+                routed_columns(limits, self._default_limit),
+            )
+        _, main, routing = self._columns
+        return accepted.select(*main).select(*routing)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         accepted = self._dedup.accepted(batch, batch_id, int(time.time() * 1000))
         retired = self._retired()
-        rows = routed(main_log_rows(accepted), self._limits(), self._default_limit)
+        rows = self._sink_rows(accepted)
         self._write(rows, batch_id, {main_topic(*parse_ingest_topic(t)) for t in retired})
         dedup = self._dedup
         highs = [

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column
 from pyspark.sql import functions as fn
 
 from setu.envelope import H_REJECT_REASON
@@ -61,11 +61,14 @@ def size_column(key: Column, value: Column, headers: Column) -> Column:
     )
 
 
-def routed(rows: DataFrame, limits: Mapping[str, int], default_limit: int) -> DataFrame:
+def routed_columns(limits: Mapping[str, int], default_limit: int) -> list[Column]:
     """Sink rows (topic, key, value, headers) with every row that its main topic cannot take
     sent to the topic's reject topic instead, its reason added as a header. ``limits`` holds
     the main topics' known ``max.message.bytes``; others, and every row, are held to at most
-    ``default_limit`` (the sink's own request limit, less its framing)."""
+    ``default_limit`` (the sink's own request limit, less its framing).
+
+    The columns hold no data frame, so one list serves every batch while the limits stay the
+    same: building them costs tens of calls into the JVM (50-80 ms a batch, measured)."""
     topic, key, value, headers = fn.col("topic"), fn.col("key"), fn.col("value"), fn.col("headers")
     limit = fn.lit(default_limit)
     if limits:
@@ -89,7 +92,7 @@ def routed(rows: DataFrame, limits: Mapping[str, int], default_limit: int) -> Da
     reason_header = fn.struct(
         fn.lit(REASON_HEADER).alias("key"), reason.cast("binary").alias("value")
     )
-    return rows.select(
+    return [
         fn.when(reason.isNull(), topic)
         .otherwise(fn.concat(topic, fn.lit(INGEST_REJECTS_SUFFIX)))
         .alias("topic"),
@@ -103,4 +106,4 @@ def routed(rows: DataFrame, limits: Mapping[str, int], default_limit: int) -> Da
             )
         )
         .alias("headers"),
-    )
+    ]
