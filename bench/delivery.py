@@ -41,7 +41,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import signal
 import subprocess
@@ -56,12 +55,12 @@ import orjson
 import redis
 from confluent_kafka import Producer
 
+from bench.machine import quiet_kafka_config, write_result
 from setu.envelope import Envelope
 from setu.model import Endpoint, Notifications, RetryPolicy, Subscription, Topic
 from state import keys
 from state.kafka_admin import KafkaTopics
 
-RESULTS = Path(__file__).resolve().parent / "results"
 BODY = b'{"order": 12345, "items": [1, 2, 3], "note": "' + b"x" * 180 + b'"}'
 ROWS = (
     "1",
@@ -264,6 +263,7 @@ def produce(bootstrap: str, topic: str, messages: int, groups: int | None) -> fl
     """Writes ``messages`` to partition 0 of ``topic`` (group i % groups, or none); seconds."""
     producer = Producer(
         {
+            **quiet_kafka_config(),
             "bootstrap.servers": bootstrap,
             "acks": "all",
             "enable.idempotence": True,
@@ -520,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-in-flight", type=int, default=256)
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--label", default="", help="a suffix for the result file's name")
     parser.add_argument("--serve-webhook", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--max-delay-ms", type=float, default=5.0, help=argparse.SUPPRESS)
     parser.add_argument("--fail-tenth", action="store_true", help=argparse.SUPPRESS)
@@ -547,15 +548,11 @@ def main(argv: list[str] | None = None) -> int:
     document = {
         "benchmark": "delivery",
         "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "load_average": os.getloadavg(),
         "rows": rows,
         "verdicts": verdicts(rows),
     }
     print(json.dumps(document["verdicts"], indent=2))
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"delivery-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(document, indent=2) + "\n")
+    out = write_result("delivery", document, f"-{args.label}" if args.label else "")
     print(f"written to {out}")
     return 0
 

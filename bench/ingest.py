@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import statistics
 import tempfile
@@ -38,6 +37,7 @@ from confluent_kafka.cimpl import NewTopic
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from bench.machine import quiet_client_logs, quiet_kafka_config, write_result
 from cli.jars import resolve_spark_jars
 from setu import names
 from setu.envelope import Envelope
@@ -46,7 +46,6 @@ from spark import job
 from spark.marks import MarkPublisher
 from state import keys
 
-RESULTS = Path(__file__).parent / "results"
 PRODUCERS = 100
 GROUPS = 10_000
 DUPLICATE_EVERY = 10
@@ -61,6 +60,7 @@ def create_topics(admin: AdminClient, topics: list[str], partitions: int) -> Non
 
 def new_producer(bootstrap: str, **extra: Any) -> Producer:
     conf = {
+        **quiet_kafka_config(),
         "bootstrap.servers": bootstrap,
         "partitioner": "murmur2_random",
         "enable.idempotence": True,
@@ -111,7 +111,13 @@ def write_backlog(bootstrap: str, topic: str, messages: int) -> int:
 
 
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> int:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}"})
+    consumer = Consumer(
+        {
+            **quiet_kafka_config(),
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex}",
+        }
+    )
     total = sum(
         consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
         for p in range(partitions)
@@ -226,7 +232,13 @@ def _ingest_position(message: Any) -> tuple[int, int]:
 def _timestamps(
     bootstrap: str, topic: str, partitions: int, count: int, key: Any, timeout_s: float = 120
 ) -> dict[tuple[int, int], int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}"})
+    consumer = Consumer(
+        {
+            **quiet_kafka_config(),
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex}",
+        }
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     out: dict[tuple[int, int], int] = {}
     deadline = time.monotonic() + timeout_s
@@ -246,7 +258,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=int, default=30)
+    parser.add_argument("--label", default="", help="a suffix for the result file's name")
     args = parser.parse_args()
+    quiet_client_logs()
 
     project = f"bench-{uuid.uuid4().hex[:8]}"
     work = Path(tempfile.mkdtemp(prefix="setu-bench-ingest-"))
@@ -291,11 +305,9 @@ def main() -> None:
 
         result = {
             "benchmark": "ingest",
-            "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
             "settings": {
                 "trigger_ms": settings.spark_trigger_ms,
                 "max_offsets_per_trigger": settings.spark_max_offsets_per_trigger,
-                "shuffle_partitions": settings.spark_shuffle_partitions,
                 "partitions": args.partitions,
             },
             "messages": args.messages,
@@ -312,9 +324,7 @@ def main() -> None:
                 "exact_output": main_count == unique,
             },
         }
-        RESULTS.mkdir(exist_ok=True)
-        out = RESULTS / f"ingest-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        out = write_result("ingest", result, f"-{args.label}" if args.label else "")
         print(json.dumps(result, indent=2))
         print(f"written to {out}")
     finally:

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import secrets
 import subprocess
 import sys
@@ -45,11 +43,18 @@ from confluent_kafka import Producer
 
 from api.producer import producer_config
 from bench.http_load import Connection, closed_loop, open_loop, request_bytes
+from bench.machine import (
+    free_port,
+    quiet_client_logs,
+    quiet_kafka_config,
+    wait_for_own_server,
+    write_result,
+)
+from cli.ports import is_free
 from setu.envelope import Envelope
 from setu.names import ingest_topic
 from state.sealing import Sealer
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS = 6
 GROUPS = 1000
 # The bootstrap admin key of the APIs this benchmark starts.
@@ -120,17 +125,14 @@ def start_api(
     env.pop("SETU_DATABASE_URL", None)
     command = [sys.executable, "-m", "bench.produce", "--serve", "--port", str(port)]
     process = subprocess.Popen(command, env=env)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=2):
-                return process
-        except OSError:
-            if process.poll() is not None:
-                raise SystemExit("the API process exited during startup") from None
-            time.sleep(0.2)
-    process.terminate()
-    raise SystemExit("the API did not become healthy within 30 s")
+    health = f"http://127.0.0.1:{port}/v1/health"
+    wait_for_own_server(process, f"the API on port {port}", lambda: _healthy(health), 30)
+    return process
+
+
+def _healthy(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return bool(response.status == 200)
 
 
 async def call(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -182,9 +184,8 @@ def batch_request(path: str, size: int, key: str) -> Any:
 
 def bare_producer(bootstrap: str, topic: str, count: int) -> dict[str, Any]:
     """The same records as the API writes, from one producer at full speed, until all acked."""
-    producer = Producer(
-        producer_config(bootstrap, ack_timeout_ms=30_000, max_message_bytes=1 << 20)
-    )
+    config = producer_config(bootstrap, ack_timeout_ms=30_000, max_message_bytes=1 << 20)
+    producer = Producer({**config, **quiet_kafka_config()})
     records = []
     for i in range(GROUPS):
         env = Envelope(f"bare-{i}", BODY, group_id=f"g{i}", produced_at_ms=int(time.time() * 1000))
@@ -403,7 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--redis", default=os.environ.get("SETU_REDIS_URL", "redis://127.0.0.1:6379/0")
     )
-    parser.add_argument("--port", type=int, default=18080)
+    parser.add_argument(
+        "--port", type=int, default=0, help="the API's port (default: a free one, and the next)"
+    )
     parser.add_argument("--duration", type=float, default=8.0, help="seconds measured per phase")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--rate", type=float, default=3000.0, help="paced single-produce rate")
@@ -416,32 +419,37 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import uvloop
 
+    quiet_client_logs()
     with (
         tempfile.TemporaryDirectory(prefix="setu-bench-") as data_dir,
         tempfile.TemporaryDirectory(prefix="setu-bench-") as open_dir,
     ):
+        open_port = args.port + 1
+        if not args.port:
+            args.port, open_port = free_port(), free_port()
+            while open_port == args.port:
+                open_port = free_port()
+        if not is_free(args.port) or not is_free(open_port):
+            raise SystemExit(f"port {args.port} or {open_port} is taken: choose another --port")
         api = start_api(args, data_dir, args.port)
-        unauthenticated = start_api(args, open_dir, args.port + 1, auth=False)
+        unauthenticated = start_api(args, open_dir, open_port, auth=False)
         try:
             figures = uvloop.run(measure(args, api.pid))
-            figures["auth"] = uvloop.run(auth_cost(args, args.port, args.port + 1))
+            figures["auth"] = uvloop.run(auth_cost(args, args.port, open_port))
         finally:
             for process in (api, unauthenticated):
                 process.terminate()
                 process.wait(15)
     checks = verdicts(figures)
     report(figures, checks)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"produce-{time.strftime('%Y%m%d-%H%M%S')}.json"
     document = {
         "benchmark": "produce",
         "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "settings": {k: v for k, v in vars(args).items() if k != "serve"},
         "figures": figures,
         "targets": checks,
     }
-    out.write_text(json.dumps(document, indent=2) + "\n")
+    out = write_result("produce", document)
     print(f"\nwritten {out}")
     return 0
 
