@@ -111,12 +111,16 @@ class ScannedHeaders(NamedTuple):
     found: list[tuple[str, str]]
     # The request's Content-Type as given (checked by check_content_type), None if absent.
     content_type: str | None
+    # The request's W3C trace context as given (setu/tracing.py checks it), None if absent.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 def scan_headers(raw: Iterable[tuple[bytes, bytes]]) -> ScannedHeaders:
-    """What produce reads from ASGI headers: Content-Length, Content-Type and ``X_*``."""
+    """What produce reads from ASGI headers: Content-Length, Content-Type, the trace context
+    and ``X_*``."""
     length: int | None = None
-    content_type: str | None = None
+    content_type = traceparent = tracestate = None
     found: list[tuple[str, str]] = []
     for name, value in raw:
         prefix = name[:2].lower()
@@ -128,7 +132,11 @@ def scan_headers(raw: Iterable[tuple[bytes, bytes]]) -> ScannedHeaders:
                 length = int(value)
             elif lowered == b"content-type":
                 content_type = decode_header_value(value)
-    return ScannedHeaders(length, found, content_type)
+            elif lowered == b"traceparent":
+                traceparent = value.decode("latin-1")
+            elif lowered == b"tracestate":
+                tracestate = value.decode("latin-1")
+    return ScannedHeaders(length, found, content_type, traceparent, tracestate)
 
 
 def check_content_type(value: str | None) -> str | None:

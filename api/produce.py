@@ -20,12 +20,14 @@ from collections.abc import Iterable
 
 import orjson
 from fastapi import APIRouter, Depends, Request
+from opentelemetry.trace import SpanKind
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.auth import allow, authorize, header_value
 from api.context import Services, services
 from api.messages import (
+    IngestRecord,
     batch_results,
     batch_status,
     check_body_size,
@@ -36,8 +38,10 @@ from api.messages import (
 from api.metrics import ROUTE_KEY
 from api.responses import error_body
 from api.schemas import BatchOut, MessageIdOut, errors
+from setu import tracing
 from setu.access import Permission, check
 from setu.clock import now_ms
+from setu.envelope import H_TRACEPARENT, H_TRACESTATE, Envelope
 from setu.errors import (
     DependencyUnavailable,
     InvalidInput,
@@ -123,9 +127,38 @@ async def produce_one(
         s.metrics.count_produced(project, topic, "rejected")
         raise
     await admit(s, project, topic, 1, len(body))
+    traceparent = tracing.valid_traceparent(scanned.traceparent)
+    tracestate = tracing.valid_tracestate(scanned.tracestate) if traceparent else None
+    traced = tracing.current()
+    if not traced.enabled:
+        # Not tracing: the producer's own context, if any, still travels to the webhook.
+        envelope = envelope.evolve(traceparent=traceparent, tracestate=tracestate)
+        return await send_one(s, project, topic, entry.ingest_topic, envelope)
+    attributes = produce_attributes(project, topic, 1)
+    attributes["messaging.message.id"] = envelope.message_id
+    parent = tracing.context_of(traceparent, tracestate)
+    with tracing.span(traced, f"produce {topic}", SpanKind.PRODUCER, parent, attributes) as made:
+        context = tracing.headers_of(made)
+        envelope = envelope.evolve(traceparent=context[0], tracestate=context[1])
+        return await send_one(s, project, topic, entry.ingest_topic, envelope)
+
+
+def produce_attributes(project: str, topic: str, messages: int) -> dict[str, str | int]:
+    """The attributes of a produce span (OpenTelemetry's messaging conventions)."""
+    return {
+        "messaging.system": "setu",
+        "messaging.operation.type": "send",
+        "messaging.destination.name": f"{project}/{topic}",
+        "messaging.batch.message_count": messages,
+    }
+
+
+async def send_one(
+    s: Services, project: str, topic: str, ingest_topic: str, envelope: Envelope
+) -> Reply:
     started = time.perf_counter()
     try:
-        await s.producer.send(entry.ingest_topic, envelope.key, body, envelope.kafka_headers())
+        await s.producer.send(ingest_topic, envelope.key, envelope.body, envelope.kafka_headers())
     except PayloadTooLarge:
         s.metrics.count_produced(project, topic, "rejected")
         raise
@@ -151,9 +184,9 @@ async def produce_many(
 ) -> Reply:
     """A validated batch, every message written, per-message results (see module doc)."""
     entry = await s.topics.get(project, topic)
-    declared = scan_headers(headers).length
+    scanned = scan_headers(headers)
     try:
-        payload = await read_body(receive, s.settings.max_batch_bytes, declared)
+        payload = await read_body(receive, s.settings.max_batch_bytes, scanned.length)
         records = parse_batch(
             payload,
             grouped=entry.topic.grouped,
@@ -166,9 +199,40 @@ async def produce_many(
         s.metrics.count_produced(project, topic, "rejected")
         raise
     await admit(s, project, topic, len(records), sum(len(r.value) for r in records))
+    traceparent = tracing.valid_traceparent(scanned.traceparent)
+    tracestate = tracing.valid_tracestate(scanned.tracestate) if traceparent else None
+    traced = tracing.current()
+    if not traced.enabled:
+        records = with_trace(records, traceparent, tracestate)
+        return await send_many(s, project, topic, entry.ingest_topic, records)
+    attributes = produce_attributes(project, topic, len(records))
+    parent = tracing.context_of(traceparent, tracestate)
+    with tracing.span(traced, f"produce {topic}", SpanKind.PRODUCER, parent, attributes) as made:
+        records = with_trace(records, *tracing.headers_of(made))
+        status, body = await send_many(s, project, topic, entry.ingest_topic, records)
+        if status >= 300:
+            tracing.failed(made, f"{status}: not every message was written")
+        return status, body
+
+
+def with_trace(
+    records: list[IngestRecord], traceparent: str | None, tracestate: str | None
+) -> list[IngestRecord]:
+    """The batch's records carrying the request's trace context (setu/tracing.py)."""
+    if traceparent is None:
+        return records
+    trace_headers = [(H_TRACEPARENT, traceparent.encode())]
+    if tracestate is not None:
+        trace_headers.append((H_TRACESTATE, tracestate.encode()))
+    return [r._replace(headers=[*r.headers, *trace_headers]) for r in records]
+
+
+async def send_many(
+    s: Services, project: str, topic: str, ingest_topic: str, records: list[IngestRecord]
+) -> Reply:
     started = time.perf_counter()
     failures = await s.producer.send_many(
-        entry.ingest_topic, [(r.key, r.value, r.headers) for r in records]
+        ingest_topic, [(r.key, r.value, r.headers) for r in records]
     )
     s.metrics.observe_ack("batch", time.perf_counter() - started)
     failed = sum(f is not None for f in failures)

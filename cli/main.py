@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cli import admin, commands
@@ -99,14 +99,35 @@ def dev_settings(args: argparse.Namespace) -> DevSettings:
     return dev
 
 
+def traced(service: str, run: Callable[[], int]) -> int:
+    """Runs a Setu process with its tracing set up from the ``OTEL_*`` variables
+    (setu/tracing.py), sending what is still batched when it stops."""
+    from setu import tracing
+
+    configured = tracing.configure(service)
+    try:
+        return run()
+    finally:
+        configured.shutdown()
+
+
+def run_process(command: str, args: argparse.Namespace, settings: Settings) -> int:
+    """``setu api|deliver|ingest``: the process, or with ``--check`` its health probe."""
+    if command == "api":
+        if args.check:
+            return commands.check_api(settings)
+        return traced("setu-api", lambda: commands.run_api(settings))
+    if command == "deliver":
+        if args.check:
+            return commands.check_deliver(settings)
+        return traced("setu-deliver", lambda: commands.run_deliver(settings))
+    return traced("setu-ingest", lambda: commands.run_ingest(settings))
+
+
 def dispatch(args: argparse.Namespace, settings: Settings) -> int:
     command: str = args.command
-    if command == "api":
-        return commands.check_api(settings) if args.check else commands.run_api(settings)
-    if command == "deliver":
-        return commands.check_deliver(settings) if args.check else commands.run_deliver(settings)
-    if command == "ingest":
-        return commands.run_ingest(settings)
+    if command in ("api", "deliver", "ingest"):
+        return run_process(command, args, settings)
     if command == "redrive":
         return commands.run_redrive(settings, args.project, args.topic, say)
     if command == "migrate":

@@ -3,7 +3,9 @@ the outcome.
 
 Every call carries the body as published, the producer's ``X_*`` headers, ``X_MESSAGE_ID``,
 ``X_GROUP_ID`` (when the message has one), ``X_DELIVERY_ATTEMPT`` (1-based), the endpoint's own
-fixed headers and the Standard Webhooks headers. :func:`request_headers` builds them, purely.
+fixed headers, the Standard Webhooks headers and the W3C ``traceparent`` (setu/tracing.py): the
+call's own span's when tracing, else the producer's as it came. :func:`request_headers` builds
+all but the last, purely.
 
 :class:`WebhookSender` enforces the endpoint timeout and ``rate_limit_per_second`` (a token
 bucket, this worker's or the subscription's shared one), and classifies the answer.
@@ -17,13 +19,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from opentelemetry.trace import SpanKind
+
 from delivery.http import HttpClient, HttpError, RefusedAddress, Target, UnsafeRequest
 from delivery.outcome import Outcome, Verdict, classify_error, classify_status
 from delivery.ratelimit import SharedRate, Take, TokenBucket
 from delivery.signing import signing_key, webhook_headers
 from setu import headers as produce_headers
+from setu import tracing
 from setu.clock import now_ms
-from setu.envelope import Envelope
+from setu.envelope import H_TRACEPARENT, H_TRACESTATE, Envelope
 from setu.model import Subscription
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
@@ -94,9 +99,42 @@ class WebhookSender:
         return await self._call(envelope, attempt)
 
     async def _call(self, envelope: Envelope, attempt: int) -> Outcome:
+        traced = tracing.current()
+        if not traced.enabled:
+            return await self._request(envelope, attempt, envelope.traceparent, envelope.tracestate)
+        attributes = {
+            "messaging.system": "setu",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": f"{self.sub.project}/{self.sub.topic}",
+            "messaging.consumer.group.name": self.sub.name,
+            "messaging.message.id": envelope.message_id,
+            "setu.delivery.attempt": attempt,
+            "http.request.method": self._method,
+            "server.address": self._target.origin.host,
+        }
+        if envelope.group_id is not None:
+            attributes["setu.group.id"] = envelope.group_id
+        parent = tracing.context_of(envelope.traceparent, envelope.tracestate)
+        name = f"deliver {self.sub.name}"
+        with tracing.span(traced, name, SpanKind.CLIENT, parent, attributes) as made:
+            outcome = await self._request(envelope, attempt, *tracing.headers_of(made))
+            if outcome.status is not None:
+                made.set_attribute("http.response.status_code", outcome.status)
+            made.set_attribute("setu.delivery.verdict", outcome.verdict.value)
+            if outcome.verdict is not Verdict.DELIVERED:
+                tracing.failed(made, outcome.error or f"status {outcome.status}")
+            return outcome
+
+    async def _request(
+        self, envelope: Envelope, attempt: int, traceparent: str | None, tracestate: str | None
+    ) -> Outcome:
         now = self._clock()
         keys = [key for key, secret in self._keys if secret.active(now)]
         headers = request_headers(self.sub, envelope, attempt, now // 1000, keys)
+        if traceparent is not None:
+            headers.append((H_TRACEPARENT, traceparent))
+            if tracestate is not None:
+                headers.append((H_TRACESTATE, tracestate))
         try:
             response = await self._client.request(
                 self._method, self._target, headers, envelope.body, self._timeout_s

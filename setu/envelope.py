@@ -30,6 +30,11 @@ H_CONTENT_TYPE = "setu-content-type"
 # time. De-duplication state and producer marks of a deleted topic never judge or answer for
 # a topic created again under the same name (docs/ingest.md, "A topic created again").
 H_TOPIC_INCARNATION = "setu-topic-incarnation"
+# W3C Trace Context of the message (setu/tracing.py), under the names OpenTelemetry's Kafka
+# instrumentations read: not Setu-prefixed, and never forwarded as a producer header.
+H_TRACEPARENT = "traceparent"
+H_TRACESTATE = "tracestate"
+TRACE_HEADERS = frozenset({H_TRACEPARENT, H_TRACESTATE})
 # Why the ingest job set a record aside in its topic's ingest reject topic (spark.rejects)
 H_REJECT_REASON = "setu-reject-reason"
 
@@ -56,6 +61,8 @@ class Envelope:
     failure_reason: str | None = None
     last_status: int | None = None
     failed_at_ms: int | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
 
     @property
     def key(self) -> bytes:
@@ -82,6 +89,10 @@ class Envelope:
             out.append((H_TOPIC_INCARNATION, str(self.topic_incarnation).encode()))
         if self.content_type is not None:
             out.append((H_CONTENT_TYPE, self.content_type.encode()))
+        if self.traceparent is not None:
+            out.append((H_TRACEPARENT, self.traceparent.encode()))
+            if self.tracestate is not None:
+                out.append((H_TRACESTATE, self.tracestate.encode()))
         optional: tuple[tuple[str, object | None], ...] = (
             (H_INGEST_PARTITION, self.ingest_partition),
             (H_INGEST_OFFSET, self.ingest_offset),
@@ -105,7 +116,7 @@ class Envelope:
         extra: list[tuple[str, str]] = []
         for name, raw in headers or ():
             value = (raw or b"").decode("utf-8", "replace")
-            if name.startswith(SETU_PREFIX):
+            if name.startswith(SETU_PREFIX) or name in TRACE_HEADERS:
                 own[name] = value
             else:
                 extra.append((name, value))
@@ -132,4 +143,6 @@ class Envelope:
             failure_reason=own.get(H_FAILURE_REASON),
             last_status=num(H_LAST_STATUS),
             failed_at_ms=num(H_FAILED_AT),
+            traceparent=own.get(H_TRACEPARENT),
+            tracestate=own.get(H_TRACESTATE),
         )

@@ -54,12 +54,14 @@ from urllib.parse import urlparse
 
 import redis
 from confluent_kafka.admin import AdminClient
+from opentelemetry.trace import SpanKind
 from pyspark.accumulators import Accumulator
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as fn
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructType
 
+from setu import tracing
 from setu.envelope import (
     H_GROUP_ID,
     H_INGEST_OFFSET,
@@ -68,6 +70,7 @@ from setu.envelope import (
     H_PRODUCER_ID,
     H_SEQUENCE_ID,
     H_TOPIC_INCARNATION,
+    H_TRACEPARENT,
 )
 from setu.limits import MessageLimits
 from setu.names import (
@@ -82,7 +85,15 @@ from setu.names import (
 from setu.settings import Settings, is_local_master
 from spark.dedup_state import PartitionMarks
 from spark.marks import HighsParam, MarkPublisher, ProducerHighs, by_topic
-from spark.metrics import CountsParam, IngestMetrics, TopicCounts, WaitCounts, WaitsParam, no_waits
+from spark.metrics import (
+    CountsParam,
+    IngestMetrics,
+    TopicCounts,
+    TracesParam,
+    WaitCounts,
+    WaitsParam,
+    no_waits,
+)
 from spark.processor import (
     INCARNATION,
     OFFSET,
@@ -91,6 +102,7 @@ from spark.processor import (
     RECORD_MS,
     SEQUENCE,
     TOPIC,
+    TRACEPARENT,
     PartitionDedup,
 )
 from spark.rejects import routed_columns
@@ -230,12 +242,13 @@ def _bootstrap(settings: Settings) -> str:
     return settings.kafka_bootstrap
 
 
-def with_identity(raw: DataFrame) -> DataFrame:
+def with_identity(raw: DataFrame, traced: bool = False) -> DataFrame:
     """Source rows -> the columns the job works on, headers packed as JSON for the processor.
 
     The producer column is null unless both producer id and a valid sequence are present; the
     sequence column is -1 where there is no valid sequence, the incarnation column 0 where the
-    record carries none (:mod:`spark.dedup`).
+    record carries none (:mod:`spark.dedup`). ``traced`` adds each record's ``traceparent``
+    (setu/tracing.py), for the batch span's links.
     """
     # One map per row, then plain lookups: far cheaper than a filter lambda per header name.
     header = fn.map_from_entries(fn.col(RAW_HEADERS))
@@ -255,6 +268,7 @@ def with_identity(raw: DataFrame) -> DataFrame:
         fn.coalesce(sequence, fn.lit(-1).cast("bigint")).alias(SEQUENCE),
         fn.coalesce(incarnation, fn.lit(0).cast("bigint")).alias(INCARNATION),
         fn.unix_millis(fn.col("timestamp")).alias(RECORD_MS),
+        *([header[H_TRACEPARENT].cast("string").alias(TRACEPARENT)] if traced else []),
     )
     return rows
 
@@ -269,7 +283,7 @@ def source_rows(
 ) -> DataFrame:
     """The streaming frame of ingest records, as :func:`with_identity` columns."""
     raw = spark.readStream.format("kafka").options(**source_options(settings, pattern)).load()
-    return with_identity(raw)
+    return with_identity(raw, traced=tracing.current().enabled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +298,8 @@ class Dedup:
     waits: Accumulator[WaitCounts]
     tasks: int = 0
     """Tasks a batch's de-duplication runs in (0: as many as the source has partitions)."""
+    traces: Accumulator[list[str]] | None = None
+    """The traceparents of a batch's first messages, when tracing (setu/tracing.py)."""
 
     def accepted(self, rows: DataFrame, batch_id: int, started_ms: int) -> DataFrame:
         """The batch's rows that are not duplicates, each task's in ingest order."""
@@ -297,6 +313,7 @@ class Dedup:
             self.counts,
             self.waits,
             started_ms,
+            self.traces,
         )
         # Fewer, larger tasks: each Python task costs a fixed handful of ms, and a coalesce
         # keeps each source partition whole, in order, in one task.
@@ -309,6 +326,8 @@ class Dedup:
         self.highs.value = {}
         self.counts.value = {}
         self.waits.value = no_waits()
+        if self.traces is not None:
+            self.traces.value = []
 
 
 def new_dedup(spark: SparkSession, settings: Settings) -> Dedup:
@@ -320,6 +339,7 @@ def new_dedup(spark: SparkSession, settings: Settings) -> Dedup:
         spark.sparkContext.accumulator({}, CountsParam()),
         spark.sparkContext.accumulator(no_waits(), WaitsParam()),
         settings.spark_dedup_tasks or spark.sparkContext.defaultParallelism,
+        spark.sparkContext.accumulator([], TracesParam()) if tracing.current().enabled else None,
     )
 
 
@@ -349,6 +369,26 @@ def main_log_columns() -> list[Column]:
 QUERY_RESTARTS = 12  # with the pauses of keep_running: about five minutes
 # How long a batch's write is tried again before the batch (and so the query) fails.
 WRITE_PATIENCE_S = 300.0
+
+
+def batch_span(
+    batch_id: int, started_ns: int, counts: Mapping[str, tuple[int, int]], traces: list[str]
+) -> None:
+    """The ``ingest batch`` span of a written batch, linked to its first messages' traces."""
+    attributes = {
+        "setu.ingest.batch_id": batch_id,
+        "setu.ingest.accepted": sum(accepted for accepted, _ in counts.values()),
+        "setu.ingest.duplicates": sum(dropped for _, dropped in counts.values()),
+    }
+    with tracing.span(
+        tracing.current(),
+        "ingest batch",
+        SpanKind.INTERNAL,
+        attributes=attributes,
+        links=tracing.links_to(traces),
+        start_ns=started_ns,
+    ):
+        pass
 
 
 class BatchWriter:
@@ -403,7 +443,7 @@ class BatchWriter:
         return accepted.select(*main).select(*routing)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        started = time.monotonic()
+        started, started_ns = time.monotonic(), time.time_ns()
         accepted = self._dedup.accepted(batch, batch_id, int(time.time() * 1000))
         retired = self._retired()
         rows = self._sink_rows(accepted)
@@ -416,6 +456,8 @@ class BatchWriter:
         self._metrics.batch_written(
             dedup.counts.value, time.monotonic() - started, dedup.waits.value
         )
+        if dedup.traces is not None:
+            batch_span(batch_id, started_ns, dedup.counts.value, dedup.traces.value)
 
     def _write(self, rows: DataFrame, batch_id: int, retired: set[str]) -> None:
         """Writes the batch without the rows of ``retired`` main topics; a failed write is

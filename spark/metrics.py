@@ -38,6 +38,7 @@ from pyspark.accumulators import AccumulatorParam
 
 from setu.metrics import LATENCY_BUCKETS, Buckets, serve
 from setu.names import parse_ingest_topic
+from setu.tracing import MAX_LINKS
 
 BATCH_BUCKETS = LATENCY_BUCKETS
 
@@ -93,6 +94,19 @@ class WaitsParam(AccumulatorParam[WaitCounts]):
         for i, n in enumerate(value2[0]):
             counts[i] += n
         return counts, total + value2[1]
+
+
+class TracesParam(AccumulatorParam[list[str]]):
+    """A Spark accumulator of a batch's first traceparents (at most ``MAX_LINKS``)."""
+
+    def zero(self, value: list[str]) -> list[str]:
+        return []
+
+    def addInPlace(  # noqa: N802 (Spark's name)
+        self, value1: list[str], value2: list[str]
+    ) -> list[str]:
+        value1.extend(value2[: max(0, MAX_LINKS - len(value1))])
+        return value1
 
 
 Progress = Callable[[], "tuple[bool, Mapping[str, Any] | None]"]

@@ -27,6 +27,7 @@ import numpy.typing as npt
 import pandas as pd
 from pyspark.accumulators import Accumulator
 
+from setu.tracing import MAX_LINKS
 from spark.dedup import (
     INCARNATION,
     OFFSET,
@@ -57,6 +58,8 @@ SHARES = 32
 """Each partition keeps at most ``ceil(dedup_max_producers / SHARES)`` marks."""
 RECORD_MS = "record_ms"
 """The ingest record's timestamp in ms (the API's produce time)."""
+TRACEPARENT = "traceparent"
+"""The record's W3C trace context, a column only when tracing (setu/tracing.py)."""
 
 
 def partition_cap(max_producers: int) -> int:
@@ -98,6 +101,7 @@ class PartitionDedup:
         counts: Accumulator[TopicCounts],
         waits: Accumulator[WaitCounts] | None = None,
         batch_started_ms: int = 0,
+        traces: Accumulator[list[str]] | None = None,
     ) -> None:
         self.batch = batch
         self.marks = marks
@@ -109,6 +113,7 @@ class PartitionDedup:
         self.counts = counts
         self.waits = waits
         self.batch_started_ms = batch_started_ms
+        self.traces = traces
 
     def __call__(self, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         chunks = [f for f in frames if len(f)]
@@ -118,6 +123,8 @@ class PartitionDedup:
         if self.waits is not None and self.batch_started_ms:
             waited = (self.batch_started_ms - frame[RECORD_MS].to_numpy(dtype=np.int64)) / 1000
             self.waits.add(wait_counts(waited))
+        if self.traces is not None and TRACEPARENT in frame:
+            self.traces.add(frame[TRACEPARENT].dropna().head(MAX_LINKS).tolist())
         # Normally one partition per task; several would each keep their own marks.
         for (topic, partition), rows in frame.groupby([TOPIC, PARTITION], sort=False):
             yield self._partition(str(topic), int(partition), rows)

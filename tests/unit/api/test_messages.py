@@ -34,8 +34,11 @@ def test_scan_keeps_x_headers_in_order_and_reads_content_length() -> None:
         (b"x-group-id", b"g1"),
         (b"content-type", b"text/plain"),
         (b"x-trace", b"t"),
+        (b"traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
     ]
-    length, found, content_type = scan_headers(raw)
+    length, found, content_type, traceparent, tracestate = scan_headers(raw)
+    assert traceparent == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert tracestate is None
     assert length == 5
     assert found == [("x_message_id", "m1"), ("x-group-id", "g1"), ("x-trace", "t")]
     assert content_type == "text/plain"
