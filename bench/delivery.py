@@ -25,6 +25,9 @@ call. A row's rate is messages / (last call - first call), so group-join time is
   against the 10000 row of the same run it gives what recording every attempt costs (target:
   at most 10 % of the throughput), and the 10000 row reports the log's Redis memory per
   message.
+- 10000-traced: the 10,000-group row with tracing on (a span per webhook call, exported with
+  OTLP to a local sink); against the 10000 row it gives what tracing costs (target: at most
+  10 %; off, nothing is made: docs/latency.md, "Tracing").
 - 10000-rate: the 10,000-group row with ``rate_limit_per_second`` set far above reach, so
   every call takes its token from the rate bucket the subscription's workers share in Redis
   (docs/policies.md §5); against the 10000 row it gives what the shared limit costs. (Every
@@ -55,7 +58,7 @@ import orjson
 import redis
 from confluent_kafka import Producer
 
-from bench.machine import quiet_kafka_config, write_result
+from bench.machine import OtlpSink, quiet_kafka_config, write_result
 from setu.envelope import Envelope
 from setu.model import Endpoint, Notifications, RetryPolicy, Subscription, Topic
 from state import keys
@@ -69,6 +72,7 @@ ROWS = (
     "10000",
     "10000-nolog",
     "10000-rate",
+    "10000-traced",
     "ungrouped",
     "isolation",
     "flaky",
@@ -199,6 +203,7 @@ class _Fixed:
 
 def serve_worker(config: dict[str, Any]) -> None:
     from delivery.worker import _run_loop, serve
+    from setu import tracing
     from setu.settings import Settings
 
     sub = Subscription(
@@ -218,9 +223,13 @@ def serve_worker(config: dict[str, Any]) -> None:
         allow_private_endpoints=True,  # the benchmark's webhook listens on loopback
         attempt_log_hours=config["attempt_log_hours"],
     )
+    tracing.configure("setu-deliver")  # on in the -traced row (OTEL_EXPORTER_OTLP_ENDPOINT)
     profile_to = os.environ.get("SETU_BENCH_PROFILE")
     if not profile_to:
-        _run_loop(serve(settings, _Fixed([sub])))
+        try:
+            _run_loop(serve(settings, _Fixed([sub])))
+        finally:
+            tracing.current().shutdown()
         return
     import cProfile
 
@@ -299,7 +308,7 @@ def row_groups(row: str, messages: int) -> int | None:
         return max(1, messages // 10)
     if row == "memory":
         return messages
-    return int(row.removesuffix("-nolog").removesuffix("-rate"))
+    return int(row.split("-")[0])
 
 
 def flaky_figures(
@@ -352,6 +361,7 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
         stdout=subprocess.PIPE,
     )
     worker: subprocess.Popen[bytes] | None = None
+    sink: OtlpSink | None = None
     try:
         assert hook.stdout is not None
         hook.stdout.readline()
@@ -370,23 +380,17 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
             "attempt_log_hours": 0 if row.endswith("-nolog") else 24,
             "rate_limit_per_second": RATE_ROW_LIMIT if row.endswith("-rate") else None,
         }
+        if row.endswith("-traced"):
+            sink = OtlpSink()
         worker = subprocess.Popen(
-            [sys.executable, "-m", "bench.delivery", "--serve-worker", json.dumps(config)]
+            [sys.executable, "-m", "bench.delivery", "--serve-worker", json.dumps(config)],
+            env={
+                **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+                **(sink.env() if sink else {}),
+            },
         )
         expected = messages - (messages // 10 if row == "isolation" else 0)
-        deadline = time.monotonic() + args.timeout
-        peak = {"VmRSS": 0, "VmHWM": 0, "cpu_ms": 0}
-        cpu_at_start: int | None = None  # worker CPU when the first call came in
-        while True:
-            stats = get_stats(port)
-            peak = proc_status(worker.pid)
-            if cpu_at_start is None and stats["ok"]:
-                cpu_at_start = peak["cpu_ms"]
-            if stats["ok"] >= expected - dead_lettered(args.redis, project, sub_name):
-                break
-            if time.monotonic() > deadline or worker.poll() is not None:
-                raise RuntimeError(f"row {row}: {stats['ok']} of {expected} after the deadline")
-            time.sleep(0.05)
+        stats, peak, cpu_at_start = watch_row(args, row, port, worker, expected, project)
         elapsed = stats["last"] - stats["first"]
         busy_ms = peak["cpu_ms"] - (cpu_at_start or 0)
         result = {
@@ -408,7 +412,11 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
         }
         if row == "flaky":
             result.update(flaky_figures(stats, messages, elapsed, result["dead_lettered"]))
-        stop(worker)  # it flushes its attempt log as it stops
+        stop(worker)  # it flushes its attempt log (and its spans) as it stops
+        if sink is not None:
+            if not sink.received.wait(15):
+                raise RuntimeError(f"row {row}: the worker exported no span")
+            result["exported_span_bytes"] = sink.bytes
         if not row.endswith("-nolog"):
             result["attempt_log_bytes_per_message"] = attempt_log_bytes(
                 args.redis, project, sub_name, stats["ok"]
@@ -417,6 +425,8 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
     finally:
         if worker is not None:
             stop(worker)
+        if sink is not None:
+            sink.close()
         hook.kill()
         hook.wait()
         admin.delete_subscription(project, sub_name)
@@ -426,6 +436,30 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
         if found:
             client.delete(*found)
         client.close()
+
+
+def watch_row(
+    args: argparse.Namespace,
+    row: str,
+    port: int,
+    worker: subprocess.Popen[bytes],
+    expected: int,
+    project: str,
+) -> tuple[dict[str, Any], dict[str, int], int | None]:
+    """Waits until the webhook took every message a row expects (less those dead-lettered);
+    returns its stats, the worker's last /proc figures and its CPU when the first call came."""
+    deadline = time.monotonic() + args.timeout
+    cpu_at_start: int | None = None
+    while True:
+        stats = get_stats(port)
+        peak = proc_status(worker.pid)
+        if cpu_at_start is None and stats["ok"]:
+            cpu_at_start = peak["cpu_ms"]
+        if stats["ok"] >= expected - dead_lettered(args.redis, project, "s"):
+            return stats, peak, cpu_at_start
+        if time.monotonic() > deadline or worker.poll() is not None:
+            raise RuntimeError(f"row {row}: {stats['ok']} of {expected} after the deadline")
+        time.sleep(0.05)
 
 
 def stop(worker: subprocess.Popen[bytes]) -> None:
@@ -494,6 +528,11 @@ def verdicts(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
         share = many["messages_per_s"] / nolog["messages_per_s"]
         out["attempt_log_keeps_share"] = round(share, 3)
         out["attempt_log_costs_at_most_10_percent"] = share >= 0.9
+    traced = rows.get("10000-traced")
+    if many and traced:
+        share = traced["messages_per_s"] / many["messages_per_s"]
+        out["tracing_keeps_share"] = round(share, 3)
+        out["tracing_costs_at_most_10_percent"] = share >= 0.9
     rated = rows.get("10000-rate")
     if many and rated:
         out["shared_rate_limit_keeps_share"] = round(

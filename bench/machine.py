@@ -85,3 +85,42 @@ def write_result(name: str, figures: dict[str, Any], suffix: str = "") -> Path:
     path = RESULTS / f"{name}-{stamp}{suffix}.json"
     path.write_text(json.dumps({"machine": machine(), **figures}, indent=2) + "\n")
     return path
+
+
+class OtlpSink:
+    """A local OTLP/HTTP endpoint that takes every export and counts its bytes: what a
+    benchmark points ``OTEL_EXPORTER_OTLP_ENDPOINT`` at to measure tracing's cost (and to
+    prove spans were really sent)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        sink = self
+        self.exports = 0
+        self.bytes = 0
+        self.received = threading.Event()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                sink.bytes += len(self.rfile.read(length))
+                sink.exports += 1
+                sink.received.set()
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def env(self) -> dict[str, str]:
+        """The variables that turn a Setu process's tracing on, towards this sink."""
+        return {"OTEL_EXPORTER_OTLP_ENDPOINT": self.endpoint}
+
+    def close(self) -> None:
+        self._server.shutdown()

@@ -16,11 +16,14 @@ a fresh SQLite store), creates a grouped 6-partition topic, and measures in turn
    broker-side limit the batch path is compared with;
 5. the cost of authentication: single produce, closed loop, with a producer key against this
    API and without keys against a second API started with ``SETU_AUTH_ENABLED=false``,
-   alternating on, off, on, off; the share auth keeps must be at least 0.9.
+   alternating on, off, on, off; the share auth keeps must be at least 0.9;
+6. the cost of tracing: the same, against a third API exporting a span per produce with OTLP
+   to a local sink (``OTEL_EXPORTER_OTLP_ENDPOINT``), and this one (tracing off); the share
+   tracing keeps must be at least 0.9 (docs/latency.md, "Tracing").
 
 Figures are printed and written as JSON under bench/results/. Targets (2-core machine):
 single >= 3,000/s with p99 <= 20 ms, batch >= 50,000 messages/s, batch within 2x of bare,
-auth keeps >= 0.9 of single-produce throughput.
+auth and tracing each keep >= 0.9 of single-produce throughput.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from confluent_kafka import Producer
 from api.producer import producer_config
 from bench.http_load import Connection, closed_loop, open_loop, request_bytes
 from bench.machine import (
+    OtlpSink,
     free_port,
     quiet_client_logs,
     quiet_kafka_config,
@@ -94,11 +98,13 @@ def serve(port: int) -> None:
 
     from api.app import create_app
     from api.server import uvicorn_options
+    from setu import tracing
     from setu.settings import Settings
     from state import migrate
 
     settings = Settings()
     migrate.upgrade(settings.resolved_database_url())
+    tracing.configure("setu-api")  # on when the benchmark set OTEL_EXPORTER_OTLP_ENDPOINT
     uvicorn.run(
         create_app(settings),
         host="127.0.0.1",
@@ -111,10 +117,16 @@ def serve(port: int) -> None:
 
 
 def start_api(
-    args: argparse.Namespace, data_dir: str, port: int, *, auth: bool = True
+    args: argparse.Namespace,
+    data_dir: str,
+    port: int,
+    *,
+    auth: bool = True,
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+        **(extra_env or {}),
         "SETU_DATA_DIR": data_dir,
         "SETU_KAFKA_BOOTSTRAP": args.bootstrap,
         "SETU_REDIS_URL": args.redis,
@@ -242,19 +254,22 @@ async def set_up(port: int) -> tuple[str, str]:
     return project, str(key["key"])
 
 
-async def auth_cost(args: argparse.Namespace, on_port: int, off_port: int) -> dict[str, Any]:
-    """Single produce, closed loop, alternately with a producer key against the API with auth
-    and with no key against the one without (see the module doc)."""
-    phases: dict[str, list[float]] = {"on": [], "off": []}
-    made = [(on_port, await set_up(on_port)), (off_port, await set_up(off_port))]
+async def alternating(
+    args: argparse.Namespace, apis: dict[str, tuple[int, bool]], what: str
+) -> dict[str, Any]:
+    """Single produce, closed loop, against each API in turn, twice: ``apis`` maps a label to
+    (port, whether to send a producer key). Returns each label's mean rate and the first's
+    share of the second's."""
+    phases: dict[str, list[float]] = {label: [] for label in apis}
+    made = {label: (port, key, await set_up(port)) for label, (port, key) in apis.items()}
     for _ in range(2):
-        for label, (port, (project, key)) in zip(("on", "off"), made, strict=True):
-            print(f"single produce, closed loop, auth {label} ...", flush=True)
+        for label, (port, send_key, (project, key)) in made.items():
+            print(f"single produce, closed loop, {what} {label} ...", flush=True)
             result = await closed_loop(
                 "127.0.0.1",
                 port,
                 single_request(
-                    f"/v1/projects/{project}/topics/orders/produce", key if label == "on" else None
+                    f"/v1/projects/{project}/topics/orders/produce", key if send_key else None
                 ),
                 connections=args.connections,
                 duration_s=args.duration / 2,
@@ -262,16 +277,35 @@ async def auth_cost(args: argparse.Namespace, on_port: int, off_port: int) -> di
             )
             assert set(result.statuses) == {200}, result.statuses
             phases[label].append(result.achieved_per_s)
-    on, off = sum(phases["on"]) / 2, sum(phases["off"]) / 2
-    for port, (project, _) in made:
+    for port, _, (project, _) in made.values():
         await call(port, "DELETE", f"/v1/projects/{project}/topics/orders")
         await call(port, "DELETE", f"/v1/projects/{project}")
+    on, off = (sum(phases[label]) / 2 for label in apis)
     return {
-        "auth_on_per_s": round(on, 1),
-        "auth_off_per_s": round(off, 1),
+        f"{what}_on_per_s": round(on, 1),
+        f"{what}_off_per_s": round(off, 1),
         "runs": phases,
         "share_kept": round(on / off, 3) if off else 0.0,
     }
+
+
+async def auth_cost(args: argparse.Namespace, on_port: int, off_port: int) -> dict[str, Any]:
+    """With a producer key against the API with auth, and with no key against the one
+    without (see the module doc)."""
+    return await alternating(args, {"on": (on_port, True), "off": (off_port, False)}, "auth")
+
+
+async def tracing_cost(
+    args: argparse.Namespace, on_port: int, off_port: int, sink: OtlpSink
+) -> dict[str, Any]:
+    """The API exporting a span per produce to a local OTLP sink against the API without
+    tracing (docs/latency.md, "Tracing"), both with auth."""
+    result = await alternating(args, {"on": (on_port, True), "off": (off_port, True)}, "tracing")
+    # The SDK's batch processor exports every 5 s.
+    if not await asyncio.to_thread(sink.received.wait, 15):
+        raise SystemExit("the traced API exported no span: tracing was not on")
+    result["exported_bytes"] = sink.bytes
+    return result
 
 
 async def measure(args: argparse.Namespace, api_pid: int) -> dict[str, Any]:
@@ -357,6 +391,7 @@ def verdicts(figures: dict[str, Any]) -> dict[str, bool]:
         "batch_at_least_50000_per_s": batch_rate >= 50_000,
         "batch_within_2x_of_bare": bare_rate <= 2 * batch_rate,
         "auth_keeps_at_least_0.9": figures["auth"]["share_kept"] >= 0.9,
+        "tracing_keeps_at_least_0.9": figures["tracing"]["share_kept"] >= 0.9,
     }
 
 
@@ -389,6 +424,12 @@ def report(figures: dict[str, Any], checks: dict[str, bool]) -> None:
     print(
         f"auth on / off       : {auth['auth_on_per_s']:.0f} / {auth['auth_off_per_s']:.0f} "
         f"req/s single, share kept {auth['share_kept']}"
+    )
+    traced = figures["tracing"]
+    print(
+        f"tracing on / off    : {traced['tracing_on_per_s']:.0f} / "
+        f"{traced['tracing_off_per_s']:.0f} req/s single, share kept {traced['share_kept']} "
+        f"({traced['exported_bytes']} bytes of spans exported)"
     )
     for name, passed in checks.items():
         print(f"  {'PASS' if passed else 'MISS'}  {name}")
@@ -423,23 +464,28 @@ def main(argv: list[str] | None = None) -> int:
     with (
         tempfile.TemporaryDirectory(prefix="setu-bench-") as data_dir,
         tempfile.TemporaryDirectory(prefix="setu-bench-") as open_dir,
+        tempfile.TemporaryDirectory(prefix="setu-bench-") as traced_dir,
     ):
-        open_port = args.port + 1
-        if not args.port:
-            args.port, open_port = free_port(), free_port()
-            while open_port == args.port:
-                open_port = free_port()
-        if not is_free(args.port) or not is_free(open_port):
-            raise SystemExit(f"port {args.port} or {open_port} is taken: choose another --port")
+        ports = [args.port, args.port + 1, args.port + 2] if args.port else []
+        while len(set(ports)) < 3:
+            ports = [free_port() for _ in range(3)]
+        taken = [p for p in ports if not is_free(p)]
+        if taken:
+            raise SystemExit(f"ports {taken} are taken: choose another --port")
+        args.port, open_port, traced_port = ports
+        sink = OtlpSink()
         api = start_api(args, data_dir, args.port)
         unauthenticated = start_api(args, open_dir, open_port, auth=False)
+        traced = start_api(args, traced_dir, traced_port, extra_env=sink.env())
         try:
             figures = uvloop.run(measure(args, api.pid))
             figures["auth"] = uvloop.run(auth_cost(args, args.port, open_port))
+            figures["tracing"] = uvloop.run(tracing_cost(args, traced_port, args.port, sink))
         finally:
-            for process in (api, unauthenticated):
+            for process in (api, unauthenticated, traced):
                 process.terminate()
                 process.wait(15)
+            sink.close()
     checks = verdicts(figures)
     report(figures, checks)
     document = {
