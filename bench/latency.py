@@ -30,6 +30,8 @@ The finer split comes from the services' own histograms, read before and after e
 worker), ``setu_delivery_dispatch_seconds`` (read -> call sent) and
 ``setu_delivery_call_duration_seconds``; a service without one reports it as missing.
 
+Each phase also reports how many cores each process (with its children) kept busy.
+
 Targets (docs/latency.md; 2-core machine, everything on it): p95 <= 400 ms at 200 msg/s,
 p99 <= 1 s at 1,000 msg/s. Figures are printed and written as JSON under bench/results/.
 """
@@ -235,6 +237,30 @@ class Stack:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and all its descendants (the ingest job's
+    JVM and Python workers are children of ``setu ingest``)."""
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, p in parents.items() if p == parent and child not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(cpu.get(p, 0.0) for p in tree)
 
 
 def _ok(url: str) -> bool:
@@ -546,6 +572,8 @@ def report(phases: dict[str, dict[str, Any]], checks: dict[str, Any]) -> None:
             f"{name:<9} sent {figures['sent']}, measured {figures['measured']}, missing "
             f"{figures['missing_at_webhook']}, duplicate calls {figures['duplicate_calls']}"
         )
+        busy = ", ".join(f"{k} {v:.2f}" for k, v in figures.get("cores_busy", {}).items())
+        print(f"{name:<9} cores busy: {busy}")
     for name, verdict in checks.items():
         print(f"{name}: {verdict}")
 
@@ -658,9 +686,16 @@ def main(argv: list[str] | None = None) -> int:
                     ("deliver", stack.deliver_metrics_port),
                 )
             }
+            cpu_before = {n: tree_cpu_s(p.pid) for n, p in stack.processes.items()}
+            started = time.monotonic()
             sent, measured_from = asyncio.run(
                 run_load(stack.api_port, phase, args.seconds, args.warmup, headers)
             )
+            elapsed = time.monotonic() - started
+            cpu = {
+                name: round((tree_cpu_s(p.pid) - cpu_before[name]) / elapsed, 3)
+                for name, p in stack.processes.items()
+            }
             expected += sum(
                 1 for k, s in sent.items() if not k.endswith("#dup") and s.status // 100 == 2
             )
@@ -674,12 +709,13 @@ def main(argv: list[str] | None = None) -> int:
                 quantiles = histogram_quantiles(before[kind], scrape(port, [n for n, _ in wanted]))
                 for name, stage in wanted:
                     stages[stage] = quantiles.get(name, {"missing": True})
-            runs.append((phase, sent, measured_from, stages))
+            runs.append((phase, sent, measured_from, stages, cpu))
         arrivals = orjson.loads(webhook_get(stack.webhook_port, "dump"))
         ingest = record_times(args.bootstrap, names.ingest_topic(stack.project, "orders"))
         main_log = record_times(args.bootstrap, names.main_topic(stack.project, "orders"))
-    for phase, sent, measured_from, stages in runs:
+    for phase, sent, measured_from, stages, cpu in runs:
         figures = phase_figures(phase, sent, measured_from, arrivals, ingest, main_log)
+        figures["cores_busy"] = cpu
         figures["stages"] = {k: v for k, v in stages.items() if "missing" not in v}
         figures["stages_missing"] = [k for k, v in stages.items() if "missing" in v]
         results[phase.name] = figures
