@@ -18,8 +18,9 @@ a fresh SQLite store), creates a grouped 6-partition topic, and measures in turn
    API and without keys against a second API started with ``SETU_AUTH_ENABLED=false``,
    alternating on, off, on, off; the share auth keeps must be at least 0.9;
 6. the cost of tracing: the same, against a third API exporting a span per produce with OTLP
-   to a local sink (``OTEL_EXPORTER_OTLP_ENDPOINT``), and this one (tracing off); the share
-   tracing keeps must be at least 0.9 (docs/latency.md, "Tracing").
+   to a local sink (``OTEL_EXPORTER_OTLP_ENDPOINT``), sampling ``--trace-sample`` of the
+   requests (1.0: every one), and this one (tracing off); the share tracing keeps must be at
+   least 0.9 (docs/latency.md, "Tracing").
 
 Figures are printed and written as JSON under bench/results/. Targets (2-core machine):
 single >= 3,000/s with p99 <= 20 ms, batch >= 50,000 messages/s, batch within 2x of bare,
@@ -453,6 +454,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=3000.0, help="paced single-produce rate")
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--batch-connections", type=int, default=4)
+    parser.add_argument(
+        "--trace-sample",
+        type=float,
+        default=1.0,
+        help="the share of produce requests the traced API samples (OTEL_TRACES_SAMPLER_ARG)",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -476,7 +483,11 @@ def main(argv: list[str] | None = None) -> int:
         sink = OtlpSink()
         api = start_api(args, data_dir, args.port)
         unauthenticated = start_api(args, open_dir, open_port, auth=False)
-        traced = start_api(args, traced_dir, traced_port, extra_env=sink.env())
+        sampling = {
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": str(args.trace_sample),
+        }
+        traced = start_api(args, traced_dir, traced_port, extra_env={**sink.env(), **sampling})
         try:
             figures = uvloop.run(measure(args, api.pid))
             figures["auth"] = uvloop.run(auth_cost(args, args.port, open_port))
