@@ -37,7 +37,7 @@ from confluent_kafka.cimpl import NewTopic
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from bench.machine import quiet_client_logs, quiet_kafka_config, write_result
+from bench.machine import quiet_client_logs, quiet_kafka_config, service_arguments, write_result
 from cli.jars import resolve_spark_jars
 from setu import names
 from setu.envelope import Envelope
@@ -252,13 +252,11 @@ def _timestamps(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap", default="127.0.0.1:9092")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    service_arguments(parser)
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=int, default=30)
-    parser.add_argument("--label", default="", help="a suffix for the result file's name")
     args = parser.parse_args()
     quiet_client_logs()
 

@@ -30,7 +30,7 @@ from confluent_kafka.admin import AdminClient
 
 from bench.ingest import create_topics
 from bench.latency import tree_cpu_s
-from bench.machine import quiet_client_logs, quiet_kafka_config, write_result
+from bench.machine import quiet_client_logs, quiet_kafka_config, service_arguments, write_result
 from cli.jars import resolve_spark_jars
 from setu import names
 from setu.envelope import Envelope
@@ -66,12 +66,10 @@ def feed(bootstrap: str, topic: str, rate: float, seconds: float, producer_share
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap", default="127.0.0.1:9092")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    service_arguments(parser)
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--producer-share", type=float, default=0.0)
-    parser.add_argument("--label", default="")
     args = parser.parse_args(argv)
     quiet_client_logs()
     project = f"batches{uuid.uuid4().hex[:8]}"

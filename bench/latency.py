@@ -65,6 +65,7 @@ from bench.machine import (
     free_port,
     quiet_client_logs,
     quiet_kafka_config,
+    service_arguments,
     wait_for_own_server,
     write_result,
 )
@@ -650,12 +651,10 @@ def wait_delivered(stack: Stack, expected: int, timeout_s: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap", default="127.0.0.1:9092")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    service_arguments(parser)
     parser.add_argument("--phases", default="50,200,1000,200dup")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=15.0)
-    parser.add_argument("--label", default="", help="a suffix for the result file's name")
     parser.add_argument(
         "--env",
         action="append",

@@ -124,3 +124,16 @@ class OtlpSink:
 
     def close(self) -> None:
         self._server.shutdown()
+
+
+def service_arguments(parser: Any) -> None:
+    """The options every benchmark shares: the broker and Redis to use (default: the
+    ``SETU_KAFKA_BOOTSTRAP`` / ``SETU_REDIS_URL`` of the environment, else the usual local
+    ports), and a label for the result file's name."""
+    parser.add_argument(
+        "--bootstrap", default=os.environ.get("SETU_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    )
+    parser.add_argument(
+        "--redis", default=os.environ.get("SETU_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    parser.add_argument("--label", default="", help="a suffix for the result file's name")
