@@ -61,6 +61,7 @@ from confluent_kafka import Producer
 from bench.machine import OtlpSink, quiet_kafka_config, write_result
 from setu.envelope import Envelope
 from setu.model import Endpoint, Notifications, RetryPolicy, Subscription, Topic
+from setu.policies import Policies
 from state import keys
 from state.kafka_admin import KafkaTopics
 
@@ -215,6 +216,10 @@ def serve_worker(config: dict[str, Any]) -> None:
         retry=RetryPolicy(delays_ms=tuple(config["delays_ms"])),
         max_in_flight=config["max_in_flight"],
         rate_limit_per_second=config.get("rate_limit_per_second"),
+        # The flaky row measures each message's own retry budget. Its last seconds call only
+        # flaky groups, two failures in three calls: the breaker would rightly open and hold
+        # the row for its open periods (docs/policies.md §2).
+        policies=Policies(circuit_breaker=None) if config.get("no_breaker") else Policies(),
     )
     settings = Settings(
         kafka_bootstrap=config["bootstrap"],
@@ -379,6 +384,7 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
             "delays_ms": list(sub.retry.delays_ms),
             "attempt_log_hours": 0 if row.endswith("-nolog") else 24,
             "rate_limit_per_second": RATE_ROW_LIMIT if row.endswith("-rate") else None,
+            "no_breaker": row == "flaky",
         }
         if row.endswith("-traced"):
             sink = OtlpSink()
