@@ -1,0 +1,1 @@
+"""The streaming produce protocol (docs/design.md §11): its frames, shared by server and client."""
