@@ -9,6 +9,19 @@ from delivery.outcome import Outcome, Verdict
 from setu.policies import BreakerPolicy
 
 POLICY = BreakerPolicy(failure_ratio=0.5, min_calls=4, window_s=10, open_s=5)
+
+
+def watched() -> tuple[CircuitBreaker, list[int], list[str]]:
+    """A breaker of ``POLICY`` on a clock the test sets (``now[0]``, ms, from 0), and the
+    states it changed to."""
+    now = [0]
+    changes: list[str] = []
+    breaker = CircuitBreaker(
+        POLICY, "s", clock=lambda: now[0], on_change=lambda v: changes.append(v.state.value)
+    )
+    return breaker, now, changes
+
+
 OK = Outcome(Verdict.DELIVERED, status=200)
 DOWN = Outcome(Verdict.RETRY, error="connection refused")
 BUSY = Outcome(Verdict.RETRY, status=503)
@@ -113,11 +126,7 @@ def test_no_policy_means_no_breaker_and_removing_it_closes_an_open_one() -> None
 
 def test_callers_wait_while_open_and_go_once_a_probe_closes_it() -> None:
     async def scenario() -> list[str]:
-        now = [0]
-        changes: list[str] = []
-        breaker = CircuitBreaker(
-            POLICY, "s", clock=lambda: now[0], on_change=lambda v: changes.append(v.state.value)
-        )
+        breaker, now, changes = watched()
         for _ in range(4):
             breaker.record(DOWN, False)
         now[0] = 4_950  # the waiters' timers run out 50 ms from now
@@ -198,10 +207,7 @@ def test_failures_that_may_start_an_outage_are_held_and_given_back_when_it_opens
 
 def test_a_held_failure_counts_when_nothing_opens_and_a_failed_probe_tells_no_new_opening() -> None:
     async def scenario() -> tuple[list[Settlement], list[str]]:
-        changes: list[str] = []
-        breaker = CircuitBreaker(
-            POLICY, "s", clock=lambda: 0, on_change=lambda v: changes.append(v.state.value)
-        )
+        breaker, _, changes = watched()
         for _ in range(3):
             breaker.record(OK, False)
         seen = [breaker.record(DOWN, False), breaker.settle()]  # held, then nothing opened
@@ -210,11 +216,7 @@ def test_a_held_failure_counts_when_nothing_opens_and_a_failed_probe_tells_no_ne
     assert asyncio.run(scenario()) == ([Settlement.HELD, Settlement.COUNTED], [])
 
     async def probes() -> list[str]:
-        now = [0]
-        changes: list[str] = []
-        breaker = CircuitBreaker(
-            POLICY, "s", clock=lambda: now[0], on_change=lambda v: changes.append(v.state.value)
-        )
+        breaker, now, changes = watched()
         for _ in range(4):
             breaker.record(DOWN, False)
         now[0] = 5_000
