@@ -127,8 +127,7 @@ async def produce_one(
         s.metrics.count_produced(project, topic, "rejected")
         raise
     await admit(s, project, topic, 1, len(body))
-    traceparent = tracing.valid_traceparent(scanned.traceparent)
-    tracestate = tracing.valid_tracestate(scanned.tracestate) if traceparent else None
+    traceparent, tracestate = tracing.request_context(scanned.traceparent, scanned.tracestate)
     traced = tracing.current()
     if not traced.enabled:
         # Not tracing: the producer's own context, if any, still travels to the webhook.
@@ -199,8 +198,7 @@ async def produce_many(
         s.metrics.count_produced(project, topic, "rejected")
         raise
     await admit(s, project, topic, len(records), sum(len(r.value) for r in records))
-    traceparent = tracing.valid_traceparent(scanned.traceparent)
-    tracestate = tracing.valid_tracestate(scanned.tracestate) if traceparent else None
+    traceparent, tracestate = tracing.request_context(scanned.traceparent, scanned.tracestate)
     traced = tracing.current()
     if not traced.enabled:
         records = with_trace(records, traceparent, tracestate)

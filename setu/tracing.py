@@ -59,6 +59,15 @@ def valid_tracestate(value: str | None) -> str | None:
     return value
 
 
+def request_context(
+    traceparent: str | None, tracestate: str | None
+) -> tuple[str | None, str | None]:
+    """A request's (traceparent, tracestate) as Setu keeps them: a malformed traceparent is
+    dropped, and a tracestate only travels with a valid traceparent."""
+    parent = valid_traceparent(traceparent)
+    return parent, valid_tracestate(tracestate) if parent else None
+
+
 def tracing_requested(env: Mapping[str, str]) -> bool:
     """Whether the SDK's standard variables ask for spans to be exported."""
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
