@@ -59,6 +59,7 @@ import redis
 from confluent_kafka import Producer
 
 from bench.machine import OtlpSink, quiet_kafka_config, write_result
+from cli.ports import any_free_port
 from setu.envelope import Envelope
 from setu.model import Endpoint, Notifications, RetryPolicy, Subscription, Topic
 from setu.policies import Policies
@@ -264,15 +265,6 @@ def proc_status(pid: int) -> dict[str, int]:
     return out
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def produce(bootstrap: str, topic: str, messages: int, groups: int | None) -> float:
     """Writes ``messages`` to partition 0 of ``topic`` (group i % groups, or none); seconds."""
     producer = Producer(
@@ -350,7 +342,7 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
         retry=RetryPolicy(delays_ms=FLAKY_DELAYS_MS if row == "flaky" else (60_000,)),
     )
     admin.ensure_subscription(sub, topic)
-    port = free_port()
+    port = any_free_port()
     hook = subprocess.Popen(
         [
             sys.executable,

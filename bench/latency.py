@@ -62,13 +62,14 @@ from confluent_kafka import Consumer, TopicPartition
 
 from bench.http_load import Connection, percentile, request_bytes
 from bench.machine import (
-    free_port,
     quiet_client_logs,
     quiet_kafka_config,
     service_arguments,
     wait_for_own_server,
     write_result,
 )
+from cli.ports import any_free_port
+from cli.probes import http_ok
 from setu import names
 from setu.envelope import H_MESSAGE_ID
 from spark.job import project_pattern
@@ -167,10 +168,10 @@ class Stack:
     bootstrap: str
     redis: str
     project: str
-    api_port: int = field(default_factory=free_port)
-    webhook_port: int = field(default_factory=free_port)
-    ingest_metrics_port: int = field(default_factory=free_port)
-    deliver_metrics_port: int = field(default_factory=free_port)
+    api_port: int = field(default_factory=any_free_port)
+    webhook_port: int = field(default_factory=any_free_port)
+    ingest_metrics_port: int = field(default_factory=any_free_port)
+    deliver_metrics_port: int = field(default_factory=any_free_port)
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     extra_env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -219,7 +220,7 @@ class Stack:
         )
         api = self.spawn("api", [setu, "api"])
         health = f"http://127.0.0.1:{self.api_port}/v1/health"
-        wait_for_own_server(api, "setu api", lambda: _ok(health), 60)
+        wait_for_own_server(api, "setu api", lambda: http_ok(health), 60)
         self.spawn("ingest", [setu, "ingest"])
         self.spawn("deliver", [setu, "deliver"])
 
@@ -262,11 +263,6 @@ def tree_cpu_s(pid: int) -> float:
         tree.update(children)
         frontier.extend(children)
     return sum(cpu.get(p, 0.0) for p in tree)
-
-
-def _ok(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as response:
-        return bool(response.status == 200)
 
 
 # The load.

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import platform
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -25,14 +24,6 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
     }
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on now (the kernel's choice)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class ServerDidNotStart(SystemExit):
@@ -73,8 +64,9 @@ def quiet_client_logs() -> None:
 def quiet_kafka_config() -> dict[str, Any]:
     """A confluent-kafka client setting that sends librdkafka's logs to a silent logger."""
     silent = logging.getLogger("bench.librdkafka")
-    silent.addHandler(logging.NullHandler())
-    silent.propagate = False
+    if not silent.handlers:
+        silent.addHandler(logging.NullHandler())
+        silent.propagate = False
     return {"logger": silent}
 
 

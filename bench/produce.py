@@ -37,7 +37,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -49,13 +48,13 @@ from api.producer import producer_config
 from bench.http_load import Connection, closed_loop, open_loop, request_bytes
 from bench.machine import (
     OtlpSink,
-    free_port,
     quiet_client_logs,
     quiet_kafka_config,
     wait_for_own_server,
     write_result,
 )
-from cli.ports import is_free
+from cli.ports import any_free_port, is_free
+from cli.probes import http_ok
 from setu.envelope import Envelope
 from setu.names import ingest_topic
 from state.sealing import Sealer
@@ -139,13 +138,8 @@ def start_api(
     command = [sys.executable, "-m", "bench.produce", "--serve", "--port", str(port)]
     process = subprocess.Popen(command, env=env)
     health = f"http://127.0.0.1:{port}/v1/health"
-    wait_for_own_server(process, f"the API on port {port}", lambda: _healthy(health), 30)
+    wait_for_own_server(process, f"the API on port {port}", lambda: http_ok(health), 30)
     return process
-
-
-def _healthy(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as response:
-        return bool(response.status == 200)
 
 
 async def call(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -475,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         ports = [args.port, args.port + 1, args.port + 2] if args.port else []
         while len(set(ports)) < 3:
-            ports = [free_port() for _ in range(3)]
+            ports = [any_free_port() for _ in range(3)]
         taken = [p for p in ports if not is_free(p)]
         if taken:
             raise SystemExit(f"ports {taken} are taken: choose another --port")
