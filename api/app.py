@@ -38,6 +38,7 @@ from api.produce import ProduceFastPath
 from api.producer import AckedProducer, producer_config
 from api.quotas import ProjectQuotas, QuotaGate
 from api.responses import install_error_handlers
+from api.stream_server import StreamServer, stream_config
 from api.topic_cache import TopicCache
 from api.validation import known_query_only
 from delivery.kafka_io import KafkaReader
@@ -169,11 +170,38 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.authenticator = s.auth
     # Everything built so far lives as long as the process: keep it out of the collector's
     # full passes, which otherwise walk it every few hundred requests.
+    stream = app.state.stream = await start_stream_server(s)
     gc.freeze()
     try:
         yield
     finally:
-        await close_services(s)
+        try:
+            if stream is not None:
+                await stream.stop()
+        finally:
+            await close_services(s)
+
+
+async def start_stream_server(s: Services) -> StreamServer | None:
+    """The streaming produce listener when ``SETU_STREAM_PORT`` is set (docs/streaming.md)."""
+    settings = s.settings
+    if settings.stream_port is None:
+        return None
+    server = StreamServer(
+        s,
+        stream_config(
+            settings.api_host,
+            settings.stream_port,
+            credits=settings.stream_credits,
+            max_frame_bytes=settings.stream_max_frame_bytes,
+            max_message_bytes=settings.max_message_bytes,
+            buffer_bytes=settings.stream_buffer_bytes,
+            max_sessions=settings.stream_max_sessions,
+            lease_ms=settings.stream_lease_ms,
+        ),
+    )
+    await server.start()
+    return server
 
 
 def create_app(settings: Settings, *, resolver: Resolver = system_resolver) -> FastAPI:

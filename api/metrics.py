@@ -54,7 +54,7 @@ class ApiMetrics:
         )
         self.produced = Counter(
             "setu_api_produced_messages",
-            "Messages produced, by outcome (ok, rejected, throttled, failed).",
+            "Messages produced, by outcome (ok, rejected, throttled, failed, duplicate).",
             ["project", "topic", "outcome"],
             registry=self.registry,
         )
@@ -73,6 +73,22 @@ class ApiMetrics:
         self.producer_queue = Gauge(
             "setu_api_producer_queue_records",
             "Records enqueued in the Kafka producer and not yet acknowledged.",
+            registry=self.registry,
+        )
+        self.stream_sessions = Gauge(
+            "setu_api_stream_sessions",
+            "Streaming produce sessions open (docs/streaming.md).",
+            registry=self.registry,
+        )
+        self.stream_session_ends = Counter(
+            "setu_api_stream_session_ends",
+            "Streaming produce sessions ended, by how (closed, error, refused, restart).",
+            ["how"],
+            registry=self.registry,
+        )
+        self.stream_buffered_bytes = Gauge(
+            "setu_api_stream_buffered_bytes",
+            "Bytes of streamed messages written and not yet acknowledged by Kafka.",
             registry=self.registry,
         )
         ProcessCollector(registry=self.registry)

@@ -15,6 +15,8 @@ Contract:
   fails whatever is still waiting a little later, in case a report never comes.
 - :meth:`AckedProducer.send_many` enqueues every record, waits for all reports, and returns one
   error string (or None) per record, in order.
+- :meth:`AckedProducer.submit` enqueues one record and returns; its report reaches a
+  :class:`Reports` object later (streaming produce, which counts its own outstanding writes).
 - A full local queue (BufferError) is waited out in 5 ms steps until the ack deadline, then
   reported as DependencyUnavailable: back-pressure first, refusal only when Kafka keeps up
   with nothing for a whole timeout.
@@ -75,7 +77,15 @@ def producer_config(
     }
 
 
-class _Batch:
+class Reports:
+    """Receives the reports of records written with :meth:`AckedProducer.submit`, on the event
+    loop: ``settle(index, error)`` once per record, ``error`` None when Kafka acknowledged it."""
+
+    def settle(self, index: int, error: str | None) -> None:
+        raise NotImplementedError
+
+
+class _Batch(Reports):
     """Reports of one send_many call; touched only on the event loop."""
 
     __slots__ = ("acked", "errors", "future", "sealed", "sent")
@@ -109,7 +119,7 @@ def _expire(target: asyncio.Future[Any] | _Batch) -> None:
 
 def _settle_all(reports: list[tuple[Any, int, str | None]]) -> None:
     for target, index, error in reports:
-        if isinstance(target, _Batch):
+        if isinstance(target, Reports):
             target.settle(index, error)
         elif not target.done():
             target.set_result(error)
@@ -229,6 +239,38 @@ class AckedProducer:
             waiting.discard(batch)
         return list(batch.errors)
 
+    async def submit(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        headers: KafkaHeaders,
+        reports: Reports,
+        index: int,
+    ) -> None:
+        """Enqueues one record and returns at once; its report reaches ``reports.settle(index,
+        error)`` later on the event loop. A full local queue is waited out as in :meth:`send`
+        (DependencyUnavailable after the ack timeout); a record Kafka refuses outright raises
+        here and is never reported."""
+        loop = self._running_loop()
+        deadline = loop.time() + self._ack_timeout_s
+        callback = partial(self._on_batch, reports, index)
+        while True:
+            try:
+                self._producer.produce(topic, value, key, headers=headers, on_delivery=callback)  # type: ignore[arg-type]
+                return
+            except BufferError:
+                if loop.time() > deadline:
+                    raise DependencyUnavailable(_QUEUE_FULL) from None
+                await asyncio.sleep(_QUEUE_FULL_WAIT_S)
+            except KafkaException as exc:
+                raise _produce_error(exc) from exc
+
+    @property
+    def ack_timeout_s(self) -> float:
+        """By when every record has been reported, at the latest."""
+        return self._ack_timeout_s
+
     def _waiting_set(self, deadline: float) -> set[Any]:
         slot = int(deadline / _SWEEP_S) + 1
         waiting = self._waiting.get(slot)
@@ -257,7 +299,7 @@ class AckedProducer:
     ) -> None:
         self._reports.append((future, 0, None if error is None else error.str()))
 
-    def _on_batch(self, batch: _Batch, index: int, error: KafkaError | None, _: Any) -> None:
+    def _on_batch(self, batch: Reports, index: int, error: KafkaError | None, _: Any) -> None:
         self._reports.append((batch, index, None if error is None else error.str()))
 
     def _on_error(self, error: KafkaError) -> None:

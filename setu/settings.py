@@ -60,6 +60,21 @@ class Settings(BaseSettings):
     produce_quota_messages_per_second: float | None = Field(default=None, ge=0.01)
     produce_quota_bytes_per_second: float | None = Field(default=None, ge=1)
 
+    # Streaming produce (docs/streaming.md): a TCP listener served by `setu api` beside HTTP.
+    # Unset: no listener. `setu dev up` and the chart set it.
+    stream_port: int | None = Field(default=None, ge=0, le=65535)
+    # Credits a session starts with: how many MESSAGE and NOTIFY frames it may have unanswered.
+    stream_credits: int = Field(default=1_000, ge=1, le=1_000_000)
+    # The largest frame a session may send (the seed's note B1); unset: the largest message
+    # plus room for its key and fields.
+    stream_max_frame_bytes: int | None = Field(default=None, ge=1024)
+    # Bytes of messages all sessions together may have written and not yet acknowledged by
+    # Kafka; sessions stop being read beyond it, so the API's memory stays bounded.
+    stream_buffer_bytes: int = Field(default=64 * MIB, ge=MIB)
+    stream_max_sessions: int = Field(default=1_000, ge=1)
+    # How long a dead API replica keeps its streams from other sessions (one writer each).
+    stream_lease_ms: int = Field(default=10_000, ge=1_000)
+
     # Kafka
     kafka_replication_factor: int = 1
     kafka_version: str = "4.1.1"

@@ -160,3 +160,16 @@ def attempts(project: str, subscription: str, hour: int) -> str:
     """Hash of the attempt log entries written in one hour (``ms // 3,600,000``): field the
     message id, value its entries of that hour, one JSON line each (state/attempt_log.py)."""
     return f"{_sub(project, subscription)}:attempts:{hour}"
+
+
+def stream_points(project: str, topic: str) -> str:
+    """Hash producer_id -> ``"<topic incarnation>:<highest sequence id>"`` such that the
+    producer's streaming session had every sequence up to it acknowledged by Kafka in the ingest
+    topic (state/stream_sessions.py; the same format and raise as :func:`producer_marks`)."""
+    return f"{PREFIX}:streams:{{{project}.{topic}}}"
+
+
+def stream_lease(project: str, topic: str, producer: str) -> str:
+    """String with a TTL: the token of the streaming session that writes the stream
+    ``{project}/{topic}/{producer}`` (one writer per stream, docs/streaming.md)."""
+    return f"{PREFIX}:stream-lease:{{{project}.{topic}}}:{producer}"

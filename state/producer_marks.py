@@ -24,7 +24,8 @@ Mark = tuple[int, int]
 """(topic incarnation, highest accepted sequence): compared as a pair, incarnation first."""
 
 # KEYS[1] = marks hash; ARGV = producer, incarnation, sequence, producer, ...
-_RAISE = """
+# (also raises the stream points of state/stream_sessions.py, which share the format)
+RAISE_MARKS = """
 for i = 1, #ARGV, 3 do
   local current = redis.call('HGET', KEYS[1], ARGV[i])
   local incarnation, sequence = -1, -1
@@ -61,7 +62,7 @@ class ProducerMarks:
 
     def __init__(self, client: redis.Redis[bytes]) -> None:
         self._client = client
-        self._raise = client.register_script(_RAISE)
+        self._raise = client.register_script(RAISE_MARKS)
 
     def mark(self, project: str, topic: str, producer: str) -> Mark | None:
         """The producer's stored mark, whatever its incarnation."""

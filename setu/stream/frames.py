@@ -28,6 +28,9 @@ EVENT_TIME = 16  # an event time follows the message id
 KEY = 32  # a key follows
 
 DEFAULT_MAX_FRAME_BYTES = 4 * 1024 * 1024
+# What setu.client sends as HELLO's version: the seed's protocol version. The server records
+# the version a client sends and does not match it (docs/streaming.md, "Handshake").
+PROTOCOL_VERSION = b"3"
 U16_MAX, U32_MAX, U64_MAX = 2**16 - 1, 2**32 - 1, 2**64 - 1
 
 _U8 = struct.Struct(">B")
@@ -291,17 +294,22 @@ class FrameReader:
     def feed(self, data: bytes) -> Iterator[Frame]:
         """The whole frames ``data`` completes, decoded; raises FrameError on a bad one."""
         self._buffer += data
-        while len(self._buffer) >= 4:
-            (length,) = _U32.unpack_from(self._buffer, 0)
-            if length > self.max_frame_bytes:
-                raise FrameError(
-                    f"a frame of {length} bytes is over the limit of {self.max_frame_bytes}"
-                )
-            if len(self._buffer) < 4 + length:
-                return
-            body = bytes(self._buffer[4 : 4 + length])
-            del self._buffer[: 4 + length]
-            yield decode(body)
+        buffer, at = self._buffer, 0
+        try:
+            while len(buffer) - at >= 4:
+                (length,) = _U32.unpack_from(buffer, at)
+                if length > self.max_frame_bytes:
+                    raise FrameError(
+                        f"a frame of {length} bytes is over the limit of {self.max_frame_bytes}"
+                    )
+                if len(buffer) - at < 4 + length:
+                    return
+                body = bytes(buffer[at + 4 : at + 4 + length])
+                at += 4 + length
+                yield decode(body)
+        finally:
+            # Cut once per feed, not once per frame: many small frames arrive in one read.
+            del buffer[:at]
 
     @property
     def pending(self) -> int:

@@ -1,0 +1,704 @@
+"""Streaming produce: the TCP listener ``setu api`` serves on ``SETU_STREAM_PORT``.
+
+The wire format is docs/design.md §11 (setu/stream/frames.py); what Setu makes of it, and why
+the listener lives in ``setu api``, is docs/streaming.md. In short:
+
+- **Session.** The first frame is HELLO; its cookie is an API key with the produce permission.
+  OK grants ``SETU_STREAM_CREDITS`` credits. Every MESSAGE and NOTIFY spends one; a session that
+  spends more than it holds is ended.
+- **Streams.** NOTIFY names ``{project}/{topic}/{producer_id}``. The session takes the stream's
+  lease in Redis (one writer per stream over every replica, state/stream_sessions.py) and answers
+  NOTIFY_ACK with the point to resume from; a stream another session writes gets success 0.
+- **Messages.** A MESSAGE is validated as HTTP produce validates it (its id is the producer's
+  sequence id, its key the GroupId) and written to the topic's ingest topic as HTTP produce
+  writes it, with the Setu message id ``{producer_id}:{sequence_id}``. One below the point the
+  stream resumed from is a duplicate and is dropped here. An invalid one gets ERROR naming it,
+  and nothing after it is written.
+- **Credits and points.** A message's credit comes back only when Kafka acknowledged its write;
+  ACK frames carry the credits and, per stream, the point of reference: every lower sequence id
+  is in Kafka. Written bytes not yet acknowledged are capped over all sessions
+  (``SETU_STREAM_BUFFER_BYTES``): past it no session is read, so memory stays bounded however
+  slow the broker is.
+- **Endings.** EOS_MESSAGE closes a stream once its writes are acknowledged. A Kafka failure or
+  a lost lease ends the session with ERROR. On shutdown every session gets its last ACK, then
+  RESTART. However a session ends, its leases are released only after Kafka reported every write
+  it started, so the next writer of a stream never races the last one's writes.
+
+ERROR reasons read ``"<code>: <message>"`` with the codes of the HTTP API's errors plus
+``protocol_error``; ``setu.client`` retries ``dependency_unavailable`` and gives up on the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from redis.exceptions import RedisError
+
+from api.context import Services
+from api.messages import incarnation_for, ingest_headers
+from api.producer import Reports
+from api.topic_cache import CachedTopic
+from setu import headers as rules
+from setu.access import Permission, Principal, check
+from setu.clock import now_ms
+from setu.errors import (
+    DependencyUnavailable,
+    InvalidInput,
+    PayloadTooLarge,
+    RateLimited,
+    SetuError,
+)
+from setu.stream import frames
+from state.stream_sessions import StreamKey, StreamSessions
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_ERROR = "protocol_error"
+_READ_BYTES = 256 * 1024
+_HELLO_TIMEOUT_S = 10.0
+# Leases are renewed, points recorded and the key checked again this often (at most).
+_KEEP_EVERY_S = 1.0
+# A message's id is a sequence id: 0..2^63-1 (docs/design.md §2).
+_MAX_SEQUENCE = 2**63 - 1
+# Room for a MESSAGE's fields and key besides its payload, in the default frame limit.
+_FRAME_ROOM = 64 * 1024 + 64
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    host: str
+    port: int
+    credits: int
+    max_frame_bytes: int
+    buffer_bytes: int
+    max_sessions: int
+    lease_ms: int
+
+
+def stream_config(
+    host: str,
+    port: int,
+    *,
+    credits: int,
+    max_frame_bytes: int | None,
+    max_message_bytes: int,
+    buffer_bytes: int,
+    max_sessions: int,
+    lease_ms: int,
+) -> StreamConfig:
+    """The listener's settings; the frame limit defaults to the largest message plus room."""
+    return StreamConfig(
+        host,
+        port,
+        credits,
+        max_frame_bytes or max_message_bytes + _FRAME_ROOM,
+        buffer_bytes,
+        max_sessions,
+        lease_ms,
+    )
+
+
+class Refused(Exception):
+    """Ends a session with ERROR ``"<code>: <message>"``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+def refusal(exc: SetuError, prefix: str = "") -> Refused:
+    return Refused(exc.code, f"{prefix}{exc.message}")
+
+
+def parse_stream_name(name: bytes) -> StreamKey:
+    """``{project}/{topic}/{producer_id}`` as its three parts; InvalidInput otherwise."""
+    try:
+        text = name.decode()
+    except UnicodeDecodeError:
+        raise InvalidInput("a stream name is UTF-8 text") from None
+    parts = text.split("/")
+    if len(parts) != 3 or not all(parts):
+        raise InvalidInput(
+            f"a stream name is {{project}}/{{topic}}/{{producer_id}}, not {text[:200]!r}"
+        )
+    project, topic, producer = parts
+    rules.check_id(rules.PRODUCER_ID, producer, required=True)
+    return project, topic, producer
+
+
+def check_message(frame: frames.Message, grouped: bool, max_bytes: int) -> tuple[str | None, bytes]:
+    """A MESSAGE's GroupId and body, under the rules of HTTP produce; raises SetuError."""
+    assert frame.message_id is not None
+    if frame.message_id > _MAX_SEQUENCE:
+        raise InvalidInput(f"the id is a sequence id, at most {_MAX_SEQUENCE}")
+    group_id = None
+    if frame.key is not None:
+        try:
+            group_id = frame.key.decode()
+        except UnicodeDecodeError:
+            raise InvalidInput("the key (GroupId) is not UTF-8 text") from None
+    group_id = rules.check_id(rules.GROUP_ID, group_id, required=grouped)
+    body = frame.payload or b""
+    if len(body) > max_bytes:
+        raise PayloadTooLarge(f"the payload is over the limit of {max_bytes} bytes")
+    return group_id, body
+
+
+class PointTracker:
+    """Where one stream stands: sequence ids go out in increasing order and come back in any
+    order; ``point`` is one more than the highest id below which every id that went out came
+    back acknowledged."""
+
+    __slots__ = ("_acked", "_out", "point")
+
+    def __init__(self, point: int) -> None:
+        self.point = point
+        self._out: deque[int] = deque()
+        self._acked: set[int] = set()
+
+    def __len__(self) -> int:
+        """Ids out and not yet reported."""
+        return len(self._out) - len(self._acked)
+
+    def sent(self, sequence: int) -> None:
+        self._out.append(sequence)
+
+    def acked(self, sequence: int) -> bool:
+        """Records an acknowledgement; True when the point moved."""
+        out, acked = self._out, self._acked
+        if out and out[0] == sequence:
+            out.popleft()
+        else:
+            acked.add(sequence)
+            return False
+        last = sequence
+        while out and out[0] in acked:
+            last = out.popleft()
+            acked.discard(last)
+        self.point = out[0] if out else last + 1
+        return True
+
+    def skip(self, point: int) -> None:
+        """Nothing is out: the point moves to ``point`` (ids below it are durable already)."""
+        if not self._out and point > self.point:
+            self.point = point
+
+
+class _Stream(Reports):
+    """One open stream of a session; Kafka's reports of its writes arrive at :meth:`settle`."""
+
+    def __init__(
+        self,
+        session: Session,
+        stream_id: int,
+        key: StreamKey,
+        entry: CachedTopic,
+    ) -> None:
+        self.session = session
+        self.stream_id = stream_id
+        self.key = key
+        self.project, self.topic, self.producer = key
+        self.entry = entry
+        self.incarnation = incarnation_for(self.producer, entry.topic.created_at_ms)
+        self.written: dict[int, tuple[int, float]] = {}  # sequence -> (bytes, perf_counter)
+        self.closing = False
+        self.start_at(0)
+
+    def start_at(self, point: int) -> None:
+        """The stream resumes at ``point`` (NOTIFY_ACK): every lower sequence is durable."""
+        self.resumed_at = point
+        self.last_id = point - 1
+        self.tracker = PointTracker(point)
+        self.told = point  # the point the client last heard
+        self.recorded = point  # the point last recorded in Redis
+
+    def settle(self, index: int, error: str | None) -> None:
+        self.session.reported(self, index, error)
+
+
+class Session:
+    """One connection: the handshake, then frames until EOF, ERROR, RESTART or a failure."""
+
+    def __init__(
+        self,
+        server: StreamServer,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.server = server
+        self.s = server.services
+        self.reader = reader
+        self.writer = writer
+        self.peer = str(writer.get_extra_info("peername"))
+        self.token = secrets.token_hex(16)
+        self.frames = frames.FrameReader(server.config.max_frame_bytes)
+        self.streams: dict[int, _Stream] = {}
+        self.who: Principal | None = None
+        self.cookie = ""
+        self.hello: frames.Hello | None = None
+        self.available = 0  # credits the client holds, as far as this side knows
+        self.owed = 0  # credits earned and not yet sent in an ACK
+        self.wake = asyncio.Event()
+        self.error: str | None = None
+        self.restarting = False
+        self.ending = False
+        self.task: asyncio.Task[None] | None = None
+        self.early: list[frames.Frame] = []  # frames that came with HELLO, before OK
+        self.written = 0
+        self.duplicates = 0
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        how = "closed"
+        self.task = asyncio.current_task()
+        helpers: list[asyncio.Task[None]] = []
+        try:
+            await self._handshake()
+            helpers = [
+                asyncio.create_task(self._flush_forever()),
+                asyncio.create_task(self._keep_forever()),
+            ]
+            await self._read_forever()
+        except Refused as refused:
+            how = "refused" if self.who is None else "error"
+            self._fail(str(refused))
+        except frames.FrameError as exc:
+            how = "error"
+            self._fail(f"{PROTOCOL_ERROR}: {exc}")
+        except (ConnectionError, asyncio.IncompleteReadError):
+            how = "closed"
+        except asyncio.CancelledError:
+            # Stopped from outside: shutdown (RESTART) or a failure already reported.
+            how = "restart" if self.restarting else "error"
+        except Exception:
+            log.exception("streaming session %s failed", self.peer)
+            how = "error"
+            self._fail("internal: the server failed; reconnect")
+        finally:
+            self.ending = True
+            await self._end(helpers)
+            self.s.metrics.stream_session_ends.labels(how).inc()
+
+    def stop(self) -> None:
+        """Shutdown: stop reading; the session acknowledges what it wrote, then RESTART."""
+        self.restarting = True
+        self._stop_reading()
+
+    def _stop_reading(self) -> None:
+        # Only from outside the session's own task, and never once it is ending.
+        if self.task is not None and not self.ending and self.task is not asyncio.current_task():
+            self.task.cancel()
+
+    async def _handshake(self) -> None:
+        try:
+            first = await asyncio.wait_for(self._next_frame(), _HELLO_TIMEOUT_S)
+        except TimeoutError:
+            raise Refused(PROTOCOL_ERROR, "no HELLO in time") from None
+        if not isinstance(first, frames.Hello):
+            raise Refused(PROTOCOL_ERROR, "the first frame must be HELLO")
+        self.hello = first
+        try:
+            self.cookie = first.cookie.decode()
+        except UnicodeDecodeError:
+            raise Refused("unauthorized", "the cookie is not an API key") from None
+        try:
+            who = await self.s.auth.principal(f"Bearer {self.cookie}")
+            check(who, Permission.PRODUCE)
+        except SetuError as exc:
+            raise refusal(exc) from None
+        if len(self.server.sessions) > self.server.config.max_sessions:
+            raise Refused("dependency_unavailable", "too many streaming sessions; retry later")
+        self.who = who
+        self.available = self.server.config.credits
+        pairs = (
+            (b"max_frame_bytes", str(self.server.config.max_frame_bytes).encode()),
+            (b"max_message_bytes", str(self.s.settings.max_message_bytes).encode()),
+        )
+        self._send(frames.Ok(self.available, (), pairs))
+        log.info(
+            "streaming session %s opened by key %s (program %r, instance %r)",
+            self.peer,
+            who.key_id,
+            first.program.decode(errors="replace")[:100],
+            first.instance.decode(errors="replace")[:100],
+        )
+
+    async def _next_frame(self) -> frames.Frame:
+        pending: list[frames.Frame] = []
+        while not pending:
+            data = await self.reader.read(_READ_BYTES)
+            if not data:
+                raise ConnectionError("the client closed the connection")
+            pending = list(self.frames.feed(data))
+        self.early = pending[1:]
+        return pending[0]
+
+    async def _read_forever(self) -> None:
+        server = self.server
+        for frame in self.early:
+            await self._handle(frame)
+        self.early = []
+        while self.error is None:
+            if server.buffered >= server.config.buffer_bytes:
+                await server.room.wait()
+            data = await self.reader.read(_READ_BYTES)
+            if not data:
+                return
+            for frame in self.frames.feed(data):
+                if self.error is not None:
+                    return
+                await self._handle(frame)
+
+    async def _end(self, helpers: list[asyncio.Task[None]]) -> None:
+        """Waits for Kafka's reports of every write, tells the client where each stream stands
+        (unless it was sent ERROR), records the points, releases the leases, closes."""
+        deadline = time.monotonic() + self.s.producer.ack_timeout_s
+        while any(stream.written for stream in self.streams.values()):
+            if time.monotonic() > deadline:
+                log.error("streaming session %s: Kafka did not report every write", self.peer)
+                break
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), 0.05)
+        for task in helpers:
+            task.cancel()
+        for task in helpers:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.error is None and not self.writer.is_closing():
+            self._ack()
+            if self.restarting:
+                self._send(frames.Restart())
+        for stream in list(self.streams.values()):
+            self.server.forget_buffered(stream)
+        await self._record_points()
+        for stream in list(self.streams.values()):
+            await self._release(stream)
+        self.streams.clear()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.writer.drain(), 1.0)
+        self.writer.close()
+        if self.who is not None:
+            log.info(
+                "streaming session %s ended: %d written, %d duplicates dropped%s",
+                self.peer,
+                self.written,
+                self.duplicates,
+                f", {self.error}" if self.error else "",
+            )
+
+    def _fail(self, reason: str) -> None:
+        """Sends ERROR (once); the session ends and writes nothing more."""
+        if self.error is not None:
+            return
+        self.error = reason
+        log.warning("streaming session %s: %s", self.peer, reason)
+        self._send(frames.Error(reason.encode()[: frames.U16_MAX]))
+        self.wake.set()
+        self._stop_reading()
+
+    def _send(self, frame: frames.Frame) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(frames.encode(frame))
+
+    # -- frames -----------------------------------------------------------------------------
+
+    async def _handle(self, frame: frames.Frame) -> None:
+        if isinstance(frame, frames.Message):
+            self._spend()
+            await self._message(frame)
+        elif isinstance(frame, frames.Notify):
+            self._spend()
+            await self._notify(frame)
+        elif isinstance(frame, frames.EosMessage):
+            self._eos(frame.stream_id)
+        elif isinstance(frame, frames.Error):
+            reason = frame.reason.decode(errors="replace")[:500]
+            log.warning("streaming session %s: the client sent ERROR %r", self.peer, reason)
+            raise ConnectionError("the client sent ERROR")
+        else:
+            name = type(frame).__name__.upper()
+            raise Refused(PROTOCOL_ERROR, f"a client may not send {name} here")
+
+    def _spend(self) -> None:
+        if self.available <= 0:
+            raise Refused(PROTOCOL_ERROR, "out of credits: wait for an ACK")
+        self.available -= 1
+
+    async def _notify(self, frame: frames.Notify) -> None:
+        assert self.who is not None
+        if frame.stream_id in self.streams:
+            raise Refused(PROTOCOL_ERROR, f"stream {frame.stream_id} is already open")
+        try:
+            key = parse_stream_name(frame.name)
+            check(self.who, Permission.PRODUCE, key[0], key[1])
+            entry = await self.s.topics.get(key[0], key[1])
+        except SetuError as exc:
+            raise refusal(exc, f"NOTIFY of stream {frame.stream_id}: ") from None
+        try:
+            await self._open(frame, key, entry)
+        finally:
+            self._earn(1)  # after NOTIFY_ACK: its ACK follows it
+
+    async def _open(self, frame: frames.Notify, key: StreamKey, entry: CachedTopic) -> None:
+        if any(stream.key == key for stream in self.streams.values()):
+            self._send(frames.NotifyAck(False, frame.stream_id, 0))
+            return
+        sessions: StreamSessions = self.server.sessions_store
+        try:
+            # Shielded: a lease taken must be recorded, or it would be held until its TTL.
+            taken = await asyncio.shield(sessions.acquire(key, self.token))
+            if not taken:
+                self._send(frames.NotifyAck(False, frame.stream_id, 0))
+                log.info("stream %s is written by another session", "/".join(key))
+                return
+            stream = _Stream(self, frame.stream_id, key, entry)
+            self.streams[frame.stream_id] = stream  # from here on, _end releases the lease
+            stream.start_at(await sessions.resume_point(key, stream.incarnation))
+        except (RedisError, OSError) as exc:
+            raise Refused("dependency_unavailable", f"Redis: {exc}") from None
+        self._send(frames.NotifyAck(True, frame.stream_id, stream.tracker.point))
+
+    async def _message(self, frame: frames.Message) -> None:
+        stream = self.streams.get(frame.stream_id)
+        if stream is None or stream.closing:
+            raise Refused(PROTOCOL_ERROR, f"MESSAGE for stream {frame.stream_id}, not open")
+        if frame.flags & frames.BOUNDARY:
+            self._earn(1)  # carries no message
+            return
+        sequence = frame.message_id
+        name = f"stream {frame.stream_id} message {sequence}"
+        if sequence is None:
+            raise Refused("invalid_input", f"stream {frame.stream_id}: a MESSAGE needs an id")
+        if sequence <= stream.last_id:
+            if sequence < stream.resumed_at:
+                # Durable already (below the point NOTIFY_ACK gave): a resend, dropped here.
+                self.duplicates += 1
+                self.s.metrics.count_produced(stream.project, stream.topic, "duplicate")
+                self._earn(1)
+                return
+            raise Refused(
+                PROTOCOL_ERROR, f"{name}: ids must increase (the last was {stream.last_id})"
+            )
+        try:
+            group_id, body = check_message(
+                frame, stream.entry.topic.grouped, self.s.settings.max_message_bytes
+            )
+        except SetuError as exc:
+            self.s.metrics.count_produced(stream.project, stream.topic, "rejected")
+            raise refusal(exc, f"{name}: ") from None
+        await self._admit(stream, len(body))
+        message_id = f"{stream.producer}:{sequence}"
+        headers = ingest_headers(
+            message_id,
+            group_id,
+            stream.producer,
+            sequence,
+            (),
+            now_ms(),
+            stream.incarnation,
+        )
+        key = (group_id if group_id is not None else message_id).encode()
+        try:
+            await self.s.producer.submit(
+                stream.entry.ingest_topic, key, body, headers, stream, sequence
+            )
+        except SetuError as exc:
+            self.s.metrics.count_produced(stream.project, stream.topic, "failed")
+            raise refusal(exc, f"{name}: ") from None
+        stream.last_id = sequence
+        stream.tracker.sent(sequence)
+        stream.written[sequence] = (len(body), time.perf_counter())
+        self.server.add_buffered(len(body))
+        self.written += 1
+        if frame.flags & frames.EOS:
+            self._eos(frame.stream_id)
+
+    async def _admit(self, stream: _Stream, size: int) -> None:
+        """The project's produce quota: over it, the session waits (back-pressure, no 429)."""
+        while True:
+            try:
+                await self.s.gate.admit(stream.project, 1, size)
+                return
+            except RateLimited as exc:
+                self.s.metrics.count_produced(stream.project, stream.topic, "throttled")
+                await asyncio.sleep(min(max(exc.retry_after_s, 0.05), 1.0))
+
+    def _eos(self, stream_id: int) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.closing:
+            raise Refused(PROTOCOL_ERROR, f"EOS_MESSAGE for stream {stream_id}, not open")
+        stream.closing = True
+        self.wake.set()
+
+    # -- Kafka's reports and what the client hears --------------------------------------------
+
+    def reported(self, stream: _Stream, sequence: int, error: str | None) -> None:
+        size, started = stream.written.pop(sequence, (0, 0.0))
+        self.server.add_buffered(-size)
+        if error is not None:
+            self.s.metrics.count_produced(stream.project, stream.topic, "failed")
+            self._fail(
+                f"dependency_unavailable: stream {stream.stream_id} message {sequence} was not "
+                f"written to Kafka ({error}); reconnect and resume from NOTIFY_ACK"
+            )
+            return
+        self.s.metrics.count_produced(stream.project, stream.topic, "ok")
+        self.s.metrics.observe_ack("stream", time.perf_counter() - started)
+        stream.tracker.acked(sequence)
+        self._earn(1)
+
+    def _earn(self, credits: int) -> None:
+        self.owed += credits
+        self.wake.set()
+
+    def _ack(self) -> None:
+        """One ACK with the credits earned and every point the client has not heard yet."""
+        moved = []
+        for stream in self.streams.values():
+            point = stream.tracker.point
+            if point != stream.told:
+                stream.told = point
+                moved.append((stream.stream_id, point))
+        if self.owed or moved:
+            credits, self.owed = self.owed, 0
+            self.available += credits
+            self._send(frames.Ack(credits, tuple(moved)))
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            if self.error is not None:
+                return
+            self._ack()
+            for stream in [s for s in self.streams.values() if s.closing and not s.written]:
+                await self._close_stream(stream)
+            await self.writer.drain()
+
+    async def _close_stream(self, stream: _Stream) -> None:
+        """EOS: every write is acknowledged; the stream is free for its next session."""
+        del self.streams[stream.stream_id]
+        self._send(frames.Ack(0, ((stream.stream_id, stream.tracker.point),)))
+        await self._record_points([stream])
+        await self._release(stream)
+
+    async def _keep_forever(self) -> None:
+        """Renews the leases, records the points and checks the key, every second."""
+        sessions = self.server.sessions_store
+        every = min(_KEEP_EVERY_S, sessions.lease_ms / 3000)
+        while True:
+            await asyncio.sleep(every)
+            try:
+                who = await self.s.auth.principal(f"Bearer {self.cookie}")
+                streams = list(self.streams.values())
+                for stream in streams:
+                    check(who, Permission.PRODUCE, stream.project, stream.topic)
+                held = await sessions.renew([s.key for s in streams], self.token)
+                lost = [s for s, h in zip(streams, held, strict=True) if not h]
+                if lost:
+                    raise DependencyUnavailable(f"the lease of stream {lost[0].stream_id} was lost")
+                await self._record_points()
+            except SetuError as exc:
+                self._fail(f"{exc.code}: {exc.message}")
+            except (RedisError, OSError) as exc:
+                self._fail(f"dependency_unavailable: Redis: {exc}")
+            if self.error is not None:
+                return
+
+    async def _record_points(self, streams: list[_Stream] | None = None) -> None:
+        """Raises the stream points in Redis (state/stream_sessions.py) where they moved."""
+        by_topic: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
+        chosen = list(self.streams.values()) if streams is None else streams
+        moved = [s for s in chosen if s.tracker.point > s.recorded]
+        for stream in moved:
+            marks = by_topic.setdefault((stream.project, stream.topic), {})
+            marks[stream.producer] = (stream.incarnation, stream.tracker.point - 1)
+        try:
+            for (project, topic), marks in by_topic.items():
+                await self.server.sessions_store.record(project, topic, marks)
+        except (RedisError, OSError) as exc:
+            # The points only save a resend: ingest's producer marks still say where to resume.
+            log.warning("streaming session %s: could not record stream points: %s", self.peer, exc)
+            return
+        for stream in moved:
+            stream.recorded = stream.tracker.point
+
+    async def _release(self, stream: _Stream) -> None:
+        try:
+            await self.server.sessions_store.release(stream.key, self.token)
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "could not release stream %s (held until its lease ends): %s",
+                "/".join(stream.key),
+                exc,
+            )
+
+
+class StreamServer:
+    """The listener and its sessions (see the module doc)."""
+
+    def __init__(self, services: Services, config: StreamConfig) -> None:
+        self.services = services
+        self.config = config
+        self.sessions_store = StreamSessions(services.redis, config.lease_ms)
+        self.sessions: dict[Session, asyncio.Task[None]] = {}
+        self.buffered = 0
+        self.room = asyncio.Event()
+        self.room.set()
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        """The port listened on (the one asked for, or the one the system chose for 0)."""
+        assert self._server is not None
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._serve, self.config.host, self.config.port, limit=self.config.max_frame_bytes
+        )
+        self.services.metrics.stream_sessions.set_function(lambda: len(self.sessions))
+        self.services.metrics.stream_buffered_bytes.set_function(lambda: self.buffered)
+        log.info("streaming produce listens on %s:%d", self.config.host, self.port)
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Stops listening; each session hears its last ACK and RESTART, then closes."""
+        if self._server is None:
+            return
+        self._server.close()
+        for session in list(self.sessions):
+            session.stop()
+        if self.sessions:
+            await asyncio.wait(list(self.sessions.values()), timeout=grace_s)
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        session = Session(self, reader, writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self.sessions[session] = task
+        try:
+            await session.run()
+        finally:
+            self.sessions.pop(session, None)
+
+    def add_buffered(self, size: int) -> None:
+        self.buffered += size
+        if self.buffered >= self.config.buffer_bytes:
+            self.room.clear()
+        else:
+            self.room.set()
+
+    def forget_buffered(self, stream: _Stream) -> None:
+        """A session gave up on writes Kafka never reported: their bytes no longer count."""
+        self.add_buffered(-sum(size for size, _ in stream.written.values()))
+        stream.written.clear()

@@ -1,0 +1,390 @@
+"""A streaming producer: one stream over Setu's streaming produce protocol (docs/streaming.md).
+
+:class:`AsyncStreamProducer` (asyncio) and :class:`StreamProducer` (blocking, for threads) do the
+same thing:
+
+- connect, HELLO with the API key as cookie, NOTIFY the stream
+  ``{project}/{topic}/{producer_id}``, and start from the point NOTIFY_ACK gives: the next
+  sequence id is the first the server does not hold;
+- give each message the next sequence id (or the caller's, if higher), spend a credit on it and
+  keep it until an ACK says it is in Kafka; with no credit left, :meth:`send` waits (the server
+  returns credits as Kafka acknowledges writes, so a slow Setu slows the caller);
+- on a lost connection, RESTART, or an error the server calls passing
+  (``dependency_unavailable``), reconnect with backoff, NOTIFY again and resend every kept
+  message from the new point on. Anything below it is durable already, and the server drops a
+  resend of it, so nothing reaches the main log twice;
+- any other error (bad key, invalid message, unknown topic) ends the producer: every waiting and
+  later call raises :class:`StreamError` with the server's code and reason.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import threading
+from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from setu.client.errors import StreamError
+from setu.stream import frames
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RETRYABLE = frozenset({"dependency_unavailable", "internal", "rate_limited"})
+_READ_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Reconnect delays: ``initial_s`` doubling up to ``max_s``, each with ±20 % jitter;
+    ``give_up_s`` after the connection was lost (None: keep trying)."""
+
+    initial_s: float = 0.1
+    max_s: float = 5.0
+    give_up_s: float | None = None
+
+    def delay(self, attempt: int) -> float:
+        base: float = min(self.max_s, self.initial_s * 2.0 ** min(attempt, 30))
+        return base * random.uniform(0.8, 1.2)
+
+
+class _Reconnect(Exception):
+    """The connection ended in a way worth retrying."""
+
+
+class AsyncStreamProducer:
+    """Streams messages to one topic as one producer (see the module doc).
+
+    ::
+
+        producer = AsyncStreamProducer("localhost:8090", key, "shop", "orders", "checkout-1")
+        await producer.start()
+        await producer.send(b'{"total": 12}', group_id="order-7")
+        await producer.close()  # waits until Kafka holds every message
+    """
+
+    def __init__(
+        self,
+        address: str,
+        api_key: str,
+        project: str,
+        topic: str,
+        producer_id: str,
+        *,
+        stream_id: int = 1,
+        program: str = "setu.client",
+        instance: str | None = None,
+        backoff: Backoff | None = None,
+        connect_timeout_s: float = 10.0,
+        max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"address must be host:port, not {address!r}")
+        self.host, self.port = host.strip("[]"), int(port)
+        self.stream_name = f"{project}/{topic}/{producer_id}"
+        self.stream_id = stream_id
+        self._hello = frames.Hello(
+            frames.PROTOCOL_VERSION,
+            api_key.encode(),
+            program.encode(),
+            (instance or socket.gethostname()).encode(),
+        )
+        self._backoff = backoff or Backoff()
+        self._connect_timeout_s = connect_timeout_s
+        self._max_frame_bytes = max_frame_bytes
+        self._next = 0
+        self._durable = 0
+        self._kept: deque[tuple[int, frames.Message]] = deque()
+        self._credits = 0
+        self._changed = asyncio.Event()
+        self._ready = False
+        self._fatal: StreamError | None = None
+        self._closing = False
+        self._writer: asyncio.StreamWriter | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._started: asyncio.Future[None] | None = None
+        self.reconnects = 0
+
+    # -- what a caller uses -----------------------------------------------------------------
+
+    @property
+    def next_sequence(self) -> int:
+        """The sequence id the next :meth:`send` uses unless given one."""
+        return self._next
+
+    @property
+    def durable(self) -> int:
+        """Every sequence id below this is in Kafka."""
+        return self._durable
+
+    @property
+    def pending(self) -> int:
+        """Messages sent and not yet acknowledged."""
+        return len(self._kept)
+
+    async def start(self) -> int:
+        """Connects; returns the sequence id the stream resumes from."""
+        if self._runner is not None:
+            raise RuntimeError("start() was called already")
+        self._started = asyncio.get_running_loop().create_future()
+        self._runner = asyncio.create_task(self._run())
+        await self._started
+        return self._next
+
+    async def send(
+        self, body: bytes, *, group_id: str | None = None, sequence_id: int | None = None
+    ) -> int:
+        """Sends one message; returns its sequence id once it is on its way (not yet durable:
+        see :meth:`flush`). Waits while the server grants no credit."""
+        if sequence_id is None:
+            sequence_id = self._next
+        elif sequence_id < self._next:
+            raise ValueError(f"sequence ids must increase: {sequence_id} < {self._next}")
+        flags = frames.KEY if group_id is not None else 0
+        key = group_id.encode() if group_id is not None else None
+        message = frames.Message(self.stream_id, flags, sequence_id, None, key, body)
+        await self._wait(lambda: self._ready and self._credits > 0)
+        self._next = sequence_id + 1
+        self._kept.append((sequence_id, message))
+        self._credits -= 1
+        assert self._writer is not None
+        self._writer.write(frames.encode(message))
+        await self._writer.drain()
+        return sequence_id
+
+    async def flush(self) -> None:
+        """Returns when Kafka holds every message sent so far."""
+        await self._wait(lambda: not self._kept)
+
+    async def close(self) -> None:
+        """Flushes, ends the stream (EOS_MESSAGE) and the connection."""
+        if self._runner is None:
+            return
+        try:
+            if self._fatal is None:
+                await self.flush()
+                if self._ready and self._writer is not None:
+                    last = max(self._next - 1, 0)
+                    self._writer.write(frames.encode(frames.EosMessage(self.stream_id, last)))
+                    with contextlib.suppress(OSError):
+                        await self._writer.drain()
+        finally:
+            self._closing = True
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+            self._runner = None
+
+    # -- the connection ---------------------------------------------------------------------
+
+    async def _wait(self, ready: Any) -> None:
+        while True:
+            if self._fatal is not None:
+                raise self._fatal
+            if ready():
+                return
+            self._changed.clear()
+            await self._changed.wait()
+
+    def _wake(self) -> None:
+        self._changed.set()
+
+    async def _run(self) -> None:
+        attempt = 0
+        lost_at: float | None = None
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            try:
+                reader = await self._connect()
+                attempt, lost_at = 0, None
+                await self._read(reader)
+            except StreamError as exc:
+                self._fatal = exc
+            except (_Reconnect, OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
+                log.warning("stream %s: %s; reconnecting", self.stream_name, exc or type(exc))
+            except frames.FrameError as exc:
+                self._fatal = StreamError("protocol_error", str(exc))
+            finally:
+                self._ready = False
+                if self._writer is not None:
+                    self._writer.close()
+                    self._writer = None
+                self._wake()
+            if self._fatal is not None:
+                if self._started is not None and not self._started.done():
+                    self._started.set_exception(self._fatal)
+                return
+            lost_at = lost_at or loop.time()
+            give_up = self._backoff.give_up_s
+            if give_up is not None and loop.time() - lost_at > give_up:
+                self._fatal = StreamError("dependency_unavailable", "could not reconnect in time")
+                self._wake()
+                if self._started is not None and not self._started.done():
+                    self._started.set_exception(self._fatal)
+                return
+            await asyncio.sleep(self._backoff.delay(attempt))
+            attempt += 1
+            self.reconnects += 1
+
+    async def _connect(self) -> _FrameSource:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(self.host, self.port), self._connect_timeout_s
+        )
+        self._writer = writer
+        source = _FrameSource(reader, frames.FrameReader(self._max_frame_bytes))
+        writer.write(frames.encode(self._hello))
+        ok = await asyncio.wait_for(source.next(), self._connect_timeout_s)
+        if not isinstance(ok, frames.Ok):
+            raise _unexpected(ok, "OK")
+        self._credits = ok.initial_credits - 1
+        name = self.stream_name.encode()
+        writer.write(frames.encode(frames.Notify(self.stream_id, name, self._durable)))
+        answer = await asyncio.wait_for(source.next(), self._connect_timeout_s)
+        while isinstance(answer, frames.Ack):  # a server may return credits first
+            self._on_frame(answer)
+            answer = await asyncio.wait_for(source.next(), self._connect_timeout_s)
+        if not isinstance(answer, frames.NotifyAck):
+            raise _unexpected(answer, "NOTIFY_ACK")
+        if not answer.success:
+            # Another session writes the stream: an old session of this producer still waiting
+            # for Kafka's last reports, or another producer with this id.
+            raise _Reconnect(f"stream {self.stream_name} is open in another session")
+        self._resume_at(answer.point_of_reference)
+        # What the server does not hold goes again, before anything new.
+        for _, message in list(self._kept):
+            while self._credits <= 0:
+                frame = await source.next()
+                self._on_frame(frame)
+            self._credits -= 1
+            writer.write(frames.encode(message))
+            await writer.drain()
+        self._ready = True
+        if self._started is not None and not self._started.done():
+            self._started.set_result(None)
+        self._wake()
+        return source
+
+    def _resume_at(self, point: int) -> None:
+        if point > self._next and self._kept:
+            log.warning(
+                "stream %s: the server holds up to %d, beyond what this producer sent (%d)",
+                self.stream_name,
+                point,
+                self._next,
+            )
+        self._durable = point
+        self._next = max(self._next, point)
+        while self._kept and self._kept[0][0] < point:
+            self._kept.popleft()
+
+    async def _read(self, source: _FrameSource) -> None:
+        while True:
+            self._on_frame(await source.next())
+
+    def _on_frame(self, frame: frames.Frame) -> None:
+        if isinstance(frame, frames.Ack):
+            self._credits += frame.credits
+            for stream_id, point in frame.acks:
+                if stream_id == self.stream_id and point > self._durable:
+                    self._durable = point
+                    while self._kept and self._kept[0][0] < point:
+                        self._kept.popleft()
+            self._wake()
+        elif isinstance(frame, frames.Restart):
+            raise _Reconnect("the server restarts")
+        elif isinstance(frame, frames.Error):
+            code, _, message = frame.reason.decode(errors="replace").partition(": ")
+            if code in RETRYABLE:
+                raise _Reconnect(f"{code}: {message}")
+            raise StreamError(code, message or code)
+        else:
+            raise _unexpected(frame, "ACK")
+
+
+class _FrameSource:
+    """Frames from a connection, one at a time."""
+
+    def __init__(self, reader: asyncio.StreamReader, cutter: frames.FrameReader) -> None:
+        self._reader = reader
+        self._cutter = cutter
+        self._ready: deque[frames.Frame] = deque()
+
+    async def next(self) -> frames.Frame:
+        while not self._ready:
+            data = await self._reader.read(_READ_BYTES)
+            if not data:
+                raise _Reconnect("the server closed the connection")
+            self._ready.extend(self._cutter.feed(data))
+        return self._ready.popleft()
+
+
+def _unexpected(frame: frames.Frame, wanted: str) -> Exception:
+    if isinstance(frame, frames.Error):
+        code, _, message = frame.reason.decode(errors="replace").partition(": ")
+        if code in RETRYABLE:
+            return _Reconnect(f"{code}: {message}")
+        return StreamError(code, message or code)
+    if isinstance(frame, frames.Restart):
+        return _Reconnect("the server restarts")
+    return StreamError("protocol_error", f"expected {wanted}, got {type(frame).__name__}")
+
+
+class StreamProducer:
+    """:class:`AsyncStreamProducer` for code without an event loop: it runs one of its own in
+    a background thread; every method blocks until done. Same arguments."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._producer: AsyncStreamProducer = self._call(self._make(args, kwargs))
+
+    async def _make(self, args: Any, kwargs: Any) -> AsyncStreamProducer:
+        return AsyncStreamProducer(*args, **kwargs)
+
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    @property
+    def next_sequence(self) -> int:
+        return self._producer.next_sequence
+
+    @property
+    def durable(self) -> int:
+        return self._producer.durable
+
+    def start(self) -> int:
+        return self._call(self._producer.start())
+
+    def send(
+        self, body: bytes, *, group_id: str | None = None, sequence_id: int | None = None
+    ) -> int:
+        return self._call(self._producer.send(body, group_id=group_id, sequence_id=sequence_id))
+
+    def flush(self) -> None:
+        self._call(self._producer.flush())
+
+    def close(self) -> None:
+        try:
+            self._call(self._producer.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    def __enter__(self) -> StreamProducer:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

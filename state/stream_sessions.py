@@ -1,0 +1,98 @@
+"""What streaming produce keeps in Redis: one writer per stream, and where each stream stands.
+
+**Leases.** A session that opens the stream ``{project}/{topic}/{producer}`` takes the key
+``keys.stream_lease(...)`` with ``SET NX PX`` and its own random token, renews it while the
+stream is open, and deletes it (only if it still holds it) once every write it started has
+been reported by Kafka. Another session, on this API replica or another, that notifies the
+stream meanwhile is refused (docs/streaming.md, "One writer per stream"). A replica that dies
+holds its streams until the lease's TTL runs out.
+
+**Stream points.** For each producer, the highest sequence id such that it and every sequence the
+session sent below it were acknowledged by Kafka in the ingest topic, stored as
+``"<topic incarnation>:<sequence>"`` and raised with the producer marks' own script
+(state/producer_marks.py), so it never goes backwards and a deleted topic's point does not
+count for the topic created again. The point a new session resumes from is one more than the
+higher of this and the producer mark that ingest keeps: ingest may lag the writes, and the mark
+alone would make a producer resend what is already in the ingest topic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from redis.asyncio import Redis
+
+from state import keys
+from state.producer_marks import RAISE_MARKS, last_sequence
+
+StreamKey = tuple[str, str, str]
+"""(project, topic, producer id)"""
+
+# KEYS = leases; ARGV[1] = token, ARGV[2] = ttl in ms. Returns 1 per key still held, else 0.
+_RENEW = """
+local held = {}
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2])
+    held[i] = 1
+  else
+    held[i] = 0
+  end
+end
+return held
+"""
+
+# KEYS[1] = lease; ARGV[1] = token
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class StreamSessions:
+    """Leases and stream points (see the module doc); every call is one Redis round trip."""
+
+    def __init__(self, client: Redis[bytes], lease_ms: int) -> None:
+        self._client = client
+        self.lease_ms = lease_ms
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+        self._raise = client.register_script(RAISE_MARKS)
+
+    async def acquire(self, stream: StreamKey, token: str) -> bool:
+        """True when this session now writes ``stream``; False while another session does."""
+        taken = await self._client.set(keys.stream_lease(*stream), token, nx=True, px=self.lease_ms)
+        return bool(taken)
+
+    async def renew(self, streams: Sequence[StreamKey], token: str) -> list[bool]:
+        """Extends the leases ``token`` holds; False for each one it lost."""
+        if not streams:
+            return []
+        held = await self._renew(
+            keys=[keys.stream_lease(*stream) for stream in streams], args=[token, self.lease_ms]
+        )
+        return [bool(h) for h in held]
+
+    async def release(self, stream: StreamKey, token: str) -> None:
+        await self._release(keys=[keys.stream_lease(*stream)], args=[token])
+
+    async def resume_point(self, stream: StreamKey, incarnation: int) -> int:
+        """The point a session of ``stream`` resumes from: every lower sequence is durable."""
+        project, topic, producer = stream
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.hget(keys.producer_marks(project, topic), producer)
+            pipe.hget(keys.stream_points(project, topic), producer)
+            mark, point = await pipe.execute()
+        return max(last_sequence(mark, incarnation), last_sequence(point, incarnation)) + 1
+
+    async def record(
+        self, project: str, topic: str, durable: Mapping[str, tuple[int, int]]
+    ) -> None:
+        """Raises each producer's stream point to (incarnation, highest durable sequence)."""
+        args: list[str | int] = []
+        for producer, (incarnation, sequence) in durable.items():
+            args += [producer, incarnation, sequence]
+        if args:
+            await self._raise(keys=[keys.stream_points(project, topic)], args=args)
