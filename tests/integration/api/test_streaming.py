@@ -5,7 +5,9 @@ from NOTIFY_ACK, credits, refusals that write nothing, EOS and RESTART."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import os
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ from tests.integration.api.support import (
     running_api,
     unique,
 )
+from tests.processes import listener_pid, rss_kib
 from tests.waiting import wait_for_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -346,3 +349,68 @@ async def test_shutdown_sends_the_last_ack_then_restart(
     points = [p for f in raw.seen if isinstance(f, frames.Ack) for _, p in f.acks]
     assert points and max(points) == 5
     assert isinstance(received[-1], frames.Restart)
+
+
+async def test_memory_stays_bounded_while_the_broker_is_paused(
+    kafka_bootstrap: str, redis_url: str, tmp_path: Path
+) -> None:
+    # Given an API whose sessions may hold 1 MiB unacknowledged, and a broker that stops
+    # answering (SIGSTOP) while two producers each offer 200 messages of 60 KB (24 MB)
+    cap, size, offered = 1024 * 1024, 60_000, 200
+    broker = listener_pid(int(kafka_bootstrap.rsplit(":", 1)[1]))
+    async with running_api(
+        tmp_path,
+        kafka_bootstrap=kafka_bootstrap,
+        redis_url=redis_url,
+        stream_port=0,
+        stream_credits=CREDITS,
+        stream_buffer_bytes=cap,
+        max_message_bytes=64 * 1024,
+    ) as own:
+        project = unique()
+        await own.client.post("/v1/projects", json={"name": project})
+        await own.client.post(f"/v1/projects/{project}/topics", json={"name": "t", "grouped": True})
+        server = own.app.state.stream
+        producers = [
+            AsyncStreamProducer(f"127.0.0.1:{server.port}", ADMIN_KEY, project, "t", f"p{n}")
+            for n in range(2)
+        ]
+        for producer in producers:
+            await producer.start()
+
+        async def offer(producer: AsyncStreamProducer) -> None:
+            for n in range(offered):
+                await producer.send(b"%06d" % n + b"m" * (size - 6), group_id=f"g{n % 7}")
+            await producer.flush()
+
+        os.kill(broker, signal.SIGSTOP)
+        try:
+            sending = [asyncio.create_task(offer(p)) for p in producers]
+            # When the server has read up to its cap
+            await wait_for_async("the buffer full", _true_when(lambda: server.buffered >= cap))
+            before = rss_kib()
+            held = []
+            for _ in range(20):
+                await asyncio.sleep(0.1)
+                held.append(server.buffered)
+            # Then it reads no further: the producers wait (they are still sending), the
+            # buffer stays within its cap and one read, and the process does not grow
+            assert not any(task.done() for task in sending)
+            assert sum(p.pending for p in producers) <= 2 * CREDITS
+            assert max(held) <= cap + 256 * 1024 + size
+            assert rss_kib() - before < 16 * 1024
+        finally:
+            os.kill(broker, signal.SIGCONT)
+        # And once the broker answers again, everything offered is written once
+        await asyncio.wait_for(asyncio.gather(*sending), 120)
+        assert [p.durable for p in producers] == [offered, offered]
+        await asyncio.gather(*(p.close() for p in producers))
+        count = await asyncio.to_thread(record_count, kafka_bootstrap, ingest_topic(project, "t"))
+        assert count == 2 * offered
+
+
+def _true_when(condition: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return condition()
+
+    return check
