@@ -31,6 +31,8 @@ from state.ingest_status import RedisIngestStatus, ingest_view
 from state.sealing import Sealer
 
 DEFAULT_API_PORT = 8080
+# Streaming produce (docs/streaming.md), served by the API process.
+DEFAULT_STREAM_PORT = 8070
 # Where the ingest job and the delivery worker serve /metrics (the chart's ports).
 DEFAULT_METRICS_PORTS = {"ingest_metrics": 9465, "delivery_metrics": 9464}
 # A local Spark cluster's master (Spark's usual port) and its web UI.
@@ -51,11 +53,13 @@ def stack_env(
     api_port: int,
     ingest_metrics_port: int | None = None,
     delivery_metrics_port: int | None = None,
+    stream_port: int | None = None,
 ) -> dict[str, str]:
     """The SETU_* variables every child of ``dev up`` runs with (webhooks on loopback allowed)."""
     metrics = {
         "SETU_INGEST_METRICS_PORT": ingest_metrics_port,
         "SETU_DELIVERY_METRICS_PORT": delivery_metrics_port,
+        "SETU_STREAM_PORT": stream_port,
     }
     return {
         **{name: str(port) for name, port in metrics.items() if port is not None},
@@ -104,6 +108,11 @@ def kept_secret(path: Path, make: Callable[[], str]) -> str:
     return value
 
 
+def _loopback(env: Mapping[str, str]) -> str:
+    host = env.get("SETU_API_HOST", "127.0.0.1")
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host
+
+
 def summary(
     api_url: str, api_up: bool, env: Mapping[str, str], logs: Path, ingest_up: bool = True
 ) -> str:
@@ -126,6 +135,11 @@ def summary(
             "setu dev up: ready",
             f"  API       {api_line}",
             f"  Metrics   {', '.join(metrics)}",
+            *(
+                [f"  Streaming {_loopback(env)}:{env['SETU_STREAM_PORT']}  (docs/streaming.md)"]
+                if "SETU_STREAM_PORT" in env
+                else []
+            ),
             f"  Ingest    {ingest_line}",
             f"  Kafka     {env['SETU_KAFKA_BOOTSTRAP']}",
             # A password inside either URL is not printed (docs/security.md §8).
@@ -193,6 +207,7 @@ def _start(
             "kafka_controller": dev.kafka_controller_port,
             "redis": dev.redis_port,
             "api": settings.api_port if "api_port" in settings.model_fields_set else None,
+            "stream": settings.stream_port,
         }.items()
         if port is not None
     }
@@ -204,6 +219,7 @@ def _start(
     defaults = {
         **DEFAULT_PORTS,
         "api": DEFAULT_API_PORT,
+        "stream": DEFAULT_STREAM_PORT,
         **DEFAULT_METRICS_PORTS,
         **DEFAULT_SPARK_PORTS,
     }
@@ -232,6 +248,7 @@ def _start(
         start_spark_cluster(stack, cluster, logs, timeout)
         spark_master = cluster.master_url
     api_port = ports.take("api")
+    stream_port = ports.take("stream")
     ingest_metrics, delivery_metrics = ports.take("ingest_metrics"), ports.take("delivery_metrics")
     book.save(ports.chosen)
     overrides = stack_env(
@@ -244,6 +261,7 @@ def _start(
         api_port,
         ingest_metrics,
         delivery_metrics,
+        stream_port,
     )
     if spark_master is not None:
         overrides["SETU_SPARK_MASTER"] = spark_master

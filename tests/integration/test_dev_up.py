@@ -7,6 +7,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from cli.ports import any_free_port
+from setu.stream import frames
 
 START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 120.0
@@ -92,6 +94,7 @@ def dev_up(data_dir: Path, ports: dict[str, int], *options: str) -> Iterator[Dev
     env.update(
         SETU_DATA_DIR=str(data_dir),
         SETU_API_PORT=str(ports["api"]),
+        SETU_STREAM_PORT=str(ports["stream"]),
         SETU_DEV_KAFKA_PORT=str(ports["kafka"]),
         SETU_DEV_KAFKA_CONTROLLER_PORT=str(ports["controller"]),
         SETU_DEV_REDIS_PORT=str(ports["redis"]),
@@ -130,6 +133,19 @@ def await_text(url: str, timeout_s: float = 120) -> str:
         time.sleep(0.5)
 
 
+def hello(address: str, key: str) -> frames.Frame:
+    """The streaming listener's answer to a HELLO with ``key`` as cookie."""
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(frames.encode(frames.Hello(b"3", key.encode(), b"test", b"dev-up")))
+        cutter = frames.FrameReader()
+        while True:
+            data = connection.recv(65536)
+            assert data, "the listener closed the connection"
+            for frame in cutter.feed(data):
+                return frame
+
+
 def await_health(url: str) -> dict[str, Any]:
     body: dict[str, Any] = json.loads(await_text(url, 60))
     return body
@@ -138,7 +154,7 @@ def await_health(url: str) -> dict[str, Any]:
 def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> None:
     # Given ports nobody else uses (a shared broker may hold 9092/9093 on this machine)
     data_dir = tmp_path / "setu-data"
-    names = ("api", "kafka", "controller", "redis", "spark", "spark_ui")
+    names = ("api", "stream", "kafka", "controller", "redis", "spark", "spark_ui")
     ports = {name: any_free_port() for name in names}
     assert len(set(ports.values())) == len(names)
 
@@ -147,6 +163,7 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
         stack.wait_for_line(r"setu dev up: ready", START_TIMEOUT_S)
         api = stack.wait_for_line(r"API\s+(http://\S+)", 5).group(1)
         ingest_metrics = stack.wait_for_line(r"ingest (http://\S+/metrics)", 5).group(1)
+        streaming = stack.wait_for_line(r"Streaming (\S+)", 5).group(1)
         # Ready means the ingest query runs already: a first message does not wait for Spark
         assert stack.wait_for_line(r"Ingest\s+(\S+)", 5).group(1) == "running"
         kafka = stack.wait_for_line(r"Kafka\s+(\S+)", 5).group(1)
@@ -164,6 +181,9 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
         projects = httpx.get(f"{api}/v1/projects", headers={"Authorization": f"Bearer {key}"})
         assert projects.status_code == 200
         assert httpx.get(f"{api}/v1/projects").status_code == 401
+        # The streaming listener answers a HELLO with that key with OK
+        assert streaming == f"127.0.0.1:{ports['stream']}"
+        assert isinstance(hello(streaming, key), frames.Ok)
         assert "setu_ingest_query_active" in await_text(ingest_metrics)
         admin = AdminClient({"bootstrap.servers": kafka})
         topic = "setu-dev-up-test"

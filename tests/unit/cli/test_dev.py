@@ -20,6 +20,7 @@ def test_children_get_every_dependency_and_may_call_loopback_webhooks() -> None:
         18080,
         19465,
         19464,
+        18070,
     )
     assert env["SETU_KAFKA_BOOTSTRAP"] == "127.0.0.1:19092"
     assert env["SETU_REDIS_URL"] == "redis://127.0.0.1:16379/0"
@@ -29,6 +30,7 @@ def test_children_get_every_dependency_and_may_call_loopback_webhooks() -> None:
     assert env["SETU_ALLOW_PRIVATE_ENDPOINTS"] == "true"
     assert env["SETU_INGEST_METRICS_PORT"] == "19465"
     assert env["SETU_DELIVERY_METRICS_PORT"] == "19464"
+    assert env["SETU_STREAM_PORT"] == "18070"
 
 
 def test_the_summary_says_where_the_api_is() -> None:
@@ -38,10 +40,12 @@ def test_the_summary_says_where_the_api_is() -> None:
         "SETU_DATABASE_URL": "sqlite:////d/setu.db",
         "SETU_INGEST_METRICS_PORT": "19465",
         "SETU_DELIVERY_METRICS_PORT": "19464",
+        "SETU_STREAM_PORT": "18070",
         "SETU_ADMIN_KEY": "setu_admin_k3y",
     }
     text = summary("http://127.0.0.1:18080", True, env, Path("/d/logs"))
     assert "API       http://127.0.0.1:18080" in text
+    assert "Streaming 127.0.0.1:18070" in text
     assert "ingest http://127.0.0.1:19465/metrics" in text
     assert "worker http://127.0.0.1:19464/metrics" in text
     assert "127.0.0.1:19092" in text

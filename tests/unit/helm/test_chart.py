@@ -159,3 +159,17 @@ def test_chart_metadata() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2"
     assert chart["name"] == "setu"
+
+
+def test_every_api_pod_serves_streaming_produce_on_its_service() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["api"]["stream"] == {"enabled": True, "port": 8070, "servicePort": 8070}
+    spec = container(workload("-api"))
+    assert "SETU_STREAM_PORT" in {e["name"] for e in spec["env"]}
+    assert "stream" in {p["name"] for p in spec["ports"]}
+    (service,) = [
+        d for d in documents() if d["kind"] == "Service" and d["metadata"]["name"].endswith("-api")
+    ]
+    assert {"name": "stream", "port": "TEMPLATE", "targetPort": "stream"} in service["spec"][
+        "ports"
+    ]
