@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -236,7 +237,7 @@ class Session:
         self.reader = reader
         self.writer = writer
         self.peer = str(writer.get_extra_info("peername"))
-        self.token = secrets.token_hex(16)
+        self.token = f"{server.replica}/{secrets.token_hex(16)}"
         self.frames = frames.FrameReader(server.config.max_frame_bytes)
         self.streams: dict[int, _Stream] = {}
         self.who: Principal | None = None
@@ -654,6 +655,7 @@ class StreamServer:
         self.room = asyncio.Event()
         self.room.set()
         self._server: asyncio.Server | None = None
+        self.replica = ""
 
     @property
     def port(self) -> int:
@@ -664,8 +666,23 @@ class StreamServer:
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
-            self._serve, self.config.host, self.config.port, limit=self.config.max_frame_bytes
+            self._serve,
+            self.config.host,
+            self.config.port,
+            limit=self.config.max_frame_bytes,
+            start_serving=False,
         )
+        # This replica's id: its leases from a run before this one are free (no write of that
+        # run can be in flight any more).
+        self.replica = f"{socket.gethostname()}:{self.port}"
+        try:
+            freed = await self.sessions_store.release_replica(self.replica)
+        except (RedisError, OSError) as exc:
+            log.warning("could not free the stream leases of this replica's last run: %s", exc)
+        else:
+            if freed:
+                log.info("freed %d stream leases this replica's last run held", freed)
+        await self._server.start_serving()
         self.services.metrics.stream_sessions.set_function(lambda: len(self.sessions))
         self.services.metrics.stream_buffered_bytes.set_function(lambda: self.buffered)
         log.info("streaming produce listens on %s:%d", self.config.host, self.port)

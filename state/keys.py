@@ -173,3 +173,8 @@ def stream_lease(project: str, topic: str, producer: str) -> str:
     """String with a TTL: the token of the streaming session that writes the stream
     ``{project}/{topic}/{producer}`` (one writer per stream, docs/streaming.md)."""
     return f"{PREFIX}:stream-lease:{{{project}.{topic}}}:{producer}"
+
+
+def stream_lease_pattern() -> str:
+    """SCAN pattern matching every :func:`stream_lease` key."""
+    return f"{PREFIX}:stream-lease:*"

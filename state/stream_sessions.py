@@ -4,8 +4,10 @@
 ``keys.stream_lease(...)`` with ``SET NX PX`` and its own random token, renews it while the
 stream is open, and deletes it (only if it still holds it) once every write it started has
 been reported by Kafka. Another session, on this API replica or another, that notifies the
-stream meanwhile is refused (docs/streaming.md, "One writer per stream"). A replica that dies
-holds its streams until the lease's TTL runs out.
+stream meanwhile is refused (docs/streaming.md, "One writer per stream"). A token starts with
+its replica's id (host name and stream port): a replica that starts again frees the leases its
+last run left, since none of that run's writes can still be in flight. A replica that dies for
+good holds its streams until the leases' TTL runs out.
 
 **Stream points.** For each producer, the highest sequence id such that it and every sequence the
 session sent below it were acknowledged by Kafka in the ingest topic, stored as
@@ -42,6 +44,19 @@ end
 return held
 """
 
+# KEYS = leases; ARGV[1] = token prefix. Deletes the leases whose token starts with it.
+_RELEASE_PREFIXED = """
+local freed = 0
+for i = 1, #KEYS do
+  local token = redis.call('GET', KEYS[i])
+  if token and string.sub(token, 1, #ARGV[1]) == ARGV[1] then
+    redis.call('DEL', KEYS[i])
+    freed = freed + 1
+  end
+end
+return freed
+"""
+
 # KEYS[1] = lease; ARGV[1] = token
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -59,6 +74,7 @@ class StreamSessions:
         self.lease_ms = lease_ms
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+        self._release_prefixed = client.register_script(_RELEASE_PREFIXED)
         self._raise = client.register_script(RAISE_MARKS)
 
     async def acquire(self, stream: StreamKey, token: str) -> bool:
@@ -77,6 +93,20 @@ class StreamSessions:
 
     async def release(self, stream: StreamKey, token: str) -> None:
         await self._release(keys=[keys.stream_lease(*stream)], args=[token])
+
+    async def release_replica(self, replica: str) -> int:
+        """Frees every lease whose token starts with ``replica`` + ``/``: this replica's last
+        run. Returns how many were freed."""
+        freed = 0
+        batch: list[bytes] = []
+        async for key in self._client.scan_iter(match=keys.stream_lease_pattern(), count=500):
+            batch.append(key)
+            if len(batch) == 500:
+                freed += int(await self._release_prefixed(keys=batch, args=[f"{replica}/"]))
+                batch = []
+        if batch:
+            freed += int(await self._release_prefixed(keys=batch, args=[f"{replica}/"]))
+        return freed
 
     async def resume_point(self, stream: StreamKey, incarnation: int) -> int:
         """The point a session of ``stream`` resumes from: every lower sequence is durable."""

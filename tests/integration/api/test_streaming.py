@@ -7,16 +7,20 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from redis.asyncio import Redis
 
+from cli.ports import any_free_port
 from setu.client import AsyncStreamProducer, StreamError, StreamProducer
 from setu.envelope import H_GROUP_ID, H_MESSAGE_ID, H_PRODUCER_ID, H_SEQUENCE_ID
 from setu.names import ingest_topic
 from setu.stream import frames
+from state import keys
 from tests.integration.api.support import (
     ADMIN_KEY,
     Api,
@@ -394,10 +398,11 @@ async def test_memory_stays_bounded_while_the_broker_is_paused(
                 await asyncio.sleep(0.1)
                 held.append(server.buffered)
             # Then it reads no further: the producers wait (they are still sending), the
-            # buffer stays within its cap and one read, and the process does not grow
+            # buffer stays within its cap and one read per session, and the process does not
+            # grow
             assert not any(task.done() for task in sending)
             assert sum(p.pending for p in producers) <= 2 * CREDITS
-            assert max(held) <= cap + 256 * 1024 + size
+            assert max(held) <= cap + len(producers) * (256 * 1024 + size)
             assert rss_kib() - before < 16 * 1024
         finally:
             os.kill(broker, signal.SIGCONT)
@@ -414,3 +419,39 @@ def _true_when(condition: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
         return condition()
 
     return check
+
+
+async def test_a_restarted_replica_frees_the_leases_its_last_run_held(
+    kafka_bootstrap: str, redis_url: str, tmp_path: Path
+) -> None:
+    # Given leases left in Redis by a killed run of this replica (same host, same stream port)
+    # and by another replica that may still be writing
+    port = any_free_port()
+    project = unique()
+    client = Redis.from_url(redis_url)
+    mine = keys.stream_lease(project, "t", "mine")
+    theirs = keys.stream_lease(project, "t", "theirs")
+    await client.set(mine, f"{socket.gethostname()}:{port}/killed-run", px=60_000)
+    await client.set(theirs, "elsewhere:8070/running", px=60_000)
+    try:
+        # When the replica starts again on that port
+        async with running_api(
+            tmp_path, kafka_bootstrap=kafka_bootstrap, redis_url=redis_url, stream_port=port
+        ) as own:
+            await own.client.post("/v1/projects", json={"name": project})
+            await own.client.post(
+                f"/v1/projects/{project}/topics", json={"name": "t", "grouped": True}
+            )
+            raw = await Raw.open(own)
+            assert isinstance(await raw.next(), frames.Ok)
+            raw.send(
+                frames.Notify(1, f"{project}/t/mine".encode(), 0),
+                frames.Notify(2, f"{project}/t/theirs".encode(), 0),
+            )
+            # Then its own old stream is free at once, the other replica's is not
+            assert await raw.until(frames.NotifyAck) == frames.NotifyAck(True, 1, 0)
+            assert await raw.until(frames.NotifyAck) == frames.NotifyAck(False, 2, 0)
+            raw.close()
+    finally:
+        await client.delete(mine, theirs)
+        await client.aclose()
