@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from bench.crash.records import group_name, make_record
+from bench.crash.records import group_name, is_stream_lane, make_record
 
 REJECT_STATUS = 422
 FAIL_STATUS = 503
@@ -169,6 +169,7 @@ class PlanShape:
     max_flaky_failures: int = 2  # at most the subscription's number of retry tiers
     outage_ms: int = 0  # 0: no outage
     outage_at: float = 0.4  # where in the span the outage begins (a fraction)
+    stream_lanes: int = 0  # the last lanes stream (bench.crash.records.is_stream_lane)
 
 
 def make_plan(shape: PlanShape, seed: int) -> FailurePlan:
@@ -188,16 +189,18 @@ def make_plan(shape: PlanShape, seed: int) -> FailurePlan:
             start = shape.start_ms + rng.randint(0, max(0, shape.span_ms - length))
             spans.append((start, start + length))
         windows[group_name(index)] = tuple(sorted(spans))
-    rejected = {
-        make_record(
+    rejected = set()
+    for _ in range(shape.rejected_messages):
+        lane = rng.randrange(shape.lanes)
+        record = make_record(
             shape.run_id,
             shape.groups,
             shape.lanes,
-            rng.randrange(shape.lanes),
+            lane,
             rng.randrange(max(1, shape.messages_per_lane)),
-        ).message_id
-        for _ in range(shape.rejected_messages)
-    }
+            stream=is_stream_lane(lane, shape.lanes, shape.stream_lanes),
+        )
+        rejected.add(record.message_id)
     healthy = sorted(set(range(shape.groups)) - set(failing))
     count = min(len(healthy), round(shape.groups * shape.flaky_group_fraction))
     flaky = {

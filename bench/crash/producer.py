@@ -26,14 +26,19 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import quote
 
 import httpx
 
 from bench.crash.journal import Entry, Journal, read_entries
-from bench.crash.records import Record, make_record, producer_name
+from bench.crash.records import Record, is_stream_lane, make_record, producer_name
+from setu.client import AsyncStreamProducer, Backoff, StreamError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,13 +69,25 @@ class ProducerConfig:
     messages_per_lane: int
     rate_per_second: float
     large_body_bytes: int = 0  # see bench.crash.records.make_record
+    # The last ``stream_lanes`` lanes stream to ``stream`` (host:port) instead of HTTP.
+    stream_lanes: int = 0
+    stream: str = ""
     request_timeout_s: float = 5.0
     # First and longest pause between attempts; pauses double up to the longest.
     backoff_s: tuple[float, float] = (0.05, 1.0)
 
+    def streams(self, lane: int) -> bool:
+        return is_stream_lane(lane, self.lanes, self.stream_lanes)
+
     def record(self, lane: int, sequence: int) -> Record:
         return make_record(
-            self.run_id, self.groups, self.lanes, lane, sequence, self.large_body_bytes
+            self.run_id,
+            self.groups,
+            self.lanes,
+            lane,
+            sequence,
+            self.large_body_bytes,
+            stream=self.streams(lane),
         )
 
     def topic_path(self) -> str:
@@ -142,13 +159,25 @@ class Pacer:
             await asyncio.sleep(self._next - now)
 
 
+async def _then_true(work: Awaitable[None]) -> bool:
+    await work
+    return True
+
+
 class Producer:
     """All lanes of one producer process, sharing one HTTP client and one journal."""
 
-    def __init__(self, config: ProducerConfig, client: httpx.AsyncClient, journal: Journal):
+    def __init__(
+        self,
+        config: ProducerConfig,
+        client: httpx.AsyncClient,
+        journal: Journal,
+        api_key: str = "",
+    ):
         self.config = config
         self.client = client
         self.journal = journal
+        self.api_key = api_key
         self.stop = asyncio.Event()
         self.errors = 0
 
@@ -159,6 +188,8 @@ class Producer:
         return all(finished)
 
     async def _lane(self, lane: int, entries: list[Entry]) -> bool:
+        if self.config.streams(lane):
+            return await self._stream_lane(lane, entries)
         producer_id = producer_name(self.config.run_id, lane)
         progress = lane_progress(entries, producer_id)
         server_last = await self._server_last(producer_id)
@@ -183,6 +214,89 @@ class Producer:
                 return False
             await self.journal.append(ack_entry(record, "http"))
         return True
+
+    async def _stream_lane(self, lane: int, entries: list[Entry]) -> bool:
+        """A lane over streaming produce: many messages in flight, each journalled ``sent``
+        before it goes and ``ack`` once an ACK's point passes it. On start the stream's
+        NOTIFY_ACK point says where to go on; what the server holds beyond the journal is
+        journalled ``ack`` ``via: server``."""
+        producer_id = producer_name(self.config.run_id, lane)
+        progress = lane_progress(entries, producer_id)
+        backoff, longest = self.config.backoff_s
+        stream = AsyncStreamProducer(
+            self.config.stream,
+            self.api_key,
+            self.config.project,
+            self.config.topic,
+            producer_id,
+            program="bench.crash.producer",
+            backoff=Backoff(initial_s=backoff, max_s=longest),
+        )
+        finished = False
+        try:
+            point = await self._until_stopped(stream.start())
+            if point is None:
+                return False
+            journalled = progress.last_acked + 1
+            for sequence in range(journalled, point):
+                record = self.config.record(lane, sequence)
+                if sequence > progress.last_sent:
+                    await self.journal.append(sent_entry(record))
+                await self.journal.append(ack_entry(record, "server"))
+            journalled = max(journalled, point)
+            pacer = Pacer(self.config.rate_per_second / self.config.lanes)
+            last_sent = max(progress.last_sent, point - 1)
+            for sequence in range(point, self.config.messages_per_lane):
+                await pacer.wait()
+                if self.stop.is_set():
+                    return False
+                record = self.config.record(lane, sequence)
+                if sequence > last_sent:
+                    await self.journal.append(sent_entry(record))
+                sending = stream.send(record.body, group_id=record.group_id, sequence_id=sequence)
+                if await self._until_stopped(sending) is None:
+                    return False
+                journalled = await self._journal_acks(lane, journalled, stream.durable)
+            if await self._until_stopped(_then_true(stream.flush())) is None:
+                return False
+            await self._journal_acks(lane, journalled, stream.durable)
+            finished = True
+            return True
+        except StreamError as exc:
+            print(f"stream {producer_id}: {exc}", file=sys.stderr)
+            return False
+        finally:
+            if finished:
+                await stream.close()
+            else:
+                with contextlib.suppress(StreamError):
+                    await asyncio.wait_for(stream.close(), 5.0)
+
+    async def _journal_acks(self, lane: int, journalled: int, durable: int) -> int:
+        """Journals ``ack`` for every sequence from ``journalled`` up to ``durable``."""
+        # Appended together: the journal syncs them with one fsync.
+        await asyncio.gather(
+            *(
+                self.journal.append(ack_entry(self.config.record(lane, sequence), "stream"))
+                for sequence in range(journalled, durable)
+            )
+        )
+        return max(journalled, durable)
+
+    async def _until_stopped(self, work: Awaitable[T]) -> T | None:
+        """``work``'s result, or None when the producer is stopped first."""
+        task = asyncio.ensure_future(work)
+        stopped = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
 
     async def _server_last(self, producer_id: str) -> int | None:
         """``last_sequence_id`` from the API, retried until it answers; None if stopped."""
@@ -238,7 +352,7 @@ async def produce(config: ProducerConfig, journal_path: Path) -> bool:
     async with httpx.AsyncClient(
         base_url=config.api, timeout=timeout, limits=limits, headers=auth
     ) as client:
-        producer = Producer(config, client, journal)
+        producer = Producer(config, client, journal, key or "")
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, producer.stop.set)
         loop.add_signal_handler(signal.SIGINT, producer.stop.set)
@@ -262,6 +376,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=0.0, help="messages/s overall; 0: no limit")
     parser.add_argument("--journal", type=Path, required=True)
     parser.add_argument("--large-body-bytes", type=int, default=0, help="the API's size limit")
+    parser.add_argument("--stream-lanes", type=int, default=0, help="lanes that stream")
+    parser.add_argument("--stream", default="", help="host:port of streaming produce")
     args = parser.parse_args(argv)
     config = ProducerConfig(
         api=args.api,
@@ -273,6 +389,8 @@ def main(argv: list[str] | None = None) -> None:
         messages_per_lane=args.messages_per_lane,
         rate_per_second=args.rate,
         large_body_bytes=args.large_body_bytes,
+        stream_lanes=args.stream_lanes,
+        stream=args.stream,
     )
     finished = asyncio.run(produce(config, args.journal))
     # Exit 0 only when every record was acknowledged; a stopped producer exits 3.

@@ -48,6 +48,11 @@ def lane_groups(groups: int, lanes: int, lane: int) -> list[str]:
     return [group_name(index) for index in range(lane, groups, lanes)]
 
 
+def is_stream_lane(lane: int, lanes: int, stream_lanes: int) -> bool:
+    """The last ``stream_lanes`` lanes stream (docs/streaming.md); the others use HTTP."""
+    return lane >= lanes - stream_lanes
+
+
 def _digest(run_id: str, lane: int, sequence: int) -> bytes:
     return hashlib.sha256(f"{run_id}/{lane}/{sequence}".encode()).digest()
 
@@ -59,7 +64,14 @@ MANY_HEADERS = 40
 
 
 def make_record(
-    run_id: str, groups: int, lanes: int, lane: int, sequence: int, large_body_bytes: int = 0
+    run_id: str,
+    groups: int,
+    lanes: int,
+    lane: int,
+    sequence: int,
+    large_body_bytes: int = 0,
+    *,
+    stream: bool = False,
 ) -> Record:
     """The record ``lane`` publishes at ``sequence``; the same arguments give the same bytes.
 
@@ -73,12 +85,13 @@ def make_record(
     digest = _digest(run_id, lane, sequence)
     group = owned[int.from_bytes(digest[:4], "big") % len(owned)]
     producer = producer_name(run_id, lane)
-    message_id = f"{producer}-{sequence}"
+    # A streamed message's id is made by Setu: {producer_id}:{sequence_id}.
+    message_id = f"{producer}:{sequence}" if stream else f"{producer}-{sequence}"
     body = f"{message_id}|{group}|".encode() + digest[4:20]
     shape, extra = digest[20] % SHAPE_EVERY, 0
     if large_body_bytes and shape in (0, 1):
         size = large_body_bytes - shape
         body += (digest * (size // len(digest) + 1))[: size - len(body)]
-    elif large_body_bytes and shape == 2:
+    elif large_body_bytes and shape == 2 and not stream:  # X_* headers do not travel on streams
         extra = MANY_HEADERS
     return Record(message_id, group, producer, sequence, body, extra)

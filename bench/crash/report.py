@@ -44,6 +44,10 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"       {'flaky groups / their messages dead-lettered':<48} "
         f"{report.get('flaky_groups', 0)} / {report.get('flaky_messages_dead_lettered', 0)}",
     ]
+    if report.get("acked_via"):
+        lines.append(
+            f"       {'acknowledged via (http, stream, server)':<48} {report['acked_via']}"
+        )
     chaos = report.get("chaos")
     if chaos:
         lines.append(f"       {'kills by component':<48} {chaos['kills_by_component']}")

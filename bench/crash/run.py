@@ -22,7 +22,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,8 @@ class RunConfig:
     duration_s: float
     groups: int = 1000
     lanes: int = 20
+    # The last lanes produce over streaming produce (docs/streaming.md) instead of HTTP.
+    stream_lanes: int = 0
     rate_per_second: float = 40.0
     partitions: int = 6
     workers: int = 2
@@ -80,6 +82,8 @@ class RunConfig:
     retry_delays_ms: tuple[int, ...] = (200, 500, 1000)
     webhook_timeout_ms: int = 5_000
     kill_producer: bool = True
+    # Only these components are killed (None: every one); the producer still by kill_producer.
+    chaos_only: tuple[str, ...] | None = None
     failing_group_fraction: float = 0.1
     rejected_messages: int = 5
     flaky_group_fraction: float = 0.05
@@ -197,6 +201,7 @@ class CrashRun:
         return StackLayout(
             workdir=config.workdir,
             api_port=free_port(),
+            stream_port=free_port(),
             receiver_port=free_port(),
             kafka_bootstrap=kafka,
             redis_url=redis_url,
@@ -249,6 +254,7 @@ class CrashRun:
                 flaky_group_fraction=config.flaky_group_fraction,
                 max_flaky_failures=min(2, len(config.retry_delays_ms)),
                 outage_ms=int(config.outage_s * 1000),
+                stream_lanes=config.stream_lanes,
             ),
             config.seed,
         )
@@ -282,6 +288,7 @@ class CrashRun:
             messages_per_lane=per_lane,
             rate_per_second=config.rate_per_second,
             large_body_bytes=DEFAULT_MAX_MESSAGE_BYTES,  # the API's limit in the run
+            stream_lanes=config.stream_lanes,
         )
         self._start(producer_spec(layout, shape, chaos=config.kill_producer))
         self._log(f"producing {per_lane * config.lanes} records over {config.groups} groups")
@@ -331,8 +338,9 @@ class CrashRun:
         self, layout: StackLayout, drained: dict[str, Any], dead_letters: list[DeadLetter]
     ) -> dict[str, Any]:
         calls = read_entries(receiver_journal(layout))
+        produced = read_entries(producer_journal(layout))
         report = check(
-            published_from_journal(read_entries(producer_journal(layout))),
+            published_from_journal(produced),
             calls_from_journal(calls),
             dead_letters,
             retry_tiers=len(self.config.retry_delays_ms),
@@ -340,6 +348,8 @@ class CrashRun:
         )
         events = read_entries(events_journal(receiver_journal(layout)))
         report["events"] = dict(Counter(str(e["type"]) for e in events))
+        # How the producer learned each acknowledgement: http, stream, or server (on resume)
+        report["acked_via"] = dict(Counter(str(e["via"]) for e in produced if e["e"] == "ack"))
         if self.outage is not None:
             length = self.outage[1] - self.outage[0]
             report["outage"] = outage_figures(length, calls, events)
@@ -382,6 +392,9 @@ class CrashRun:
         return report
 
     def _start(self, spec: ComponentSpec) -> None:
+        only = self.config.chaos_only
+        if only is not None and spec.name != "producer" and spec.name not in only:
+            spec = replace(spec, chaos=False)
         component = Component(spec, self.events)
         self.components[spec.name] = component
         component.start()

@@ -42,6 +42,8 @@ class StackLayout:
     database_url: str
     workers: int = 2
     extra_env: dict[str, str] = field(default_factory=dict)
+    # The API's streaming produce listener (docs/streaming.md); 0: none.
+    stream_port: int = 0
     # The run's bootstrap admin key: the API accepts it, the checker and producer send it.
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     secret_key: str = field(default_factory=Sealer.new_key)
@@ -94,6 +96,7 @@ def setu_env(layout: StackLayout) -> dict[str, str]:
         "SETU_API_HOST": "127.0.0.1",
         "SETU_API_PORT": str(layout.api_port),
         "SETU_ALLOW_PRIVATE_ENDPOINTS": "true",
+        **({"SETU_STREAM_PORT": str(layout.stream_port)} if layout.stream_port else {}),
         "SETU_ADMIN_KEY": layout.admin_key,
         "SETU_SECRET_KEY": layout.secret_key,
         **layout.extra_env,
@@ -164,6 +167,7 @@ class ProduceShape:
     messages_per_lane: int
     rate_per_second: float
     large_body_bytes: int = 0
+    stream_lanes: int = 0
 
 
 def producer_spec(layout: StackLayout, shape: ProduceShape, *, chaos: bool) -> ComponentSpec:
@@ -192,6 +196,10 @@ def producer_spec(layout: StackLayout, shape: ProduceShape, *, chaos: bool) -> C
         str(producer_journal(layout)),
         "--large-body-bytes",
         str(shape.large_body_bytes),
+        "--stream-lanes",
+        str(shape.stream_lanes),
+        "--stream",
+        f"127.0.0.1:{layout.stream_port}",
     ]
     return ComponentSpec(
         name="producer",

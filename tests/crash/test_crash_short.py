@@ -1,8 +1,8 @@
 """The short crash test: a few minutes of SIGKILLs against a real Setu, then the checker's verdict.
 
-A producer publishes ~3,000 small records over 100 groups while a chaos loop kills and restarts
-the API, the Spark ingest job, the two delivery workers and the producer itself every few
-seconds; the webhook fails some groups with 503 for a while and rejects a few messages with 422,
+A producer publishes ~3,000 small records over 100 groups, three of its ten lanes over
+streaming produce, while a chaos loop kills and restarts the API, the Spark ingest job, the two
+delivery workers and the producer itself every few seconds; the webhook fails some groups with 503 for a while and rejects a few messages with 422,
 and for 12 s it fails every call (an endpoint outage: the circuit breaker opens and closes).
 Then the dead-lettered groups are unsidelined and the checker proves nothing accepted was lost,
 reordered, corrupted or delivered twice under two webhook-ids. The long form is
@@ -31,6 +31,7 @@ def test_nothing_accepted_is_lost_reordered_corrupted_or_duplicated_under_kills(
         duration_s=75.0,
         groups=100,
         lanes=10,
+        stream_lanes=3,
         rate_per_second=40.0,
         chaos_interval_s=(3.0, 5.0),
         restart_delay_s=(0.0, 1.0),
@@ -56,6 +57,8 @@ def test_nothing_accepted_is_lost_reordered_corrupted_or_duplicated_under_kills(
     for kind in ("api", "ingest", "deliver", "producer"):
         assert sum(n for name, n in kills.items() if name.startswith(kind)) >= 1, kind
     assert report["accepted"] >= 2_500
+    # And three lanes streamed (docs/streaming.md) through the API's kills
+    assert report["acked_via"]["stream"] >= 500
     assert report["messages_failed_5xx"] >= 1
     assert report["messages_rejected_4xx"] >= 1
     assert report["drain"]["unsidelined_groups"] >= 1

@@ -6,6 +6,7 @@ import pytest
 
 from bench.crash.records import (
     MANY_HEADERS,
+    is_stream_lane,
     lane_groups,
     make_record,
     payload_hash,
@@ -69,3 +70,17 @@ def test_a_few_records_are_at_the_size_limit_or_carry_many_headers() -> None:
     assert again == records[17]
     # And without a limit every record is small
     assert all(len(make_record("r", 10, 2, 0, s).body) < 200 for s in range(300))
+
+
+def test_stream_lanes_are_the_last_and_their_ids_are_the_ones_setu_makes() -> None:
+    assert [is_stream_lane(lane, 10, 3) for lane in range(10)] == [False] * 7 + [True] * 3
+    streamed = make_record("r", 100, 10, 9, 4, stream=True)
+    assert streamed.message_id == f"{streamed.producer_id}:4"
+    # The same group and body as over HTTP, only the id differs
+    sent = make_record("r", 100, 10, 9, 4)
+    assert streamed.group_id == sent.group_id
+    assert streamed.body.replace(b":", b"-", 1) == sent.body
+    # X_* headers cannot travel on a stream: no streamed record carries any
+    assert not any(
+        make_record("r", 100, 10, 9, n, 1024, stream=True).extra_headers for n in range(2_000)
+    )
