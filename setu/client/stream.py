@@ -28,7 +28,7 @@ import random
 import socket
 import threading
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -62,7 +62,8 @@ class _Reconnect(Exception):
 
 
 class AsyncStreamProducer:
-    """Streams messages to one topic as one producer (see the module doc).
+    """Streams messages to one topic as one producer (see the module doc). ``on_durable``, if
+    given, is called with the stream's new point each time an ACK moves it.
 
     ::
 
@@ -86,6 +87,7 @@ class AsyncStreamProducer:
         backoff: Backoff | None = None,
         connect_timeout_s: float = 10.0,
         max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
+        on_durable: Callable[[int], None] | None = None,
     ) -> None:
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
@@ -102,9 +104,11 @@ class AsyncStreamProducer:
         self._backoff = backoff or Backoff()
         self._connect_timeout_s = connect_timeout_s
         self._max_frame_bytes = max_frame_bytes
+        # Called with the new point whenever it moves: every lower id is in Kafka.
+        self._on_durable = on_durable
         self._next = 0
         self._durable = 0
-        self._kept: deque[tuple[int, frames.Message]] = deque()
+        self._kept: deque[tuple[int, bytes]] = deque()  # (sequence id, its MESSAGE frame)
         self._credits = 0
         self._changed = asyncio.Event()
         self._ready = False
@@ -150,15 +154,15 @@ class AsyncStreamProducer:
             sequence_id = self._next
         elif sequence_id < self._next:
             raise ValueError(f"sequence ids must increase: {sequence_id} < {self._next}")
-        flags = frames.KEY if group_id is not None else 0
         key = group_id.encode() if group_id is not None else None
-        message = frames.Message(self.stream_id, flags, sequence_id, None, key, body)
-        await self._wait(lambda: self._ready and self._credits > 0)
+        frame = frames.message_frame(self.stream_id, sequence_id, key, body)
+        if not (self._ready and self._credits > 0):
+            await self._wait(lambda: self._ready and self._credits > 0)
         self._next = sequence_id + 1
-        self._kept.append((sequence_id, message))
+        self._kept.append((sequence_id, frame))
         self._credits -= 1
         assert self._writer is not None
-        self._writer.write(frames.encode(message))
+        self._writer.write(frame)
         await self._writer.drain()
         return sequence_id
 
@@ -263,10 +267,9 @@ class AsyncStreamProducer:
         # What the server does not hold goes again, before anything new.
         for _, message in list(self._kept):
             while self._credits <= 0:
-                frame = await source.next()
-                self._on_frame(frame)
+                self._on_frame(await source.next())
             self._credits -= 1
-            writer.write(frames.encode(message))
+            writer.write(message)
             await writer.drain()
         self._ready = True
         if self._started is not None and not self._started.done():
@@ -299,6 +302,8 @@ class AsyncStreamProducer:
                     self._durable = point
                     while self._kept and self._kept[0][0] < point:
                         self._kept.popleft()
+                    if self._on_durable is not None:
+                        self._on_durable(point)
             self._wake()
         elif isinstance(frame, frames.Restart):
             raise _Reconnect("the server restarts")

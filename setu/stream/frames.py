@@ -200,6 +200,23 @@ def _message_body(frame: Message) -> bytes:
     return b"".join(out)
 
 
+_MESSAGE_HEAD = struct.Struct(">IBQBQ")  # length, type, stream id, flags, message id
+
+
+def message_frame(stream_id: int, message_id: int, key: bytes | None, payload: bytes) -> bytes:
+    """``encode(Message(stream_id, KEY if key else 0, message_id, None, key, payload))``
+    without building the frame object: the producer's hot path."""
+    if key is None:
+        flags, tail = 0, payload
+    else:
+        flags, tail = KEY, _short(key) + payload
+    try:
+        head = _MESSAGE_HEAD.pack(18 + len(tail), MESSAGE, stream_id, flags, message_id)
+    except struct.error:
+        raise FrameError("a stream id or message id is out of range") from None
+    return head + tail
+
+
 def encode(frame: Frame) -> bytes:
     """The frame's bytes on the wire, its length first."""
     body = _body(frame)

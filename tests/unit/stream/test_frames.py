@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from setu.stream import frames
 from setu.stream.frames import (
     BOUNDARY,
     EPHEMERAL,
@@ -130,3 +131,19 @@ def test_fields_that_do_not_fit_their_width_are_refused() -> None:
         encode(Ack(2**32))
     with pytest.raises(FrameError, match="needs a message id"):
         encode(Message(1, 0, payload=b"x"))
+
+
+@pytest.mark.parametrize(
+    ("key", "payload"), [(b"order-7", b"body"), (None, b"body"), (b"", b""), (b"k" * 300, b"x")]
+)
+def test_the_fast_message_encoder_makes_the_same_bytes(key: bytes | None, payload: bytes) -> None:
+    flags = frames.KEY if key is not None else 0
+    expected = frames.encode(frames.Message(3, flags, 2**40 + 7, None, key, payload))
+    assert frames.message_frame(3, 2**40 + 7, key, payload) == expected
+
+
+def test_the_fast_message_encoder_refuses_what_does_not_fit() -> None:
+    with pytest.raises(frames.FrameError):
+        frames.message_frame(1, 2**64, None, b"")
+    with pytest.raises(frames.FrameError):
+        frames.message_frame(1, 1, b"k" * 70_000, b"")
