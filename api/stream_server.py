@@ -585,11 +585,13 @@ class Session:
             await self.writer.drain()
 
     async def _close_stream(self, stream: _Stream) -> None:
-        """EOS: every write is acknowledged; the stream is free for its next session."""
+        """EOS: every write is acknowledged; the stream is free for its next session. The last
+        ACK goes out after the lease is released, so a client that waits for it may hand the
+        stream on at once."""
         del self.streams[stream.stream_id]
-        self._send(frames.Ack(0, ((stream.stream_id, stream.tracker.point),)))
         await self._record_points([stream])
         await self._release(stream)
+        self._send(frames.Ack(0, ((stream.stream_id, stream.tracker.point),)))
 
     async def _keep_forever(self) -> None:
         """Renews the leases, records the points and checks the key, every second."""

@@ -114,6 +114,8 @@ class AsyncStreamProducer:
         self._ready = False
         self._fatal: StreamError | None = None
         self._closing = False
+        self._eos_sent = False
+        self._eos_acked = False
         self._writer: asyncio.StreamWriter | None = None
         self._runner: asyncio.Task[None] | None = None
         self._started: asyncio.Future[None] | None = None
@@ -171,7 +173,9 @@ class AsyncStreamProducer:
         await self._wait(lambda: not self._kept)
 
     async def close(self) -> None:
-        """Flushes, ends the stream (EOS_MESSAGE) and the connection."""
+        """Flushes, ends the stream (EOS_MESSAGE) and the connection. Once it returns, another
+        producer may open the stream at once (unless the connection was lost meanwhile: then
+        the server frees it when Kafka has reported the last writes)."""
         if self._runner is None:
             return
         try:
@@ -179,9 +183,18 @@ class AsyncStreamProducer:
                 await self.flush()
                 if self._ready and self._writer is not None:
                     last = max(self._next - 1, 0)
+                    self._closing = True  # no reconnect from here on
+                    self._eos_sent = True
                     self._writer.write(frames.encode(frames.EosMessage(self.stream_id, last)))
                     with contextlib.suppress(OSError):
                         await self._writer.drain()
+                    # The server answers EOS_MESSAGE with the stream's last ACK once another
+                    # session may write the stream; waited for, unless the connection ends.
+                    with contextlib.suppress(TimeoutError, StreamError):
+                        await asyncio.wait_for(
+                            self._wait(lambda: self._eos_acked or not self._ready),
+                            self._connect_timeout_s,
+                        )
         finally:
             self._closing = True
             self._runner.cancel()
@@ -298,7 +311,10 @@ class AsyncStreamProducer:
         if isinstance(frame, frames.Ack):
             self._credits += frame.credits
             for stream_id, point in frame.acks:
-                if stream_id == self.stream_id and point > self._durable:
+                if stream_id != self.stream_id:
+                    continue
+                self._eos_acked = self._eos_sent
+                if point > self._durable:
                     self._durable = point
                     while self._kept and self._kept[0][0] < point:
                         self._kept.popleft()

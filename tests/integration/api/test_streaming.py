@@ -249,6 +249,24 @@ async def test_one_writer_per_stream_until_the_first_ends_it(api: Api, project: 
     raw.close()
 
 
+async def test_once_close_returns_the_stream_is_free_for_the_next_session(
+    api: Api, project: str
+) -> None:
+    # Given a producer that hands its stream on to a new session right after close(), 20 times
+    for n in range(20):
+        producer = AsyncStreamProducer(address(api), ADMIN_KEY, project, "t", "handover")
+        assert await producer.start() == n
+        await producer.send(b"m", group_id="g")
+        await producer.close()
+        # When the next session notifies the stream at once
+        raw = await Raw.open(api)
+        assert isinstance(await raw.next(), frames.Ok)
+        raw.send(frames.Notify(1, f"{project}/t/handover".encode(), 0))
+        # Then it is granted, never refused as still written by the closed one
+        assert await raw.until(frames.NotifyAck) == frames.NotifyAck(True, 1, n + 1)
+        raw.close()
+
+
 async def test_a_resend_below_the_resume_point_is_dropped(api: Api, project: str) -> None:
     # Given 10 messages written and acknowledged
     producer = AsyncStreamProducer(address(api), ADMIN_KEY, project, "t", "again")
