@@ -2,8 +2,9 @@
 
 A producer publishes ~3,000 small records over 100 groups, three of its ten lanes over
 streaming produce, while a chaos loop kills and restarts the API, the Spark ingest job, the two
-delivery workers and the producer itself every few seconds; the webhook fails some groups with 503 for a while and rejects a few messages with 422,
-and for 12 s it fails every call (an endpoint outage: the circuit breaker opens and closes).
+delivery workers and the producer itself every few seconds. The webhook fails some groups with
+503 for a while, rejects a few messages with 422, and for 12 s fails every call (an endpoint
+outage: the circuit breaker opens and closes).
 Then the dead-lettered groups are unsidelined and the checker proves nothing accepted was lost,
 reordered, corrupted or delivered twice under two webhook-ids. The long form is
 ``python -m bench.crash --duration 30m``, which also kills the Kafka broker and Redis.
