@@ -146,7 +146,10 @@ async def open_services(
         resolver=resolver,
         quotas=quotas,
         gate=QuotaGate(
-            RedisQuotaBuckets(client), quotas.of, on_unchecked=metrics.count_unchecked_quota
+            RedisQuotaBuckets(client),
+            quotas.of,
+            cached_quota_of=quotas.cached,
+            on_unchecked=metrics.count_unchecked_quota,
         ),
     )
 

@@ -254,17 +254,30 @@ class AckedProducer:
         here and is never reported."""
         loop = self._running_loop()
         deadline = loop.time() + self._ack_timeout_s
+        while not self.submit_now(topic, key, value, headers, reports, index):
+            if loop.time() > deadline:
+                raise DependencyUnavailable(_QUEUE_FULL)
+            await asyncio.sleep(_QUEUE_FULL_WAIT_S)
+
+    def submit_now(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes,
+        headers: KafkaHeaders,
+        reports: Reports,
+        index: int,
+    ) -> bool:
+        """:meth:`submit` without waiting: False (nothing enqueued) when the local queue is
+        full. For callers that write many records in a row and wait only when they must."""
         callback = partial(self._on_batch, reports, index)
-        while True:
-            try:
-                self._producer.produce(topic, value, key, headers=headers, on_delivery=callback)  # type: ignore[arg-type]
-                return
-            except BufferError:
-                if loop.time() > deadline:
-                    raise DependencyUnavailable(_QUEUE_FULL) from None
-                await asyncio.sleep(_QUEUE_FULL_WAIT_S)
-            except KafkaException as exc:
-                raise _produce_error(exc) from exc
+        try:
+            self._producer.produce(topic, value, key, headers=headers, on_delivery=callback)  # type: ignore[arg-type]
+        except BufferError:
+            return False
+        except KafkaException as exc:
+            raise _produce_error(exc) from exc
+        return True
 
     @property
     def ack_timeout_s(self) -> float:

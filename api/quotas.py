@@ -48,11 +48,13 @@ class QuotaGate:
         buckets: QuotaBuckets,
         quota_of: Callable[[str], Awaitable[ProduceQuota]],
         *,
+        cached_quota_of: Callable[[str], ProduceQuota | None] = lambda _: None,
         on_unchecked: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._buckets = buckets
         self._quota_of = quota_of
+        self._cached_quota_of = cached_quota_of
         self._on_unchecked = on_unchecked
         self._clock = clock
         self._leases: dict[str, _Lease] = {}
@@ -66,15 +68,7 @@ class QuotaGate:
         if by_count is None and by_size is None:
             return
         now = self._clock()
-        lease = self._leases.get(project)
-        if (
-            lease is not None
-            and lease.until > now
-            and (by_count is None or lease.messages >= messages)
-            and (by_size is None or lease.nbytes >= nbytes)
-        ):
-            lease.messages -= messages
-            lease.nbytes -= nbytes
+        if self._spend_lease(project, quota, messages, nbytes, now):
             return
         extra_m = int((by_count or 0) * LEASE_SHARE)
         extra_b = int((by_size or 0) * LEASE_SHARE)
@@ -91,6 +85,32 @@ class QuotaGate:
                 retry_after_s=max(1, math.ceil(grant.wait_ms / 1000)),
             )
         self._leases[project] = _Lease(grant.extra_messages, grant.extra_bytes, now + LEASE_TTL_S)
+
+    def admit_now(self, project: str, messages: int, nbytes: int) -> bool:
+        """:meth:`admit` where it needs neither Redis nor the store: True when admitted; False
+        when the caller must ``await admit(...)`` (which may still admit)."""
+        quota = self._cached_quota_of(project)
+        if quota is None:
+            return False
+        if quota.messages_per_second is None and quota.bytes_per_second is None:
+            return True
+        return self._spend_lease(project, quota, messages, nbytes, self._clock())
+
+    def _spend_lease(
+        self, project: str, quota: ProduceQuota, messages: int, nbytes: int, now: float
+    ) -> bool:
+        """Spends this replica's lease of the project's quota, if it covers the request."""
+        lease = self._leases.get(project)
+        if (
+            lease is not None
+            and lease.until > now
+            and (quota.messages_per_second is None or lease.messages >= messages)
+            and (quota.bytes_per_second is None or lease.nbytes >= nbytes)
+        ):
+            lease.messages -= messages
+            lease.nbytes -= nbytes
+            return True
+        return False
 
     def _unchecked(self, project: str, exc: Exception) -> None:
         self._on_unchecked()
@@ -128,6 +148,11 @@ class ProjectQuotas:
 
     async def of(self, project: str) -> ProduceQuota:
         return await self._cache.get(project) or self._default
+
+    def cached(self, project: str) -> ProduceQuota | None:
+        """The project's quota if it is in memory and fresh, else None (unknown)."""
+        fresh, quota = self._cache.cached(project)
+        return (quota or self._default) if fresh else None
 
     def invalidate(self, project: str) -> None:
         self._cache.invalidate(project)

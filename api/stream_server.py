@@ -37,7 +37,9 @@ import secrets
 import socket
 import time
 from collections import deque
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -48,6 +50,7 @@ from api.topic_cache import CachedTopic
 from setu import headers as rules
 from setu.access import Permission, Principal, check
 from setu.clock import now_ms
+from setu.envelope import KafkaHeaders
 from setu.errors import (
     DependencyUnavailable,
     InvalidInput,
@@ -149,6 +152,10 @@ def check_message(frame: frames.Message, grouped: bool, max_bytes: int) -> tuple
     if len(body) > max_bytes:
         raise PayloadTooLarge(f"the payload is over the limit of {max_bytes} bytes")
     return group_id, body
+
+
+def _named(frame: frames.Message) -> str:
+    return f"stream {frame.stream_id} message {frame.message_id}"
 
 
 class PointTracker:
@@ -343,19 +350,15 @@ class Session:
 
     async def _read_forever(self) -> None:
         server = self.server
-        for frame in self.early:
-            await self._handle(frame)
-        self.early = []
+        early, self.early = self.early, []
+        await self._handle_all(early)
         while self.error is None:
             if server.buffered >= server.config.buffer_bytes:
                 await server.room.wait()
             data = await self.reader.read(_READ_BYTES)
             if not data:
                 return
-            for frame in self.frames.feed(data):
-                if self.error is not None:
-                    return
-                await self._handle(frame)
+            await self._handle_all(self.frames.feed(data))
 
     async def _end(self, helpers: list[asyncio.Task[None]]) -> None:
         """Waits for Kafka's reports of every write, tells the client where each stream stands
@@ -411,11 +414,22 @@ class Session:
 
     # -- frames -----------------------------------------------------------------------------
 
+    async def _handle_all(self, received: Iterable[frames.Frame]) -> None:
+        """The frames of one read, in order, until the session fails. A MESSAGE is written
+        without a pause when nothing needs waiting for (the hot path: many arrive per read)."""
+        for frame in received:
+            if self.error is not None:
+                return
+            if type(frame) is frames.Message:
+                self._spend()
+                waiting = self._message(frame)
+                if waiting is not None:
+                    await waiting
+            else:
+                await self._handle(frame)
+
     async def _handle(self, frame: frames.Frame) -> None:
-        if isinstance(frame, frames.Message):
-            self._spend()
-            await self._message(frame)
-        elif isinstance(frame, frames.Notify):
+        if isinstance(frame, frames.Notify):
             self._spend()
             await self._notify(frame)
         elif isinstance(frame, frames.EosMessage):
@@ -467,15 +481,16 @@ class Session:
             raise Refused("dependency_unavailable", f"Redis: {exc}") from None
         self._send(frames.NotifyAck(True, frame.stream_id, stream.tracker.point))
 
-    async def _message(self, frame: frames.Message) -> None:
+    def _message(self, frame: frames.Message) -> Coroutine[Any, Any, None] | None:
+        """Checks and writes one MESSAGE; returns what is left to await when the quota or a
+        full local queue makes the session wait (None: done)."""
         stream = self.streams.get(frame.stream_id)
         if stream is None or stream.closing:
             raise Refused(PROTOCOL_ERROR, f"MESSAGE for stream {frame.stream_id}, not open")
         if frame.flags & frames.BOUNDARY:
             self._earn(1)  # carries no message
-            return
+            return None
         sequence = frame.message_id
-        name = f"stream {frame.stream_id} message {sequence}"
         if sequence is None:
             raise Refused("invalid_input", f"stream {frame.stream_id}: a MESSAGE needs an id")
         if sequence <= stream.last_id:
@@ -484,9 +499,10 @@ class Session:
                 self.duplicates += 1
                 self.s.metrics.count_produced(stream.project, stream.topic, "duplicate")
                 self._earn(1)
-                return
+                return None
             raise Refused(
-                PROTOCOL_ERROR, f"{name}: ids must increase (the last was {stream.last_id})"
+                PROTOCOL_ERROR,
+                f"{_named(frame)}: ids must increase (the last was {stream.last_id})",
             )
         try:
             group_id, body = check_message(
@@ -494,33 +510,65 @@ class Session:
             )
         except SetuError as exc:
             self.s.metrics.count_produced(stream.project, stream.topic, "rejected")
-            raise refusal(exc, f"{name}: ") from None
-        await self._admit(stream, len(body))
+            raise refusal(exc, f"{_named(frame)}: ") from None
         message_id = f"{stream.producer}:{sequence}"
-        headers = ingest_headers(
-            message_id,
-            group_id,
-            stream.producer,
-            sequence,
-            (),
-            now_ms(),
-            stream.incarnation,
+        record = (
+            stream.entry.ingest_topic,
+            (group_id if group_id is not None else message_id).encode(),
+            body,
+            ingest_headers(
+                message_id,
+                group_id,
+                stream.producer,
+                sequence,
+                (),
+                now_ms(),
+                stream.incarnation,
+            ),
         )
-        key = (group_id if group_id is not None else message_id).encode()
+        if self.s.gate.admit_now(stream.project, 1, len(body)):
+            try:
+                if self.s.producer.submit_now(*record, stream, sequence):
+                    self._written(stream, frame, len(body))
+                    return None
+            except SetuError as exc:
+                raise self._not_written(stream, frame, exc) from None
+            return self._write(stream, frame, record, admitted=True)
+        return self._write(stream, frame, record, admitted=False)
+
+    async def _write(
+        self,
+        stream: _Stream,
+        frame: frames.Message,
+        record: tuple[str, bytes, bytes, KafkaHeaders],
+        *,
+        admitted: bool,
+    ) -> None:
+        """The MESSAGE's write when it must wait: for the quota, or for room in the queue."""
+        topic, key, body, headers = record
+        if not admitted:
+            await self._admit(stream, len(body))
+        assert frame.message_id is not None
         try:
-            await self.s.producer.submit(
-                stream.entry.ingest_topic, key, body, headers, stream, sequence
-            )
+            await self.s.producer.submit(topic, key, body, headers, stream, frame.message_id)
         except SetuError as exc:
-            self.s.metrics.count_produced(stream.project, stream.topic, "failed")
-            raise refusal(exc, f"{name}: ") from None
+            raise self._not_written(stream, frame, exc) from None
+        self._written(stream, frame, len(body))
+
+    def _written(self, stream: _Stream, frame: frames.Message, size: int) -> None:
+        sequence = frame.message_id
+        assert sequence is not None
         stream.last_id = sequence
         stream.tracker.sent(sequence)
-        stream.written[sequence] = (len(body), time.perf_counter())
-        self.server.add_buffered(len(body))
+        stream.written[sequence] = (size, time.perf_counter())
+        self.server.add_buffered(size)
         self.written += 1
         if frame.flags & frames.EOS:
             self._eos(frame.stream_id)
+
+    def _not_written(self, stream: _Stream, frame: frames.Message, exc: SetuError) -> Refused:
+        self.s.metrics.count_produced(stream.project, stream.topic, "failed")
+        return refusal(exc, f"{_named(frame)}: ")
 
     async def _admit(self, stream: _Stream, size: int) -> None:
         """The project's produce quota: over it, the session waits (back-pressure, no 429)."""

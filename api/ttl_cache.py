@@ -49,6 +49,13 @@ class LoadingCache(Generic[K, V]):
             task.add_done_callback(partial(self._finished, key))
         return await asyncio.shield(task)
 
+    def cached(self, key: K) -> tuple[bool, V | None]:
+        """(True, value) when a fresh value is in memory, else (False, None); never loads."""
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] > self._clock():
+            return True, entry[1]
+        return False, None
+
     def invalidate(self, key: K) -> None:
         self._entries.pop(key, None)
 

@@ -249,11 +249,6 @@ class _Cursor:
     def short(self) -> bytes:
         return self.raw(self.take(_U16))
 
-    def rest(self) -> bytes:
-        out = bytes(self.body[self.at :])
-        self.at = len(self.body)
-        return out
-
     def done(self, frame: Frame) -> Frame:
         if self.at != len(self.body):
             raise FrameError(f"{len(self.body) - self.at} bytes left over after the frame")
@@ -284,12 +279,7 @@ def decode(body: bytes) -> Frame:
             raise FrameError(f"NOTIFY_ACK success must be 0 or 1, not {success}")
         return c.done(NotifyAck(success == 1, c.take(_U64), c.take(_U64)))
     if kind == MESSAGE:
-        stream_id, flags = c.take(_U64), c.take(_U8)
-        message_id = None if flags & EPHEMERAL else c.take(_U64)
-        event_time = c.take(_I64) if flags & EVENT_TIME else None
-        key = c.short() if flags & KEY else None
-        payload = None if flags & BOUNDARY else c.rest()
-        return c.done(Message(stream_id, flags, message_id, event_time, key, payload))
+        return _message(body, 1, len(body))
     if kind == ACK:
         credits = c.take(_U32)
         acks = tuple((c.take(_U64), c.take(_U64)) for _ in range(c.take(_U32)))
@@ -299,6 +289,44 @@ def decode(body: bytes) -> Frame:
     if kind == EOS_MESSAGE:
         return c.done(EosMessage(c.take(_U64), c.take(_U64)))
     raise FrameError(f"unknown frame type {kind}")
+
+
+_MESSAGE_FIELDS = struct.Struct(">QB")  # stream id, flags
+_INSIDE = "frame ends inside a field"
+
+
+def _message(data: bytes | bytearray, at: int, end: int) -> Message:
+    """The MESSAGE whose fields are ``data[at:end]`` (after the type byte), read in place: the
+    server's hot path, many to a read."""
+    if end - at < 9:
+        raise FrameError(_INSIDE)
+    stream_id, flags = _MESSAGE_FIELDS.unpack_from(data, at)
+    at += 9
+    message_id = event_time = key = payload = None
+    if not flags & EPHEMERAL:
+        if end - at < 8:
+            raise FrameError(_INSIDE)
+        (message_id,) = _U64.unpack_from(data, at)
+        at += 8
+    if flags & EVENT_TIME:
+        if end - at < 8:
+            raise FrameError(_INSIDE)
+        (event_time,) = _I64.unpack_from(data, at)
+        at += 8
+    if flags & KEY:
+        if end - at < 2:
+            raise FrameError(_INSIDE)
+        (size,) = _U16.unpack_from(data, at)
+        at += 2
+        if end - at < size:
+            raise FrameError(_INSIDE)
+        key = bytes(data[at : at + size])
+        at += size
+    if not flags & BOUNDARY:
+        payload = bytes(data[at:end])
+    elif at != end:
+        raise FrameError(f"{end - at} bytes left over after the frame")
+    return Message(stream_id, flags, message_id, event_time, key, payload)
 
 
 class FrameReader:
@@ -321,9 +349,11 @@ class FrameReader:
                     )
                 if len(buffer) - at < 4 + length:
                     return
-                body = bytes(buffer[at + 4 : at + 4 + length])
-                at += 4 + length
-                yield decode(body)
+                start, at = at + 4, at + 4 + length
+                if length and buffer[start] == MESSAGE:
+                    yield _message(buffer, start + 1, at)
+                else:
+                    yield decode(bytes(buffer[start:at]))
         finally:
             # Cut once per feed, not once per frame: many small frames arrive in one read.
             del buffer[:at]

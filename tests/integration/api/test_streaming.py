@@ -473,3 +473,37 @@ async def test_a_restarted_replica_frees_the_leases_its_last_run_held(
     finally:
         await client.delete(mine, theirs)
         await client.aclose()
+
+
+async def test_a_stream_over_its_projects_quota_waits_instead_of_failing(api: Api) -> None:
+    # Given a project limited to 10 messages/s
+    name = unique()
+    made = await api.client.post(
+        "/v1/projects", json={"name": name, "quota": {"messages_per_second": 10}}
+    )
+    assert made.status_code == 201, made.text
+    created = await api.client.post(
+        f"/v1/projects/{name}/topics", json={"name": "t", "grouped": True, "partitions": 3}
+    )
+    assert created.status_code == 201, created.text
+    try:
+        # When a producer streams 25 messages at once
+        producer = AsyncStreamProducer(address(api), ADMIN_KEY, name, "t", "quota")
+        await producer.start()
+        for _ in range(25):
+            await producer.send(b"q", group_id="g")
+        await producer.close()
+        # Then every one was written, once, with no error: the session waited for the quota
+        assert await asyncio.to_thread(ingest_count, api, name) == 25
+        found = await asyncio.to_thread(ingest_records, api, name, 25)
+        assert sorted(int(headers_of(r)[H_SEQUENCE_ID]) for r in found) == list(range(25))
+        # And the waits are counted as throttled
+        metrics = (await api.client.get("/metrics")).text
+        throttled = [
+            line
+            for line in metrics.splitlines()
+            if f'project="{name}"' in line and 'outcome="throttled"' in line
+        ]
+        assert throttled and float(throttled[0].rsplit(" ", 1)[1]) >= 1
+    finally:
+        await drop_project(api.client, name)

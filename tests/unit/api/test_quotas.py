@@ -91,3 +91,32 @@ async def test_when_redis_does_not_answer_the_request_is_admitted_and_counted() 
     g = QuotaGate(buckets, quota_of, on_unchecked=lambda: counted.append(1))
     await g.admit("p", 1, 1)
     assert counted == [1]
+
+
+async def test_admit_now_admits_only_what_needs_no_round_trip() -> None:
+    # Given 1,000 messages/s (a lease is 50), and a quota not yet known on this replica
+    buckets = ScriptedBuckets(Grant(True, extra_messages=50))
+    known: dict[str, ProduceQuota] = {}
+
+    async def quota_of(project: str) -> ProduceQuota:
+        known[project] = ProduceQuota(messages_per_second=1_000)
+        return known[project]
+
+    g = QuotaGate(buckets, quota_of, cached_quota_of=known.get, clock=Clock())
+    # When the quota is unknown, or known with no lease yet, then admit_now declines
+    assert not g.admit_now("p", 1, 100)
+    await g.admit("p", 1, 100)
+    assert len(buckets.asked) == 1
+    # Then the lease covers the next 50 without Redis, and the 51st goes back to admit()
+    assert all(g.admit_now("p", 1, 100) for _ in range(50))
+    assert not g.admit_now("p", 1, 100)
+    assert len(buckets.asked) == 1
+
+
+async def test_admit_now_admits_a_project_without_a_quota() -> None:
+    g = QuotaGate(
+        ScriptedBuckets(),
+        lambda _: None,
+        cached_quota_of=lambda _: ProduceQuota(),  # type: ignore[arg-type,return-value]
+    )
+    assert g.admit_now("p", 10_000, 10**9)

@@ -122,6 +122,24 @@ def test_a_frame_over_the_limit_is_refused_before_its_body_arrives() -> None:
 def test_broken_bytes_are_a_frame_error(body: bytes, error: str) -> None:
     with pytest.raises(FrameError, match=error):
         decode(body)
+    # And the same from a byte stream (a MESSAGE is read in place there)
+    with pytest.raises(FrameError, match=error):
+        list(FrameReader().feed(len(body).to_bytes(4, "big") + body))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        h("05|0000000000000001"),  # no flags byte
+        h("05|0000000000000001|00|00000000"),  # a short message id
+        h("05|0000000000000001|10|0000000000000009|0000"),  # a short event time
+        h("05|0000000000000001|20|0000000000000009|00"),  # a short key length
+        h("05|0000000000000001|02|0000000000000009|ff"),  # a boundary with a payload
+    ],
+)
+def test_every_truncated_message_is_a_frame_error_from_a_stream(body: bytes) -> None:
+    with pytest.raises(FrameError):
+        list(FrameReader().feed(len(body).to_bytes(4, "big") + body))
 
 
 def test_fields_that_do_not_fit_their_width_are_refused() -> None:
