@@ -17,14 +17,19 @@ a fresh SQLite store), creates a grouped 6-partition topic, and measures in turn
 5. the cost of authentication: single produce, closed loop, with a producer key against this
    API and without keys against a second API started with ``SETU_AUTH_ENABLED=false``,
    alternating on, off, on, off; the share auth keeps must be at least 0.9;
-6. the cost of tracing: the same, against a third API exporting a span per produce with OTLP
+6. streaming produce (docs/streaming.md) with ``setu.client``, ``--streams`` streams at once:
+   saturation throughput (from the first message after the warm-up to the last ACK), then
+   open loop at half the bare producer's rate with each message's latency from its scheduled
+   send to the ACK that covered it;
+7. the cost of tracing: the same, against a third API exporting a span per produce with OTLP
    to a local sink (``OTEL_EXPORTER_OTLP_ENDPOINT``), sampling ``--trace-sample`` of the
    requests (1.0: every one), and this one (tracing off); the share tracing keeps must be at
    least 0.9 (docs/latency.md, "Tracing").
 
 Figures are printed and written as JSON under bench/results/. Targets (2-core machine):
 single >= 3,000/s with p99 <= 20 ms, batch >= 50,000 messages/s, batch within 2x of bare,
-auth and tracing each keep >= 0.9 of single-produce throughput.
+auth and tracing each keep >= 0.9 of single-produce throughput, streaming >= 0.7 of bare with
+p99 acknowledgement latency < 50 ms at half the bare rate.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from bench.machine import (
     wait_for_own_server,
     write_result,
 )
+from bench.stream_load import stream_load
 from cli.ports import any_free_port, is_free
 from cli.probes import http_ok
 from setu.envelope import Envelope
@@ -135,6 +141,8 @@ def start_api(
         "SETU_AUTH_ENABLED": "true" if auth else "false",
     }
     env.pop("SETU_DATABASE_URL", None)
+    if not (extra_env and "SETU_STREAM_PORT" in extra_env):
+        env.pop("SETU_STREAM_PORT", None)
     command = [sys.executable, "-m", "bench.produce", "--serve", "--port", str(port)]
     process = subprocess.Popen(command, env=env)
     health = f"http://127.0.0.1:{port}/v1/health"
@@ -357,6 +365,35 @@ async def measure(args: argparse.Namespace, api_pid: int) -> dict[str, Any]:
             ingest_topic(project, "orders"),
             max(batch_messages, 200_000),
         )
+        address = f"127.0.0.1:{args.stream_port}"
+        print(f"streaming produce, {args.streams} streams, saturated ...", flush=True)
+        meter = CpuMeter(api_pid)
+        streamed = await stream_load(
+            address,
+            key,
+            project,
+            "orders",
+            BODY,
+            GROUPS,
+            streams=args.streams,
+            duration_s=args.duration,
+        )
+        streamed_cpu = meter.per(streamed.sent, "message")
+        half = bare["messages_per_s"] / 2
+        print(f"streaming produce, {args.streams} streams, {half:.0f} msg/s ...", flush=True)
+        meter = CpuMeter(api_pid)
+        streamed_paced = await stream_load(
+            address,
+            key,
+            project,
+            "orders",
+            BODY,
+            GROUPS,
+            streams=args.streams,
+            duration_s=args.duration,
+            rate_per_s=half,
+        )
+        streamed_paced_cpu = meter.per(streamed_paced.sent, "message")
     finally:
         await call(port, "DELETE", base)
         await call(port, "DELETE", f"/v1/projects/{project}")
@@ -373,6 +410,13 @@ async def measure(args: argparse.Namespace, api_pid: int) -> dict[str, Any]:
             **batch_cpu,
         },
         "bare_producer": bare,
+        "stream": {"streams": args.streams, **streamed.summary(), **streamed_cpu},
+        "stream_paced": {
+            "streams": args.streams,
+            "offered_per_s": round(half, 1),
+            **streamed_paced.summary(),
+            **streamed_paced_cpu,
+        },
     }
 
 
@@ -387,6 +431,8 @@ def verdicts(figures: dict[str, Any]) -> dict[str, bool]:
         "batch_within_2x_of_bare": bare_rate <= 2 * batch_rate,
         "auth_keeps_at_least_0.9": figures["auth"]["share_kept"] >= 0.9,
         "tracing_keeps_at_least_0.9": figures["tracing"]["share_kept"] >= 0.9,
+        "stream_at_least_0.7_of_bare": figures["stream"]["messages_per_s"] >= 0.7 * bare_rate,
+        "stream_p99_ack_under_50ms_at_half_bare": figures["stream_paced"].get("p99_ms", 1e9) < 50,
     }
 
 
@@ -415,6 +461,18 @@ def report(figures: dict[str, Any], checks: dict[str, bool]) -> None:
     )
     ratio = bare["messages_per_s"] / batch["messages_per_s"] if batch["messages_per_s"] else 0
     print(f"bare / batch        : {ratio:.2f}x")
+    streamed, paced_stream = figures["stream"], figures["stream_paced"]
+    share = streamed["messages_per_s"] / bare["messages_per_s"] if bare["messages_per_s"] else 0
+    print(
+        f"stream, saturated   : {streamed['messages_per_s']:>9.0f} msg/s   "
+        f"({share:.2f} of bare, {streamed['streams']} streams, "
+        f"API {streamed['api_cpu_us_per_message']} us/message)"
+    )
+    print(
+        f"stream, {paced_stream['offered_per_s']:.0f}/s paced: "
+        f"{paced_stream['messages_per_s']:>6.0f} msg/s   ack p50 {paced_stream.get('p50_ms')} ms  "
+        f"p99 {paced_stream.get('p99_ms')} ms  max {paced_stream.get('max_ms')} ms"
+    )
     auth = figures["auth"]
     print(
         f"auth on / off       : {auth['auth_on_per_s']:.0f} / {auth['auth_off_per_s']:.0f} "
@@ -448,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=3000.0, help="paced single-produce rate")
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--batch-connections", type=int, default=4)
+    parser.add_argument("--streams", type=int, default=4, help="streams at once (streaming)")
     parser.add_argument(
         "--trace-sample",
         type=float,
@@ -467,15 +526,17 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="setu-bench-") as open_dir,
         tempfile.TemporaryDirectory(prefix="setu-bench-") as traced_dir,
     ):
-        ports = [args.port, args.port + 1, args.port + 2] if args.port else []
-        while len(set(ports)) < 3:
-            ports = [any_free_port() for _ in range(3)]
+        ports = [args.port + n for n in range(4)] if args.port else []
+        while len(set(ports)) < 4:
+            ports = [any_free_port() for _ in range(4)]
         taken = [p for p in ports if not is_free(p)]
         if taken:
             raise SystemExit(f"ports {taken} are taken: choose another --port")
-        args.port, open_port, traced_port = ports
+        args.port, open_port, traced_port, args.stream_port = ports
         sink = OtlpSink()
-        api = start_api(args, data_dir, args.port)
+        api = start_api(
+            args, data_dir, args.port, extra_env={"SETU_STREAM_PORT": str(args.stream_port)}
+        )
         unauthenticated = start_api(args, open_dir, open_port, auth=False)
         sampling = {
             "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
