@@ -216,6 +216,7 @@ class _Stream(Reports):
         self.incarnation = incarnation_for(self.producer, entry.topic.created_at_ms)
         self.written: dict[int, tuple[int, float]] = {}  # sequence -> (bytes, perf_counter)
         self.closing = False
+        self.ok = 0  # writes Kafka acknowledged, not yet added to the metrics
         self.start_at(0)
 
     def start_at(self, point: int) -> None:
@@ -380,6 +381,7 @@ class Session:
             self._ack()
             if self.restarting:
                 self._send(frames.Restart())
+        self._count_ok()
         for stream in list(self.streams.values()):
             self.server.forget_buffered(stream)
         await self._record_points()
@@ -599,7 +601,7 @@ class Session:
                 f"written to Kafka ({error}); reconnect and resume from NOTIFY_ACK"
             )
             return
-        self.s.metrics.count_produced(stream.project, stream.topic, "ok")
+        stream.ok += 1
         self.s.metrics.observe_ack("stream", time.perf_counter() - started)
         stream.tracker.acked(sequence)
         self._earn(1)
@@ -610,6 +612,7 @@ class Session:
 
     def _ack(self) -> None:
         """One ACK with the credits earned and every point the client has not heard yet."""
+        self._count_ok()
         moved = []
         for stream in self.streams.values():
             point = stream.tracker.point
@@ -620,6 +623,13 @@ class Session:
             credits, self.owed = self.owed, 0
             self.available += credits
             self._send(frames.Ack(credits, tuple(moved)))
+
+    def _count_ok(self) -> None:
+        """Adds the acknowledged writes to the metrics: once per ACK, not once per message."""
+        for stream in self.streams.values():
+            if stream.ok:
+                self.s.metrics.count_produced(stream.project, stream.topic, "ok", stream.ok)
+                stream.ok = 0
 
     async def _flush_forever(self) -> None:
         while True:
@@ -762,7 +772,7 @@ class StreamServer:
         self.buffered += size
         if self.buffered >= self.config.buffer_bytes:
             self.room.clear()
-        else:
+        elif not self.room.is_set():
             self.room.set()
 
     def forget_buffered(self, stream: _Stream) -> None:

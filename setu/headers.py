@@ -6,6 +6,7 @@ proxies drop names with underscores.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -35,6 +36,9 @@ class ProduceHeaders:
     extra: tuple[tuple[str, str], ...]
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def canonical(name: str) -> str:
     """``x-group-id`` and ``X_GROUP_ID`` both become ``X_GROUP_ID``."""
     return name.upper().replace("-", "_")
@@ -48,7 +52,7 @@ def check_id(kind: str, value: str | None, *, required: bool) -> str | None:
         return None
     if len(value) > MAX_ID_CHARS:
         raise InvalidInput(f"{kind} must be at most {MAX_ID_CHARS} characters")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+    if _CONTROL.search(value):
         # Ids travel as header values on every webhook call: a CR or LF would start a header
         # of the producer's choosing there.
         raise InvalidInput(f"{kind} must not contain control characters")

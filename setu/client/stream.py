@@ -41,6 +41,8 @@ T = TypeVar("T")
 
 RETRYABLE = frozenset({"dependency_unavailable", "internal", "rate_limited"})
 _READ_BYTES = 256 * 1024
+# Gathered frames are written at once past this many, and the transport drained.
+_OUTBOX_FRAMES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,7 @@ class AsyncStreamProducer:
         self._next = 0
         self._durable = 0
         self._kept: deque[tuple[int, bytes]] = deque()  # (sequence id, its MESSAGE frame)
+        self._outbox: list[bytes] = []  # frames sent this turn of the loop, not yet written
         self._credits = 0
         self._changed = asyncio.Event()
         self._ready = False
@@ -163,10 +166,26 @@ class AsyncStreamProducer:
         self._next = sequence_id + 1
         self._kept.append((sequence_id, frame))
         self._credits -= 1
-        assert self._writer is not None
-        self._writer.write(frame)
-        await self._writer.drain()
+        # Frames sent in one turn of the loop leave in one write: one system call for many.
+        outbox, writer = self._outbox, self._writer
+        outbox.append(frame)
+        if len(outbox) == 1:
+            asyncio.get_running_loop().call_soon(self._write_outbox, writer, outbox)
+        elif len(outbox) >= _OUTBOX_FRAMES:
+            self._write_outbox(writer, outbox)
+            assert writer is not None
+            await writer.drain()
         return sequence_id
+
+    def _write_outbox(self, writer: asyncio.StreamWriter | None, outbox: list[bytes]) -> None:
+        """Writes the frames :meth:`send` gathered in ``outbox``, unless they were written
+        already or the connection they were meant for is gone: then they are dropped (each is
+        kept until acknowledged, and goes again after a reconnect)."""
+        if outbox is not self._outbox:
+            return
+        self._outbox = []
+        if writer is not None and writer is self._writer:
+            writer.write(b"".join(outbox))
 
     async def flush(self) -> None:
         """Returns when Kafka holds every message sent so far."""
@@ -236,6 +255,7 @@ class AsyncStreamProducer:
                 if self._writer is not None:
                     self._writer.close()
                     self._writer = None
+                self._outbox = []  # kept: they go again after the reconnect
                 self._wake()
             if self._fatal is not None:
                 if self._started is not None and not self._started.done():
