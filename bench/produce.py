@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -367,8 +368,8 @@ async def measure(args: argparse.Namespace, api_pid: int) -> dict[str, Any]:
         )
         address = f"127.0.0.1:{args.stream_port}"
         print(f"streaming produce, {args.streams} streams, saturated ...", flush=True)
-        meter = CpuMeter(api_pid)
-        streamed = await stream_load(
+        stream_phase = partial(
+            stream_load,
             address,
             key,
             project,
@@ -378,6 +379,8 @@ async def measure(args: argparse.Namespace, api_pid: int) -> dict[str, Any]:
             streams=args.streams,
             duration_s=args.duration,
         )
+        meter = CpuMeter(api_pid)
+        streamed = await stream_phase()
         streamed_cpu = meter.per(streamed.sent, "message")
         streamed_paced: dict[str, dict[str, Any]] = {}
         # At half the bare producer's rate (the target), and at half what streaming itself
@@ -388,17 +391,7 @@ async def measure(args: argparse.Namespace, api_pid: int) -> dict[str, Any]:
         ):
             print(f"streaming produce, {args.streams} streams, {rate:.0f} msg/s ...", flush=True)
             meter = CpuMeter(api_pid)
-            run = await stream_load(
-                address,
-                key,
-                project,
-                "orders",
-                BODY,
-                GROUPS,
-                streams=args.streams,
-                duration_s=args.duration,
-                rate_per_s=rate,
-            )
+            run = await stream_phase(rate_per_s=rate)
             streamed_paced[name] = {
                 "streams": args.streams,
                 "offered_per_s": round(rate, 1),
