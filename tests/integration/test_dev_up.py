@@ -84,6 +84,14 @@ def processes_mentioning(marker: str) -> list[str]:
     return found
 
 
+def stack_ports() -> dict[str, int]:
+    """A free port for each listener of :func:`dev_up`'s stack, all different."""
+    names = ("api", "stream", "kafka", "controller", "redis", "spark", "spark_ui")
+    ports = {name: any_free_port() for name in names}
+    assert len(set(ports.values())) == len(names)
+    return ports
+
+
 @contextmanager
 def dev_up(data_dir: Path, ports: dict[str, int], *options: str) -> Iterator[DevUp]:
     env = {
@@ -154,9 +162,7 @@ def await_health(url: str) -> dict[str, Any]:
 def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> None:
     # Given ports nobody else uses (a shared broker may hold 9092/9093 on this machine)
     data_dir = tmp_path / "setu-data"
-    names = ("api", "stream", "kafka", "controller", "redis", "spark", "spark_ui")
-    ports = {name: any_free_port() for name in names}
-    assert len(set(ports.values())) == len(names)
+    ports = stack_ports()
 
     # When the stack is brought up
     with dev_up(data_dir, ports) as stack:

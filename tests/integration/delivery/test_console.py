@@ -19,9 +19,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
-from cli.ports import any_free_port
 from tests.integration.delivery.conftest import Receiver, wait_for
-from tests.integration.test_dev_up import START_TIMEOUT_S, dev_up
+from tests.integration.test_dev_up import START_TIMEOUT_S, dev_up, stack_ports
 
 pytestmark = pytest.mark.integration
 
@@ -93,9 +92,7 @@ def test_an_operator_finds_and_unsidelines_a_stuck_group_in_the_console(
     tmp_path: Path, receiver: Receiver, browser: WebDriver
 ) -> None:
     # Given the whole stack as `setu dev up` runs it, a project and a topic an admin made
-    names = ("api", "kafka", "controller", "redis", "spark", "spark_ui")
-    ports = {name: any_free_port() for name in names}
-    with dev_up(tmp_path / "data", ports) as stack:
+    with dev_up(tmp_path / "data", stack_ports()) as stack:
         stack.wait_for_line(r"setu dev up: ready", START_TIMEOUT_S)
         api = stack.wait_for_line(r"API\s+(http://\S+)", 5).group(1)
         key = stack.wait_for_line(r"export SETU_API_KEY=(\S+)", 5).group(1)
