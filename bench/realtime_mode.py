@@ -179,10 +179,14 @@ class StampingWriter:
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
-        self.producer: Producer | None = None
+        self.producer: Any = None
 
     def open(self, partition_id: int, epoch_id: int) -> bool:
-        self.producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 0})
+        # Imported here: Spark ships this object to its Python workers by value, and the Kafka
+        # client's type does not survive that.
+        from confluent_kafka import Producer as WorkerProducer
+
+        self.producer = WorkerProducer({"bootstrap.servers": self.bootstrap, "linger.ms": 0})
         return True
 
     def process(self, row: Row) -> None:
