@@ -87,8 +87,12 @@ def processes_mentioning(marker: str) -> list[str]:
 def stack_ports() -> dict[str, int]:
     """A free port for each listener of :func:`dev_up`'s stack, all different."""
     names = ("api", "stream", "kafka", "controller", "redis", "spark", "spark_ui")
-    ports = {name: any_free_port() for name in names}
-    assert len(set(ports.values())) == len(names)
+    ports: dict[str, int] = {}
+    for name in names:
+        # The system may hand out a port it just gave: ask again until all differ.
+        while (port := any_free_port()) in ports.values():
+            pass
+        ports[name] = port
     return ports
 
 

@@ -31,6 +31,7 @@ from pydantic import SecretStr
 from delivery.worker import serve
 from setu import names
 from setu.envelope import Envelope
+from setu.errors import Conflict
 from setu.model import DeadLetterPolicy, Endpoint, Project, RetryPolicy, Subscription, Topic
 from setu.settings import Settings
 from state import keys, migrate
@@ -312,11 +313,25 @@ def world(tmp_path: Path, kafka_bootstrap: str, redis_url: str) -> Iterator[Worl
             found = list(client.scan_iter(match=keys.subscription_pattern(project, sub.name)))
             if found:
                 client.delete(*found)
-            topics.delete_subscription(project, sub.name)
+            delete_subscription_group(topics, project, sub.name)
         for topic in store.list_topics(project):
             topics.delete_topic(topic)
         client.close()
         store.close()
+
+
+def delete_subscription_group(topics: KafkaTopics, project: str, subscription: str) -> None:
+    """Deletes the subscription's consumer group, repeating the DELETE while a stopped worker
+    is still a member (until the broker's session timeout drops it), as the API's 409 asks."""
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            topics.delete_subscription(project, subscription)
+            return
+        except Conflict:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
 
 
 def free_port() -> int:
