@@ -60,7 +60,7 @@ from bench.machine import (
     write_result,
 )
 from bench.stream_load import stream_load
-from cli.ports import any_free_port, is_free
+from cli.ports import free_ports, is_free
 from cli.probes import http_ok
 from setu.envelope import Envelope
 from setu.names import ingest_topic
@@ -526,9 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="setu-bench-") as open_dir,
         tempfile.TemporaryDirectory(prefix="setu-bench-") as traced_dir,
     ):
-        ports = [args.port + n for n in range(4)] if args.port else []
-        while len(set(ports)) < 4:
-            ports = [any_free_port() for _ in range(4)]
+        ports = [args.port + n for n in range(4)] if args.port else free_ports(4)
         taken = [p for p in ports if not is_free(p)]
         if taken:
             raise SystemExit(f"ports {taken} are taken: choose another --port")

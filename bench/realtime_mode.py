@@ -47,7 +47,6 @@ from typing import Any
 import pandas as pd
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as fn
@@ -56,6 +55,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 from bench.http_load import percentile
+from bench.ingest import create_topics
 from bench.machine import quiet_client_logs, quiet_kafka_config, service_arguments, write_result
 from cli.jars import resolve_spark_jars
 from setu.settings import Settings
@@ -401,12 +401,6 @@ def probe(args: argparse.Namespace, topics: Topics, name: str) -> dict[str, Any]
             spark.stop()
 
 
-def create_topics(admin: AdminClient, topics: Topics, partitions: int) -> None:
-    new = [NewTopic(topics.source, partitions, 1), NewTopic(topics.output, 1, 1)]
-    for future in admin.create_topics(new).values():
-        future.result(timeout=30)
-
-
 def delete_topics(admin: AdminClient, topics: Topics) -> None:
     futures = admin.delete_topics([topics.source, topics.output], operation_timeout=30)
     for topic, future in futures.items():
@@ -462,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     topics = Topics(source=f"bench.{run}.source", output=f"bench.{run}.output")
     admin = AdminClient({"bootstrap.servers": args.bootstrap, **quiet_kafka_config()})
     try:
-        create_topics(admin, topics, args.partitions)
+        create_topics(admin, [topics.source], args.partitions)
+        create_topics(admin, [topics.output], 1)
         measured = probe(args, topics, run)
     finally:
         delete_topics(admin, topics)

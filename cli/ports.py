@@ -58,6 +58,17 @@ def any_free_port(host: str = LOOPBACK) -> int:
         return port
 
 
+def free_ports(count: int, ask: Callable[[], int] = any_free_port) -> list[int]:
+    """``count`` ports free right now, all different (the system may hand out one it just
+    gave, so ``ask`` is called again until they differ)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = ask()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 def pick(
     explicit: int | None,
     remembered: int | None,

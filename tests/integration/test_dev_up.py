@@ -22,7 +22,7 @@ import redis
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from cli.ports import any_free_port
+from cli.ports import free_ports
 from setu.stream import frames
 
 START_TIMEOUT_S = 240.0
@@ -87,13 +87,7 @@ def processes_mentioning(marker: str) -> list[str]:
 def stack_ports() -> dict[str, int]:
     """A free port for each listener of :func:`dev_up`'s stack, all different."""
     names = ("api", "stream", "kafka", "controller", "redis", "spark", "spark_ui")
-    ports: dict[str, int] = {}
-    for name in names:
-        # The system may hand out a port it just gave: ask again until all differ.
-        while (port := any_free_port()) in ports.values():
-            pass
-        ports[name] = port
-    return ports
+    return dict(zip(names, free_ports(len(names)), strict=True))
 
 
 @contextmanager

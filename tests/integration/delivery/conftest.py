@@ -323,15 +323,15 @@ def world(tmp_path: Path, kafka_bootstrap: str, redis_url: str) -> Iterator[Worl
 def delete_subscription_group(topics: KafkaTopics, project: str, subscription: str) -> None:
     """Deletes the subscription's consumer group, repeating the DELETE while a stopped worker
     is still a member (until the broker's session timeout drops it), as the API's 409 asks."""
-    deadline = time.monotonic() + 90
-    while True:
+
+    def deleted() -> bool:
         try:
             topics.delete_subscription(project, subscription)
-            return
         except Conflict:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
+            return False
+        return True
+
+    wait_for(f"consumer group of {subscription} to be deleted", deleted, 90, 1.0)
 
 
 def free_port() -> int:

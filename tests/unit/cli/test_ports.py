@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.ports import PortBook, PortBusy, choose_port, is_free, pick
+from cli.ports import PortBook, PortBusy, choose_port, free_ports, is_free, pick
 
 FREE = {19092, 6379, 8080}
 
@@ -62,3 +62,10 @@ def test_a_damaged_port_book_is_ignored(tmp_path: Path) -> None:
     path = tmp_path / "ports.json"
     path.write_text("{not json")
     assert PortBook(path).load() == {}
+
+
+def test_free_ports_are_all_different_even_when_the_system_repeats_one() -> None:
+    # Given a system that hands out the same port twice in a row
+    handed = iter([5001, 5001, 5002, 5001, 5003])
+    # Then free_ports asks again until each port differs
+    assert free_ports(3, lambda: next(handed)) == [5001, 5002, 5003]
