@@ -110,7 +110,15 @@ async def create_subscription(s: Services, sub: Subscription) -> tuple[Subscript
     if existing is not None:
         return existing, False
     async with undone_on_failure(s, made):
-        return await blocking(s.store.create_subscription, sub)
+        created = await blocking(s.store.create_subscription, sub)
+    try:
+        # A new subscription has no group state to rebuild (docs/design.md §4).
+        await RedisGroupStore(s.redis, sub.project, sub.name).mark_loaded(range(topic.partitions))
+    except RedisError as exc:  # its views say "rebuilding" until a worker takes it over
+        log.warning(
+            "subscription %s/%s: could not mark its state loaded: %s", sub.project, sub.name, exc
+        )
+    return created
 
 
 async def update_subscription(s: Services, sub: Subscription, version: int) -> Subscription:

@@ -45,7 +45,10 @@ from setu.ordering.dead_letters import (
 from setu.ordering.groups import Standing, standing
 from setu.ordering.state import GroupState
 from setu.ordering.tiers import DLQ, MAIN, is_retry, tier_name, topic_of, topics_by_tier
+from setu.partitioner import partition_for
 from state.attempt_log import RedisAttemptLog
+from state.changelog import KafkaChangelog
+from state.durable_groups import DurableGroupStore
 from state.groups import RedisGroupStore
 from state.metadata import MetadataStore
 from state.workers import RedisWorkers
@@ -100,8 +103,15 @@ class BreakerStatusOut(Out):
     last_error: str | None
 
 
+GroupStateHeld = Literal["ok", "rebuilding"]
+
+
 class StatusOut(Out):
     state: Literal["running", "paused", "stopped"]
+    # Whether Redis holds the group state of every partition ("ok"), or some partition's is
+    # being rebuilt from the changelog after Redis forgot it, or waits for a worker to do so
+    # ("rebuilding": failed_groups and the group views may show too little meanwhile).
+    group_state: GroupStateHeld
     # Why a policy paused it (docs/policies.md §3); null otherwise.
     paused_reason: str | None
     # The endpoint's circuit breaker (docs/policies.md §2), the worst one the live workers
@@ -126,6 +136,9 @@ class GroupOut(Out):
     tier: str | None
     parked: int
     head_message_id: str | None
+    # "rebuilding": the group's partition is being rebuilt after Redis forgot it; the state
+    # shown may be out of date until it is "ok" again.
+    group_state: GroupStateHeld
 
 
 class UnhealthyGroupOut(GroupOut):
@@ -134,6 +147,9 @@ class UnhealthyGroupOut(GroupOut):
 
 
 class UnhealthyGroupsOut(Out):
+    # "rebuilding": some partition is being rebuilt after Redis forgot it; the list may
+    # miss groups until it is "ok" again.
+    group_state: GroupStateHeld
     groups: list[UnhealthyGroupOut]
     # The cursor of the next page (pass it as ``after``); null on the last page.
     next: str | None
@@ -247,6 +263,7 @@ async def status(request: Request, project: str, subscription: str) -> Response:
     oldest = [p["oldest_undelivered_ms"] for p in by_partition if p["oldest_undelivered_ms"]]
     groups = RedisGroupStore(_redis(request), project, subscription)
     try:
+        held = await held_state(groups, partitions)
         failed = await groups.failed_count()
         counters = await groups.counters()
         fresh = await RedisWorkers(_redis(request)).fresh(project, subscription, now_ms())
@@ -263,6 +280,7 @@ async def status(request: Request, project: str, subscription: str) -> Response:
         StatusOut,
         {
             "state": sub.state.value,
+            "group_state": held,
             "paused_reason": sub.paused_reason,
             "breaker": breaker_status([s.get("breaker") for s in fresh]),
             "lag": sum(b.lag for b in backlog),
@@ -313,7 +331,15 @@ def partition_status(
     ]
 
 
-def group_view(group_id: str, state: GroupState | None) -> dict[str, Any]:
+async def held_state(groups: RedisGroupStore, partitions: int, only: int | None = None) -> str:
+    """``ok`` when Redis holds the group state of every partition (or of partition ``only``),
+    else ``rebuilding`` (docs/design.md §4, "Redis may forget")."""
+    loaded = await groups.loaded()
+    wanted = range(partitions) if only is None else [only]
+    return "ok" if all(p in loaded for p in wanted) else "rebuilding"
+
+
+def group_view(group_id: str, state: GroupState | None, held: str = "ok") -> dict[str, Any]:
     """The API's view of one group's state."""
     if state is None:
         return {
@@ -322,6 +348,7 @@ def group_view(group_id: str, state: GroupState | None) -> dict[str, Any]:
             "tier": None,
             "parked": 0,
             "head_message_id": None,
+            "group_state": held,
         }
     kind, tier = standing(state)
     return {
@@ -330,6 +357,7 @@ def group_view(group_id: str, state: GroupState | None) -> dict[str, Any]:
         "tier": tier_name(tier) if tier == DLQ or is_retry(tier) else None,
         "parked": state.parked,
         "head_message_id": state.head,
+        "group_state": held,
     }
 
 
@@ -341,12 +369,14 @@ def group_view(group_id: str, state: GroupState | None) -> dict[str, Any]:
 )
 @allow(Permission.READ)
 async def group(request: Request, project: str, subscription: str, group_id: str) -> Response:
-    await _subscription(request, project, subscription)
+    _, partitions = await _subscription(request, project, subscription)
+    groups = RedisGroupStore(_redis(request), project, subscription)
     try:
-        state = await RedisGroupStore(_redis(request), project, subscription).group(group_id)
+        state = await groups.group(group_id)
+        held = await held_state(groups, partitions, partition_for(group_id.encode(), partitions))
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
-    return reply(GroupOut, group_view(group_id, state))
+    return reply(GroupOut, group_view(group_id, state, held))
 
 
 @router.get(
@@ -364,19 +394,22 @@ async def unhealthy_groups(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Response:
-    await _subscription(request, project, subscription)
+    _, partitions = await _subscription(request, project, subscription)
     store = RedisGroupStore(_redis(request), project, subscription)
     try:
         page = await store.unhealthy(
             Standing(state) if state else None, limit, parse_group_cursor(after)
         )
+        held = await held_state(store, partitions)
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
     return reply(
         UnhealthyGroupsOut,
         {
+            "group_state": held,
             "groups": [
-                {**group_view(g.group_id, g.state), "since_ms": g.since_ms} for g in page.groups
+                {**group_view(g.group_id, g.state, held), "since_ms": g.since_ms}
+                for g in page.groups
             ],
             "next": None if page.next is None else f"{page.next[0]}:{page.next[1]}",
         },
@@ -421,7 +454,11 @@ def parse_group_cursor(after: str | None) -> tuple[int, str] | None:
 
 
 async def _dead_letter_ops(request: Request, sub: Subscription, partitions: int) -> DeadLetterOps:
-    store = RedisGroupStore(_redis(request), sub.project, sub.name)
+    """Browsing and unsideline; a release request goes to the subscription's changelog before
+    Redis, so a Redis that forgets does not forget it (state/durable_groups.py)."""
+    producer = services(request).producer
+    changelog = KafkaChangelog(names.state_topic(sub.project, sub.name), producer.send_to)
+    store = DurableGroupStore(RedisGroupStore(_redis(request), sub.project, sub.name), changelog)
     return DeadLetterOps(store, DeadLetterReader(_reader(request), topic_of(sub, DLQ)), partitions)
 
 

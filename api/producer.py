@@ -205,6 +205,48 @@ class AckedProducer:
         if error is not None:
             raise DependencyUnavailable(f"Kafka did not accept the record: {error}")
 
+    async def send_to(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[tuple[bytes, bytes | None, list[tuple[str, bytes]]]],
+    ) -> None:
+        """Writes ``records`` (key, value or None for a tombstone, headers) in order to one
+        partition; returns once Kafka acknowledged all of them, else raises
+        DependencyUnavailable."""
+        loop = self._running_loop()
+        deadline = loop.time() + self._ack_timeout_s
+        futures: list[asyncio.Future[str | None]] = []
+        for key, value, headers in records:
+            future: asyncio.Future[str | None] = loop.create_future()
+            while True:
+                try:
+                    self._producer.produce(
+                        topic,
+                        value,
+                        key,
+                        partition=partition,
+                        headers=headers,  # type: ignore[arg-type]
+                        on_delivery=partial(self._on_single, future),
+                    )
+                    break
+                except BufferError:
+                    if loop.time() > deadline:
+                        raise DependencyUnavailable(_QUEUE_FULL) from None
+                    await asyncio.sleep(_QUEUE_FULL_WAIT_S)
+                except KafkaException as exc:
+                    raise _produce_error(exc) from exc
+            futures.append(future)
+        waiting = self._waiting_set(deadline)
+        waiting.update(futures)
+        try:
+            errors = [await f for f in futures]
+        finally:
+            waiting.difference_update(futures)
+        failed = [e for e in errors if e is not None]
+        if failed:
+            raise DependencyUnavailable(f"Kafka did not accept the record: {failed[0]}")
+
     async def send_many(self, topic: str, records: Sequence[Record]) -> list[str | None]:
         """Writes every record; returns per record None (acknowledged) or an error string."""
         loop = self._running_loop()

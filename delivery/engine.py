@@ -368,6 +368,7 @@ class PartitionEngine:
                     status=copy.envelope.last_status,
                     reason=copy.envelope.failure_reason or "",
                 )
+            new = groups.marked(state, new, outcomes, {move.target: offsets[0]})
             write = StateWrite(
                 self.partition,
                 group,
@@ -647,7 +648,7 @@ class PartitionEngine:
                 group,
                 touches_group=True,
                 expected_version=state.version,
-                state=groups.lap_done(state),
+                state=groups.marked(state, groups.lap_done(state), ((rec.tier, rec.offset),)),
                 outcomes=((rec.tier, rec.offset),),
                 delivered=1,
             )
@@ -668,8 +669,15 @@ class PartitionEngine:
         write = self._group_write(
             group,
             state,
-            groups.reparked(
-                state, rec.message_id, state.dlq_from if rec.tier != DLQ else rec.offset, failure
+            groups.marked(
+                state,
+                groups.reparked(
+                    state,
+                    rec.message_id,
+                    state.dlq_from if rec.tier != DLQ else rec.offset,
+                    failure,
+                ),
+                ((rec.tier, rec.offset),) if rec.tier != DLQ else (),
             ),
             outcomes=((rec.tier, rec.offset),) if rec.tier != DLQ else (),
             dead_lettered=1,
@@ -687,9 +695,8 @@ class PartitionEngine:
     ) -> StateWrite:
         """The state write for a group whose head at (``tier``, ``offset``) got its 2xx."""
         state = self.states[group]
-        return self._group_write(
-            group, state, groups.head_done(state, tier, offset), outcomes=outcomes, delivered=1
-        )
+        after = groups.marked(state, groups.head_done(state, tier, offset), ((tier, offset),))
+        return self._group_write(group, state, after, outcomes=outcomes, delivered=1)
 
     def _group_write(
         self, group: str, before: GroupState, after: GroupState | None, **more: Any

@@ -331,7 +331,10 @@ class AsyncProducer:
             self._producer.poll(0.05)
 
     async def send(
-        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes, KafkaHeaders]]
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[tuple[bytes, bytes | None, KafkaHeaders]],
     ) -> list[int]:
         """Writes ``records`` (key, value, headers) in order to one partition; returns their
         offsets once all are acknowledged, or raises KafkaException."""

@@ -30,7 +30,10 @@ and label value below):
 - ``setu_delivery_attempt_log_dropped_total``: attempt-log entries dropped because Redis
   did not take them for long (delivery/attempts.py).
 - ``setu_delivery_runner_failures_total{error}``: runners that gave up and were restarted,
-  by error class (``Fenced`` when a stalled worker was fenced out).
+  by error class (``Fenced`` when a stalled worker was fenced out, ``StateLost`` when Redis
+  no longer held what the worker wrote).
+- ``setu_delivery_state_rebuilds_total``: partitions whose group state a takeover found
+  missing from Redis, or older there, and rebuilt from the changelog (docs/design.md §4).
 
 Gauges, read from the live runners at scrape time (nothing on the hot path):
 ``setu_delivery_partitions``, ``setu_delivery_in_flight``, ``setu_delivery_buffered_records``,
@@ -101,6 +104,7 @@ class SubscriptionMetrics:
         self.breaker_opened_total = 0
         self.given_back_total = 0
         self.failures: dict[str, int] = {}
+        self.rebuilds_total = 0
 
     def call(self, outcome: Outcome, seconds: float) -> None:
         self.calls[outcome.verdict.value] += 1
@@ -140,6 +144,9 @@ class SubscriptionMetrics:
     def breaker_changed(self, view: BreakerView) -> None:
         if view.state is BreakerState.OPEN:
             self.breaker_opened_total += 1
+
+    def rebuilt(self, partitions: int) -> None:
+        self.rebuilds_total += partitions
 
     def failed(self, error: BaseException) -> None:
         name = type(error).__name__
@@ -226,8 +233,14 @@ class _Totals(Collector):
             "Subscription runners that gave up (and were restarted), by error class.",
             labels=[*labels, "error"],
         )
+        rebuilds = CounterMetricFamily(
+            "setu_delivery_state_rebuilds",
+            "Partitions whose group state Redis had lost, rebuilt from the changelog.",
+            labels=labels,
+        )
         for sub in self._subscriptions():
             key = sub.labels
+            rebuilds.add_metric(key, sub.rebuilds_total)
             for verdict, n in list(sub.calls.items()):
                 calls.add_metric([*key, verdict], n)
             seconds.add_metric(key, sub.call_seconds.cumulative(), sub.call_seconds.sum)
@@ -246,7 +259,7 @@ class _Totals(Collector):
             for error, n in list(sub.failures.items()):
                 failures.add_metric([*key, error], n)
         yield from (calls, seconds, moves, refused, reparked, stale, filtered)
-        yield from (opened, given_back, dropped, failures, *latencies)
+        yield from (opened, given_back, dropped, failures, rebuilds, *latencies)
 
 
 class _Live(Collector):

@@ -18,13 +18,16 @@ recorded outcome (a copy of an earlier lap of a group released again looks pendi
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 
 from setu.ordering import groups
 from setu.ordering.fencing import is_stale_copy
 from setu.ordering.records import Record
 from setu.ordering.state import GroupState, StateWrite
-from setu.ordering.tiers import DLQ
+from setu.ordering.tiers import DLQ, MAIN, tier_name
+
+log = logging.getLogger(__name__)
 
 
 def missing_writes(
@@ -44,13 +47,17 @@ def missing_writes(
     ``pending`` (the single dead letters pending release) loses the letters they finish.
     Copies of a worker that had lost the partition (``fences``) are left alone.
     """
+    tail = list(tail)
+    creations = _creations(states, tail)
     states = dict(states)
     pending = pending if pending is not None else set()
     writes: list[StateWrite] = []
     for copy in tail:
         if copy.kind is None or copy.origin is None:
             continue
-        if _recorded(copy, copy.kind, copy.origin, states, outcomes, committed, pending, fences):
+        if _recorded(
+            copy, copy.kind, copy.origin, states, outcomes, committed, pending, fences, creations
+        ):
             continue
         tier, offset = copy.origin
         group = copy.group
@@ -62,24 +69,40 @@ def missing_writes(
         dead = 1 - retried
         if copy.kind.changes_state and group is not None:
             state = states.get(group)
-            new = groups.apply_copy(
-                state,
-                copy.kind,
-                tier,
-                copy.tier,
-                copy.message_id,
-                copy_offset=copy.offset,
-                source_offset=offset,
-                now_ms=now_ms,
-                attempts=copy.envelope.attempt,
-                status=copy.envelope.last_status,
-                reason=copy.envelope.failure_reason or "",
+            try:
+                new = groups.apply_copy(
+                    state,
+                    copy.kind,
+                    tier,
+                    copy.tier,
+                    copy.message_id,
+                    copy_offset=copy.offset,
+                    source_offset=offset,
+                    now_ms=now_ms,
+                    attempts=copy.envelope.attempt,
+                    status=copy.envelope.last_status,
+                    reason=copy.envelope.failure_reason or "",
+                )
+            except ValueError as error:
+                # The state cannot account for it (only after Redis forgot and a group healed
+                # and failed again): the copy is left to be delivered on its own, once at
+                # least (a STRAY), rather than stop the partition.
+                log.warning(
+                    "partition %d: copy at %s:%d left alone: %s",
+                    partition,
+                    tier_name(copy.tier),
+                    copy.offset,
+                    error,
+                )
+                continue
+            lap_start = tier == DLQ and copy.kind is groups.Kind.LAP
+            new = groups.marked(
+                state, new, () if lap_start else ((tier, offset),), {copy.tier: copy.offset}
             )
             if new is None:
                 states.pop(group, None)
             else:
                 states[group] = new
-            lap_start = tier == DLQ and copy.kind is groups.Kind.LAP
             write = StateWrite(
                 partition,
                 group,
@@ -108,6 +131,32 @@ def missing_writes(
     return writes, states
 
 
+def _creations(states: Mapping[str, GroupState], tail: list[Record]) -> dict[str, Record]:
+    """Per group without state, the one copy of it that may stand for a change not recorded:
+    the copy that made the group fail (its main message's first copy), if it is the group's
+    latest message in the tails and nothing else of that message is there. A group's changes
+    follow one another, so only its latest can be missing, and any other copy of the group
+    was made while it was failed, by a change recorded before it could heal."""
+    latest: dict[str, Record] = {}
+    copies_of: dict[tuple[str, int], int] = {}
+    for copy in tail:
+        group, main = copy.group, copy.envelope.main_offset
+        if group is None or group in states or copy.kind is None or main is None:
+            continue
+        copies_of[(group, main)] = copies_of.get((group, main), 0) + 1
+        held = latest.get(group)
+        if held is None or (held.envelope.main_offset or -1) < main:
+            latest[group] = copy
+    return {
+        group: copy
+        for group, copy in latest.items()
+        if copy.origin is not None
+        and copy.origin[0] == MAIN
+        and copy.kind in (groups.Kind.HEAD, groups.Kind.SKIP)
+        and copies_of[(group, copy.envelope.main_offset or 0)] == 1
+    }
+
+
 def _recorded(
     copy: Record,
     kind: groups.Kind,
@@ -117,6 +166,7 @@ def _recorded(
     committed: Mapping[int, int],
     pending: set[int],
     fences: Mapping[int, Mapping[int, int]] | None,
+    creations: Mapping[str, Record],
 ) -> bool:
     """Whether the change ``copy`` stands for is recorded already, or is not this owner's."""
     if is_stale_copy(fences or {}, copy.tier, copy.offset, copy.epoch):
@@ -128,4 +178,19 @@ def _recorded(
         return not groups.lap_pending(states.get(copy.group or ""), copy.message_id, offset)
     if tier == DLQ and not kind.ordered:
         return offset not in pending
-    return offset < committed.get(tier, -1) or (tier, offset) in outcomes
+    if offset < committed.get(tier, -1) or (tier, offset) in outcomes:
+        return True
+    if kind.changes_state and copy.group is not None:
+        # After a rebuild from the changelog no outcome is known: the groups' done marks
+        # and the kind of copy tell instead (docs/decisions/0007-group-state-changelog.md).
+        state = states.get(copy.group)
+        if state is None or copy.group in creations:
+            # A group without state: only the copy that made it fail may be unrecorded
+            # (:func:`_creations`); it is completed, at worst delivered once more.
+            return creations.get(copy.group) is not copy
+        if tier == MAIN and kind in (groups.Kind.HEAD, groups.Kind.SKIP):
+            return True  # made while the group was healthy: before the state there is now
+        # The state marks the copy's source (or the copy itself) finished: it holds the
+        # change already.
+        return offset <= state.done[tier] or copy.offset <= state.done[copy.tier]
+    return False

@@ -143,7 +143,10 @@ class CopyWriter(Protocol):
     """Writes copies to a tier (:class:`delivery.kafka_io.AsyncProducer`)."""
 
     async def send(
-        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes, KafkaHeaders]]
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[tuple[bytes, bytes | None, KafkaHeaders]],
     ) -> list[int]: ...
 
 
@@ -646,6 +649,7 @@ class SubscriptionRunner:
         starts: list[TopicPartition] = []
         commit_now: list[TopicPartition] = []
         seeks: dict[int, int] = {}
+        rebuilt_before = self.store.rebuilt_after_loss
         for partition, offsets in sorted(by_index.items()):
             plan = await take_over(
                 self.sub, partition, offsets, self.topics, self.store, self.reader, now_ms()
@@ -682,6 +686,15 @@ class SubscriptionRunner:
             self.sub.name,
             sorted(by_index),
         )
+        if rebuilt := self.store.rebuilt_after_loss - rebuilt_before:
+            self.metrics.rebuilt(rebuilt)
+            log.warning(
+                "subscription %s/%s: Redis had lost the group state of %d partition(s); "
+                "rebuilt from the changelog",
+                self.sub.project,
+                self.sub.name,
+                rebuilt,
+            )
 
         async def mark_seeks() -> None:
             for partition, generation in seeks.items():

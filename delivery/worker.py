@@ -27,6 +27,7 @@ from typing import Protocol
 import redis
 from redis.asyncio import Redis
 
+from delivery.changelog import subscription_changelog
 from delivery.events import EventSink, Notifier
 from delivery.http import HttpClient
 from delivery.kafka_io import AsyncProducer, ConsumerThread, KafkaReader, producer_config
@@ -39,7 +40,9 @@ from setu.settings import Settings
 from state import workers
 from state.attempt_log import RedisAttemptLog
 from state.delivery_budget import RedisDeliveryBudget
+from state.durable_groups import DurableGroupStore
 from state.groups import RedisGroupStore
+from state.kafka_admin import KafkaTopics
 from state.workers import RedisWorkers
 
 log = logging.getLogger(__name__)
@@ -116,16 +119,19 @@ def runner_parts(
     producer: AsyncProducer,
     http: HttpClient,
     source: SubscriptionSource,
+    topics: KafkaTopics,
     events: EventSink | None = None,
 ) -> RunnerParts:
     """The collaborators of ``sub``'s runner in a delivery process: its group store in Redis,
     its webhook sender on the shared HTTP client, a reader and a consumer thread of its own,
     the process's producer for copies, and the call budget it shares with other workers."""
     budget = RedisDeliveryBudget(client, sub.project, sub.name)
+    reader = KafkaReader(config.bootstrap, config.client_config)
+    changelog = subscription_changelog(sub, producer, reader, topics)
     return RunnerParts(
-        store=RedisGroupStore(client, sub.project, sub.name),
+        store=DurableGroupStore(RedisGroupStore(client, sub.project, sub.name), changelog),
         sender=WebhookSender(sub, http, shared_rate=budget.take_rate),
-        reader=KafkaReader(config.bootstrap, config.client_config),
+        reader=reader,
         copies=producer,
         reports=RedisWorkers(client),
         consumer=ConsumerThread,
@@ -164,6 +170,12 @@ async def serve(
         producer_config(settings.kafka_bootstrap, instance, limits, kafka), loop
     )
     http = HttpClient(allow_private=settings.allow_private_endpoints)
+    topics = KafkaTopics(
+        settings.kafka_bootstrap,
+        replication_factor=settings.kafka_replication_factor,
+        max_message_bytes=settings.max_message_bytes,
+        client_config=kafka,
+    )
     config = RunnerConfig(
         bootstrap=settings.kafka_bootstrap,
         worker_id=instance,
@@ -188,7 +200,10 @@ async def serve(
     worker = Worker(
         source,
         lambda sub: SubscriptionRunner(
-            sub, config, runner_parts(sub, config, client, producer, http, source, sink), metrics
+            sub,
+            config,
+            runner_parts(sub, config, client, producer, http, source, topics, sink),
+            metrics,
         ),
     )
     metrics.watch(lambda: _on_loop(loop, worker.figures))

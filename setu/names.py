@@ -64,6 +64,11 @@ def dlq_topic(project: str, subscription: str) -> str:
     return f"{PREFIX}.{project}.{subscription}.dlq"
 
 
+def state_topic(project: str, subscription: str) -> str:
+    """The subscription's group-state changelog (compacted; state/changelog.py)."""
+    return f"{PREFIX}.{project}.{subscription}.state"
+
+
 def consumer_group(project: str, subscription: str) -> str:
     return f"{PREFIX}.sub.{project}.{subscription}"
 

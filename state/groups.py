@@ -34,11 +34,13 @@ from setu.clock import now_ms
 from setu.ordering.groups import Standing, standing
 from setu.ordering.state import (
     EMPTY_COUNTS,
+    NOTHING_DONE,
     Fenced,
     GroupState,
     PartitionSnapshot,
     ReleaseRequests,
     StaleGroupState,
+    StateLost,
     StateWrite,
 )
 from state import keys
@@ -78,6 +80,7 @@ def encode_state(state: GroupState, partition: int) -> dict[str, str]:
         "status": "" if state.last_status is None else str(state.last_status),
         "reason": state.reason,
         "due": str(state.due_at_ms),
+        "done": ",".join(map(str, state.done)),
     }
 
 
@@ -97,7 +100,16 @@ def decode_state(fields: Mapping[str, str]) -> GroupState:
         last_status=int(fields["status"]) if fields.get("status") else None,
         reason=fields.get("reason", ""),
         due_at_ms=int(fields.get("due") or "0"),
+        done=_done(fields.get("done")),
     )
+
+
+def _done(text: str | None) -> tuple[int, ...]:
+    """The done marks (a state written before they existed has none: nothing known)."""
+    if not text:
+        return NOTHING_DONE
+    marks = tuple(int(n) for n in text.split(","))
+    return (marks + NOTHING_DONE)[: len(NOTHING_DONE)]
 
 
 COUNTERS = ("delivered_total", "dead_lettered", "retried")
@@ -105,6 +117,10 @@ COUNTERS = ("delivered_total", "dead_lettered", "retried")
 
 class GroupStore(Protocol):
     """Group state of one subscription. Every method may raise redis errors on I/O failure."""
+
+    # Takeovers that found Redis without the partition's latest state and rebuilt it
+    # (state/durable_groups.py); always 0 for a store without a changelog.
+    rebuilt_after_loss: int
 
     async def claim(self, partition: int) -> int:
         """Makes the caller the partition's owner: returns its new owner epoch."""
@@ -189,14 +205,31 @@ class GroupStore(Protocol):
 _APPLY = """
 local b = cjson.decode(ARGV[1])
 local fenced = {}
+local lost = {}
 for _, e in ipairs(b.epochs) do
   local now = tonumber(redis.call('GET', KEYS[e.k]) or '0')
-  if now ~= e.epoch then
+  if now > e.epoch then
     table.insert(fenced, e.p .. '=' .. now)
+  elseif now < e.epoch then
+    table.insert(lost, e.p .. '=' .. now)
+  elseif e.w then
+    -- Writes since the claim: fewer than the owner made means Redis lost some.
+    local n = tonumber(redis.call('GET', KEYS[e.w]) or '-1')
+    if n < e.n then
+      table.insert(lost, e.p .. '=' .. now .. '/' .. n)
+    end
   end
 end
 if #fenced > 0 then
   return redis.error_reply('FENCED ' .. table.concat(fenced, ','))
+end
+if #lost > 0 then
+  return redis.error_reply('LOST ' .. table.concat(lost, ','))
+end
+for _, e in ipairs(b.epochs) do
+  if e.w then
+    redis.call('INCR', KEYS[e.w])
+  end
 end
 local function each(cmd, key, items, step)
   for i = 1, #items, step do
@@ -339,6 +372,8 @@ class _KeyList:
 class RedisGroupStore:
     """:class:`GroupStore` on Redis; one instance per subscription."""
 
+    rebuilt_after_loss = 0
+
     def __init__(self, redis: Redis[bytes], project: str, subscription: str) -> None:
         self._redis = redis
         self._project = project
@@ -349,6 +384,104 @@ class RedisGroupStore:
 
     async def claim(self, partition: int) -> int:
         return int(await self._redis.incr(keys.owner_epoch(self._project, self._sub, partition)))
+
+    async def owner_epoch(self, partition: int) -> int:
+        """The partition's owner epoch as Redis holds it (0: none)."""
+        raw = await self._redis.get(keys.owner_epoch(self._project, self._sub, partition))
+        return int(raw or 0)
+
+    async def loaded(self) -> set[int]:
+        """The partitions whose state Redis holds in full (``keys.state_loaded``)."""
+        raw = await self._redis.hkeys(keys.state_loaded(self._project, self._sub))
+        return {int(p) for p in raw}
+
+    async def mark_loaded(self, partitions: Iterable[int]) -> None:
+        """A new subscription: nothing to rebuild on any of its partitions."""
+        values: dict[str | bytes, bytes | float | int | str] = {str(p): 0 for p in partitions}
+        if values:
+            await self._redis.hset(keys.state_loaded(self._project, self._sub), mapping=values)
+
+    async def writes_since_claim(self, partition: int) -> tuple[int, int]:
+        """(owner epoch, writes since its claim) as Redis holds them ((0, -1): none)."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.get(keys.owner_epoch(self._project, self._sub, partition))
+        pipe.get(keys.owner_writes(self._project, self._sub, partition))
+        epoch, writes = await pipe.execute()
+        return int(epoch or 0), int(writes if writes is not None else -1)
+
+    async def restore(
+        self,
+        partition: int,
+        epoch: int,
+        states: Mapping[str, GroupState],
+        release_requests: Iterable[str],
+        pending: Iterable[int],
+        redelivered: Iterable[int],
+        seek_generation: int,
+        fences: Mapping[int, Mapping[int, int]],
+    ) -> None:
+        """Makes Redis hold exactly this for ``partition`` (rebuilt from the changelog) under
+        the owner ``epoch``: groups Redis knows and the changelog does not are forgotten.
+        Recorded outcomes and counters are left as they are. The partition is shown as
+        being rebuilt until the end."""
+        p, s = self._project, self._sub
+        loaded = keys.state_loaded(p, s)
+        await self._redis.hdel(loaded, str(partition))
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.set(keys.owner_epoch(p, s, partition), epoch)
+        pipe.set(keys.owner_writes(p, s, partition), 0)
+        await pipe.execute()
+        known = {
+            _text(m) for m in await self._redis.smembers(keys.partition_failed(p, s, partition))
+        }
+        gone = sorted(known - set(states))
+        items = sorted(states.items())
+        for start in range(0, max(len(gone), len(items)), 500):
+            pipe = self._redis.pipeline(transaction=False)
+            for group in gone[start : start + 500]:
+                pipe.delete(keys.group_state(p, s, group))
+                pipe.srem(keys.failed_groups(p, s), group)
+                pipe.srem(keys.partition_failed(p, s, partition), group)
+                for kind in Standing:
+                    pipe.zrem(keys.unhealthy(p, s, kind.value), group)
+            for group, state in items[start : start + 500]:
+                key = keys.group_state(p, s, group)
+                pipe.delete(key)
+                fields: dict[str | bytes, bytes | float | int | str] = {
+                    k: v for k, v in encode_state(state, partition).items()
+                }
+                pipe.hset(key, mapping=fields)
+                pipe.sadd(keys.failed_groups(p, s), group)
+                pipe.sadd(keys.partition_failed(p, s, partition), group)
+                now_in = standing(state)[0]
+                other = next(kind for kind in Standing if kind is not now_in)
+                pipe.zrem(keys.unhealthy(p, s, other.value), group)
+                pipe.zadd(
+                    keys.unhealthy(p, s, now_in.value),
+                    {group: state.failed_at_ms or now_ms()},
+                    nx=True,
+                )
+            await pipe.execute()
+        pipe = self._redis.pipeline(transaction=True)
+        requests = keys.release_requests(p, s, partition)
+        pipe.delete(requests)
+        if release_requests := sorted(release_requests):
+            pipe.sadd(requests, *release_requests)
+        for key, offsets in (
+            (keys.pending_releases(p, s, partition), pending),
+            (keys.redelivered(p, s, partition), redelivered),
+        ):
+            pipe.delete(key)
+            members: dict[str | bytes, bytes | float | int | str] = {str(o): o for o in offsets}
+            if members:
+                pipe.zadd(key, members)
+        pipe.hset(keys.seeks_applied(p, s), str(partition), str(seek_generation))
+        fence_key = keys.fences(p, s, partition)
+        pipe.delete(fence_key)
+        if fences:
+            pipe.hset(fence_key, mapping={str(e): _encode_fence(f) for e, f in fences.items()})
+        pipe.hset(loaded, str(partition), str(epoch))
+        await pipe.execute()
 
     async def record_fences(
         self, partition: int, epoch: int, ends: Mapping[int, int], keep: int = 64
@@ -400,16 +533,29 @@ class RedisGroupStore:
         delivered: Mapping[int, Sequence[tuple[int, int]]],
         writes: Sequence[StateWrite],
         epochs: Mapping[int, int] | None = None,
+        writes_seen: Mapping[int, int] | None = None,
     ) -> None:
+        """See :meth:`GroupStore.apply_batch`. With ``writes_seen`` (partition -> how many
+        batches this owner applied since its claim), a partition whose Redis counted fewer
+        raises :class:`StateLost`, as does one whose epoch went back: Redis forgot."""
         if not writes and not any(delivered.values()):
             return
         p, s = self._project, self._sub
         key = _KeyList()
+        seen = writes_seen or {}
+        entries: list[dict[str, object]] = []
+        for part, epoch in sorted((epochs or {}).items()):
+            entry: dict[str, object] = {
+                "p": part,
+                "k": key(keys.owner_epoch(p, s, part)),
+                "epoch": epoch,
+            }
+            if part in seen:
+                entry["w"] = key(keys.owner_writes(p, s, part))
+                entry["n"] = seen[part]
+            entries.append(entry)
         payload = {
-            "epochs": [
-                {"p": part, "k": key(keys.owner_epoch(p, s, part)), "epoch": epoch}
-                for part, epoch in sorted((epochs or {}).items())
-            ],
+            "epochs": entries,
             "counters": key(keys.counters(p, s)),
             "delivered": [
                 {"z": key(keys.delivered(p, s, part)), "m": _members(entries), "n": len(entries)}
@@ -426,6 +572,10 @@ class RedisGroupStore:
                 found = text.split("FENCED", 1)[1].strip()
                 parts = [int(item.split("=")[0]) for item in found.split(",") if "=" in item]
                 raise Fenced(parts, text) from exc
+            if "LOST" in text:
+                found = text.split("LOST", 1)[1].strip()
+                parts = [int(item.split("=")[0]) for item in found.split(",") if "=" in item]
+                raise StateLost(parts, text) from exc
             if "STALE" in text:
                 raise StaleGroupState(text) from exc
             raise

@@ -37,6 +37,8 @@ class _Partition:
 class StubGroupStore:
     """Group state of one subscription, in dictionaries."""
 
+    rebuilt_after_loss = 0
+
     def __init__(self, clock: Callable[[], int] = now_ms) -> None:
         self.clock = clock
         self.groups: dict[str, tuple[int, GroupState]] = {}  # group -> (partition, state)

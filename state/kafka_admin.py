@@ -83,17 +83,54 @@ def topic_specs(topic: Topic, replication_factor: int, max_message_bytes: int) -
 def subscription_specs(
     sub: Subscription, topic: Topic, replication_factor: int, max_message_bytes: int
 ) -> list[TopicSpec]:
-    """The retry tiers and DLQ of ``sub``, shaped like its topic."""
+    """The retry tiers, DLQ and group-state changelog of ``sub``, shaped like its topic."""
     config = topic_config(topic.retention_hours, replication_factor, max_message_bytes)
     return [
-        TopicSpec(name, topic.partitions, config)
-        for name in names.subscription_topics(sub.project, sub.name, sub.retry.tiers)
+        *(
+            TopicSpec(name, topic.partitions, config)
+            for name in names.subscription_topics(sub.project, sub.name, sub.retry.tiers)
+        ),
+        changelog_spec(
+            sub.project, sub.name, topic.partitions, replication_factor, max_message_bytes
+        ),
     ]
+
+
+def changelog_config(replication_factor: int, max_message_bytes: int) -> dict[str, str]:
+    """Kafka topic config of a subscription's group-state changelog: compacted, so it keeps
+    the latest record of each key for as long as the subscription lives. A record stays
+    uncompacted for an hour at least, so a takeover in that time still sees the record before
+    one a stale worker wrote (state/changelog.py)."""
+    return {
+        "cleanup.policy": "compact",
+        "min.compaction.lag.ms": str(3_600_000),
+        "segment.ms": str(3_600_000),
+        "delete.retention.ms": str(86_400_000),
+        "min.insync.replicas": "2" if replication_factor >= 3 else "1",
+        "max.message.bytes": str(MessageLimits(max_message_bytes).topic_bytes),
+    }
+
+
+def changelog_spec(
+    project: str,
+    subscription: str,
+    partitions: int,
+    replication_factor: int,
+    max_message_bytes: int,
+) -> TopicSpec:
+    return TopicSpec(
+        names.state_topic(project, subscription),
+        partitions,
+        changelog_config(replication_factor, max_message_bytes),
+    )
 
 
 def owned_by_subscription(project: str, subscription: str) -> list[str]:
     """Every Kafka topic a subscription may own, including tiers dropped by an update."""
-    return names.subscription_topics(project, subscription, names.MAX_RETRY_TIERS)
+    return [
+        *names.subscription_topics(project, subscription, names.MAX_RETRY_TIERS),
+        names.state_topic(project, subscription),
+    ]
 
 
 def _error_of(future: concurrent.futures.Future[Any], timeout_s: float) -> KafkaError | None:
@@ -197,6 +234,17 @@ class KafkaTopics:
         created."""
         return self._ensure(
             subscription_specs(sub, topic, self._replication, self._max_message_bytes)
+        )
+
+    def ensure_changelog(self, project: str, subscription: str, partitions: int) -> list[str]:
+        """Makes the subscription's group-state changelog if it is missing (a subscription
+        created before changelogs existed); returns what it created."""
+        return self._ensure(
+            [
+                changelog_spec(
+                    project, subscription, partitions, self._replication, self._max_message_bytes
+                )
+            ]
         )
 
     def remove(self, kafka_topics: Sequence[str]) -> None:

@@ -75,6 +75,19 @@ def owner_epoch(project: str, subscription: str, partition: int) -> str:
     return f"{_sub(project, subscription)}:owner:{partition}"
 
 
+def owner_writes(project: str, subscription: str, partition: int) -> str:
+    """Integer: the state writes applied since the partition's owner claimed it. An owner
+    that made more than Redis counts knows Redis lost some (docs/design.md §4)."""
+    return f"{_sub(project, subscription)}:writes:{partition}"
+
+
+def state_loaded(project: str, subscription: str) -> str:
+    """Hash partition -> owner epoch: the partitions whose group state Redis holds in full
+    (loaded or rebuilt from the changelog by their owner, or new). A partition missing here
+    is being rebuilt, or waits for an owner to rebuild it (the views say ``rebuilding``)."""
+    return f"{_sub(project, subscription)}:loaded"
+
+
 def fences(project: str, subscription: str, partition: int) -> str:
     """Hash owner epoch -> where each retry tier and the DLQ ended when that epoch took over
     (``tier:offset,...``): copies of older epochs from there on were written by a worker

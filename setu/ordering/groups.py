@@ -36,11 +36,12 @@ the Kafka writes it describes are acknowledged.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from setu.ordering.state import GroupState
+from setu.ordering.state import EMPTY_COUNTS, GroupState
 from setu.ordering.tiers import DLQ, MAIN
 
 
@@ -110,7 +111,11 @@ def _new_head(state: GroupState, counts: tuple[int, ...], head: str | None) -> G
 
 
 def route(state: GroupState | None, tier: int, message_id: str, offset: int) -> Route:
-    """What to do with an ordered message of the group in ``tier`` (see the module doc)."""
+    """What to do with an ordered message of the group in ``tier`` (see the module doc). A
+    record at or below the group's done mark in its tier is finished already: read again
+    after Redis forgot its recorded outcome (:func:`marked`)."""
+    if state is not None and offset <= state.done[tier]:
+        return Route.SKIP
     if tier == MAIN:
         return Route.DELIVER if state is None else Route.PARK
     if tier == DLQ:
@@ -124,6 +129,31 @@ def route(state: GroupState | None, tier: int, message_id: str, offset: int) -> 
     if tier < state.head_tier:
         return Route.FORWARD
     return Route.DELIVER if state.head in (None, message_id) else Route.WAIT
+
+
+def marked(
+    before: GroupState | None,
+    after: GroupState | None,
+    finished: Iterable[tuple[int, int]] = (),
+    landed: Mapping[int, int] | None = None,
+) -> GroupState | None:
+    """``after`` (the state a change of ``before`` leads to) with its done marks moved on.
+
+    Every (tier, offset) in ``finished`` is a record of the group the change finished; a copy
+    of the group that ``landed`` at offset c of a tier where ``before`` held nothing of the
+    group means every record of the group in that tier below c is finished. Both hold because
+    a group's records finish in offset order within a tier: the head is the oldest unfinished
+    one in its tier, and messages left behind move up in the order their tier is read."""
+    if after is None:
+        return None
+    done = list(after.done)
+    for tier, offset in finished:
+        done[tier] = max(done[tier], offset)
+    held = before.counts if before is not None else EMPTY_COUNTS
+    for tier, first in (landed or {}).items():
+        if held[tier] == 0:
+            done[tier] = max(done[tier], first - 1)
+    return replace(after, done=tuple(done))
 
 
 def route_lap(state: GroupState | None, tier: int, message_id: str) -> Route:

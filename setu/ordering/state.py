@@ -12,10 +12,22 @@ from typing import NamedTuple
 from setu.ordering.tiers import DLQ
 
 EMPTY_COUNTS: tuple[int, ...] = (0,) * (DLQ + 1)
+# No record of the group known finished in any tier (see GroupState.done).
+NOTHING_DONE: tuple[int, ...] = (-1,) * (DLQ + 1)
 
 
 class StaleGroupState(Exception):
     """Raised when a group's stored version is not the one the writer expected."""
+
+
+class StateLost(Exception):
+    """Raised when Redis no longer holds what this owner wrote to it: it came back empty, from
+    an older snapshot, or as a replica without the latest writes (docs/design.md §4, "Redis
+    may forget"). The partitions are taken over again and rebuilt from the changelog."""
+
+    def __init__(self, partitions: Sequence[int], message: str) -> None:
+        super().__init__(message)
+        self.partitions = tuple(partitions)
 
 
 class Fenced(Exception):
@@ -38,6 +50,11 @@ class GroupState:
     ``reason`` describe the head's latest failure when it is newer than its dead letter's, or
     (in a retry tier) the failures of a head that waits where it is for its next attempt,
     which is due at ``due_at_ms`` (0: at once). ``version`` fences concurrent writers.
+
+    ``done[t]`` is the highest offset in tier t at or below which every record of the group
+    is finished (-1: none known). A group's records in one tier finish in offset order, so
+    this mark tells a record read again after Redis forgot its outcome from one still to
+    come (:func:`setu.ordering.groups.marked`, docs/decisions/0007-group-state-changelog.md).
     """
 
     counts: tuple[int, ...] = EMPTY_COUNTS
@@ -51,6 +68,7 @@ class GroupState:
     last_status: int | None = None
     reason: str = ""
     due_at_ms: int = 0
+    done: tuple[int, ...] = NOTHING_DONE
 
     @property
     def head_tier(self) -> int:

@@ -1,5 +1,5 @@
-"""How the operator endpoints show a group's state (docs/design.md §5: exactly these five
-fields)."""
+"""How the operator endpoints show a group's state (docs/design.md §5: these five fields, and
+whether Redis holds the group's partition in full, §4)."""
 
 from __future__ import annotations
 
@@ -35,5 +35,21 @@ PARKED = GroupState(counts=counts(dlq=3), head="m-1", dlq_from=7)
 )
 def test_group_views(state: GroupState | None, view: tuple[object, ...]) -> None:
     shown = group_view("g", state)
-    assert list(shown) == ["group_id", "state", "tier", "parked", "head_message_id"]
+    assert list(shown) == [
+        "group_id",
+        "state",
+        "tier",
+        "parked",
+        "head_message_id",
+        "group_state",
+    ]
     assert (shown["state"], shown["tier"], shown["parked"], shown["head_message_id"]) == view
+    assert shown["group_state"] == "ok"
+
+
+def test_a_group_view_says_when_its_partition_is_being_rebuilt() -> None:
+    # Given Redis forgot the group's partition and no worker has rebuilt it yet
+    # When the group is shown
+    shown = group_view("g", None, "rebuilding")
+    # Then "healthy" comes with the warning that it may be out of date
+    assert (shown["state"], shown["group_state"]) == ("healthy", "rebuilding")

@@ -8,6 +8,10 @@ acknowledged, Redis writes not yet applied and 2xx outcomes not yet flushed. A r
 what the runner does on assignment: claim the partition, read the tails, complete cut-short
 changes, record the fence, reload.
 
+Redis forgetting is a crash after which the recorded outcomes are gone: only the changelog's
+group state, releases and letters come back, and records read again must be recognised by the
+groups' done marks.
+
 A stall is a crash whose worker lives on: another worker takes the partition over while the
 stalled one keeps its calls and writes in progress and may finish them later (it reads
 nothing new). Its Kafka copies land after the new owner's fence; every Redis write it tries
@@ -186,6 +190,14 @@ class World:
     def crash(self) -> None:
         self.crashes += 1
         self.start()
+
+    def redis_forgets(self) -> None:
+        """Redis loses what only it held and the worker takes the partition over again: the
+        group state, releases, letters and owner epoch come back from the changelog (here:
+        they stay in the stub), the recorded outcomes and counters do not
+        (state/durable_groups.py)."""
+        self.store.partitions[P].outcomes.clear()
+        self.crash()
 
     def stall(self) -> None:
         """The worker stalls and another takes over; the stalled one lives on (see above)."""

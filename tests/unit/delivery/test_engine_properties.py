@@ -10,7 +10,9 @@ flaky); work advances in bursts of interleaved steps (poll a tier, answer a call
 Kafka write, apply a Redis write, let time pass) so runs reach deep retry and DLQ states, with
 crashes between any two steps, and stalls: a worker loses the partition without noticing and
 later finishes its calls and writes in progress (its copies must be ignored, its Redis writes
-refused, and the invariant must hold all the same).
+refused, and the invariant must hold all the same); and Redis forgetting: the partition is
+rebuilt from the changelog without any recorded outcome, and the groups' done marks must
+recognise what was finished.
 """
 
 from __future__ import annotations
@@ -156,6 +158,11 @@ class Delivery(RuleBasedStateMachine):
     def crash_and_restart(self, roll: int) -> None:
         if roll == 0:
             self.world.crash()
+
+    @rule(roll=st.integers(0, 3))
+    def redis_forgets_and_the_partition_is_rebuilt(self, roll: int) -> None:
+        if roll == 0:
+            self.world.redis_forgets()
 
     @rule(roll=st.integers(0, 3))
     def stall_and_lose_the_partition(self, roll: int) -> None:

@@ -26,19 +26,33 @@ def test_topic_owns_its_ingest_topic_and_main_log_with_its_partitions() -> None:
 
 
 @pytest.mark.parametrize("tiers", [0, 1, 3, 9])
-def test_subscription_owns_its_tiers_and_dlq_with_the_topic_partitions(tiers: int) -> None:
+def test_subscription_owns_its_tiers_dlq_and_changelog_with_the_topic_partitions(
+    tiers: int,
+) -> None:
     sub = Subscription("p", "s", "orders", Endpoint("https://h"), retry=RetryPolicy((5,) * tiers))
     specs = subscription_specs(sub, Topic("p", "orders", partitions=7), 1, 10)
     assert [s.name for s in specs] == [f"setu.p.s.rq.{n}" for n in range(1, tiers + 1)] + [
-        "setu.p.s.dlq"
+        "setu.p.s.dlq",
+        "setu.p.s.state",
     ]
     assert {s.partitions for s in specs} == {7}
 
 
-def test_deleting_a_subscription_covers_every_possible_tier() -> None:
+@pytest.mark.parametrize(("replicas", "min_isr"), [(1, "1"), (3, "2")])
+def test_the_changelog_is_compacted_and_keeps_acknowledged_writes_on_two_replicas(
+    replicas: int, min_isr: str
+) -> None:
+    sub = Subscription("p", "s", "orders", Endpoint("https://h"))
+    config = subscription_specs(sub, Topic("p", "orders"), replicas, 10)[-1].config
+    assert config["cleanup.policy"] == "compact"
+    assert "retention.ms" not in config  # compaction alone decides what goes
+    assert config["min.insync.replicas"] == min_isr
+
+
+def test_deleting_a_subscription_covers_every_possible_tier_and_its_changelog() -> None:
     owned = owned_by_subscription("p", "s")
     assert owned[0] == "setu.p.s.rq.1"
-    assert owned[-2:] == ["setu.p.s.rq.9", "setu.p.s.dlq"]
+    assert owned[-3:] == ["setu.p.s.rq.9", "setu.p.s.dlq", "setu.p.s.state"]
 
 
 @pytest.mark.parametrize(("replicas", "min_isr"), [(1, "1"), (2, "1"), (3, "2"), (5, "2")])

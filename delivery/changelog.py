@@ -1,0 +1,41 @@
+"""The group-state changelog of one subscription on Kafka, as a delivery worker uses it
+(:mod:`state.changelog`): written with the worker's producer, read with its reader, and made
+on first use when a subscription created before changelogs existed lacks it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from delivery.kafka_io import AsyncProducer, KafkaReader
+from setu import names
+from setu.model import Subscription
+from state.changelog import Entry, KafkaChangelog, entry_of
+from state.kafka_admin import KafkaTopics
+
+
+def subscription_changelog(
+    sub: Subscription, producer: AsyncProducer, reader: KafkaReader, topics: KafkaTopics
+) -> KafkaChangelog:
+    async def read(topic: str, partition: int, start: int) -> tuple[list[Entry], int]:
+        begin = TopicPartition(topic, partition, start if start > 0 else OFFSET_BEGINNING)
+        tails = await asyncio.to_thread(reader.tails, [begin])
+        entries = []
+        for msg in tails.get((topic, partition), []):
+            offset = msg.offset()
+            headers = msg.headers() or []
+            pairs = headers.items() if isinstance(headers, dict) else headers
+            entry = entry_of(msg.key(), msg.value(), pairs, offset or 0)
+            if entry is not None:
+                entries.append(entry)
+        return entries, tails.ends[(topic, partition)]
+
+    async def ensure() -> None:
+        main = names.main_topic(sub.project, sub.topic)
+        partitions = await asyncio.to_thread(topics.partition_count, main)
+        if partitions is None:
+            raise RuntimeError(f"the main log {main} of {sub.project}/{sub.name} is missing")
+        await asyncio.to_thread(topics.ensure_changelog, sub.project, sub.name, partitions)
+
+    return KafkaChangelog(names.state_topic(sub.project, sub.name), producer.send, read, ensure)

@@ -1,0 +1,325 @@
+"""The group-state changelog: what delivery keeps in Redis, written first to a compacted Kafka
+topic so that a Redis that forgets costs nothing (docs/design.md §4, "Redis may forget";
+docs/decisions/0007-group-state-changelog.md).
+
+One topic per subscription, ``setu.{project}.{subscription}.state``, with the partition count
+of its Setu topic: partition i holds what the owner of partition index i needs. Records are
+keyed so that compaction keeps the latest of each:
+
+- ``g:{group}``: a failed group's whole :class:`GroupState` (JSON); a tombstone when it heals.
+- ``owner``: the latest owner epoch of the partition and its fences (:mod:`setu.ordering.fencing`).
+- ``r:{group}``: an operator asked for the group's dead letters again; a tombstone once taken up.
+- ``l:{offset}``: a single dead letter ``pending`` delivery again, or ``redelivered``; a
+  tombstone once retention removed it.
+- ``seek``: the seek generation last applied.
+
+Every record carries its writer's owner epoch in the ``setu-epoch`` header. A record written
+under an older epoch than an ``owner`` record before it comes from a worker that had lost the
+partition (its Redis write was refused): replay ignores it.
+
+Not in the changelog, and what losing them from Redis costs: recorded 2xx outcomes (a record
+read again is delivered again, same ``webhook-id``; records of failed groups are recognised by
+the groups' done marks instead), the lifetime counters of ``GET …/status`` (they start again),
+the unhealthy index's times (rebuilt from each group's first failure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import orjson
+
+from setu.ordering.state import GroupState, StateWrite
+
+OWNER = b"owner"
+SEEK = b"seek"
+H_EPOCH = "setu-epoch"
+PENDING = "pending"
+REDELIVERED = "redelivered"
+
+
+def group_key(group: str) -> bytes:
+    return b"g:" + group.encode()
+
+
+def release_key(group: str) -> bytes:
+    return b"r:" + group.encode()
+
+
+def letter_key(offset: int) -> bytes:
+    return b"l:%d" % offset
+
+
+@dataclass(frozen=True, slots=True)
+class ChangelogRecord:
+    """One record to write: ``value`` None is a tombstone."""
+
+    key: bytes
+    value: bytes | None
+    # The writer's owner epoch; None for an operator's request written by the API, which
+    # owns nothing and is never stale.
+    epoch: int | None
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [] if self.epoch is None else [(H_EPOCH, str(self.epoch).encode())]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One record read back, at ``offset``; ``epoch`` None when it carries none."""
+
+    key: bytes
+    value: bytes | None
+    epoch: int | None
+    offset: int
+
+
+class ChangelogIO(Protocol):
+    """Where one subscription's changelog lives (Kafka; a list in unit tests)."""
+
+    async def append(self, partition: int, records: Sequence[ChangelogRecord]) -> None:
+        """Writes ``records`` in order to ``partition``; returns once all are acknowledged
+        by every in-sync replica, else raises."""
+
+    async def read(self, partition: int, start: int) -> tuple[list[Entry], int]:
+        """Every record of ``partition`` from ``start`` (0: its beginning) to its end as it
+        was when reading began, and that end."""
+
+
+def encode_state(state: GroupState) -> bytes:
+    return orjson.dumps(
+        {
+            "v": state.version,
+            "counts": state.counts,
+            "head": state.head,
+            "released": state.released,
+            "dlq_from": state.dlq_from,
+            "failed_at": state.failed_at_ms,
+            "lap": state.lap,
+            "attempts": state.attempts,
+            "status": state.last_status,
+            "reason": state.reason,
+            "due": state.due_at_ms,
+            "done": state.done,
+        }
+    )
+
+
+def decode_state(value: bytes) -> GroupState:
+    raw = orjson.loads(value)
+    return GroupState(
+        counts=tuple(raw["counts"]),
+        head=raw["head"],
+        released=raw["released"],
+        dlq_from=raw["dlq_from"],
+        failed_at_ms=raw["failed_at"],
+        version=raw["v"],
+        lap=raw["lap"],
+        attempts=raw["attempts"],
+        last_status=raw["status"],
+        reason=raw["reason"],
+        due_at_ms=raw["due"],
+        done=tuple(raw["done"]),
+    )
+
+
+def group_record(group: str, state: GroupState | None, epoch: int) -> ChangelogRecord:
+    return ChangelogRecord(group_key(group), None if state is None else encode_state(state), epoch)
+
+
+def owner_record(epoch: int, fences: Mapping[int, Mapping[int, int]]) -> ChangelogRecord:
+    value = {
+        "epoch": epoch,
+        "fences": {str(e): {str(t): o for t, o in f.items()} for e, f in fences.items()},
+    }
+    return ChangelogRecord(OWNER, orjson.dumps(value), epoch)
+
+
+def release_record(group: str, requested: bool, epoch: int | None) -> ChangelogRecord:
+    return ChangelogRecord(release_key(group), b"1" if requested else None, epoch)
+
+
+def letter_record(offset: int, status: str | None, epoch: int | None) -> ChangelogRecord:
+    return ChangelogRecord(letter_key(offset), None if status is None else status.encode(), epoch)
+
+
+def seek_record(generation: int, epoch: int) -> ChangelogRecord:
+    return ChangelogRecord(SEEK, str(generation).encode(), epoch)
+
+
+def records_of(write: StateWrite, epoch: int) -> list[ChangelogRecord]:
+    """What one state write changes in the changelog (all of it on the write's partition)."""
+    out = []
+    if write.touches_group and write.group is not None:
+        out.append(group_record(write.group, write.state, epoch))
+    again = set(write.redelivered)
+    out += [letter_record(offset, REDELIVERED, epoch) for offset in sorted(again)]
+    out += [letter_record(o, None, epoch) for o in sorted(set(write.releases_done) - again)]
+    if write.release_request_done and write.group is not None:
+        out.append(release_record(write.group, False, epoch))
+    return out
+
+
+@dataclass(slots=True)
+class PartitionReplay:
+    """What one partition's changelog says, built by feeding its records in log order."""
+
+    states: dict[str, GroupState] = field(default_factory=dict)
+    epoch: int = 0  # the latest owner epoch recorded
+    fences: dict[int, dict[int, int]] = field(default_factory=dict)
+    release_requests: set[str] = field(default_factory=set)
+    pending: set[int] = field(default_factory=set)
+    redelivered: set[int] = field(default_factory=set)
+    seek_generation: int = 0
+    started: bool = False  # an owner record was seen: the changelog is in use
+    end: int = 0  # the offset after the last record fed
+    # Keys whose latest record came from a worker that had lost the partition.
+    stale: set[bytes] = field(default_factory=set)
+
+    def feed_all(self, entries: Iterable[Entry], end: int) -> None:
+        for entry in entries:
+            self.feed(entry)
+        self.end = max(self.end, end)
+
+    def feed(self, entry: Entry) -> None:
+        self.end = max(self.end, entry.offset + 1)
+        key, value = entry.key, entry.value
+        if key == OWNER:
+            if value is not None:
+                owner = orjson.loads(value)
+                if owner["epoch"] >= self.epoch:
+                    self.epoch = int(owner["epoch"])
+                    self.fences = {
+                        int(e): {int(t): int(o) for t, o in f.items()}
+                        for e, f in owner["fences"].items()
+                    }
+                self.started = True
+            return
+        if entry.epoch is not None and entry.epoch < self.epoch:
+            self.stale.add(key)
+            return
+        self.stale.discard(key)
+        if key.startswith(b"g:"):
+            self._group(key[2:].decode(), value)
+        elif key.startswith(b"r:"):
+            group = key[2:].decode()
+            if value is None:
+                self.release_requests.discard(group)
+            else:
+                self.release_requests.add(group)
+        elif key.startswith(b"l:"):
+            self._letter(int(key[2:]), value)
+        elif key == SEEK and value is not None:
+            self.seek_generation = max(self.seek_generation, int(value))
+
+    def _group(self, group: str, value: bytes | None) -> None:
+        if value is None:
+            self.states.pop(group, None)
+        else:
+            self.states[group] = decode_state(value)
+
+    def _letter(self, offset: int, value: bytes | None) -> None:
+        self.pending.discard(offset)
+        self.redelivered.discard(offset)
+        if value == PENDING.encode():
+            self.pending.add(offset)
+        elif value == REDELIVERED.encode():
+            self.redelivered.add(offset)
+
+    def record_for(self, key: bytes, epoch: int) -> ChangelogRecord:
+        """The record that says again, under ``epoch``, what the replay holds for ``key``
+        (a key whose latest record a stale worker wrote: compaction may drop the record
+        before it, so the value that counts is written once more)."""
+        if key.startswith(b"g:"):
+            return group_record(key[2:].decode(), self.states.get(key[2:].decode()), epoch)
+        if key.startswith(b"r:"):
+            group = key[2:].decode()
+            return release_record(group, group in self.release_requests, epoch)
+        if key.startswith(b"l:"):
+            offset = int(key[2:])
+            status = (
+                PENDING
+                if offset in self.pending
+                else REDELIVERED
+                if offset in self.redelivered
+                else None
+            )
+            return letter_record(offset, status, epoch)
+        return seek_record(self.seek_generation, epoch)
+
+
+def seed_records(
+    states: Mapping[str, GroupState],
+    release_requests: Iterable[str],
+    pending: Iterable[int],
+    redelivered: Iterable[int],
+    seek_generation: int,
+    epoch: int,
+) -> list[ChangelogRecord]:
+    """A partition's state as Redis holds it, as changelog records: written once, when a
+    partition that was delivered before the changelog existed is first taken over."""
+    out = [group_record(g, s, epoch) for g, s in sorted(states.items())]
+    out += [release_record(g, True, epoch) for g in sorted(release_requests)]
+    out += [letter_record(o, PENDING, epoch) for o in sorted(pending)]
+    out += [letter_record(o, REDELIVERED, epoch) for o in sorted(set(redelivered) - set(pending))]
+    if seek_generation:
+        out.append(seek_record(seek_generation, epoch))
+    return out
+
+
+Send = Callable[
+    [str, int, Sequence[tuple[bytes, bytes | None, list[tuple[str, bytes]]]]], Awaitable[object]
+]
+Read = Callable[[str, int, int], Awaitable[tuple[list[Entry], int]]]
+
+
+class KafkaChangelog:
+    """:class:`ChangelogIO` on one Kafka topic: ``send`` writes records (key, value, headers)
+    to a partition and returns once all are acknowledged (acks=all); ``read`` returns a
+    partition's records from an offset to its end. ``ensure``, when given, is awaited once
+    before the first use (it makes a missing topic)."""
+
+    def __init__(
+        self,
+        topic: str,
+        send: Send,
+        read: Read | None = None,
+        ensure: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        self.topic = topic
+        self._send = send
+        self._read = read
+        self._ensure = ensure
+
+    async def _ready(self) -> None:
+        if self._ensure is not None:
+            await self._ensure()
+            self._ensure = None
+
+    async def append(self, partition: int, records: Sequence[ChangelogRecord]) -> None:
+        await self._ready()
+        await self._send(self.topic, partition, [(r.key, r.value, r.headers()) for r in records])
+
+    async def read(self, partition: int, start: int) -> tuple[list[Entry], int]:
+        if self._read is None:
+            raise RuntimeError("this changelog is written only")
+        await self._ready()
+        return await self._read(self.topic, partition, start)
+
+
+def entry_of(
+    key: bytes | None,
+    value: bytes | None,
+    headers: Iterable[tuple[str, bytes | str | None]],
+    offset: int,
+) -> Entry | None:
+    """A record read from Kafka as an :class:`Entry`; None for one without a key."""
+    if key is None:
+        return None
+    epoch = None
+    for name, raw in headers:
+        if name == H_EPOCH and raw is not None:
+            epoch = int(raw)
+    return Entry(key, value, epoch, offset)

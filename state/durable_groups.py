@@ -1,0 +1,222 @@
+"""The group-state store that survives Redis forgetting: :class:`state.groups.RedisGroupStore`
+behind a changelog in Kafka (:mod:`state.changelog`, docs/decisions/0007-group-state-changelog.md).
+
+- Every change goes to the changelog first, acknowledged by every in-sync replica, then to
+  Redis. So the changelog is never behind what any worker acted on.
+- Every takeover (:meth:`DurableGroupStore.claim`) replays the partition's changelog and makes
+  Redis hold exactly that, under a new owner epoch above any recorded one. A Redis that came
+  back empty, older, or as a replica without its last writes is thereby repaired.
+- While a worker owns a partition, Redis counts its writes since the claim; a write or the
+  periodic check (:meth:`DurableGroupStore.verify`) that finds fewer, or an older epoch, raises
+  :class:`StateLost`, and the runner takes its partitions over again, which rebuilds them.
+- A partition whose changelog holds no owner record yet (a subscription delivered before the
+  changelog existed) is seeded from what Redis holds, once.
+
+Recorded 2xx outcomes stay in Redis only: losing them repeats deliveries (same ``webhook-id``),
+never reorders one; records of failed groups are recognised by their groups' done marks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from setu.ordering.fencing import KEEP_FENCES
+from setu.ordering.groups import Standing
+from setu.ordering.state import (
+    GroupState,
+    PartitionSnapshot,
+    ReleaseRequests,
+    StateLost,
+    StateWrite,
+)
+from state.changelog import (
+    PENDING,
+    ChangelogIO,
+    ChangelogRecord,
+    PartitionReplay,
+    letter_record,
+    owner_record,
+    records_of,
+    release_record,
+    seed_records,
+    seek_record,
+)
+from state.groups import RedisGroupStore, UnhealthyPage
+
+
+class DurableGroupStore:
+    """:class:`state.groups.GroupStore` with a changelog; one instance per subscription and
+    worker (it remembers, per partition it owns, its epoch and its writes since the claim)."""
+
+    def __init__(self, redis: RedisGroupStore, log: ChangelogIO) -> None:
+        self.redis = redis
+        self._log = log
+        self._epochs: dict[int, int] = {}
+        self._writes: dict[int, int] = {}
+        self._fences: dict[int, dict[int, dict[int, int]]] = {}
+        # Rebuilds that found Redis without the partition's latest state (metrics).
+        self.rebuilt_after_loss = 0
+
+    # Ownership
+
+    async def claim(self, partition: int) -> int:
+        replay = PartitionReplay()
+        entries, end = await self._log.read(partition, 0)
+        replay.feed_all(entries, end)
+        held_epoch = await self.redis.owner_epoch(partition)
+        epoch = max(held_epoch, replay.epoch) + 1
+        records: list[ChangelogRecord] = []
+        fences = replay.fences
+        if not replay.started:
+            snapshot = await self.redis.load(partition)
+            redelivered = await self.redis.redelivered(partition)
+            records += seed_records(
+                snapshot.states,
+                snapshot.release_requests,
+                snapshot.pending_releases,
+                redelivered,
+                snapshot.seek_generation,
+                epoch,
+            )
+            fences = snapshot.fences
+        elif held_epoch < replay.epoch or partition not in await self.redis.loaded():
+            self.rebuilt_after_loss += 1
+        records += [replay.record_for(key, epoch) for key in sorted(replay.stale)]
+        records.append(owner_record(epoch, fences))
+        await self._log.append(partition, records)
+        # Whatever the previous owner wrote before this claim counts too.
+        entries, end = await self._log.read(partition, replay.end)
+        replay.feed_all(entries, end)
+        await self.redis.restore(
+            partition,
+            epoch,
+            replay.states,
+            replay.release_requests,
+            replay.pending,
+            replay.redelivered,
+            replay.seek_generation,
+            replay.fences,
+        )
+        self._epochs[partition] = epoch
+        self._writes[partition] = 0
+        self._fences[partition] = {e: dict(f) for e, f in replay.fences.items()}
+        return epoch
+
+    async def record_fences(
+        self, partition: int, epoch: int, ends: Mapping[int, int], keep: int = KEEP_FENCES
+    ) -> None:
+        fences = self._fences.setdefault(partition, {})
+        fences[epoch] = dict(ends)
+        for old in sorted(fences)[: max(0, len(fences) - keep)]:
+            del fences[old]
+        await self._log.append(partition, [owner_record(epoch, fences)])
+        await self.redis.record_fences(partition, epoch, ends, keep)
+
+    async def verify(self, partition: int) -> None:
+        """Raises :class:`StateLost` when Redis no longer holds what this owner wrote."""
+        epoch = self._epochs.get(partition)
+        if epoch is None:
+            return
+        held_epoch, held_writes = await self.redis.writes_since_claim(partition)
+        if held_epoch < epoch or (held_epoch == epoch and held_writes < self._writes[partition]):
+            raise StateLost(
+                [partition],
+                f"partition {partition}: Redis holds epoch {held_epoch} and {held_writes} "
+                f"writes, this owner made epoch {epoch} and {self._writes[partition]}",
+            )
+
+    # Writes
+
+    async def apply(self, write: StateWrite, epoch: int | None = None) -> None:
+        await self.apply_batch({}, [write], None if epoch is None else {write.partition: epoch})
+
+    async def record_delivered(self, partition: int, outcomes: Sequence[tuple[int, int]]) -> None:
+        await self.apply_batch({partition: outcomes}, [])
+
+    async def apply_batch(
+        self,
+        delivered: Mapping[int, Sequence[tuple[int, int]]],
+        writes: Sequence[StateWrite],
+        epochs: Mapping[int, int] | None = None,
+    ) -> None:
+        by_partition: dict[int, list[ChangelogRecord]] = {}
+        for write in writes:
+            epoch = (epochs or {}).get(write.partition, self._epochs.get(write.partition, 0))
+            records = records_of(write, epoch)
+            if records:
+                by_partition.setdefault(write.partition, []).extend(records)
+        for partition, records in sorted(by_partition.items()):
+            await self._log.append(partition, records)
+        seen = {p: self._writes[p] for p in (epochs or {}) if p in self._writes}
+        await self.redis.apply_batch(delivered, writes, epochs, seen)
+        for partition in seen:
+            self._writes[partition] += 1
+
+    async def mark_seek_applied(self, partition: int, generation: int) -> None:
+        epoch = self._epochs.get(partition, 0)
+        await self._log.append(partition, [seek_record(generation, epoch)])
+        await self.redis.mark_seek_applied(partition, generation)
+
+    async def request_release(
+        self, partition: int, groups: Iterable[str], offsets: Iterable[int]
+    ) -> None:
+        group_list, offset_list = sorted(set(groups)), sorted(set(offsets))
+        records = [release_record(g, True, None) for g in group_list]
+        records += [letter_record(o, PENDING, None) for o in offset_list]
+        if records:
+            await self._log.append(partition, records)
+        await self.redis.request_release(partition, group_list, offset_list)
+
+    async def trim_dead_letters(self, partition: int, log_start: int) -> None:
+        if log_start > 0:
+            done = await self.redis.redelivered(partition)
+            snapshot = await self.redis.poll_releases(partition)
+            gone = sorted(o for o in done | snapshot.letters if o < log_start)
+            if gone:
+                epoch = self._epochs.get(partition, 0)
+                await self._log.append(partition, [letter_record(o, None, epoch) for o in gone])
+        await self.redis.trim_dead_letters(partition, log_start)
+
+    # Reads and housekeeping that need no changelog
+
+    async def load(self, partition: int) -> PartitionSnapshot:
+        return await self.redis.load(partition)
+
+    async def fences(self, partition: int) -> dict[int, dict[int, int]]:
+        return await self.redis.fences(partition)
+
+    async def trim(self, partition: int, committed: Mapping[int, int]) -> None:
+        await self.redis.trim(partition, committed)
+
+    async def clear_outcomes(self, partition: int, tier: int) -> None:
+        await self.redis.clear_outcomes(partition, tier)
+
+    async def poll_releases(self, partition: int) -> ReleaseRequests:
+        await self.verify(partition)
+        return await self.redis.poll_releases(partition)
+
+    async def group(self, group_id: str) -> GroupState | None:
+        return await self.redis.group(group_id)
+
+    async def states_of(self, group_ids: Iterable[str]) -> dict[str, GroupState]:
+        return await self.redis.states_of(group_ids)
+
+    async def failed_count(self) -> int:
+        return await self.redis.failed_count()
+
+    async def failed_groups(self) -> list[str]:
+        return await self.redis.failed_groups()
+
+    async def unhealthy(
+        self, standing: Standing | None, limit: int, after: tuple[int, str] | None
+    ) -> UnhealthyPage:
+        return await self.redis.unhealthy(standing, limit, after)
+
+    async def clear(self) -> int:
+        return await self.redis.clear()
+
+    async def counters(self) -> dict[str, int]:
+        return await self.redis.counters()
+
+    async def redelivered(self, partition: int) -> set[int]:
+        return await self.redis.redelivered(partition)
