@@ -86,6 +86,11 @@ class StateWriter:
                 try:
                     await self._store.apply_batch(delivered, [t.write for _, t in writes], epochs)
                 except Exception as exc:
+                    # What gathered meanwhile fails with it: its waiters would otherwise wait
+                    # for a batch that never starts (the owner gives up on this error).
+                    writes += self._writes
+                    waiters += self._waiters
+                    self._writes, self._waiters, self._delivered = [], [], {}
                     for owner, _ in writes:
                         owner.writing -= 1
                     for waiter in waiters:

@@ -53,6 +53,7 @@ def test_status_and_group_state_follow_delivery(
         "tier": "dlq",
         "parked": 3,
         "head_message_id": g1[0],
+        "group_state": "ok",
     }
     wait_for("g2 retrying", lambda: api.get(path(world, "groups/g2")).json()["parked"] == 2)
     assert api.get(path(world, "groups/g2")).json() == {
@@ -61,6 +62,7 @@ def test_status_and_group_state_follow_delivery(
         "tier": "rq.1",
         "parked": 2,
         "head_message_id": g2[0],
+        "group_state": "ok",
     }
     assert api.get(path(world, "groups/g3")).json()["state"] == "healthy"
 
@@ -73,6 +75,7 @@ def test_status_and_group_state_follow_delivery(
     status = api.get(path(world, "status")).json()
     assert status == {
         "state": "running",
+        "group_state": "ok",
         "paused_reason": None,
         "breaker": status["breaker"],
         "lag": 2,
@@ -228,6 +231,7 @@ def test_an_unsidelined_group_failing_again_retries_through_the_tiers_and_parks_
                 "tier": "rq.1",
                 "parked": 2,
                 "head_message_id": a[0],
+                "group_state": "ok",
             }
         ),
     )

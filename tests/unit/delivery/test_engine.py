@@ -747,3 +747,56 @@ def test_a_changed_filter_applies_from_the_next_message_on() -> None:
     # Then the message read before the change is still delivered, the later one is not
     assert world.first["g1"] == ["g1-1", "g1-3"]
     assert world.effects.filtered_ids == ["g1-2"]
+
+
+def test_records_read_again_after_redis_forgot_their_outcomes_are_not_moved_twice() -> None:
+    # Given g1 failed: its head moved up to rq.2 and two followers parked behind it in rq.1,
+    # all recorded, nothing committed
+    world = World(subscription(delays=(100, 300)))
+    ids = [world.publish("g1") for _ in range(3)]
+    poll_all(world)
+    answer_all(world, {"g1": 500})
+    world.tick(200)
+    poll_all(world)
+    answer_all(world, {"g1": 500})
+    state = world.store.groups["g1"][1]
+    assert (state.counts[1], state.counts[2]) == (0, 3)
+    # When Redis forgets every recorded outcome and the partition is rebuilt
+    world.redis_forgets()
+    # Then the state is what the changelog held, and reading everything again moves nothing
+    assert world.store.groups["g1"][1].counts == state.counts
+    copies = {t: len(world.logs[t]) for t in world.tiers}
+    poll_all(world)
+    settle(world)
+    assert {t: len(world.logs[t]) for t in world.tiers} == copies
+    # And once the endpoint heals, g1 is delivered in order and healthy again
+    world.drain()
+    assert world.first["g1"] == ids
+    assert "g1" not in world.store.groups
+
+
+def test_a_group_that_healed_before_redis_forgot_is_not_held_by_its_old_copies() -> None:
+    # Given g2 failed twice and healed each time, its copies still above the commits
+    world = World(subscription(policy=DeadLetterPolicy.SKIP))
+    first = world.publish("g2")
+    poll_all(world)
+    answer_all(world, {"g2": 500})
+    world.tick(200)
+    poll_all(world)
+    answer_all(world, {})
+    second = world.publish("g2")
+    poll_all(world)
+    answer_all(world, {"g2": 500})
+    world.tick(200)
+    poll_all(world)
+    answer_all(world, {})
+    assert world.first["g2"] == [first, second]
+    assert "g2" not in world.store.groups
+    # When Redis forgets the outcomes and the partition is rebuilt
+    world.redis_forgets()
+    # Then at most the newest copy is taken for a change to complete, and a new message of
+    # g2 is delivered: nothing waits forever behind copies that were finished
+    third = world.publish("g2")
+    world.drain()
+    assert world.first["g2"] == [first, second, third]
+    assert "g2" not in world.store.groups

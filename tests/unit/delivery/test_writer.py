@@ -108,3 +108,35 @@ async def test_a_write_of_a_partition_given_up_is_applied_but_not_reported() -> 
     await writer.flush()
     assert a.applied == []
     assert (await store.load(0)).outcomes == {(0, 1)}
+
+
+async def test_a_flush_asked_for_while_a_failing_batch_is_in_flight_fails_too() -> None:
+    # Given a store that fails the batch it holds back
+    class FailingStore(RecordingStore):
+        async def apply_batch(
+            self,
+            delivered: Mapping[int, Sequence[tuple[int, int]]],
+            writes: Sequence[StateWrite],
+            epochs: Mapping[int, int] | None = None,
+        ) -> None:
+            await self.gate.wait()
+            raise RuntimeError("Redis lost its writes")
+
+    store = FailingStore()
+    errors: list[BaseException] = []
+    writer = StateWriter(store, errors.append)
+    a = owner()
+    store.gate.clear()
+    writer.write(a, Transition(StateWrite(0, "g1")))
+    await asyncio.sleep(0)
+    # When a flush and another write are asked for while that batch is in flight
+    writer.write(a, Transition(StateWrite(0, "g2")))
+    flushing = asyncio.ensure_future(writer.flush())
+    await asyncio.sleep(0)
+    store.gate.set()
+    # Then the flush fails with the batch instead of waiting forever, nothing is left
+    # counted as being written, and the owner hears of the error
+    with pytest.raises(RuntimeError, match="lost"):
+        await asyncio.wait_for(flushing, 5)
+    assert a.writing == 0
+    assert len(errors) == 1

@@ -6,8 +6,16 @@ import pytest
 
 from setu.ordering import groups
 from setu.ordering.groups import Kind, Route
-from setu.ordering.state import EMPTY_COUNTS, GroupState
+from setu.ordering.state import EMPTY_COUNTS, NOTHING_DONE, GroupState
 from setu.ordering.tiers import DLQ, MAIN, next_tier, parse_tier_name, tier_name
+
+
+def marks(**by_tier: int) -> tuple[int, ...]:
+    """Done marks from t0=.., t1=.., dlq=.. (-1 elsewhere)."""
+    done = list(NOTHING_DONE)
+    for name, offset in by_tier.items():
+        done[DLQ if name == "dlq" else int(name[1:])] = offset
+    return tuple(done)
 
 
 def state(
@@ -43,6 +51,12 @@ def state(
         (state(None, released=True, dlq=2, dlq_from=11), DLQ, "a", 10, Route.SKIP),  # done
         (None, DLQ, "a", 10, Route.SKIP),
         (state("a", t1=1), DLQ, "a", 10, Route.SKIP),
+        # At or below the group's done mark in its tier: finished already (read again after
+        # Redis forgot its outcome).
+        (replace(state("a", t1=1), done=marks(t0=4)), MAIN, "m", 4, Route.SKIP),
+        (replace(state("a", t1=1), done=marks(t0=4)), MAIN, "m", 5, Route.PARK),
+        (replace(state(None, t1=2), done=marks(t1=7)), 1, "b", 7, Route.SKIP),
+        (replace(state(None, t1=2), done=marks(t1=7)), 1, "b", 8, Route.DELIVER),
     ],
 )
 def test_route(st: GroupState | None, tier: int, message: str, offset: int, route: Route) -> None:
@@ -211,3 +225,40 @@ def test_next_tier(tier: int, tiers: int, expected: int) -> None:
 def test_tier_names_round_trip(tier: int, name: str) -> None:
     assert tier_name(tier) == name
     assert parse_tier_name(name) == tier
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "finished", "landed", "done"),
+    [
+        # A healthy group's main message failed (offset 5) and its copy landed at rq.1:12:
+        # the message is finished in main, and nothing of the group below 12 waits in rq.1.
+        (None, state("m", t1=1), [(MAIN, 5)], {1: 12}, marks(t0=5, t1=11)),
+        # Parked into a tier that already holds the group: only the source is marked.
+        (state("a", t1=1), state("a", t1=2), [(MAIN, 9)], {1: 20}, marks(t0=9)),
+        # The head delivered from rq.2 at 3.
+        (state("a", t2=2), state(None, t2=1), [(2, 3)], None, marks(t2=3)),
+        # Marks never go back.
+        (
+            replace(state("a", t1=1), done=marks(t0=9)),
+            replace(state("a", t1=2), done=marks(t0=9)),
+            [(MAIN, 4)],
+            None,
+            marks(t0=9),
+        ),
+    ],
+)
+def test_done_marks_follow_what_a_change_finished(
+    before: GroupState | None,
+    after: GroupState,
+    finished: list[tuple[int, int]],
+    landed: dict[int, int] | None,
+    done: tuple[int, ...],
+) -> None:
+    marked = groups.marked(before, after, finished, landed)
+    assert marked is not None
+    assert marked.done == done
+    assert replace(marked, done=after.done) == after
+
+
+def test_a_healed_group_has_no_marks_to_keep() -> None:
+    assert groups.marked(state("a", t1=1), None, [(1, 3)]) is None
