@@ -133,6 +133,7 @@ async def open_services(
             # One patience for every Kafka request the API makes.
             timeout_s=settings.produce_timeout_ms / 1000,
             client_config=kafka,
+            dead_letter_retention_hours=settings.dead_letter_retention_hours,
         ),
         kafka_reader=KafkaReader(bootstrap, kafka),
         producer=producer,

@@ -1,6 +1,7 @@
 """The group-state changelog of one subscription on Kafka, as a delivery worker uses it
-(:mod:`state.changelog`): written with the worker's producer, read with its reader, and made
-on first use when a subscription created before changelogs existed lacks it."""
+(:mod:`state.changelog`): written with the worker's producer, read with its reader. Before its
+first use, a subscription created by an older version is brought up to date: its changelog
+is made if it lacks one, and its DLQ takes the dead-letter retention set now."""
 
 from __future__ import annotations
 
@@ -37,5 +38,6 @@ def subscription_changelog(
         if partitions is None:
             raise RuntimeError(f"the main log {main} of {sub.project}/{sub.name} is missing")
         await asyncio.to_thread(topics.ensure_changelog, sub.project, sub.name, partitions)
+        await asyncio.to_thread(topics.adopt_dead_letter_retention, sub.project, sub.name)
 
     return KafkaChangelog(names.state_topic(sub.project, sub.name), producer.send, read, ensure)

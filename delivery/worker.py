@@ -175,6 +175,7 @@ async def serve(
         replication_factor=settings.kafka_replication_factor,
         max_message_bytes=settings.max_message_bytes,
         client_config=kafka,
+        dead_letter_retention_hours=settings.dead_letter_retention_hours,
     )
     config = RunnerConfig(
         bootstrap=settings.kafka_bootstrap,

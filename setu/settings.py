@@ -77,6 +77,10 @@ class Settings(BaseSettings):
 
     # Kafka
     kafka_replication_factor: int = 1
+    # How long a subscription's DLQ keeps dead letters, parked ones included; unset: for
+    # ever (docs/design.md §4: nothing parked expires unseen). Retry tiers keep their
+    # topic's retention_hours.
+    dead_letter_retention_hours: int | None = Field(default=None, ge=1)
     kafka_version: str = "4.1.1"
     # How every Kafka client connects (docs/security.md §8): SASL credentials and TLS, the same
     # for librdkafka and for Spark's Kafka source and sink.

@@ -80,14 +80,38 @@ def topic_specs(topic: Topic, replication_factor: int, max_message_bytes: int) -
     ]
 
 
+def dead_letter_config(
+    retention_hours: int | None, replication_factor: int, max_message_bytes: int
+) -> dict[str, str]:
+    """Kafka topic config of a DLQ: ``retention_hours`` None keeps dead letters for ever."""
+    config = topic_config(1, replication_factor, max_message_bytes)
+    config["retention.ms"] = "-1" if retention_hours is None else str(retention_hours * 3_600_000)
+    return config
+
+
 def subscription_specs(
-    sub: Subscription, topic: Topic, replication_factor: int, max_message_bytes: int
+    sub: Subscription,
+    topic: Topic,
+    replication_factor: int,
+    max_message_bytes: int,
+    dead_letter_retention_hours: int | None = None,
 ) -> list[TopicSpec]:
-    """The retry tiers, DLQ and group-state changelog of ``sub``, shaped like its topic."""
+    """The retry tiers, DLQ and group-state changelog of ``sub``, shaped like its topic. The
+    tiers keep the topic's retention, the DLQ ``dead_letter_retention_hours`` (None: for
+    ever), so a parked message is never deleted with the messages that were delivered."""
     config = topic_config(topic.retention_hours, replication_factor, max_message_bytes)
+    dlq = names.dlq_topic(sub.project, sub.name)
     return [
         *(
-            TopicSpec(name, topic.partitions, config)
+            TopicSpec(
+                name,
+                topic.partitions,
+                config
+                if name != dlq
+                else dead_letter_config(
+                    dead_letter_retention_hours, replication_factor, max_message_bytes
+                ),
+            )
             for name in names.subscription_topics(sub.project, sub.name, sub.retry.tiers)
         ),
         changelog_spec(
@@ -163,10 +187,12 @@ class KafkaTopics:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         timeout_s: float = 15.0,
         client_config: Mapping[str, Any] | None = None,
+        dead_letter_retention_hours: int | None = None,
     ) -> None:
         self._admin = AdminClient({"bootstrap.servers": bootstrap, **(client_config or {})})
         self._replication = replication_factor
         self._max_message_bytes = max_message_bytes
+        self._dead_letter_retention_hours = dead_letter_retention_hours
         self._timeout_s = timeout_s
 
     def ensure_topic(self, topic: Topic) -> list[str]:
@@ -232,8 +258,30 @@ class KafkaTopics:
     def ensure_subscription(self, sub: Subscription, topic: Topic) -> list[str]:
         """Makes the subscription's retry and dead-letter topics; returns the names this call
         created."""
-        return self._ensure(
-            subscription_specs(sub, topic, self._replication, self._max_message_bytes)
+        specs = subscription_specs(
+            sub,
+            topic,
+            self._replication,
+            self._max_message_bytes,
+            self._dead_letter_retention_hours,
+        )
+        created = self._ensure(specs)
+        dlq = names.dlq_topic(sub.project, sub.name)
+        if dlq not in created:  # one made before: it takes the retention set now
+            self._configure(next(s for s in specs if s.name == dlq))
+        return created
+
+    def adopt_dead_letter_retention(self, project: str, subscription: str) -> None:
+        """Gives an existing DLQ the dead-letter retention set now (a subscription made
+        before it was set, or when the delete policy had taken the topic's retention)."""
+        self._configure(
+            TopicSpec(
+                names.dlq_topic(project, subscription),
+                0,
+                dead_letter_config(
+                    self._dead_letter_retention_hours, self._replication, self._max_message_bytes
+                ),
+            )
         )
 
     def ensure_changelog(self, project: str, subscription: str, partitions: int) -> list[str]:

@@ -63,3 +63,17 @@ def test_topic_config(replicas: int, min_isr: str) -> None:
     assert config["retention.ms"] == str(2 * 3_600_000)
     assert config["min.insync.replicas"] == min_isr
     assert config["max.message.bytes"] == str(2 * 1024 * 1024 + HEADER_ALLOWANCE_BYTES)
+
+
+@pytest.mark.parametrize(("hours", "retention_ms"), [(None, "-1"), (24 * 90, str(90 * 86_400_000))])
+def test_dead_letters_keep_their_own_retention_and_tiers_keep_the_topics(
+    hours: int | None, retention_ms: str
+) -> None:
+    # Given a topic that keeps messages 48 hours
+    sub = Subscription("p", "s", "orders", Endpoint("https://h"), retry=RetryPolicy((5, 6)))
+    topic = Topic("p", "orders", retention_hours=48)
+    specs = {s.name: s.config for s in subscription_specs(sub, topic, 1, 10, hours)}
+    # Then parked dead letters are not deleted with it: unless a dead-letter retention is
+    # set, they stay for ever; the retry tiers follow the topic
+    assert specs["setu.p.s.dlq"]["retention.ms"] == retention_ms
+    assert specs["setu.p.s.rq.1"]["retention.ms"] == str(48 * 3_600_000)
