@@ -128,6 +128,16 @@ class StatusOut(Out):
     oldest_undelivered_age_ms: int | None
     partitions: list[PartitionStatusOut]
     ingest: IngestOut
+    # Since the longest-parked (dead-lettered) group first failed; none of its letters is
+    # older. Null when no group is parked.
+    oldest_parked_age_ms: int | None
+    # Until the DLQ's retention may delete that group's first letter
+    # (SETU_DEAD_LETTER_RETENTION_HOURS); null when parked letters are kept for ever.
+    parked_expire_in_ms: int | None
+    # The same for the longest-retrying group, whose messages wait in the retry tiers (kept
+    # for the topic's retention_hours).
+    oldest_retrying_age_ms: int | None
+    retrying_expire_in_ms: int | None
 
 
 class GroupOut(Out):
@@ -254,16 +264,20 @@ async def _kafka(call: Any, *args: Any) -> Any:
 @allow(Permission.READ)
 async def status(request: Request, project: str, subscription: str) -> Response:
     sub, partitions = await _subscription(request, project, subscription)
+    topic_retention = (
+        await blocking(_store(request).get_topic, project, sub.topic)
+    ).retention_hours
     topics = dict.fromkeys(topics_by_tier(sub), partitions)
     group = names.consumer_group(project, subscription)
     retry_topics = {topic_of(sub, t) for t in range(1, sub.retry.tiers + 1)}
     waiting = {topic_of(sub, MAIN), *retry_topics}  # dead letters are counted apart
     backlog: list[Backlog] = await _kafka(_reader(request).backlog, group, topics, waiting)
     by_partition = partition_status(backlog, waiting, partitions)
-    oldest = [p["oldest_undelivered_ms"] for p in by_partition if p["oldest_undelivered_ms"]]
+    waited = [p["oldest_undelivered_ms"] for p in by_partition if p["oldest_undelivered_ms"]]
     groups = RedisGroupStore(_redis(request), project, subscription)
     try:
         held = await held_state(groups, partitions)
+        oldest = await groups.oldest_unhealthy()
         failed = await groups.failed_count()
         counters = await groups.counters()
         fresh = await RedisWorkers(_redis(request)).fresh(project, subscription, now_ms())
@@ -289,11 +303,27 @@ async def status(request: Request, project: str, subscription: str) -> Response:
             "retry_backlog": sum(b.lag for b in backlog if b.topic in retry_topics),
             "dead_lettered": counters["dead_lettered"],
             "delivered_total": counters["delivered_total"],
-            "oldest_undelivered_age_ms": max(0, now_ms() - min(oldest)) if oldest else None,
+            "oldest_undelivered_age_ms": max(0, now_ms() - min(waited)) if waited else None,
             "partitions": by_partition,
             "ingest": ingest,
+            **expiry(
+                "parked",
+                oldest.get(Standing.DEAD_LETTERED),
+                services(request).settings.dead_letter_retention_hours,
+            ),
+            **expiry("retrying", oldest.get(Standing.RETRYING), topic_retention),
         },
     )
+
+
+def expiry(standing: str, since_ms: int | None, retention_hours: int | None) -> dict[str, Any]:
+    """How old the longest-unhealthy group of a standing is, and how long until retention
+    may delete its first message (None: no such group, or kept for ever)."""
+    if since_ms is None:
+        return {f"oldest_{standing}_age_ms": None, f"{standing}_expire_in_ms": None}
+    now = now_ms()
+    left = None if retention_hours is None else since_ms + retention_hours * 3_600_000 - now
+    return {f"oldest_{standing}_age_ms": max(0, now - since_ms), f"{standing}_expire_in_ms": left}
 
 
 _BREAKER_RANK = {"closed": 0, "half_open": 1, "open": 2}

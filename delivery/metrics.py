@@ -41,14 +41,17 @@ Gauges, read from the live runners at scrape time (nothing on the hot path):
 ``setu_delivery_breaker_state{state}`` (1 for the breaker's state on this worker: ``closed``,
 ``open`` or ``half_open``), ``setu_delivery_oldest_held_age_seconds`` (the oldest
 message a group holds unfinished, since it was produced), ``setu_delivery_failed_groups{state}``
-(``retrying`` or ``dead_lettered``) of the partitions this worker owns.
+(``retrying`` or ``dead_lettered``) of the partitions this worker owns,
+``setu_delivery_oldest_failed_group_age_seconds{state}`` and
+``setu_delivery_failed_messages_retention_seconds{state}`` (the subscription's longest-unhealthy
+group against the retention of the topics holding its messages: docs/design.md §4).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
@@ -82,6 +85,10 @@ class RunnerFigures:
     # Messages parked in the DLQ behind their failed groups (the DLQ's live depth).
     parked: int = 0
     breaker: str = "closed"
+    # Per standing (retrying, dead_lettered): when the subscription's longest-unhealthy group
+    # first failed (ms), and the retention of the topics holding its messages (None: for ever).
+    oldest_failed_ms: dict[str, int] = field(default_factory=dict)
+    retention_ms: dict[str, int | None] = field(default_factory=dict)
 
 
 class SubscriptionMetrics:
@@ -306,6 +313,18 @@ class _Live(Collector):
             "Failed groups on the partitions this worker owns, by state.",
             labels=[*labels, "state"],
         )
+        failed_age = GaugeMetricFamily(
+            "setu_delivery_oldest_failed_group_age_seconds",
+            "Since the subscription's longest-unhealthy group first failed, by state: none of "
+            "its messages in a retry tier or the DLQ is older.",
+            labels=[*labels, "state"],
+        )
+        retention = GaugeMetricFamily(
+            "setu_delivery_failed_messages_retention_seconds",
+            "How long the retry tiers (retrying) or the DLQ (dead_lettered) keep messages; "
+            "absent when for ever. An oldest failed group older than this has lost messages.",
+            labels=[*labels, "state"],
+        )
         breaker = GaugeMetricFamily(
             "setu_delivery_breaker_state",
             "1 for the circuit breaker's state on this worker (closed, open, half_open).",
@@ -322,11 +341,18 @@ class _Live(Collector):
             gauges["parked"].add_metric(key, f.parked)
             if f.oldest_held_ms is not None:
                 gauges["oldest"].add_metric(key, max(0.0, now - f.oldest_held_ms / 1000))
+            for standing, at in f.oldest_failed_ms.items():
+                failed_age.add_metric([*key, standing], max(0.0, now - at / 1000))
+            for standing, ms in f.retention_ms.items():
+                if ms is not None:
+                    retention.add_metric([*key, standing], ms / 1000)
             groups.add_metric([*key, "retrying"], f.retrying_groups)
             groups.add_metric([*key, "dead_lettered"], f.dead_lettered_groups)
         yield from gauges.values()
         yield groups
         yield breaker
+        yield failed_age
+        yield retention
 
 
 class _Events(Collector):

@@ -169,6 +169,9 @@ class RunnerParts:
     budget: DeliveryBudget | None = None
     # Where operational events go (delivery/events.py); None: nowhere.
     events: EventSink | None = None
+    # A Kafka topic's retention in ms (None: for ever), for the expiry of failed groups'
+    # messages; None: not known (not reported).
+    retention: Callable[[str], Awaitable[int | None]] | None = None
 
 
 class _Port:
@@ -328,6 +331,11 @@ class SubscriptionRunner:
         self._pause = parts.pause
         self.budget = parts.budget
         self.events = parts.events
+        self._retention = parts.retention
+        # Per standing: when the longest-unhealthy group first failed, and how long the
+        # topics holding such groups' messages keep them (docs/design.md §4).
+        self.oldest_failed: dict[Standing, int] = {}
+        self.retention_ms: dict[Standing, int | None] | None = None
         self._pausing = False  # a policy pause is on its way to the store
         self.breaker = CircuitBreaker(
             sub.policies.circuit_breaker,
@@ -984,6 +992,8 @@ class SubscriptionRunner:
             retrying_groups=len(states) - dead,
             dead_lettered_groups=dead,
             parked=sum(s.counts[DLQ] for s in states),
+            oldest_failed_ms={k.value: at for k, at in self.oldest_failed.items()},
+            retention_ms={k.value: ms for k, ms in (self.retention_ms or {}).items()},
             oldest_held_ms=min(
                 (at for e in engines if (at := e.oldest_held_ms()) is not None), default=None
             ),
@@ -991,6 +1001,13 @@ class SubscriptionRunner:
         )
 
     async def _report(self) -> None:
+        self.oldest_failed = await self.store.oldest_unhealthy()
+        if self.retention_ms is None and self._retention is not None:
+            tier = self.topics[1] if self.sub.retry.tiers else self.topics[MAIN]
+            self.retention_ms = {
+                Standing.RETRYING: await self._retention(tier),
+                Standing.DEAD_LETTERED: await self._retention(self.topics[DLQ]),
+            }
         figures = {
             "in_flight": sum(p.engine.in_flight for p in self.ports.values()),
             "retry_backlog": sum(p.engine.retry_backlog() for p in self.ports.values()),

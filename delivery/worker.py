@@ -143,7 +143,12 @@ def runner_parts(
         pause=partial(_pause, source, sub.project, sub.name),
         budget=budget,
         events=events,
+        retention=partial(_in_thread, topics.retention_ms),
     )
+
+
+async def _in_thread(call: Callable[[str], int | None], topic: str) -> int | None:
+    return await asyncio.to_thread(call, topic)
 
 
 async def _pause(source: SubscriptionSource, project: str, name: str, reason: str) -> None:

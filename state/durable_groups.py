@@ -212,6 +212,9 @@ class DurableGroupStore:
     ) -> UnhealthyPage:
         return await self.redis.unhealthy(standing, limit, after)
 
+    async def oldest_unhealthy(self) -> dict[Standing, int]:
+        return await self.redis.oldest_unhealthy()
+
     async def clear(self) -> int:
         return await self.redis.clear()
 

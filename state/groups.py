@@ -184,6 +184,10 @@ class GroupStore(Protocol):
         first, after the cursor ``(since_ms, group_id)``; costs O(limit), not O(groups)."""
         ...
 
+    async def oldest_unhealthy(self) -> dict[Standing, int]:
+        """Per standing, when its longest-unhealthy group first failed (ms)."""
+        ...
+
     async def clear(self) -> int:
         """Forgets everything of the subscription (it is being deleted); returns how many
         records (Redis keys) there were."""
@@ -695,6 +699,16 @@ class RedisGroupStore:
         # A group that healed between the two reads is left out; the cursor still moves on.
         found = [UnhealthyGroup(g, since, states[g]) for since, g in entries if g in states]
         return UnhealthyPage(found, entries[-1] if more and entries else None)
+
+    async def oldest_unhealthy(self) -> dict[Standing, int]:
+        """Per standing, when its longest-unhealthy group first failed (ms); standings with
+        no group are left out. Every message of such a group in a retry tier or the DLQ was
+        written after then, so retention deletes none of them before then + retention."""
+        pipe = self._redis.pipeline(transaction=False)
+        for kind in Standing:
+            pipe.zrange(keys.unhealthy(self._project, self._sub, kind.value), 0, 0, withscores=True)
+        found = await pipe.execute()
+        return {kind: int(rows[0][1]) for kind, rows in zip(Standing, found, strict=True) if rows}
 
     async def _index_page(
         self, kind: Standing, want: int, after: tuple[int, str] | None

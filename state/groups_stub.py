@@ -173,6 +173,13 @@ class StubGroupStore:
         found = [UnhealthyGroup(g, since, self.groups[g][1]) for since, g in page]
         return UnhealthyPage(found, page[-1] if len(entries) > limit else None)
 
+    async def oldest_unhealthy(self) -> dict[Standing, int]:
+        out: dict[Standing, int] = {}
+        for group, since in self.since.items():
+            kind = standing_of(self.groups[group][1])[0]
+            out[kind] = min(out.get(kind, since), since)
+        return out
+
     async def clear(self) -> int:
         removed = len(self.groups) + len(self.partitions) + (1 if any(self.totals.values()) else 0)
         self.groups.clear()

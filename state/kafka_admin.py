@@ -295,6 +295,18 @@ class KafkaTopics:
             ]
         )
 
+    def retention_ms(self, kafka_topic: str) -> int | None:
+        """The topic's ``retention.ms`` as the broker has it; None: kept for ever."""
+        resource = ConfigResource(ConfigResource.Type.TOPIC, kafka_topic)
+        future = self._admin.describe_configs([resource])[resource]
+        try:
+            configs = future.result(timeout=self._timeout_s)
+        except KafkaException as exc:
+            raise DependencyUnavailable(f"Kafka: {exc}") from exc
+        entry = configs.get("retention.ms")
+        value = int(entry.value) if entry is not None and entry.value is not None else -1
+        return None if value < 0 else value
+
     def remove(self, kafka_topics: Sequence[str]) -> None:
         """Deletes ``kafka_topics`` (those a failed create made), waiting until they are gone."""
         if kafka_topics:

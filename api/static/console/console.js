@@ -55,6 +55,11 @@ function when(ms) {
   return ms ? new Date(ms).toISOString().replace("T", " ").replace("Z", " UTC") : "-";
 }
 
+function expiring(ageMs, leftMs) {
+  if (ageMs === null) return "-";
+  return leftMs === null ? `${age(ageMs)} (kept)` : `${age(ageMs)}, expires in ${age(Math.max(0, leftMs))}`;
+}
+
 function age(ms) {
   if (ms === null || ms === undefined) return "-";
   const s = ms / 1000;
@@ -208,13 +213,18 @@ async function subscription(p, s) {
       : `${breaker.state.replace("_", "-")} since ${when(breaker.since_ms)} (${breaker.last_error || "-"})`;
     statusBox.replaceChildren(
       status.paused_reason ? h("p", { class: "bad" }, `Paused by a policy: ${status.paused_reason}`) : "",
+      status.group_state === "rebuilding"
+        ? h("p", { class: "bad" }, "Group state is being rebuilt after Redis lost it: failed groups and parked messages may show too few until it is done.")
+        : "",
       h("div", { class: "cards" },
       card("state", status.state), card("endpoint breaker", breakerText, breaker.state === "closed" ? "good" : "bad"),
       card("lag", status.lag),
       card("oldest undelivered", age(status.oldest_undelivered_age_ms)),
       card("delivery rate", rates[0]), card("dead-letter rate", rates[1], "bad"),
       card("failed groups", status.failed_groups, status.failed_groups ? "bad" : "good"),
-      card("retry backlog", status.retry_backlog), card("in flight", status.in_flight)),
+      card("retry backlog", status.retry_backlog), card("in flight", status.in_flight),
+      card("oldest parked", expiring(status.oldest_parked_age_ms, status.parked_expire_in_ms), status.oldest_parked_age_ms === null ? "good" : "bad"),
+      card("oldest retrying", expiring(status.oldest_retrying_age_ms, status.retrying_expire_in_ms))),
       table([["partition", (x) => x.partition], ["lag", (x) => x.lag],
         ["oldest undelivered", (x) => when(x.oldest_undelivered_ms)]], status.partitions));
     groupsBox.replaceChildren(table([

@@ -87,7 +87,16 @@ def test_status_and_group_state_follow_delivery(
         "oldest_undelivered_age_ms": status["oldest_undelivered_age_ms"],
         "partitions": status["partitions"],
         "ingest": status["ingest"],  # no ingest job runs here (see test_health_docs)
+        "oldest_parked_age_ms": status["oldest_parked_age_ms"],
+        "parked_expire_in_ms": None,  # dead letters are kept for ever by default
+        "oldest_retrying_age_ms": status["oldest_retrying_age_ms"],
+        "retrying_expire_in_ms": status["retrying_expire_in_ms"],
     }
+    # And the parked and retrying groups' ages show against the retry tiers' retention
+    for standing in ("parked", "retrying"):
+        assert 0 <= status[f"oldest_{standing}_age_ms"] < 120_000
+    week = 168 * 3_600_000
+    assert week - 120_000 < status["retrying_expire_in_ms"] <= week
     # One 503 among the calls is no outage (the worker may not have reported yet)
     assert status["breaker"]["state"] == "closed"
     assert status["breaker"]["last_error"] in (None, "HTTP 503")
