@@ -59,6 +59,7 @@ from setu.errors import (
     SetuError,
 )
 from setu.stream import frames
+from state.producer_marks import MarksUnavailable
 from state.stream_sessions import StreamKey, StreamSessions
 
 log = logging.getLogger(__name__)
@@ -481,6 +482,8 @@ class Session:
             stream.start_at(await sessions.resume_point(key, stream.incarnation))
         except (RedisError, OSError) as exc:
             raise Refused("dependency_unavailable", f"Redis: {exc}") from None
+        except MarksUnavailable as exc:
+            raise Refused("dependency_unavailable", str(exc)) from None
         self._send(frames.NotifyAck(True, frame.stream_id, stream.tracker.point))
 
     def _message(self, frame: frames.Message) -> Coroutine[Any, Any, None] | None:

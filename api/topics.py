@@ -23,7 +23,7 @@ from setu.errors import DependencyUnavailable
 from setu.headers import PRODUCER_ID, check_id
 from setu.model import Topic
 from setu.names import validate_name
-from state.producer_marks import read_last_sequence
+from state.producer_marks import MarksUnavailable, read_last_sequence
 
 router = APIRouter(
     dependencies=[Depends(authorize)],
@@ -113,4 +113,6 @@ async def get_producer_mark(
         last = await read_last_sequence(s.redis, project, topic, producer_id, found.created_at_ms)
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
+    except MarksUnavailable as exc:
+        raise DependencyUnavailable(str(exc)) from None
     return reply(ProducerMarkOut, {"producer_id": producer_id, "last_sequence_id": last})

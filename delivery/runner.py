@@ -85,6 +85,17 @@ SHARED_BREAKER_TTL_MS = 5_000
 DEAD_LETTERED = frozenset({Kind.HEAD, Kind.SKIP, Kind.DEAD})
 
 
+async def cancel_all(tasks: Sequence[asyncio.Task[Any]], every_s: float = 0.5) -> None:
+    """Cancels ``tasks`` and waits until all ended, cancelling again those that are not: a
+    library call may swallow a cancellation (Python 3.11's ``asyncio.wait_for`` can), and a
+    housekeeping loop that went back to sleep would hold the runner's stop for its interval."""
+    while pending := [t for t in tasks if not t.done()]:
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=every_s)
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def breaker_report(view: BreakerView) -> dict[str, Any]:
     """The breaker as a worker reports it (the API's status sums the workers' reports)."""
     return {
@@ -417,9 +428,7 @@ class SubscriptionRunner:
                 error = consumer.done.exception()
                 self.fail(error or RuntimeError("the consumer stopped"))
         finally:
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await cancel_all(background)
             await consumer.close()
             await self.dispatcher.close()
             if self.attempts is not None:
@@ -906,7 +915,7 @@ class SubscriptionRunner:
     # Periodic work
 
     async def _every(self, interval_ms: int, work: Any) -> None:
-        while True:
+        while not self._stopped.is_set():
             await asyncio.sleep(interval_ms / 1000)
             try:
                 result = work()

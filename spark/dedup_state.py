@@ -89,6 +89,23 @@ class PartitionMarks:
         with fs.open_input_stream(path) as stream:
             return Loaded(below[-1], stream.read().decode())
 
+    def all_below(self, batch: int) -> list[str]:
+        """The newest marks stored below ``batch`` of every partition of every ingest topic
+        (encoded): everything committed batches decided, for publishing again when Redis
+        forgot the producer marks (spark/marks.py)."""
+        fs, root = self._open()
+        found = []
+        for topic in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+            if topic.type != pafs.FileType.Directory:
+                continue
+            selector = pafs.FileSelector(topic.path, allow_not_found=True)
+            for partition in fs.get_file_info(selector):
+                if partition.type == pafs.FileType.Directory and partition.base_name.isdigit():
+                    loaded = self.load(topic.base_name, int(partition.base_name), batch)
+                    if loaded.text is not None:
+                        found.append(loaded.text)
+        return found
+
     def save(self, topic: str, partition: int, batch: int, text: str) -> None:
         """Stores ``text`` as the partition's version ``batch`` and forgets versions older
         than the ``KEEP_OLDER`` below it."""

@@ -83,8 +83,16 @@ from setu.names import (
     parse_main_topic,
 )
 from setu.settings import Settings, is_local_master
+from spark.dedup import decode_marks
 from spark.dedup_state import PartitionMarks
-from spark.marks import HighsParam, MarkPublisher, ProducerHighs, by_topic
+from spark.marks import (
+    HighsParam,
+    MarkPublisher,
+    ProducerHighs,
+    TopicMarks,
+    by_topic,
+    merge_highs,
+)
 from spark.metrics import (
     CountsParam,
     IngestMetrics,
@@ -321,6 +329,16 @@ class Dedup:
             rows = rows.coalesce(self.tasks)
         return rows.mapInPandas(function, schema=dedup_schema(rows))
 
+    def everything(self, batch_id: int, retired: frozenset[str]) -> TopicMarks:
+        """Every producer's mark as the batches before ``batch_id`` left them (the checkpoint
+        holds them), but those of ``retired`` ingest topics: what Redis must hold."""
+        highs: ProducerHighs = {}
+        for text in self.marks.all_below(batch_id):
+            for (topic, producer), mark in decode_marks(text).items():
+                if topic not in retired and mark.high >= 0:
+                    merge_highs(highs, {(topic, producer): (mark.incarnation, mark.high)})
+        return by_topic(highs.items())
+
     def reset(self) -> None:
         """Empties the accumulators before a batch is computed (again)."""
         self.highs.value = {}
@@ -452,7 +470,9 @@ class BatchWriter:
         highs = [
             (owner, mark) for owner, mark in dedup.highs.value.items() if owner[0] not in retired
         ]
-        self._publisher.publish(by_topic(highs))
+        self._publisher.publish(
+            by_topic(highs), lambda: dedup.everything(batch_id, frozenset(retired))
+        )
         self._metrics.batch_written(
             dedup.counts.value, time.monotonic() - started, dedup.waits.value
         )

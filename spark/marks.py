@@ -12,6 +12,7 @@ import redis
 from pyspark.accumulators import AccumulatorParam
 
 from setu.names import parse_ingest_topic
+from state import keys
 from state.producer_marks import Mark, ProducerMarks
 
 log = logging.getLogger(__name__)
@@ -68,16 +69,31 @@ class MarkPublisher:
         patience_s: float = 300.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        self._client = client
         self._marks = ProducerMarks(client)
         self._patience_s = patience_s
         self._sleep = sleep
 
-    def publish(self, marks: Mapping[str, Mapping[str, Mark]]) -> None:
+    def publish(
+        self,
+        marks: Mapping[str, Mapping[str, Mark]],
+        everything: Callable[[], Mapping[str, Mapping[str, Mark]]] | None = None,
+    ) -> None:
         """Raise every mark; raises redis errors once Redis stayed away for ``patience_s``
-        (the batch then fails and is replayed)."""
+        (the batch then fails and is replayed). When Redis lacks the marker that it holds
+        every mark (it forgot them, or this is the first batch), ``everything`` the job knows
+        is published first and the marker set (``keys.producer_marks_loaded``)."""
         waited, pause = 0.0, 0.2
         while True:
             try:
+                if everything is not None and not self._client.exists(keys.producer_marks_loaded()):
+                    every = everything()
+                    self._publish(every)
+                    self._client.set(keys.producer_marks_loaded(), "1")
+                    log.warning(
+                        "published the marks of %d producers again (Redis had none)",
+                        sum(len(m) for m in every.values()),
+                    )
                 self._publish(marks)
                 return
             except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:

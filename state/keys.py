@@ -146,6 +146,14 @@ def producer_marks(project: str, topic: str) -> str:
     return f"{PREFIX}:producers:{{{project}.{topic}}}"
 
 
+def producer_marks_loaded() -> str:
+    """String present while Redis holds every producer mark the ingest job has: set by the job
+    once it published them all (at its first batch, and again whenever it finds this key
+    gone). Without it, ``GET …/producers/{id}`` and streaming NOTIFY answer 503 rather than a
+    point that Redis may have forgotten (docs/design.md §4)."""
+    return f"{PREFIX}:producers:loaded"
+
+
 def worker_heartbeat(worker_id: str) -> str:
     """String with a TTL: present while the delivery worker is alive (for `--check` probes)."""
     return f"{PREFIX}:heartbeat:{worker_id}"

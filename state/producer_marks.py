@@ -78,12 +78,29 @@ class ProducerMarks:
             self._raise(keys=[keys.producer_marks(project, topic)], args=args)
 
 
+class MarksUnavailable(Exception):
+    """Raised when Redis does not hold the producer marks in full (it forgot them, and the
+    ingest job has not published them again yet): no point may be answered from it."""
+
+
 async def read_last_sequence(
     client: Redis[bytes], project: str, topic: str, producer: str, topic_incarnation: int
 ) -> int:
-    """What ``GET …/producers/{id}`` answers (see :func:`last_sequence`)."""
-    raw = await client.hget(keys.producer_marks(project, topic), producer)
+    """What ``GET …/producers/{id}`` answers (see :func:`last_sequence`); raises
+    :class:`MarksUnavailable` while the marks are not loaded."""
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.hget(keys.producer_marks(project, topic), producer)
+        pipe.exists(keys.producer_marks_loaded())
+        raw, loaded = await pipe.execute()
+    if not loaded:
+        raise MarksUnavailable(MARKS_UNAVAILABLE)
     return last_sequence(raw, topic_incarnation)
+
+
+MARKS_UNAVAILABLE = (
+    "producer marks are not loaded: Redis lost them and the ingest job has not published "
+    "them again yet (it does at its next batch); try again shortly"
+)
 
 
 def parse_mark(raw: bytes | str) -> tuple[int, int]:

@@ -25,7 +25,12 @@ from collections.abc import Mapping, Sequence
 from redis.asyncio import Redis
 
 from state import keys
-from state.producer_marks import RAISE_MARKS, last_sequence
+from state.producer_marks import (
+    MARKS_UNAVAILABLE,
+    RAISE_MARKS,
+    MarksUnavailable,
+    last_sequence,
+)
 
 StreamKey = tuple[str, str, str]
 """(project, topic, producer id)"""
@@ -114,7 +119,10 @@ class StreamSessions:
         async with self._client.pipeline(transaction=False) as pipe:
             pipe.hget(keys.producer_marks(project, topic), producer)
             pipe.hget(keys.stream_points(project, topic), producer)
-            mark, point = await pipe.execute()
+            pipe.exists(keys.producer_marks_loaded())
+            mark, point, loaded = await pipe.execute()
+        if not loaded:
+            raise MarksUnavailable(MARKS_UNAVAILABLE)
         return max(last_sequence(mark, incarnation), last_sequence(point, incarnation)) + 1
 
     async def record(

@@ -67,6 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="run ingest on a local Spark cluster of N workers, and kill them too",
     )
+    parser.add_argument(
+        "--faults",
+        default="",
+        help="faults besides kills, comma-separated: redis-flush, redis-rollback "
+        "(bench/crash/faults.py)",
+    )
+    parser.add_argument(
+        "--kill-receiver", action="store_true", help="kill the webhook receiver too"
+    )
     return parser
 
 
@@ -93,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         drain_timeout_s=600.0,
         spark_workers=args.spark_workers,
         outage_s=args.outage,
+        faults=tuple(f for f in args.faults.split(",") if f),
+        kill_receiver=args.kill_receiver,
     )
     if args.seed is not None:
         config = dataclasses.replace(config, seed=args.seed)

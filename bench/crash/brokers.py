@@ -24,6 +24,7 @@ class Brokers:
     kafka_bootstrap: str
     redis_url: str
     ready: dict[str, Callable[[], bool]]
+    redis_data: Path  # Redis's data folder (bench/crash/faults.py rolls it back)
 
 
 def prepare_brokers(workdir: Path, kafka_heap: str = "512m") -> Brokers:
@@ -73,4 +74,5 @@ def prepare_brokers(workdir: Path, kafka_heap: str = "512m") -> Brokers:
             "kafka": lambda: kafka_answers(kafka_node.bootstrap),
             "redis": lambda: redis_answers(redis_node.url),
         },
+        redis_data=redis_node.data_dir,
     )

@@ -16,7 +16,7 @@ import random
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -201,9 +201,14 @@ def _entries(folder: Path) -> frozenset[str]:
         return frozenset()
 
 
+Fault = Callable[[], Awaitable[None]]
+
+
 class Chaos:
-    """Kills a random eligible component every ``interval_s`` (random in the range) and
-    restarts it after ``restart_delay_s``; supervises every component throughout."""
+    """Every ``interval_s`` (random in the range), kills a random eligible component and
+    restarts it after ``restart_delay_s``, or injects one of the ``faults`` (a node losing its
+    memory, say: :mod:`bench.crash.faults`); supervises every component throughout. Kills and
+    faults are chosen alike, the least-used first."""
 
     def __init__(
         self,
@@ -212,12 +217,14 @@ class Chaos:
         rng: random.Random,
         interval_s: tuple[float, float] = (3.0, 6.0),
         restart_delay_s: tuple[float, float] = (0.0, 1.0),
+        faults: Mapping[str, Fault] | None = None,
     ) -> None:
         self.components = list(components)
         self.events = events
         self.rng = rng
         self.interval_s = interval_s
         self.restart_delay_s = restart_delay_s
+        self.faults = dict(faults or {})
         self._busy: set[str] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -239,9 +246,26 @@ class Chaos:
                 for c in self.components
                 if c.spec.chaos and c.alive and c.name not in self._busy
             ]
+            candidates += [
+                Candidate(name, 0.0, 0.0, self.events.count("fault", name)) for name in self.faults
+            ]
             victim = choose_victim(self.rng, candidates)
-            if victim is not None:
+            if victim in self.faults:
+                await self.inject(victim)
+            elif victim is not None:
                 await self.kill_and_restart(self._by_name(victim))
+
+    async def inject(self, name: str) -> None:
+        """Runs one fault; one that fails is recorded as such (and fails the run)."""
+        self._busy.add(name)
+        try:
+            await self.faults[name]()
+        except Exception as error:
+            self.events.record(name, "fault_failed", error=repr(error))
+            return
+        finally:
+            self._busy.discard(name)
+        self.events.record(name, "fault")
 
     async def kill_and_restart(self, component: Component) -> None:
         self._busy.add(component.name)

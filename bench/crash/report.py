@@ -38,6 +38,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines += [
         f"       {'raw duplicate calls (allowed, reported)':<48} {report['raw_duplicates']}",
         f"       {'kill/restart events':<48} {report.get('kill_restart_events', 0)}",
+        f"       {'fault events':<48} {report.get('fault_events', 0)} "
+        f"{report.get('faults_by_kind', {})}",
         f"       {'accepted / delivered / published':<48} "
         f"{report['accepted']} / {report['delivered']} / {report['published']}",
         f"       {'webhook calls':<48} {report['calls']} {report['calls_by_status']}",

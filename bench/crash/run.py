@@ -23,16 +23,19 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 
-from bench.crash.chaos import Chaos, Component, ComponentSpec, EventLog
+from bench.crash.brokers import Brokers
+from bench.crash.chaos import Chaos, Component, ComponentSpec, EventLog, Fault
 from bench.crash.checker import DeadLetter, calls_from_journal, check, published_from_journal
 from bench.crash.dead_letters import read_dead_letters
 from bench.crash.drain import drain
+from bench.crash.faults import RedisRollback, redis_flush
 from bench.crash.journal import read_entries
 from bench.crash.outage import outage_figures
 from bench.crash.plan import PlanShape, make_plan
@@ -84,6 +87,11 @@ class RunConfig:
     kill_producer: bool = True
     # Only these components are killed (None: every one); the producer still by kill_producer.
     chaos_only: tuple[str, ...] | None = None
+    # The webhook receiver is killed too (its journal survives: bench/crash/journal.py).
+    kill_receiver: bool = False
+    # Faults besides kills (bench/crash/faults.py): "redis-flush", and with own brokers
+    # "redis-rollback".
+    faults: tuple[str, ...] = ()
     failing_group_fraction: float = 0.1
     rejected_messages: int = 5
     flaky_group_fraction: float = 0.05
@@ -144,6 +152,7 @@ class CrashRun:
         self.timings: dict[str, float] = {}
         self.flaky_groups: list[str] = []
         self.outage: tuple[int, int] | None = None
+        self.brokers: Brokers | None = None
         self._started = time.monotonic()
 
     async def execute(self) -> dict[str, Any]:
@@ -188,6 +197,7 @@ class CrashRun:
             from bench.crash.brokers import prepare_brokers
 
             brokers = prepare_brokers(config.workdir)
+            self.brokers = brokers
             for spec in brokers.specs:
                 self._start(spec)
                 await self._await(brokers.ready[spec.name], spec.name, config.startup_timeout_s)
@@ -302,6 +312,7 @@ class CrashRun:
             rng,
             config.chaos_interval_s,
             config.restart_delay_s,
+            self._faults(layout),
         )
         stop_chaos, stop_supervisor = asyncio.Event(), asyncio.Event()
         supervisor = asyncio.create_task(chaos.supervise(stop_supervisor))
@@ -334,6 +345,23 @@ class CrashRun:
                 component.start()
                 self.events.record(component.name, "restart")
 
+    def _faults(self, layout: StackLayout) -> dict[str, Fault]:
+        faults: dict[str, Fault] = {}
+        for name in self.config.faults:
+            if name == "redis-flush":
+                faults[name] = partial(redis_flush, layout.redis_url)
+            elif name == "redis-rollback":
+                if self.brokers is None:
+                    raise ValueError("redis-rollback needs the run's own brokers")
+                faults[name] = RedisRollback(
+                    lambda: self.components["redis"],
+                    self.brokers.redis_data,
+                    self.brokers.ready["redis"],
+                )
+            else:
+                raise ValueError(f"unknown fault {name!r}")
+        return faults
+
     def _verdict(
         self, layout: StackLayout, drained: dict[str, Any], dead_letters: list[DeadLetter]
     ) -> dict[str, Any]:
@@ -357,6 +385,9 @@ class CrashRun:
         kills = self.events.count("kill")
         names = sorted({e["component"] for e in self.events.events})
         report["kill_restart_events"] = kills
+        report["fault_events"] = self.events.count("fault")
+        report["faults_by_kind"] = {f: self.events.count("fault", f) for f in self.config.faults}
+        failed_faults = self.events.count("fault_failed")
         report["chaos"] = {
             "kills_by_component": {n: self.events.count("kill", n) for n in names},
             # Exits other than a kill or a finished producer (each fails the run)
@@ -372,8 +403,10 @@ class CrashRun:
             extra.append("components_exited_on_their_own")
         if report["accepted"] == 0:
             extra.append("nothing_accepted")
-        if kills < self.config.min_kill_events:
+        if kills + report["fault_events"] < self.config.min_kill_events:
             extra.append("too_few_kill_events")
+        if failed_faults:
+            extra.append("faults_failed")
         if not drained["quiescent"]:
             extra.append("never_quiescent")
         report["violations"] = report["violations"] + extra
@@ -392,6 +425,8 @@ class CrashRun:
         return report
 
     def _start(self, spec: ComponentSpec) -> None:
+        if spec.name == "receiver" and self.config.kill_receiver:
+            spec = replace(spec, chaos=True, min_uptime_s=2.0)
         only = self.config.chaos_only
         if only is not None and spec.name != "producer" and spec.name not in only:
             spec = replace(spec, chaos=False)

@@ -2,7 +2,8 @@
 
 A producer publishes ~3,000 small records over 100 groups, three of its ten lanes over
 streaming produce, while a chaos loop kills and restarts the API, the Spark ingest job, the two
-delivery workers and the producer itself every few seconds. The webhook fails some groups with
+delivery workers, the webhook receiver and the producer itself every few seconds, and makes
+Redis forget everything now and then (``FLUSHALL``). The webhook fails some groups with
 503 for a while, rejects a few messages with 422, and for 12 s fails every call (an endpoint
 outage: the circuit breaker opens and closes).
 Then the dead-lettered groups are unsidelined and the checker proves nothing accepted was lost,
@@ -41,6 +42,9 @@ def test_nothing_accepted_is_lost_reordered_corrupted_or_duplicated_under_kills(
         min_kill_events=10,
         drain_timeout_s=240.0,
         outage_s=12.0,
+        # Redis forgets everything now and then, and the webhook receiver dies too
+        faults=("redis-flush",),
+        kill_receiver=True,
     )
     if os.environ.get("SETU_CRASH_SEED"):
         # Replays a failed run's choices (its seed is in the report).
@@ -55,8 +59,9 @@ def test_nothing_accepted_is_lost_reordered_corrupted_or_duplicated_under_kills(
     # And the run exercised what it claims: every kind of component died at least once, and
     # the webhook's failures sent some groups to the retry tiers and the dead-letter queue
     kills = report["chaos"]["kills_by_component"]
-    for kind in ("api", "ingest", "deliver", "producer"):
+    for kind in ("api", "ingest", "deliver", "producer", "receiver"):
         assert sum(n for name, n in kills.items() if name.startswith(kind)) >= 1, kind
+    assert report["faults_by_kind"]["redis-flush"] >= 1
     assert report["accepted"] >= 2_500
     # And three lanes streamed (docs/streaming.md) through the API's kills
     assert report["acked_via"]["stream"] >= 500

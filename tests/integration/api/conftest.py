@@ -7,7 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+import redis
 
+from state import keys
 from tests.integration.api.support import Api, drop_project, running_api, unique
 
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -35,3 +37,14 @@ async def project(api: Api) -> AsyncIterator[str]:
     assert created.status_code == 201
     yield name
     await drop_project(api.client, name)
+
+
+@pytest.fixture(autouse=True)
+def producer_marks_loaded(redis_url: str) -> None:
+    """What the ingest job keeps true while it runs (spark/marks.py): Redis holds every
+    producer mark. These tests run the API without the ingest job."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.set(keys.producer_marks_loaded(), "1")
+    finally:
+        client.close()

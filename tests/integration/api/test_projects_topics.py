@@ -231,6 +231,29 @@ async def test_producer_mark_reads_the_ingest_jobs_redis_hash(
     )
 
 
+async def test_a_producer_mark_redis_may_have_forgotten_is_a_503_not_a_minus_one(
+    api: Api, project: str, redis_url: str
+) -> None:
+    # Given a producer whose mark the ingest job published, then Redis forgot everything
+    await api.client.post(f"/v1/projects/{project}/topics", json={"name": "t", "partitions": 1})
+    url = f"/v1/projects/{project}/topics/t/producers/prod-1"
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        await redis.delete(keys.producer_marks_loaded())
+        # When the producer asks where to resume
+        answer = await api.client.get(url)
+        # Then it is told to try again, not to start from 0 (its new messages would be
+        # dropped as repeats of what the ingest job remembers)
+        assert_error(answer, 503, "dependency_unavailable")
+        assert "ingest job" in answer.json()["error"]["message"]
+        # And once the ingest job published the marks again, it gets an answer
+        await redis.set(keys.producer_marks_loaded(), "1")
+        assert (await api.client.get(url)).json()["last_sequence_id"] == -1
+    finally:
+        await redis.set(keys.producer_marks_loaded(), "1")
+        await redis.aclose()  # type: ignore[attr-defined]
+
+
 async def test_a_nul_character_is_a_400_and_creates_nothing(api: Api) -> None:
     name = unique()
     refused = await api.client.post("/v1/projects", json={"name": name, "description": "a\x00"})

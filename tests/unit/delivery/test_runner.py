@@ -142,3 +142,27 @@ async def test_a_pause_and_seek_of_a_given_up_partition_do_not_reach_its_next_as
     # skip the records before offset 3
     assert consumer.calls == []
     assert engine.unblocked_at == []
+
+
+async def test_stopping_ends_housekeeping_that_swallowed_its_cancellation() -> None:
+    # Given a housekeeping loop whose step swallows the cancellation meant to end it (as a
+    # library call may) and then goes back to a long sleep
+    from delivery.runner import cancel_all
+
+    swallowed = asyncio.Event()
+
+    async def housekeeping() -> None:
+        while True:
+            try:
+                await asyncio.sleep(300)
+            except asyncio.CancelledError:
+                if swallowed.is_set():
+                    raise
+                swallowed.set()
+
+    tasks = [asyncio.get_running_loop().create_task(housekeeping())]
+    await asyncio.sleep(0.05)
+    # When the runner stops its background tasks
+    await asyncio.wait_for(cancel_all(tasks, every_s=0.05), 5)
+    # Then they end anyway, soon, though one ignored the first cancellation
+    assert swallowed.is_set() and tasks[0].done()

@@ -72,3 +72,31 @@ def test_publishing_marks_gives_up_once_redis_stays_away() -> None:
     publisher = MarkPublisher(client, patience_s=1.0, sleep=lambda s: None)  # type: ignore[arg-type]
     with pytest.raises(redis.ConnectionError):
         publisher.publish({"setu.p.t.ingest": {"p1": (5, 7)}})
+
+
+class ForgetfulRedis(FlakyRedis):
+    """A client whose Redis may have forgotten every mark (no 'loaded' marker)."""
+
+    def __init__(self, loaded: bool) -> None:
+        super().__init__([])
+        self.keys: set[str] = {"setu:producers:loaded"} if loaded else set()
+
+    def exists(self, key: str) -> int:
+        return int(key in self.keys)
+
+    def set(self, key: str, value: str) -> None:
+        self.keys.add(key)
+
+
+@pytest.mark.parametrize("loaded", [True, False])
+def test_marks_redis_forgot_are_published_again_before_the_batchs(loaded: bool) -> None:
+    # Given Redis with or without every mark the job knows
+    client = ForgetfulRedis(loaded)
+    publisher = MarkPublisher(client)  # type: ignore[arg-type]
+    everything = {"setu.p.t.ingest": {"old": (5, 40)}}
+    # When a batch publishes its own marks
+    publisher.publish({"setu.p.t.ingest": {"p1": (5, 7)}}, lambda: everything)
+    # Then a Redis that forgot gets everything first, and is marked as holding it all
+    again = [(["setu:producers:{p.t}"], ["old", 5, 40])] if not loaded else []
+    assert client.calls == [*again, (["setu:producers:{p.t}"], ["p1", 5, 7])]
+    assert "setu:producers:loaded" in client.keys

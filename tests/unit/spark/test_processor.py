@@ -229,3 +229,16 @@ def test_an_older_stamp_is_judged_as_the_topics_current_incarnation(dedup: Dedup
 
 def test_marks_stored_before_incarnations_read_as_incarnation_0() -> None:
     assert decode_marks('[["t","p",7,[[0,5]]]]') == {("t", "p"): ProducerMark({0: 5}, 7, 0)}
+
+
+def test_every_partitions_newest_committed_marks_can_be_read_back(dedup: Dedup) -> None:
+    # Given marks of two topics' partitions, the newest of one from a batch not yet committed
+    store(dedup, 3, {("t", "p"): ProducerMark({0: 5}, 1000)}, partition=0)
+    store(dedup, 9, {("t", "p"): ProducerMark({0: 8}, 1000)}, partition=0)
+    store(dedup, 4, {("t", "q"): ProducerMark({1: 2}, 1000)}, partition=1)
+    dedup.marks.save("u", 0, 2, encode_marks({("u", "p"): ProducerMark({0: 0}, 1000)}))
+    # When everything committed below batch 9 is read (Redis forgot the producer marks)
+    found = [decode_marks(text) for text in dedup.marks.all_below(9)]
+    # Then each partition's newest version below 9 is there, nothing of batch 9
+    merged = {k: m for marks in found for k, m in marks.items()}
+    assert {k: m.high for k, m in merged.items()} == {("t", "p"): 5, ("t", "q"): 2, ("u", "p"): 0}
