@@ -10,6 +10,7 @@ How the modules fit (outside in):
   ``http``, copies via ``kafka_io.AsyncProducer``, state via ``state.groups``), commits what is
   safe, applies back-pressure, and drains on revocation.
 - ``takeover``: what happens when a partition index is assigned: claiming it (``fencing``),
+  which rebuilds Redis from the group-state changelog (``changelog``, ``state.durable_groups``),
   ``recovery`` of cut-short state changes, loading state, an operator's seek, revisiting
   released dead letters.
 - ``engine``: the synchronous decision core of one partition index, pure apart from its
@@ -79,4 +80,9 @@ Where the mechanism goes beyond docs/design.md §4's suggestion, and why:
    of its own: while its attempts have not outgrown the tier it waits where it is (in
    memory, its attempts and due time in the group's state), since moving it down would put
    it below newer messages of its group.
+10. *Redis as a view of a changelog* (docs/decisions/0007-group-state-changelog.md). Every
+   state change goes first to a compacted Kafka topic per subscription; each takeover rebuilds
+   Redis from it, and a worker that finds Redis behind what it wrote takes its partitions over
+   again. Failed groups carry done marks per tier, since recorded outcomes stay in Redis only:
+   a record read again after Redis forgot its outcome is recognised by its group's mark.
 """
