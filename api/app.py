@@ -49,6 +49,7 @@ from state import migrate
 from state.kafka_admin import KafkaTopics
 from state.metadata import MetadataStore
 from state.quota_buckets import RedisQuotaBuckets
+from state.redis_clients import async_redis
 from state.retired_topics import RedisRetiredList
 from state.sealing import required_sealer
 
@@ -109,7 +110,9 @@ async def open_services(
     )
     producer.start()
     metrics.watch_producer_queue(producer.__len__)
-    client: Redis[bytes] = Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+    client: Redis[bytes] = async_redis(
+        settings, redis_url, socket_timeout=5, socket_connect_timeout=5
+    )
 
     async def load_project_quota(project: str) -> ProduceQuota | None:
         found = await blocking(store.find_project, project)

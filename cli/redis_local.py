@@ -43,6 +43,8 @@ class RedisNode:
     host: str = LOOPBACK
     password: SecretStr | None = None
     tls: RedisTls | None = None
+    # (host, port) of the primary this node replicates, for a replica; None for a primary.
+    replica_of: tuple[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.password is not None and not _PLAIN.fullmatch(self.password.get_secret_value()):
@@ -81,6 +83,41 @@ def render_redis_conf(node: RedisNode) -> str:
     ]
     if node.password is not None:
         lines.append(f"requirepass {node.password.get_secret_value()}")
+        lines.append(f"masterauth {node.password.get_secret_value()}")
+    if node.replica_of is not None:
+        lines.append(f"replicaof {node.replica_of[0]} {node.replica_of[1]}")
+    return "".join(f"{line}\n" for line in lines)
+
+
+@dataclass(frozen=True)
+class SentinelNode:
+    """One Sentinel on loopback watching the primary ``master`` knows as ``name``: with
+    ``quorum`` Sentinels agreeing it is down for ``down_after_ms``, they promote a replica."""
+
+    port: int
+    home: Path
+    name: str
+    master: tuple[str, int]
+    quorum: int = 2
+    down_after_ms: int = 2_000
+    failover_timeout_ms: int = 10_000
+    host: str = LOOPBACK
+
+
+def render_sentinel_conf(node: SentinelNode) -> str:
+    """sentinel.conf (Sentinel rewrites it as it learns the group, so it lives in ``home``)."""
+    host, port = node.master
+    lines = [
+        f"bind {node.host}",
+        f"port {node.port}",
+        "daemonize no",
+        f'dir "{node.home}"',
+        'logfile ""',
+        f"sentinel monitor {node.name} {host} {port} {node.quorum}",
+        f"sentinel down-after-milliseconds {node.name} {node.down_after_ms}",
+        f"sentinel failover-timeout {node.name} {node.failover_timeout_ms}",
+        f"sentinel parallel-syncs {node.name} 1",
+    ]
     return "".join(f"{line}\n" for line in lines)
 
 

@@ -43,6 +43,7 @@ from state.delivery_budget import RedisDeliveryBudget
 from state.durable_groups import DurableGroupStore
 from state.groups import RedisGroupStore
 from state.kafka_admin import KafkaTopics
+from state.redis_clients import async_redis, sync_redis
 from state.workers import RedisWorkers
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def check(settings: Settings) -> str | None:
     (``setu deliver --check``)."""
     if not settings.redis_url:
         return "SETU_REDIS_URL is not set"
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+    client = sync_redis(settings, settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
     try:
         alive = workers.is_alive(client, worker_id(settings))
     except redis.RedisError as error:
@@ -168,7 +169,7 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
     name = worker_id(settings)
     instance = f"{name}:{os.getpid()}"
-    client: Redis[bytes] = Redis.from_url(settings.redis_url, socket_timeout=10)
+    client: Redis[bytes] = async_redis(settings, settings.redis_url, socket_timeout=10)
     limits = MessageLimits(settings.max_message_bytes)
     kafka = settings.kafka_client_config()
     producer = AsyncProducer(

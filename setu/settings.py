@@ -32,6 +32,12 @@ class Settings(BaseSettings):
     # Dependencies. Unset Kafka or Redis means `setu dev up` starts its own.
     kafka_bootstrap: str | None = None
     redis_url: str | None = None
+    # Redis behind Sentinel: "host:port,host:port,..." of the Sentinels, which name the
+    # primary of SETU_REDIS_SENTINEL_MASTER (found again after a failover); SETU_REDIS_URL
+    # then gives only the database, password and TLS of the connections to it.
+    redis_sentinels: str | None = None
+    redis_sentinel_master: str = "setu"
+    redis_sentinel_password: SecretStr | None = None
     database_url: str | None = None
 
     # API

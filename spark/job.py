@@ -52,7 +52,6 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlparse
 
-import redis
 from confluent_kafka.admin import AdminClient
 from opentelemetry.trace import SpanKind
 from pyspark.accumulators import Accumulator
@@ -117,6 +116,7 @@ from spark.rejects import routed_columns
 from spark.status import StatusReporter
 from spark.topics import MainTopicGuard
 from state.ingest_status import RedisIngestStatus
+from state.redis_clients import sync_redis
 from state.retired_topics import RetiredTopics
 
 log = logging.getLogger(__name__)
@@ -679,7 +679,7 @@ def run(settings: Settings) -> None:
         stopping.set()
 
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    client = redis.Redis.from_url(settings.redis_url)
+    client = sync_redis(settings, settings.redis_url)
     metrics, server, guard = IngestMetrics(), None, None
     reporter = StatusReporter(RedisIngestStatus(client), metrics.last_batch_at).start()
     spark = build_session(settings)

@@ -155,6 +155,16 @@ def test_every_kafka_security_setting_is_a_value_and_passwords_are_secrets() -> 
     assert values["config"]["SETU_KAFKA_SECURITY_PROTOCOL"] == Settings().kafka_security_protocol
 
 
+def test_redis_behind_sentinel_is_a_value_and_its_password_a_secret() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["config"]["SETU_REDIS_SENTINELS"] == ""  # one Redis unless set
+    assert values["config"]["SETU_REDIS_SENTINEL_MASTER"] == Settings().redis_sentinel_master
+    assert "SETU_REDIS_SENTINEL_PASSWORD" in values["secrets"]
+    assert "SETU_REDIS_SENTINEL_PASSWORD" not in values["config"]
+    # And parked dead letters are kept for ever unless the operator says otherwise
+    assert values["config"]["SETU_DEAD_LETTER_RETENTION_HOURS"] == ""
+
+
 def test_chart_metadata() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2"
