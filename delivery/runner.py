@@ -397,29 +397,30 @@ class SubscriptionRunner:
             breaker=self.breaker,
         )
         consumer.start(list(self.tiers))
+        background: list[asyncio.Task[None]] = []
+        # From here on the consumer is in its group: whatever happens, it leaves it below
+        # (a runner that left it behind would hold its partitions from its successor).
         try:
             # At once, not after the first interval: a stop asked for from now on waits for
-            # this worker's confirmation (api/subscriptions.py, stop).
-            await self._report()
-        except Exception as exc:  # reported again every interval
-            log.warning(
-                "subscription %s/%s: first report failed: %s", self.sub.project, self.sub.name, exc
-            )
-        if self.budget is not None:
-            await self._renew_slots()
-        background = [
-            loop.create_task(self._every(self.config.commit_interval_ms, self.commit)),
-            loop.create_task(self._every(self.config.release_poll_ms, self._poll_releases)),
-            loop.create_task(self._every(self.config.stats_interval_ms, self._report)),
-            loop.create_task(self._every(50, self._balance)),
-            loop.create_task(self._every(self.config.dead_letter_trim_ms, self._trim_dead_letters)),
-            loop.create_task(self._every(POLICY_CHECK_MS, self._check_policies)),
-        ]
-        if self.budget is not None:
-            background.append(loop.create_task(self._every(SLOT_RENEW_MS, self._renew_slots)))
-        if self.attempts is not None:
-            background.append(loop.create_task(self._every(FLUSH_MS, self.attempts.flush)))
-        try:
+            # this worker's confirmation (api/subscriptions.py, stop). Both are done again
+            # every interval, so Redis being away at the start (a failover) stops nothing.
+            await self._first(self._report, "report")
+            if self.budget is not None:
+                await self._first(self._renew_slots, "share of max_in_flight")
+            background = [
+                loop.create_task(self._every(self.config.commit_interval_ms, self.commit)),
+                loop.create_task(self._every(self.config.release_poll_ms, self._poll_releases)),
+                loop.create_task(self._every(self.config.stats_interval_ms, self._report)),
+                loop.create_task(self._every(50, self._balance)),
+                loop.create_task(
+                    self._every(self.config.dead_letter_trim_ms, self._trim_dead_letters)
+                ),
+                loop.create_task(self._every(POLICY_CHECK_MS, self._check_policies)),
+            ]
+            if self.budget is not None:
+                background.append(loop.create_task(self._every(SLOT_RENEW_MS, self._renew_slots)))
+            if self.attempts is not None:
+                background.append(loop.create_task(self._every(FLUSH_MS, self.attempts.flush)))
             stopped: asyncio.Future[Any] = loop.create_task(self._stopped.wait())
             ended: asyncio.Future[Any] = consumer.done
             await asyncio.wait([stopped, ended], return_when=asyncio.FIRST_COMPLETED)
@@ -440,6 +441,18 @@ class SubscriptionRunner:
             await self._confirm_stop()
         if self._fatal is not None:
             raise self._fatal
+
+    async def _first(self, work: Callable[[], Awaitable[None]], what: str) -> None:
+        try:
+            await work()
+        except Exception as exc:
+            log.warning(
+                "subscription %s/%s: first %s failed: %s",
+                self.sub.project,
+                self.sub.name,
+                what,
+                exc,
+            )
 
     async def _confirm_stop(self) -> None:
         """Tells the API how this worker carried out an operator's stop."""

@@ -166,3 +166,40 @@ async def test_stopping_ends_housekeeping_that_swallowed_its_cancellation() -> N
     await asyncio.wait_for(cancel_all(tasks, every_s=0.05), 5)
     # Then they end anyway, soon, though one ignored the first cancellation
     assert swallowed.is_set() and tasks[0].done()
+
+
+async def test_redis_away_at_the_start_neither_ends_the_runner_nor_leaves_its_consumer() -> None:
+    # Given a runner whose shared budget cannot be reached (Redis failing over)
+    import redis
+
+    class AwayBudget:
+        async def share(self, worker: str, demand: int, busy: int, limit: int) -> int:
+            raise redis.ConnectionError("no master found")
+
+        async def leave(self, worker: str) -> None:
+            raise redis.ConnectionError("no master found")
+
+    class NoDroppedTiers:
+        def existing(self, topics: list[str]) -> set[str]:
+            return set()
+
+    sub = subscription()
+    stub = ConsumerStub(Consumer(0))
+    parts = RunnerParts(
+        store=StubGroupStore(),
+        sender=WebhookSender(sub, HttpClient(allow_private=True)),
+        reader=NoDroppedTiers(),  # type: ignore[arg-type]
+        copies=NoCopies(),
+        reports=StubWorkers(),
+        consumer=stub.factory,
+        budget=AwayBudget(),  # type: ignore[arg-type]
+    )
+    runner = SubscriptionRunner(sub, RunnerConfig(bootstrap="127.0.0.1:1", worker_id="w"), parts)
+    # When it starts, then is stopped
+    running = asyncio.get_running_loop().create_task(runner.run())
+    await turns()
+    assert not running.done(), "the runner gave up at its start"
+    runner.stop()
+    await asyncio.wait_for(running, 10)
+    # Then it ran until stopped, and its consumer left the group
+    assert stub.done.done()
