@@ -128,6 +128,27 @@ def migrate(layout: StackLayout) -> None:
         raise RuntimeError(f"setu migrate failed ({result.returncode}); see {log_path}")
 
 
+def delivery_resumed(
+    events: list[dict[str, Any]], calls: list[dict[str, Any]]
+) -> dict[str, dict[str, int]]:
+    """Per fault kind, how long after each fault the webhook got its next 2xx call: the
+    median and the longest (ms). Faults come every few seconds, so this is an upper bound on
+    a recovery only where it stays well below the chaos interval."""
+    delivered = sorted(int(c["t"]) for c in calls if 200 <= int(c["status"]) < 300)
+    waits: dict[str, list[int]] = {}
+    for event in events:
+        if event["action"] != "fault":
+            continue
+        at = int(event["t"])
+        later = next((t for t in delivered if t >= at), None)
+        if later is not None:
+            waits.setdefault(str(event["component"]), []).append(later - at)
+    return {
+        kind: {"median": sorted(ms)[len(ms) // 2], "max": max(ms), "faults": len(ms)}
+        for kind, ms in waits.items()
+    }
+
+
 def free_port() -> int:
     import socket
 
@@ -387,6 +408,7 @@ class CrashRun:
         report["kill_restart_events"] = kills
         report["fault_events"] = self.events.count("fault")
         report["faults_by_kind"] = {f: self.events.count("fault", f) for f in self.config.faults}
+        report["after_fault_ms"] = delivery_resumed(self.events.events, calls)
         failed_faults = self.events.count("fault_failed")
         report["chaos"] = {
             "kills_by_component": {n: self.events.count("kill", n) for n in names},
