@@ -18,6 +18,7 @@ never reorders one; records of failed groups are recognised by their groups' don
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 
 from setu.ordering.fencing import KEEP_FENCES
@@ -145,8 +146,8 @@ class DurableGroupStore:
             records = records_of(write, epoch)
             if records:
                 by_partition.setdefault(write.partition, []).extend(records)
-        for partition, records in sorted(by_partition.items()):
-            await self._log.append(partition, records)
+        # Each partition's records in order, the partitions side by side.
+        await asyncio.gather(*(self._log.append(p, r) for p, r in sorted(by_partition.items())))
         seen = {p: self._writes[p] for p in (epochs or {}) if p in self._writes}
         await self.redis.apply_batch(delivered, writes, epochs, seen)
         for partition in seen:
