@@ -4,7 +4,8 @@ Each component is probed concurrently with a short timeout and reported on its o
 ``{"status": "ok"|"degraded", "components": {"kafka": {"ok": true, "latency_ms": 3.1,
 "brokers": 1}, "redis": {...}, "database": {...}, "api": {...}, "ingest": {...}}}``.
 
-``ingest`` is the ingest job's own report (:mod:`state.ingest_status`): its state, lag and
+``redis`` says whether it holds the producer marks (``producer_marks_loaded``); ``ingest`` is
+the ingest job's own report (:mod:`state.ingest_status`): its state, lag and
 last failure. A job that is down or failing makes the status word ``degraded`` but not the
 answer 503: the API still takes messages (they wait in the ingest topics), and a readiness
 probe must not take API replicas out of service for it. ``GET /metrics`` serves the
@@ -25,6 +26,7 @@ from starlette.responses import Response
 from api.context import Services, blocking, services
 from api.responses import JSON
 from setu.clock import now_ms
+from state import keys
 from state.ingest_status import ingest_view, read_status_async
 
 router = APIRouter(tags=["health"])
@@ -65,7 +67,9 @@ def _probes(s: Services) -> dict[str, Probe]:
 
     async def redis() -> dict[str, Any]:
         await s.redis.ping()
-        return {}
+        # False after Redis forgot the producer marks, until the ingest job published them
+        # again: GET …/producers/{id} answers 503 meanwhile (docs/design.md §4).
+        return {"producer_marks_loaded": bool(await s.redis.exists(keys.producer_marks_loaded()))}
 
     async def database() -> dict[str, Any]:
         await blocking(s.store.ping)

@@ -33,6 +33,7 @@ async def test_health_is_ok_and_names_every_component(api: Api, redis_url: str) 
     assert set(report["components"]) == {"api", "kafka", "redis", "database", "ingest"}
     assert all(c["ok"] for c in report["components"].values())
     assert report["components"]["kafka"]["brokers"] >= 1
+    assert report["components"]["redis"]["producer_marks_loaded"] is True
     assert report["components"]["ingest"]["offsets_behind"] == 12
 
 
