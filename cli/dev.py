@@ -3,6 +3,10 @@
 Order: Kafka and Redis (unless given), migrations on the metadata store, then the API, the
 ingest job and one delivery worker as `setu` child processes. Everything keeps its data under
 the data dir, so a second run carries on where the first stopped.
+
+Kafka is one broker, or with ``--brokers 3`` (``SETU_DEV_KAFKA_BROKERS=3``) a cluster of three
+nodes in ``kafka-cluster/`` (cli/kafka_cluster.py) whose topics, Setu's and Kafka's own, get
+three replicas and take a write once two of them hold it.
 """
 
 from __future__ import annotations
@@ -21,7 +25,15 @@ from cli.dev_settings import DevSettings
 from cli.ports import PortBook
 from cli.probes import NotReady, StopRequested, http_ok, wait_until
 from cli.processes import EXIT_NOT_AVAILABLE, ChildSpec, tail
-from cli.services import DEFAULT_PORTS, SETUP_ERRORS, PortPlan, start_kafka, start_redis
+from cli.services import (
+    DEFAULT_PORTS,
+    SETUP_ERRORS,
+    PortPlan,
+    cluster_default_ports,
+    start_kafka,
+    start_kafka_cluster,
+    start_redis,
+)
 from cli.spark_local import LocalSparkCluster
 from cli.stack import Report, Stack, death_reason, stop_on_signals
 from setu.clock import now_ms
@@ -141,7 +153,7 @@ def summary(
                 else []
             ),
             f"  Ingest    {ingest_line}",
-            f"  Kafka     {env['SETU_KAFKA_BOOTSTRAP']}",
+            f"  Kafka     {kafka_line(env)}",
             # A password inside either URL is not printed (docs/security.md §8).
             f"  Redis     {url_without_password(env['SETU_REDIS_URL'])}",
             f"  Database  {url_without_password(env['SETU_DATABASE_URL'])}",
@@ -151,6 +163,20 @@ def summary(
             "Ctrl-C stops everything.",
         ]
     )
+
+
+def kafka_line(env: Mapping[str, str]) -> str:
+    """Where Kafka is, and how many replicas Setu's topics get when more than one."""
+    replicas = env.get("SETU_KAFKA_REPLICATION_FACTOR", "1")
+    suffix = f"  (topics with {replicas} replicas)" if replicas != "1" else ""
+    return env["SETU_KAFKA_BOOTSTRAP"] + suffix
+
+
+def replication_env(settings: Settings, replication_factor: int) -> dict[str, str]:
+    """``SETU_KAFKA_REPLICATION_FACTOR`` for a cluster's replication, unless it was set."""
+    if "kafka_replication_factor" in settings.model_fields_set:
+        return {}
+    return {"SETU_KAFKA_REPLICATION_FACTOR": str(replication_factor)}
 
 
 def run_migrations(env: Mapping[str, str], log_path: Path, report: Report) -> None:
@@ -218,6 +244,7 @@ def _start(
     )
     defaults = {
         **DEFAULT_PORTS,
+        **cluster_default_ports(dev.kafka_brokers),
         "api": DEFAULT_API_PORT,
         "stream": DEFAULT_STREAM_PORT,
         **DEFAULT_METRICS_PORTS,
@@ -225,12 +252,7 @@ def _start(
     }
     ports = PortPlan(explicit, book.load(), defaults, {})
     timeout = dev.ready_timeout_s
-    kafka = settings.kafka_bootstrap
-    if kafka is None:
-        report("starting Kafka (first run fetches its jars with mvn)")
-        kafka = start_kafka(
-            stack, settings, data_dir / "kafka", logs / "kafka.log", ports, dev.kafka_heap, timeout
-        )
+    kafka, kafka_overrides = start_dev_kafka(settings, dev, stack, ports, data_dir, report)
     redis_url = settings.redis_url
     if redis_url is None:
         report("starting Redis")
@@ -250,7 +272,8 @@ def _start(
     api_port = ports.take("api")
     stream_port = ports.take("stream")
     ingest_metrics, delivery_metrics = ports.take("ingest_metrics"), ports.take("delivery_metrics")
-    book.save(ports.chosen)
+    # Ports of what did not run this time (another broker count) stay remembered for next time.
+    book.save({**ports.remembered, **ports.chosen})
     overrides = stack_env(
         kafka,
         redis_url,
@@ -263,6 +286,7 @@ def _start(
         delivery_metrics,
         stream_port,
     )
+    overrides.update(kafka_overrides)
     if spark_master is not None:
         overrides["SETU_SPARK_MASTER"] = spark_master
     overrides["SETU_ADMIN_KEY"] = dev_admin_key(settings, data_dir)
@@ -271,6 +295,43 @@ def _start(
     report("running migrations")
     run_migrations(env, logs / "migrate.log", report)
     return env, f"http://{settings.api_host}:{api_port}"
+
+
+def start_dev_kafka(
+    settings: Settings,
+    dev: DevSettings,
+    stack: Stack,
+    ports: PortPlan,
+    data_dir: Path,
+    report: Report,
+) -> tuple[str, dict[str, str]]:
+    """Starts the broker, or the cluster of ``dev.kafka_brokers`` nodes, unless
+    ``SETU_KAFKA_BOOTSTRAP`` names a Kafka already running. Returns its bootstrap address
+    (every broker's) and the variables the stack's processes need for it."""
+    if settings.kafka_bootstrap is not None:
+        if dev.kafka_brokers > 1:
+            report("SETU_KAFKA_BOOTSTRAP is set: using that Kafka, starting no brokers")
+        return settings.kafka_bootstrap, {}
+    logs = data_dir / "logs"
+    if dev.kafka_brokers == 1:
+        report("starting Kafka (first run fetches its jars with mvn)")
+        home = data_dir / "kafka"
+        bootstrap = start_kafka(
+            stack, settings, home, logs / "kafka.log", ports, dev.kafka_heap, dev.ready_timeout_s
+        )
+        return bootstrap, {}
+    report(f"starting a Kafka cluster of {dev.kafka_brokers} brokers (first run fetches its jars)")
+    cluster = start_kafka_cluster(
+        stack,
+        settings,
+        data_dir / "kafka-cluster",
+        logs,
+        ports,
+        dev.kafka_heap,
+        dev.ready_timeout_s,
+        dev.kafka_brokers,
+    )
+    return cluster.bootstrap, replication_env(settings, cluster.replication_factor)
 
 
 def start_spark_cluster(

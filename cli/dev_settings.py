@@ -5,7 +5,11 @@ They are not part of :class:`setu.settings.Settings` because no Setu process rea
 
 from __future__ import annotations
 
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# One broker, or a cluster of three that keeps every acknowledged write when one node fails.
+KAFKA_BROKER_COUNTS = (1, 3)
 
 
 class DevSettings(BaseSettings):
@@ -19,7 +23,10 @@ class DevSettings(BaseSettings):
     kafka_port: int | None = None
     kafka_controller_port: int | None = None
     redis_port: int | None = None
+    # Each broker's heap.
     kafka_heap: str = "512m"
+    # 3: a cluster of three nodes (cli/kafka_cluster.py), topics with three replicas.
+    kafka_brokers: int = 1
     # Run the ingest job on a local Spark standalone cluster of this many workers (one core
     # and ``spark_worker_memory`` each) instead of inside its own process (0).
     spark_workers: int = 0
@@ -28,3 +35,10 @@ class DevSettings(BaseSettings):
     spark_ui_port: int | None = None
     # Kafka, Spark and the API share two cores at start-up: be patient.
     ready_timeout_s: float = 120.0
+
+    @field_validator("kafka_brokers")
+    @classmethod
+    def _a_supported_broker_count(cls, count: int) -> int:
+        if count not in KAFKA_BROKER_COUNTS:
+            raise ValueError(f"must be one of {KAFKA_BROKER_COUNTS}")
+        return count

@@ -7,6 +7,9 @@ Given SCRAM users, its one client listener takes only clients that log in as one
 SCRAM-SHA-256 (the broker itself logs in as the first); the users are written into the storage
 when it is formatted. Given TLS files, the listener speaks TLS. So the listener is PLAINTEXT,
 SASL_PLAINTEXT, SSL or SASL_SSL (docs/security.md §8).
+
+The same node description, given a :class:`Quorum`, renders one node of a cluster of such
+nodes (see :mod:`cli.kafka_cluster`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import re
 import shutil
 import subprocess
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,20 +111,92 @@ def sasl_properties(node: KafkaNode) -> dict[str, str]:
     }
 
 
-def render_server_properties(node: KafkaNode) -> str:
+@dataclass(frozen=True)
+class Quorum:
+    """The voters of a cluster of combined nodes: every node, by node id and controller port.
+
+    They form a KIP-853 dynamic quorum: nodes find it through
+    ``controller.quorum.bootstrap.servers``, and a voter is a node id *and* the directory id of
+    its metadata log, so a node that lost its disk does not vote until it is added again.
+    """
+
+    controllers: tuple[tuple[int, int], ...]  # (node id, controller port)
+    host: str = LOOPBACK
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """Every controller's address, comma-separated."""
+        return ",".join(f"{self.host}:{port}" for _, port in self.controllers)
+
+    @property
+    def replication_factor(self) -> int:
+        """Replicas of each partition: three, or every node of a smaller cluster."""
+        return min(3, len(self.controllers))
+
+    def initial_controllers(self, directory_ids: Mapping[int, str]) -> str:
+        """The ``--initial-controllers`` value that formats every node of a new cluster:
+        ``id@host:port:directory`` for each voter, the same on every node."""
+        return ",".join(
+            f"{node_id}@{self.host}:{port}:{directory_ids[node_id]}"
+            for node_id, port in self.controllers
+        )
+
+
+def min_insync_replicas(replication_factor: int) -> int:
+    """Two replicas must hold a write once there are three (one may fail without losing an
+    acknowledged write, as state/kafka_admin.py sets on Setu's topics); else one."""
+    return 2 if replication_factor >= 3 else 1
+
+
+def replication_properties(replication_factor: int) -> dict[str, str]:
+    """Replication of Kafka's internal topics (offsets, transactions, share-group state) and of
+    topics created without their own settings."""
+    factor, min_isr = str(replication_factor), str(min_insync_replicas(replication_factor))
+    return {
+        "default.replication.factor": factor,
+        "min.insync.replicas": min_isr,
+        "offsets.topic.replication.factor": factor,
+        "transaction.state.log.replication.factor": factor,
+        "transaction.state.log.min.isr": min_isr,
+        "share.coordinator.state.topic.replication.factor": factor,
+        "share.coordinator.state.topic.min.isr": min_isr,
+    }
+
+
+def quorum_properties(node: KafkaNode, quorum: Quorum | None) -> dict[str, str]:
+    """Where the node finds its controllers, and what it advertises.
+
+    Alone, it is the one static voter. In a quorum, it also advertises its controller listener:
+    that address is what a voter is added with, and what the other voters reach it at.
+    """
+    client = f"{node.protocol}://{node.host}:{node.port}"
+    if quorum is None:
+        return {
+            "controller.quorum.voters": f"{node.node_id}@{node.host}:{node.controller_port}",
+            "advertised.listeners": client,
+        }
+    return {
+        "controller.quorum.bootstrap.servers": quorum.bootstrap_servers,
+        "advertised.listeners": f"{client},CONTROLLER://{node.host}:{node.controller_port}",
+    }
+
+
+def render_server_properties(node: KafkaNode, quorum: Quorum | None = None) -> str:
     """server.properties for a combined broker+controller that only a local machine uses.
 
-    Topics are never created implicitly (Setu creates every topic with its partition count), and
-    internal topics have one replica because there is one broker.
+    Topics are never created implicitly (Setu creates every topic with its partition count).
+    Alone, the node is its own controller and internal topics have one replica. In a
+    ``quorum`` of such nodes, internal topics get the quorum's replication factor (three) and
+    take a write once two replicas hold it, like Setu's own topics.
     """
     client = node.protocol
+    replication = 1 if quorum is None else quorum.replication_factor
     settings = {
         "process.roles": "broker,controller",
         "node.id": str(node.node_id),
-        "controller.quorum.voters": f"{node.node_id}@{node.host}:{node.controller_port}",
         "listeners": f"{client}://{node.host}:{node.port},CONTROLLER://{node.host}:"
         f"{node.controller_port}",
-        "advertised.listeners": f"{client}://{node.host}:{node.port}",
+        **quorum_properties(node, quorum),
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": str(client),
         "listener.security.protocol.map": f"{client}:{client},CONTROLLER:PLAINTEXT",
@@ -129,14 +205,8 @@ def render_server_properties(node: KafkaNode) -> str:
         "log.dirs": str(node.data_dir),
         "auto.create.topics.enable": "false",
         "num.partitions": "1",
-        "default.replication.factor": "1",
-        "min.insync.replicas": "1",
-        "offsets.topic.replication.factor": "1",
         "offsets.topic.num.partitions": "10",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        **replication_properties(replication),
         "group.initial.rebalance.delay.ms": "0",
     }
     return "".join(f"{key}={value}\n" for key, value in settings.items())
@@ -181,9 +251,15 @@ def format_command(
     cluster_id: str,
     properties: Path,
     scram_users: tuple[tuple[str, SecretStr], ...] = (),
+    *,
+    quorum_options: Sequence[str] = (),
 ) -> list[str]:
     """Formats the KRaft storage named in ``properties`` (once per data dir), with the SCRAM
-    users in it. Their passwords are on this short command's line: a loopback broker's only."""
+    users in it. Their passwords are on this short command's line: a loopback broker's only.
+
+    ``quorum_options`` say how a node of a dynamic quorum starts: ``--initial-controllers``
+    for a new cluster, ``--no-initial-controllers`` for a node joining an existing one.
+    """
     users = [
         f"--add-scram={SCRAM}=[name={name},password={password.get_secret_value()}]"
         for name, password in scram_users
@@ -199,6 +275,7 @@ def format_command(
         cluster_id,
         "--config",
         str(properties),
+        *quorum_options,
         *users,
     ]
 
@@ -274,7 +351,12 @@ class LocalKafka:
         )
 
     def _java(self) -> str:
-        java = shutil.which("java")
-        if java is None:
-            raise KafkaUnavailable("java is not installed: run scripts/install")
-        return java
+        return find_java()
+
+
+def find_java() -> str:
+    """The java that runs the broker and Kafka's tools. Raises KafkaUnavailable without one."""
+    java = shutil.which("java")
+    if java is None:
+        raise KafkaUnavailable("java is not installed: run scripts/install")
+    return java

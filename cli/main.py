@@ -5,7 +5,7 @@
     setu ingest               the Spark ingest job
     setu migrate [--check]    migrate the metadata store to the newest schema
     setu redrive P T          copy topic T's set-aside ingest records to its main log
-    setu dev up [--spark-workers N]
+    setu dev up [--brokers 1|3] [--spark-workers N]
                               Kafka, Redis, SQLite, ingest, API and a worker on this machine
     setu fetch [--spark-only] download the Kafka and Spark connector jars into the cache
     setu services run -- CMD  run CMD with throwaway Kafka/Redis/PostgreSQL (SETU_TEST_*)
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from cli import admin, commands
 from cli.commands import NotInstalled
-from cli.dev_settings import DevSettings
+from cli.dev_settings import KAFKA_BROKER_COUNTS, DevSettings
 from cli.maven import FetchFailed
 from cli.processes import EXIT_NOT_AVAILABLE
 from setu.settings import Settings
@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     dev_sub = dev.add_subparsers(dest="dev_command", required=True, metavar="ACTION")
     up = dev_sub.add_parser("up", help="run everything until Ctrl-C (data under SETU_DATA_DIR)")
     up.add_argument(
+        "--brokers",
+        type=int,
+        choices=KAFKA_BROKER_COUNTS,
+        help="run Kafka as one broker or a cluster of three, topics with three replicas "
+        "(SETU_DEV_KAFKA_BROKERS)",
+    )
+    up.add_argument(
         "--spark-workers",
         type=_workers,
         metavar="N",
@@ -92,11 +99,12 @@ def say(line: str) -> None:
 
 
 def dev_settings(args: argparse.Namespace) -> DevSettings:
-    """``SETU_DEV_*``, with ``--spark-workers`` winning over its variable."""
+    """``SETU_DEV_*``, with ``--brokers`` and ``--spark-workers`` winning over their
+    variables."""
     dev = DevSettings()
-    if args.spark_workers is not None:
-        dev = dev.model_copy(update={"spark_workers": args.spark_workers})
-    return dev
+    options = {"kafka_brokers": args.brokers, "spark_workers": args.spark_workers}
+    given = {name: value for name, value in options.items() if value is not None}
+    return dev.model_copy(update=given) if given else dev
 
 
 def traced(service: str, run: Callable[[], int]) -> int:

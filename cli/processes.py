@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +95,12 @@ class Child:
     def ran_for(self) -> float:
         return time.monotonic() - self.started_at
 
+    def signal_stop(self) -> None:
+        """Sends the spec's stop signal to the child's process group, without waiting."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            _signal_group(process.pid, self.spec.stop_signal)
+
     def stop(self) -> int | None:
         """Stops the child and everything in its process group; returns its exit code.
 
@@ -105,8 +111,7 @@ class Child:
             return None
         group = process.pid
         deadline = time.monotonic() + self.spec.stop_timeout_s
-        if process.poll() is None:
-            _signal_group(group, self.spec.stop_signal)
+        self.signal_stop()
         try:
             process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -121,6 +126,16 @@ class Child:
 
     def log_tail(self, lines: int = 8) -> str:
         return tail(self.spec.log_path, lines)
+
+
+def stop_together(children: Sequence[Child]) -> None:
+    """Stops ``children`` at the same time: each gets its stop signal before any is waited
+    for, then each is stopped as by :meth:`Child.stop`. For the nodes of a cluster, whose last
+    one could not stop alone (it would wait for a quorum that left before it)."""
+    for child in children:
+        child.signal_stop()
+    for child in children:
+        child.stop()
 
 
 def _signal_group(group: int, signum: int) -> None:

@@ -11,13 +11,15 @@ from pathlib import Path
 
 from cli import kafka_local, redis_local
 from cli.jars import resolve_kafka_jars
+from cli.kafka_cluster import LocalKafkaCluster, NodePorts, moved_controllers
 from cli.kafka_local import KafkaNode, KafkaUnavailable, LocalKafka
 from cli.maven import FetchFailed
 from cli.ports import PortBusy, pick
 from cli.postgres_local import LocalPostgres, PostgresNode, PostgresUnavailable
-from cli.probes import NotReady, kafka_answers, redis_answers
+from cli.probes import NotReady, kafka_answers, redis_answers, wait_until
+from cli.processes import Child
 from cli.redis_local import LocalRedis, RedisNode, RedisUnavailable
-from cli.stack import Stack
+from cli.stack import Stack, death_reason
 from setu.settings import Settings
 
 # What can go wrong while starting services, each with a message that says what to do.
@@ -72,6 +74,85 @@ def start_kafka(
     broker.prepare()
     stack.start(broker.child_spec(), lambda: kafka_answers(node.bootstrap), timeout_s)
     return node.bootstrap
+
+
+def cluster_port_names(node_id: int) -> tuple[str, str]:
+    """The names a cluster node's client and controller ports are remembered under. Node 1's
+    are the single broker's, so ``SETU_DEV_KAFKA_PORT`` and ``SETU_DEV_KAFKA_CONTROLLER_PORT``
+    apply to it."""
+    if node_id == 1:
+        return "kafka", "kafka_controller"
+    return f"kafka_{node_id}", f"kafka_controller_{node_id}"
+
+
+def cluster_default_ports(size: int) -> dict[str, int]:
+    """The usual ports of a cluster's nodes: node 1 has the single broker's (9092, 9093), each
+    further node the pair after the previous one's (9094 and 9095, then 9096 and 9097)."""
+    defaults = {}
+    for node_id in range(1, size + 1):
+        client, controller = cluster_port_names(node_id)
+        defaults[client] = kafka_local.DEFAULT_PORT + 2 * (node_id - 1)
+        defaults[controller] = kafka_local.DEFAULT_CONTROLLER_PORT + 2 * (node_id - 1)
+    return defaults
+
+
+def start_kafka_cluster(
+    stack: Stack,
+    settings: Settings,
+    home: Path,
+    logs: Path,
+    ports: PortPlan,
+    heap: str,
+    timeout_s: float,
+    size: int,
+) -> LocalKafkaCluster:
+    """Starts a cluster of ``size`` nodes keeping their data in ``home``, each logging to
+    ``logs/kafka-{id}.log``; returns it once every broker answers.
+
+    The nodes are supervised, and stopped together. Raises PortBusy when more than one
+    controller port of an existing cluster would change (its quorum could not form),
+    KafkaUnavailable when a node of it lost its storage (cli/kafka_cluster.py), and what
+    starting and waiting raise (SETUP_ERRORS).
+    """
+    libs = resolve_kafka_jars(settings)[0].parent
+    node_ports = [
+        NodePorts(ports.take(client), ports.take(controller))
+        for client, controller in map(cluster_port_names, range(1, size + 1))
+    ]
+    cluster = LocalKafkaCluster(home, node_ports, libs, logs, heap)
+    refuse_moved_controllers(cluster, ports.remembered)
+    cluster.prepare()
+    children = stack.start_together([cluster.child_spec(node.node_id) for node in cluster.nodes])
+    wait_until(
+        cluster.answers, "kafka cluster", timeout_s, stack.stop, died=lambda: first_death(children)
+    )
+    return cluster
+
+
+def refuse_moved_controllers(cluster: LocalKafkaCluster, remembered: dict[str, int]) -> None:
+    """Raises PortBusy when more than one node of an existing cluster would listen for its
+    quorum elsewhere than last time: the voters would not find one another."""
+    if not cluster.formatted():
+        return
+    before = {
+        node_id: remembered[name]
+        for node_id in (node.node_id for node in cluster.nodes)
+        if (name := cluster_port_names(node_id)[1]) in remembered
+    }
+    now = {node.node_id: node.controller_port for node in cluster.nodes}
+    moved = moved_controllers(now, before)
+    if len(moved) > 1:
+        raise PortBusy(
+            f"the controller ports of Kafka nodes {moved} ({[before[n] for n in moved]}) are "
+            "taken; the quorum can follow one node to another port per start, not more (it "
+            "records where each voter listens): free them, or remove "
+            f"{cluster.home} to start an empty cluster"
+        )
+
+
+def first_death(children: list[Child]) -> str | None:
+    """Why the first of ``children`` that exited will not answer; None while all run."""
+    return next((reason for child in children if (reason := death_reason(child))), None)
 
 
 def start_redis(stack: Stack, home: Path, log_path: Path, ports: PortPlan, timeout_s: float) -> str:

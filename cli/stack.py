@@ -1,14 +1,15 @@
-"""A set of children started in order, supervised, and stopped in reverse order on request."""
+"""A set of children started in order, supervised, and stopped in reverse order on request
+(children started together, the nodes of a cluster, are stopped together)."""
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 from cli.probes import wait_until
-from cli.processes import Child, ChildSpec
+from cli.processes import Child, ChildSpec, stop_together
 from cli.supervisor import Supervisor
 
 Report = Callable[[str], None]
@@ -42,7 +43,8 @@ class Stack:
         self.stop = stop
         self.report = report
         self.supervisor = Supervisor(report)
-        self._children: list[Child] = []
+        # In start order; the children of one entry are stopped together.
+        self._started: list[list[Child]] = []
 
     def start(
         self,
@@ -57,12 +59,22 @@ class Stack:
         the rest.
         """
         child = Child(spec)
-        self._children.append(child)
+        self._started.append([child])
         child.start()
         self.supervisor.watch(child)
         if ready is not None:
             wait_until(ready, spec.name, timeout_s, self.stop, died=lambda: death_reason(child))
         return child
+
+    def start_together(self, specs: Sequence[ChildSpec]) -> list[Child]:
+        """Starts children that must also stop together (see
+        :func:`~cli.processes.stop_together`), each supervised; waits for none of them."""
+        children = [Child(spec) for spec in specs]
+        self._started.append(children)
+        for child in children:
+            child.start()
+            self.supervisor.watch(child)
+        return children
 
     def supervise(self) -> None:
         """Restarts children that die, until a stop is requested."""
@@ -72,8 +84,9 @@ class Stack:
 
     def stop_all(self) -> None:
         """Stops every child, the last started first."""
-        while self._children:
-            child = self._children.pop()
-            if child.running():
-                self.report(f"stopping {child.spec.name}")
-            child.stop()
+        while self._started:
+            children = self._started.pop()
+            for child in children:
+                if child.running():
+                    self.report(f"stopping {child.spec.name}")
+            stop_together(children)

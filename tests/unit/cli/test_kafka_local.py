@@ -10,8 +10,10 @@ from pydantic import SecretStr
 from cli.kafka_local import (
     BrokerTls,
     KafkaNode,
+    Quorum,
     broker_command,
     format_command,
+    min_insync_replicas,
     new_cluster_id,
     render_server_properties,
 )
@@ -138,3 +140,76 @@ def test_with_tls_files_the_listener_speaks_tls_with_the_pem_files_as_they_are()
     assert config["ssl.truststore.location"] == "/t/ca.pem"
     # TLS without users: SSL
     assert KafkaNode(19092, 19093, Path("/d"), tls=tls).protocol == "SSL"
+
+
+QUORUM = Quorum(((1, 19093), (2, 19095), (3, 19097)))
+
+
+def cluster_node(node_id: int) -> KafkaNode:
+    port, controller = 19090 + 2 * node_id, 19091 + 2 * node_id
+    return KafkaNode(port, controller, Path(f"/d/node-{node_id}/data"), node_id=node_id)
+
+
+def test_a_cluster_node_finds_every_voter_through_the_bootstrap_servers() -> None:
+    config = parse(render_server_properties(cluster_node(2), QUORUM))
+    assert config["process.roles"] == "broker,controller"
+    assert config["node.id"] == "2"
+    assert config["controller.quorum.bootstrap.servers"] == (
+        "127.0.0.1:19093,127.0.0.1:19095,127.0.0.1:19097"
+    )
+    # A dynamic quorum: no static voters
+    assert "controller.quorum.voters" not in config
+    assert config["log.dirs"] == "/d/node-2/data"
+
+
+def test_a_cluster_node_listens_and_advertises_its_own_ports_for_clients_and_the_quorum() -> None:
+    config = parse(render_server_properties(cluster_node(3), QUORUM))
+    assert config["listeners"] == "PLAINTEXT://127.0.0.1:19096,CONTROLLER://127.0.0.1:19097"
+    # The controller address is what a voter is added with and reached at
+    assert config["advertised.listeners"] == (
+        "PLAINTEXT://127.0.0.1:19096,CONTROLLER://127.0.0.1:19097"
+    )
+    assert config["controller.listener.names"] == "CONTROLLER"
+    assert config["inter.broker.listener.name"] == "PLAINTEXT"
+
+
+def test_a_cluster_keeps_three_replicas_of_internal_topics_and_takes_writes_on_two() -> None:
+    config = parse(render_server_properties(cluster_node(1), QUORUM))
+    assert config["default.replication.factor"] == "3"
+    assert config["min.insync.replicas"] == "2"
+    assert config["offsets.topic.replication.factor"] == "3"
+    assert config["transaction.state.log.replication.factor"] == "3"
+    assert config["transaction.state.log.min.isr"] == "2"
+    assert config["share.coordinator.state.topic.replication.factor"] == "3"
+    assert config["share.coordinator.state.topic.min.isr"] == "2"
+    assert config["auto.create.topics.enable"] == "false"
+
+
+def test_a_single_node_keeps_one_replica_and_its_static_voter() -> None:
+    config = parse(render_server_properties(NODE))
+    assert config["default.replication.factor"] == config["min.insync.replicas"] == "1"
+    assert config["share.coordinator.state.topic.min.isr"] == "1"
+    assert "controller.quorum.bootstrap.servers" not in config
+
+
+def test_replication_follows_the_cluster_size_up_to_three() -> None:
+    assert Quorum(((1, 9093),)).replication_factor == 1
+    assert Quorum(((1, 9093), (2, 9095))).replication_factor == 2
+    assert QUORUM.replication_factor == 3
+    assert Quorum(tuple((n, 9091 + 2 * n) for n in range(1, 6))).replication_factor == 3
+    assert [min_insync_replicas(n) for n in (1, 2, 3, 5)] == [1, 1, 2, 2]
+
+
+def test_a_new_cluster_is_formatted_with_every_voter_and_its_directory() -> None:
+    voters = QUORUM.initial_controllers({1: "dirA", 2: "dirB", 3: "dirC"})
+    assert voters == "1@127.0.0.1:19093:dirA,2@127.0.0.1:19095:dirB,3@127.0.0.1:19097:dirC"
+    argv = format_command(
+        "java",
+        Path("/c/libs"),
+        Path("/k/l"),
+        "abc",
+        Path("/k/s"),
+        quorum_options=("--initial-controllers", voters),
+    )
+    assert argv[argv.index("--initial-controllers") + 1] == voters
+    assert argv[argv.index("--cluster-id") + 1] == "abc"
