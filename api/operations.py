@@ -486,8 +486,16 @@ def parse_group_cursor(after: str | None) -> tuple[int, str] | None:
 async def _dead_letter_ops(request: Request, sub: Subscription, partitions: int) -> DeadLetterOps:
     """Browsing and unsideline; a release request goes to the subscription's changelog before
     Redis, so a Redis that forgets does not forget it (state/durable_groups.py)."""
-    producer = services(request).producer
-    changelog = KafkaChangelog(names.state_topic(sub.project, sub.name), producer.send_to)
+    s = services(request)
+
+    async def ensure() -> None:
+        # A subscription from before changelogs existed may have none yet: a broker that
+        # creates topics on first write would make it with the wrong partition count.
+        await blocking(s.kafka_admin.ensure_changelog, sub.project, sub.name, partitions)
+
+    changelog = KafkaChangelog(
+        names.state_topic(sub.project, sub.name), s.producer.send_to, ensure=ensure
+    )
     store = DurableGroupStore(RedisGroupStore(_redis(request), sub.project, sub.name), changelog)
     return DeadLetterOps(store, DeadLetterReader(_reader(request), topic_of(sub, DLQ)), partitions)
 

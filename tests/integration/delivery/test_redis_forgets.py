@@ -9,6 +9,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from setu import names
 from state import keys
 from tests.integration.delivery.conftest import (
     Receiver,
@@ -147,3 +148,29 @@ def test_a_redis_restored_from_an_older_snapshot_is_noticed_and_rebuilt(
     for group, ids in (("A", a), ("C", c)):
         api.post(path(world, "dlq/unsideline"), json={"group_ids": [group]})
         wait_for(f"{group} delivered", lambda ids=ids, group=group: in_order(receiver, group, ids))
+
+
+def test_a_subscription_from_before_the_changelog_gets_one_and_loses_no_release(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], api: httpx.Client
+) -> None:
+    # Given a group parked by a worker, then the subscription's changelog gone, as for a
+    # subscription made by a version without one, and no worker running
+    world.topic("t", partitions=2)
+    world.subscription(receiver.url, delays_ms=(300,))
+    receiver.answer("U", 400)
+    u = world.publish("t", "U", 2)
+    worker = start_worker()
+    wait_for("U parked", lambda: view(api, world, "U")["parked"] == 2)
+    worker.stop()
+    changelog = names.state_topic(world.project, "s")
+    world.topics.remove([changelog])
+    assert world.topics.partition_count(changelog) is None
+    # When an operator unsidelines the group
+    receiver.heal()
+    answer = api.post(path(world, "dlq/unsideline"), json={"group_ids": ["U"]})
+    # Then the request is kept in a changelog made with the topic's partitions
+    assert answer.json() == {"requeued": 2}
+    assert world.topics.partition_count(changelog) == 2
+    # And a worker started afterwards delivers the group, in order
+    start_worker()
+    wait_for("U delivered", lambda: in_order(receiver, "U", u), 60)
