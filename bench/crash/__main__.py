@@ -70,8 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--faults",
         default="",
-        help="faults besides kills, comma-separated: redis-flush, redis-rollback "
-        "(bench/crash/faults.py)",
+        help="faults besides kills, comma-separated: redis-flush, redis-rollback, "
+        "broker-wipe (with --kafka-nodes 3) (bench/crash/faults.py)",
+    )
+    parser.add_argument(
+        "--kafka-nodes",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        help="the run's own Kafka: one broker, or a three-node cluster (replication factor 3)",
     )
     parser.add_argument(
         "--kill-receiver", action="store_true", help="kill the webhook receiver too"
@@ -104,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         outage_s=args.outage,
         faults=tuple(f for f in args.faults.split(",") if f),
         kill_receiver=args.kill_receiver,
+        kafka_nodes=args.kafka_nodes,
     )
     if args.seed is not None:
         config = dataclasses.replace(config, seed=args.seed)

@@ -35,7 +35,7 @@ from bench.crash.chaos import Chaos, Component, ComponentSpec, EventLog, Fault
 from bench.crash.checker import DeadLetter, calls_from_journal, check, published_from_journal
 from bench.crash.dead_letters import read_dead_letters
 from bench.crash.drain import drain
-from bench.crash.faults import RedisRollback, redis_flush
+from bench.crash.faults import BrokerWipe, RedisRollback, redis_flush
 from bench.crash.journal import read_entries
 from bench.crash.outage import outage_figures
 from bench.crash.plan import PlanShape, make_plan
@@ -90,8 +90,10 @@ class RunConfig:
     # The webhook receiver is killed too (its journal survives: bench/crash/journal.py).
     kill_receiver: bool = False
     # Faults besides kills (bench/crash/faults.py): "redis-flush", and with own brokers
-    # "redis-rollback".
+    # "redis-rollback", and on a cluster (kafka_nodes 3) "broker-wipe".
     faults: tuple[str, ...] = ()
+    # With own brokers: Kafka as one broker, or a KRaft cluster of three (replication 3).
+    kafka_nodes: int = 1
     failing_group_fraction: float = 0.1
     rejected_messages: int = 5
     flaky_group_fraction: float = 0.05
@@ -174,6 +176,7 @@ class CrashRun:
         self.flaky_groups: list[str] = []
         self.outage: tuple[int, int] | None = None
         self.brokers: Brokers | None = None
+        self.rng = random.Random(config.seed)
         self._started = time.monotonic()
 
     async def execute(self) -> dict[str, Any]:
@@ -217,11 +220,13 @@ class CrashRun:
         if config.own_brokers:
             from bench.crash.brokers import prepare_brokers
 
-            brokers = prepare_brokers(config.workdir)
+            brokers = prepare_brokers(config.workdir, kafka_nodes=config.kafka_nodes)
             self.brokers = brokers
+            # A cluster's nodes need one another to start: all of them first, then the wait.
             for spec in brokers.specs:
                 self._start(spec)
-                await self._await(brokers.ready[spec.name], spec.name, config.startup_timeout_s)
+            for name, ready in brokers.ready.items():
+                await self._await(ready, name, config.startup_timeout_s)
             kafka, redis_url = brokers.kafka_bootstrap, brokers.redis_url
         else:
             if not (config.kafka_bootstrap and config.redis_url):
@@ -238,7 +243,17 @@ class CrashRun:
             redis_url=redis_url,
             database_url=database,
             workers=config.workers,
-            extra_env={**self._ingest_scope(), **spark_env, **config.extra_env},
+            extra_env={
+                **self._ingest_scope(),
+                **spark_env,
+                # Three replicas, two in sync for an acknowledgement, on a cluster of three
+                **(
+                    {"SETU_KAFKA_REPLICATION_FACTOR": str(config.kafka_nodes)}
+                    if config.own_brokers and config.kafka_nodes > 1
+                    else {}
+                ),
+                **config.extra_env,
+            },
         )
 
     async def _start_spark_cluster(self) -> dict[str, str]:
@@ -326,7 +341,7 @@ class CrashRun:
 
     async def _chaos(self, layout: StackLayout) -> None:
         config = self.config
-        rng = random.Random(config.seed)
+        rng = self.rng
         chaos = Chaos(
             list(self.components.values()),
             self.events,
@@ -379,6 +394,10 @@ class CrashRun:
                     self.brokers.redis_data,
                     self.brokers.ready["redis"],
                 )
+            elif name == "broker-wipe":
+                if self.brokers is None or self.brokers.cluster is None:
+                    raise ValueError("broker-wipe needs the run's own cluster (kafka_nodes 3)")
+                faults[name] = BrokerWipe(self.brokers.cluster, self.components, self.rng)
             else:
                 raise ValueError(f"unknown fault {name!r}")
         return faults
@@ -408,6 +427,9 @@ class CrashRun:
         report["kill_restart_events"] = kills
         report["fault_events"] = self.events.count("fault")
         report["faults_by_kind"] = {f: self.events.count("fault", f) for f in self.config.faults}
+        report["faults_skipped"] = {
+            f: self.events.count("fault_skipped", f) for f in self.config.faults
+        }
         report["after_fault_ms"] = delivery_resumed(self.events.events, calls)
         failed_faults = self.events.count("fault_failed")
         report["chaos"] = {
@@ -460,7 +482,11 @@ class CrashRun:
         # Producer and Setu first, so the receiver still journals their last calls; brokers last.
         order = ["producer", "api", "ingest"]
         names = sorted(self.components, key=lambda n: order.index(n) if n in order else 10)
-        late = [n for n in ("receiver", "redis", "kafka") if n in self.components]
+        late = [
+            n
+            for n in ("receiver", "redis", "kafka", "kafka-1", "kafka-2", "kafka-3")
+            if n in self.components
+        ]
         for name in [n for n in names if n not in late] + late:
             with contextlib.suppress(OSError):
                 self.components[name].stop()

@@ -1,0 +1,82 @@
+"""The broker-wipe fault's choices (bench/crash/faults.py), on a stand-in cluster: it never
+takes a second copy away while one is missing."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from bench.crash.chaos import Component, ComponentSpec, EventLog, FaultSkipped
+from bench.crash.faults import BrokerWipe
+from cli.kafka_local import KafkaUnavailable
+
+
+@dataclass
+class Node:
+    node_id: int
+
+
+@dataclass
+class Cluster:
+    """What the fault asks of cli.kafka_cluster.LocalKafkaCluster."""
+
+    refuse: bool = False
+    nodes: tuple[Node, ...] = (Node(1), Node(2), Node(3))
+    wiped: list[int] = field(default_factory=list)
+    joined: list[int] = field(default_factory=list)
+
+    def replace_disk(self, node_id: int) -> None:
+        if self.refuse:
+            raise KafkaUnavailable("no other node holds these partitions in sync")
+        self.wiped.append(node_id)
+
+    def join_quorum(self, node_id: int, timeout_s: float) -> None:
+        self.joined.append(node_id)
+
+
+def nodes(tmp_path: Path, events: EventLog) -> dict[str, Component]:
+    out = {}
+    for n in (1, 2, 3):
+        spec = ComponentSpec(
+            f"kafka-{n}", ["sleep", "60"], {}, tmp_path, tmp_path / f"kafka-{n}.log"
+        )
+        component = Component(spec, events)
+        component.start()
+        out[spec.name] = component
+    return out
+
+
+async def test_a_node_loses_its_disk_and_joins_again(tmp_path: Path) -> None:
+    events = EventLog()
+    components = nodes(tmp_path, events)
+    cluster = Cluster()
+    try:
+        await BrokerWipe(cluster, components, random.Random(3))()
+        # One node was killed, given an empty disk, started and made a voter again
+        assert len(cluster.wiped) == 1 and cluster.joined == cluster.wiped
+        assert all(c.alive for c in components.values())
+        assert events.count("kill") == 1
+    finally:
+        for c in components.values():
+            c.kill()
+
+
+@pytest.mark.parametrize("reason", ["node down", "not in sync"])
+async def test_no_second_copy_is_taken_while_one_is_missing(tmp_path: Path, reason: str) -> None:
+    events = EventLog()
+    components = nodes(tmp_path, events)
+    cluster = Cluster(refuse=reason == "not in sync")
+    if reason == "node down":
+        components["kafka-2"].kill()
+    try:
+        with pytest.raises(FaultSkipped):
+            await BrokerWipe(cluster, components, random.Random(3))()
+        # Nothing lost its disk, and a node killed to try is running again
+        assert cluster.wiped == []
+        assert sum(c.alive for c in components.values()) == (2 if reason == "node down" else 3)
+    finally:
+        for c in components.values():
+            c.kill()
