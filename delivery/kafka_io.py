@@ -172,6 +172,7 @@ class ConsumerThread:
         self.flowing = threading.Event()
         self.flowing.set()
         self._done: asyncio.Future[None] = loop.create_future()
+        self._failure: BaseException | None = None  # a takeover that failed (see _assign)
         self._thread = threading.Thread(target=self._run, name=f"consumer-{config['group.id']}")
 
     def start(self, topics: Sequence[str]) -> None:
@@ -226,6 +227,8 @@ class ConsumerThread:
                 self._topics, on_assign=self._assign, on_revoke=self._revoke, on_lost=self._lost
             )
             while not self._stop.is_set():
+                if self._failure is not None:
+                    raise self._failure
                 self._run_commands(consumer)
                 if not self.flowing.wait(POLL_TIMEOUT_S):
                     continue
@@ -286,8 +289,16 @@ class ConsumerThread:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
 
     def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        committed = consumer.committed(partitions, timeout=30)
-        plan = self._wait(self._listener.assigned(committed))
+        try:
+            committed = consumer.committed(partitions, timeout=30)
+            plan = self._wait(self._listener.assigned(committed))
+        except BaseException as error:
+            # The takeover failed (Redis away, say): take nothing of this assignment and end
+            # the thread. An assignment left half-made when the consumer closes makes
+            # librdkafka abort the process (rd_kafka_cgrp_terminated's assertion).
+            self._failure = error
+            consumer.unassign()
+            return
         consumer.assign(plan.starts)
         # librdkafka keeps a partition's pause through a revocation and a new assignment of
         # the same partition: a pause made for the previous assignment (a retry tier held
