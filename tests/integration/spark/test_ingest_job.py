@@ -301,8 +301,9 @@ def test_a_hot_topics_backlog_does_not_hold_a_quiet_topic_back(world: IngestWorl
         written = world.main_size("hot")
         quiet.wait_for_ids({"q1"})
         # Then it is written with the batch in progress or the next one (each partition with
-        # records waiting gets a share of every batch), not after the backlog
-        assert world.main_size("hot") - written <= 2_000
+        # records waiting gets a share of every batch), not after the backlog. Seeing it takes
+        # a poll, in which a loaded machine may write part of one batch more: hence 3,000.
+        assert world.main_size("hot") - written <= 3_000
         assert world.main_size("hot") < 12_000
         hot.wait_for_ids({f"h{n}" for n in range(12_000)})
 
