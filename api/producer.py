@@ -175,35 +175,9 @@ class AckedProducer:
 
     async def send(self, topic: str, key: bytes, value: bytes, headers: KafkaHeaders) -> None:
         """Writes one record; returns once Kafka acknowledged it (see the module contract)."""
-        loop = self._running_loop()
-        future: asyncio.Future[str | None] = loop.create_future()
-        deadline = loop.time() + self._ack_timeout_s
-        callback = partial(self._on_single, future)
-        while True:
-            try:
-                # The stubs want list[tuple[str, str | bytes | None]]; lists are invariant.
-                self._producer.produce(
-                    topic,
-                    value,
-                    key,
-                    headers=headers,  # type: ignore[arg-type]
-                    on_delivery=callback,
-                )
-                break
-            except BufferError:
-                if loop.time() > deadline:
-                    raise DependencyUnavailable(_QUEUE_FULL) from None
-                await asyncio.sleep(_QUEUE_FULL_WAIT_S)
-            except KafkaException as exc:
-                raise _produce_error(exc) from exc
-        waiting = self._waiting_set(deadline)
-        waiting.add(future)
-        try:
-            error = await future
-        finally:
-            waiting.discard(future)
-        if error is not None:
-            raise DependencyUnavailable(f"Kafka did not accept the record: {error}")
+        deadline = self._running_loop().time() + self._ack_timeout_s
+        future = await self._enqueue(topic, key, value, headers, deadline)
+        await self._acknowledged([future], deadline)
 
     async def send_to(
         self,
@@ -214,29 +188,50 @@ class AckedProducer:
         """Writes ``records`` (key, value or None for a tombstone, headers) in order to one
         partition; returns once Kafka acknowledged all of them, else raises
         DependencyUnavailable."""
+        deadline = self._running_loop().time() + self._ack_timeout_s
+        futures = [
+            await self._enqueue(topic, key, value, headers, deadline, partition)
+            for key, value, headers in records
+        ]
+        await self._acknowledged(futures, deadline)
+
+    async def _enqueue(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes]],
+        deadline: float,
+        partition: int = -1,  # -1: the partitioner's choice (murmur2 of the key)
+    ) -> asyncio.Future[str | None]:
+        """Hands one record to librdkafka, waiting while its queue is full (until
+        ``deadline``); returns the future its delivery report settles."""
         loop = self._running_loop()
-        deadline = loop.time() + self._ack_timeout_s
-        futures: list[asyncio.Future[str | None]] = []
-        for key, value, headers in records:
-            future: asyncio.Future[str | None] = loop.create_future()
-            while True:
-                try:
-                    self._producer.produce(
-                        topic,
-                        value,
-                        key,
-                        partition=partition,
-                        headers=headers,  # type: ignore[arg-type]
-                        on_delivery=partial(self._on_single, future),
-                    )
-                    break
-                except BufferError:
-                    if loop.time() > deadline:
-                        raise DependencyUnavailable(_QUEUE_FULL) from None
-                    await asyncio.sleep(_QUEUE_FULL_WAIT_S)
-                except KafkaException as exc:
-                    raise _produce_error(exc) from exc
-            futures.append(future)
+        future: asyncio.Future[str | None] = loop.create_future()
+        while True:
+            try:
+                # The stubs want list[tuple[str, str | bytes | None]]; lists are invariant.
+                self._producer.produce(
+                    topic,
+                    value,
+                    key,
+                    partition=partition,
+                    headers=headers,  # type: ignore[arg-type]
+                    on_delivery=partial(self._on_single, future),
+                )
+                return future
+            except BufferError:
+                if loop.time() > deadline:
+                    raise DependencyUnavailable(_QUEUE_FULL) from None
+                await asyncio.sleep(_QUEUE_FULL_WAIT_S)
+            except KafkaException as exc:
+                raise _produce_error(exc) from exc
+
+    async def _acknowledged(
+        self, futures: list[asyncio.Future[str | None]], deadline: float
+    ) -> None:
+        """Returns once every one of ``futures`` reported success; raises
+        DependencyUnavailable for the first that did not (or timed out by ``deadline``)."""
         waiting = self._waiting_set(deadline)
         waiting.update(futures)
         try:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from cli.probes import redis_answers
 from cli.redis_local import RedisNode, SentinelNode, render_redis_conf, render_sentinel_conf
 from setu.ordering.tiers import DLQ
 from state.groups import RedisGroupStore
@@ -70,13 +71,7 @@ def _start(conf: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
 
 
 def _answers(port: int) -> bool:
-    client = redis.Redis(port=port, socket_timeout=0.5, socket_connect_timeout=0.5)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
+    return redis_answers(f"redis://127.0.0.1:{port}/0")
 
 
 @pytest.fixture
