@@ -16,7 +16,7 @@ import random
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -118,6 +118,9 @@ class Component:
     entries_at_start: frozenset[str] = frozenset()
     finished: bool = False
     starts: int = field(default=0)
+    # Set while the chaos loop or a fault acts on the component: the supervisor leaves it be
+    # (a node a fault killed is not an exit of its own, and the fault restarts it).
+    held: bool = False
 
     @property
     def name(self) -> str:
@@ -157,6 +160,15 @@ class Component:
             self.entries_at_start = _entries(self.spec.progress_dir)
         self.starts += 1
         self.finished = False
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Keeps the supervisor away while the caller kills and restarts the component."""
+        self.held = True
+        try:
+            yield
+        finally:
+            self.held = False
 
     def kill(self) -> None:
         """SIGKILL the component's whole process group and reap it."""
@@ -230,7 +242,7 @@ class Chaos:
         self.interval_s = interval_s
         self.restart_delay_s = restart_delay_s
         self.faults = dict(faults or {})
-        self._busy: set[str] = set()
+        self._busy: set[str] = set()  # faults being injected
 
     async def run(self, stop: asyncio.Event) -> None:
         """Kill and restart until ``stop`` is set; leaves every component running."""
@@ -249,7 +261,7 @@ class Chaos:
                     c.progressed(),
                 )
                 for c in self.components
-                if c.spec.chaos and c.alive and c.name not in self._busy
+                if c.spec.chaos and c.alive and not c.held
             ]
             candidates += [
                 Candidate(name, 0.0, 0.0, self.events.count("fault", name)) for name in self.faults
@@ -276,8 +288,7 @@ class Chaos:
         self.events.record(name, "fault")
 
     async def kill_and_restart(self, component: Component) -> None:
-        self._busy.add(component.name)
-        try:
+        with component.holding():
             component.kill()
             self.events.record(
                 component.name, "kill", pid=component.process and component.process.pid
@@ -285,14 +296,12 @@ class Chaos:
             await asyncio.sleep(self.rng.uniform(*self.restart_delay_s))
             component.start()
             self.events.record(component.name, "restart")
-        finally:
-            self._busy.discard(component.name)
 
     async def supervise(self, stop: asyncio.Event, poll_s: float = 0.2) -> None:
         """Restart components that exit by themselves (a oneshot exiting 0 has finished)."""
         while not stop.is_set():
             for component in self.components:
-                if component.name in self._busy:
+                if component.held:
                     continue
                 code = component.check_exit()
                 if code is None:

@@ -52,10 +52,11 @@ class RedisRollback:
     async def __call__(self) -> None:
         component = self._component()
         if self._copy.exists():
-            component.kill()
-            shutil.rmtree(self._data)
-            shutil.copytree(self._copy, self._data)
-            component.start()
+            with component.holding():
+                component.kill()
+                shutil.rmtree(self._data)
+                shutil.copytree(self._copy, self._data)
+                component.start()
             component.events.record(component.name, "restart", older=True)
             for _ in range(600):
                 if await asyncio.to_thread(self._ready):
@@ -88,14 +89,15 @@ class BrokerWipe:
             raise FaultSkipped("a node is down already")
         node_id = self._rng.choice(alive)
         component = self._components[f"kafka-{node_id}"]
-        component.kill()
-        component.events.record(component.name, "kill", wiped=True)
-        try:
-            await asyncio.to_thread(self._cluster.replace_disk, node_id)
-        except KafkaUnavailable as why:
+        with component.holding():
+            component.kill()
+            component.events.record(component.name, "kill", wiped=True)
+            try:
+                await asyncio.to_thread(self._cluster.replace_disk, node_id)
+            except KafkaUnavailable as why:
+                component.start()
+                component.events.record(component.name, "restart")
+                raise FaultSkipped(str(why)) from None
             component.start()
-            component.events.record(component.name, "restart")
-            raise FaultSkipped(str(why)) from None
-        component.start()
         component.events.record(component.name, "restart", empty_disk=True)
         await asyncio.to_thread(self._cluster.join_quorum, node_id, 300.0)

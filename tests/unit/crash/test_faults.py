@@ -3,13 +3,15 @@ takes a second copy away while one is missing."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from bench.crash.chaos import Component, ComponentSpec, EventLog, FaultSkipped
+from bench.crash.chaos import Chaos, Component, ComponentSpec, EventLog, FaultSkipped
 from bench.crash.faults import BrokerWipe
 from cli.kafka_local import KafkaUnavailable
 
@@ -24,6 +26,7 @@ class Cluster:
     """What the fault asks of cli.kafka_cluster.LocalKafkaCluster."""
 
     refuse: bool = False
+    wipe_s: float = 0.0
     nodes: tuple[Node, ...] = (Node(1), Node(2), Node(3))
     wiped: list[int] = field(default_factory=list)
     joined: list[int] = field(default_factory=list)
@@ -31,6 +34,7 @@ class Cluster:
     def replace_disk(self, node_id: int) -> None:
         if self.refuse:
             raise KafkaUnavailable("no other node holds these partitions in sync")
+        time.sleep(self.wipe_s)
         self.wiped.append(node_id)
 
     def join_quorum(self, node_id: int, timeout_s: float) -> None:
@@ -78,5 +82,29 @@ async def test_no_second_copy_is_taken_while_one_is_missing(tmp_path: Path, reas
         assert cluster.wiped == []
         assert sum(c.alive for c in components.values()) == (2 if reason == "node down" else 3)
     finally:
+        for c in components.values():
+            c.kill()
+
+
+async def test_the_supervisor_leaves_a_node_alone_while_it_loses_its_disk(tmp_path: Path) -> None:
+    # The supervisor restarts components that exit on their own. A node the fault killed is
+    # not one: restarting it while its disk is being replaced would start it on a half-made
+    # folder and record an exit that fails the run.
+    events = EventLog()
+    components = nodes(tmp_path, events)
+    cluster = Cluster(wipe_s=0.6)
+    chaos = Chaos(list(components.values()), events, random.Random(1))
+    stop = asyncio.Event()
+    supervisor = asyncio.create_task(chaos.supervise(stop, poll_s=0.02))
+    try:
+        await BrokerWipe(cluster, components, random.Random(3))()
+        stop.set()
+        await supervisor
+        [wiped] = cluster.wiped
+        assert events.exits_on_their_own() == []
+        assert components[f"kafka-{wiped}"].starts == 2
+        assert events.count("restart") == 1
+    finally:
+        stop.set()
         for c in components.values():
             c.kill()
