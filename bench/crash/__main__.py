@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--faults",
         default="",
         help="faults besides kills, comma-separated: redis-flush, redis-rollback, "
+        "redis-failover (runs Redis with a replica and Sentinel), "
         "broker-wipe (with --kafka-nodes 3) (bench/crash/faults.py)",
     )
     parser.add_argument(

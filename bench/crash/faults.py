@@ -4,9 +4,13 @@ process's writes).
 
 - ``redis-flush``: Redis forgets everything (``FLUSHALL``), as after a failover to a replica
   that had nothing, or a restore of an empty backup.
-- ``redis-rollback``: Redis restarts from an older copy of its data folder, so it lacks its
-  latest writes (a replica that lagged, a backup restored). The copy is the one the previous
-  rollback took (the first takes one and rolls nothing back).
+- ``redis-rollback``: Redis (the primary) restarts from an older copy of its data folder, so
+  it lacks its latest writes (a backup restored). The copy is the one the previous rollback
+  took (the first takes one and rolls nothing back).
+- ``redis-failover`` (Redis with a replica and Sentinel): the primary is SIGKILLed, Sentinel
+  promotes the replica, which may lack the primary's last writes (replication is
+  asynchronous), and the old primary comes back as a replica of the new one. Skipped while the
+  replica is not in sync, since then there is nothing to fail over to.
 - ``broker-wipe`` (a three-node cluster): one Kafka node is SIGKILLed, loses its data folder,
   and comes back with an empty disk, formatted to join again, then is made a voter of the
   quorum again (``cli/kafka_cluster.py``). Skipped while another node lags, since losing a
@@ -25,13 +29,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 
+from bench.crash.brokers import RedisNodes
 from bench.crash.chaos import Component, FaultSkipped
 
 
-async def redis_flush(url: str) -> None:
-    client = aioredis.Redis.from_url(url, socket_timeout=10)
+async def redis_flush(url: Callable[[], str]) -> None:
+    """``FLUSHALL`` on the Redis ``url()`` names when called (the primary of the moment)."""
+    client = aioredis.Redis.from_url(await asyncio.to_thread(url), socket_timeout=10)
     try:
         await client.flushall()
     finally:
@@ -39,32 +46,92 @@ async def redis_flush(url: str) -> None:
 
 
 class RedisRollback:
-    """Restarts Redis from the copy of its data folder taken at the previous call."""
+    """Restarts the primary from the copy of its data folder taken at the previous call."""
 
     def __init__(
-        self, component: Callable[[], Component], data: Path, ready: Callable[[], bool]
+        self, nodes: RedisNodes, components: Mapping[str, Component], ready: Callable[[], bool]
     ) -> None:
-        self._component = component
-        self._data = data
-        self._copy = data.parent / "older-copy"
+        self._nodes = nodes
+        self._components = components
         self._ready = ready
+        self._copy: tuple[str, Path] | None = None  # (the server it was taken of, where)
 
     async def __call__(self) -> None:
-        component = self._component()
-        if self._copy.exists():
+        name = await asyncio.to_thread(self._nodes.primary)
+        component = self._components[name]
+        data = self._nodes.data[name]
+        if self._copy is not None and self._copy[0] == name:
             with component.holding():
                 component.kill()
-                shutil.rmtree(self._data)
-                shutil.copytree(self._copy, self._data)
+                shutil.rmtree(data)
+                shutil.copytree(self._copy[1], data)
                 component.start()
             component.events.record(component.name, "restart", older=True)
-            for _ in range(600):
-                if await asyncio.to_thread(self._ready):
-                    break
-                await asyncio.sleep(0.1)
+            await _await(self._ready, 60.0)
         # The next rollback goes back to now (a live copy: Redis loads a torn AOF tail).
-        shutil.rmtree(self._copy, ignore_errors=True)
-        await asyncio.to_thread(shutil.copytree, self._data, self._copy)
+        copy = data.parent / "older-copy"
+        shutil.rmtree(copy, ignore_errors=True)
+        await asyncio.to_thread(shutil.copytree, data, copy)
+        self._copy = (name, copy)
+
+
+class RedisFailover:
+    """Kills the primary and waits for Sentinel to promote the replica (see the module doc)."""
+
+    def __init__(self, nodes: RedisNodes, components: Mapping[str, Component]) -> None:
+        self._nodes = nodes
+        self._components = components
+
+    async def __call__(self) -> None:
+        old = await asyncio.to_thread(self._nodes.primary)
+        if not await asyncio.to_thread(_replica_in_sync, self._nodes.urls[old]):
+            raise FaultSkipped("the replica is not in sync")
+        component = self._components[old]
+        with component.holding():
+            component.kill()
+            component.events.record(component.name, "kill", failover=True)
+            try:
+                promoted = await _await(lambda: self._promoted(old), FAILOVER_TIMEOUT_S)
+            finally:
+                # Back, and made a replica of the new primary by Sentinel
+                component.start()
+        component.events.record(component.name, "restart")
+        if not promoted:
+            raise TimeoutError(f"Sentinel did not promote a replica in {FAILOVER_TIMEOUT_S} s")
+
+    def _promoted(self, old: str) -> bool:
+        try:
+            return self._nodes.primary() != old
+        except redis.RedisError:
+            return False
+
+
+FAILOVER_TIMEOUT_S = 60.0
+
+
+def _replica_in_sync(primary_url: str) -> bool:
+    """Whether the primary has a replica online (Redis's INFO replication)."""
+    client = redis.Redis.from_url(primary_url, socket_timeout=2)
+    try:
+        info = client.info("replication")
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+    return any(
+        isinstance(value, dict) and value.get("state") == "online"
+        for key, value in info.items()
+        if str(key).startswith("slave")
+    )
+
+
+async def _await(ready: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await asyncio.to_thread(ready):
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
 
 
 class BrokerWipe:

@@ -35,7 +35,7 @@ from bench.crash.chaos import Chaos, Component, ComponentSpec, EventLog, Fault
 from bench.crash.checker import DeadLetter, calls_from_journal, check, published_from_journal
 from bench.crash.dead_letters import read_dead_letters
 from bench.crash.drain import drain
-from bench.crash.faults import BrokerWipe, RedisRollback, redis_flush
+from bench.crash.faults import BrokerWipe, RedisFailover, RedisRollback, redis_flush
 from bench.crash.journal import read_entries
 from bench.crash.outage import outage_figures
 from bench.crash.plan import PlanShape, make_plan
@@ -90,7 +90,8 @@ class RunConfig:
     # The webhook receiver is killed too (its journal survives: bench/crash/journal.py).
     kill_receiver: bool = False
     # Faults besides kills (bench/crash/faults.py): "redis-flush", and with own brokers
-    # "redis-rollback", and on a cluster (kafka_nodes 3) "broker-wipe".
+    # "redis-rollback" and "redis-failover" (which runs Redis with a replica and Sentinel),
+    # and on a cluster (kafka_nodes 3) "broker-wipe".
     faults: tuple[str, ...] = ()
     # With own brokers: Kafka as one broker, or a KRaft cluster of three (replication 3).
     kafka_nodes: int = 1
@@ -220,7 +221,11 @@ class CrashRun:
         if config.own_brokers:
             from bench.crash.brokers import prepare_brokers
 
-            brokers = prepare_brokers(config.workdir, kafka_nodes=config.kafka_nodes)
+            brokers = prepare_brokers(
+                config.workdir,
+                kafka_nodes=config.kafka_nodes,
+                sentinel="redis-failover" in config.faults,
+            )
             self.brokers = brokers
             # A cluster's nodes need one another to start: all of them first, then the wait.
             for spec in brokers.specs:
@@ -246,6 +251,7 @@ class CrashRun:
             extra_env={
                 **self._ingest_scope(),
                 **spark_env,
+                **(self.brokers.redis.setu_env() if self.brokers else {}),
                 # Three replicas, two in sync for an acknowledgement, on a cluster of three
                 **(
                     {"SETU_KAFKA_REPLICATION_FACTOR": str(config.kafka_nodes)}
@@ -385,15 +391,18 @@ class CrashRun:
         faults: dict[str, Fault] = {}
         for name in self.config.faults:
             if name == "redis-flush":
-                faults[name] = partial(redis_flush, layout.redis_url)
+                where = self.brokers.redis.primary_url if self.brokers else lambda: layout.redis_url
+                faults[name] = partial(redis_flush, where)
             elif name == "redis-rollback":
                 if self.brokers is None:
                     raise ValueError("redis-rollback needs the run's own brokers")
                 faults[name] = RedisRollback(
-                    lambda: self.components["redis"],
-                    self.brokers.redis_data,
-                    self.brokers.ready["redis"],
+                    self.brokers.redis, self.components, self.brokers.ready["redis"]
                 )
+            elif name == "redis-failover":
+                if self.brokers is None or self.brokers.redis.sentinel is None:
+                    raise ValueError("redis-failover needs the run's own Redis with Sentinel")
+                faults[name] = RedisFailover(self.brokers.redis, self.components)
             elif name == "broker-wipe":
                 if self.brokers is None or self.brokers.cluster is None:
                     raise ValueError("broker-wipe needs the run's own cluster (kafka_nodes 3)")
@@ -484,7 +493,16 @@ class CrashRun:
         names = sorted(self.components, key=lambda n: order.index(n) if n in order else 10)
         late = [
             n
-            for n in ("receiver", "redis", "kafka", "kafka-1", "kafka-2", "kafka-3")
+            for n in (
+                "receiver",
+                "redis",
+                "redis-replica",
+                "sentinel",
+                "kafka",
+                "kafka-1",
+                "kafka-2",
+                "kafka-3",
+            )
             if n in self.components
         ]
         for name in [n for n in names if n not in late] + late:

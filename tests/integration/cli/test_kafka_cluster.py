@@ -25,13 +25,13 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from cli.jars import resolve_kafka_jars
 from cli.kafka_cluster import (
     LocalKafkaCluster,
     partitions_held_only_by,
     read_meta_properties,
 )
-from setu.settings import Settings
+from tests.kafka_cluster import partitions as partitions_of
+from tests.kafka_cluster import three_nodes
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -42,7 +42,6 @@ MESSAGES = 2_000
 # 2,000 messages at this pace take about 40 s: longer than a node takes to be killed, given an
 # empty disk, restarted and made a voter again, so the stream runs through all of it.
 PACE_S = 0.02
-START_TIMEOUT_S = 120.0
 # A fenced broker is noticed after broker.session.timeout.ms (9 s), and catching up shares two
 # cores with everything else.
 REJOIN_TIMEOUT_S = 120.0
@@ -59,14 +58,8 @@ REFUSALS = {
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalKafkaCluster]:
-    """Three nodes on free ports, their data and logs in ``tmp_path``, stopped after the test."""
-    libs = resolve_kafka_jars(Settings())[0].parent
-    running = LocalKafkaCluster.on_free_ports(tmp_path / "kafka", libs, size=3)
-    try:
-        running.start(START_TIMEOUT_S)
+    with three_nodes(tmp_path / "kafka") as running:
         yield running
-    finally:
-        running.stop()
 
 
 def create_topic(bootstrap: str) -> None:
@@ -124,10 +117,7 @@ def produce_numbers(bootstrap: str, acks: Acks, produced: list[int]) -> None:
 
 
 def partitions(bootstrap: str) -> dict[int, tuple[int, list[int]]]:
-    """Each partition's leader and in-sync replicas, as the brokers report them now."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    topic = admin.list_topics(TOPIC, timeout=10).topics[TOPIC]
-    return {p: (meta.leader, list(meta.isrs)) for p, meta in topic.partitions.items()}
+    return partitions_of(bootstrap, TOPIC)
 
 
 def in_every_isr(bootstrap: str, node_id: int) -> bool:
