@@ -12,8 +12,13 @@ import pytest
 
 from cli.kafka_cluster import LocalKafkaCluster
 from setu.names import ingest_topic
-from tests.integration.api.support import assert_error, headers_of, read_records, running_api
-from tests.integration.api.support import unique
+from tests.integration.api.support import (
+    assert_error,
+    headers_of,
+    read_records,
+    running_api,
+    unique,
+)
 from tests.kafka_cluster import partitions, three_nodes
 from tests.waiting import wait_for_async
 
@@ -87,5 +92,5 @@ async def test_a_message_two_replicas_did_not_take_is_answered_503_never_200(
         # And the group's partition holds both, in order (a copy of the refused attempt
         # that reached the leader first, if any, is the ingest job's to drop: same sequence)
         records = await asyncio.to_thread(read_records, bootstrap, topic, 3, 30.0)
-        ids = [headers_of(r)["X_MESSAGE_ID"].decode() for r in records]
+        ids = [headers_of(r)["setu-message-id"].decode() for r in records]
         assert ids[0] == "m-1" and set(ids[1:]) == {"m-2"}, ids
