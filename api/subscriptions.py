@@ -39,7 +39,7 @@ from api.schemas import (
     secrets_view,
     subscription_view,
 )
-from api.validation import check_endpoint_headers, check_signing_secret
+from api.validation import check_endpoint_headers, check_signing_secret, endpoint_origin
 from setu.access import Permission
 from setu.clock import now_ms
 from setu.errors import DependencyUnavailable, InvalidInput
@@ -208,7 +208,11 @@ async def update_subscription(
         default_grouped=current.grouped,
         current=current.policies,
     )
-    if "headers" not in body.endpoint.model_fields_set:
+    if "headers" not in body.endpoint.model_fields_set and endpoint_origin(
+        body.endpoint.url
+    ) == endpoint_origin(current.endpoint.url):
+        # Header values are kept for the server they were given for, never taken to another
+        # one: a new origin gets only the headers its request sends (docs/security.md §5).
         sub = dataclasses.replace(
             sub, endpoint=dataclasses.replace(sub.endpoint, headers=current.endpoint.headers)
         )

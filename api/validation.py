@@ -96,6 +96,14 @@ def endpoint_host(url: str) -> str:
     return host
 
 
+def endpoint_origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of a checked webhook URL, the port filled in from the scheme and
+    the host in lower case: two URLs with one origin reach the same server."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or (443 if scheme == "https" else 80)
+
+
 async def known_query_only(request: Request) -> None:
     """Refuses query parameters the route does not take (a typo such as ``?limt=5`` must not
     be silently ignored), and one given twice (which of the two would count?)."""

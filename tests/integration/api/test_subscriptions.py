@@ -321,6 +321,44 @@ async def test_endpoint_header_values_are_write_only(api: Api, project: str) -> 
 
 
 @pytest.mark.parametrize(
+    ("moved_to", "kept"),
+    [
+        ("https://elsewhere.example.com/orders", False),  # another host
+        ("http://hooks.example.com/orders", False),  # another scheme
+        ("https://hooks.example.com:8443/orders", False),  # another port
+        ("https://HOOKS.example.com:443/v2/orders", True),  # the same server, another path
+    ],
+)
+async def test_header_values_never_follow_the_endpoint_to_another_server(
+    api: Api, project: str, moved_to: str, kept: bool
+) -> None:
+    # Given a subscription whose endpoint gets a bearer token
+    await make_topic(api, project)
+    token = "Bearer receiver-token-" + "k" * 24
+    url = f"/v1/projects/{project}/subscriptions/s"
+    created = await api.client.post(
+        f"/v1/projects/{project}/subscriptions",
+        json=body(endpoint={"url": HOOK, "headers": {"Authorization": token}}),
+    )
+    assert created.status_code == 201, created.text
+    # When a PUT changes only the endpoint's URL
+    moved = await api.client.put(url, json={"version": 1, "endpoint": {"url": moved_to}})
+    assert moved.status_code == 200, moved.text
+    # Then the token goes with it only to the same origin: another server gets no header
+    stored = api.app.state.store.get_subscription(project, "s")
+    assert dict(stored.endpoint.headers) == ({"Authorization": token} if kept else {})
+    assert moved.json()["endpoint"]["header_names"] == (["Authorization"] if kept else [])
+    # And sent again in the same request, they go to the new server
+    again = await api.client.put(
+        url,
+        json={"version": 2, "endpoint": {"url": moved_to, "headers": {"Authorization": token}}},
+    )
+    assert again.status_code == 200, again.text
+    stored = api.app.state.store.get_subscription(project, "s")
+    assert dict(stored.endpoint.headers) == {"Authorization": token}
+
+
+@pytest.mark.parametrize(
     ("changes", "status"),
     [
         ({"topic": "other"}, 400),
