@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
-from api.auth import allow, authorize
+from api.auth import allow, authorize, caller
 from api.context import blocking, services
 from api.health import ingest_state
 from api.responses import Out, reply
@@ -34,7 +34,7 @@ from delivery.attempts import delivery_record
 from delivery.kafka_io import Backlog, DeadLetterReader, KafkaReader
 from delivery.operations import DeadLetterOps
 from setu import names
-from setu.access import Permission
+from setu.access import Permission, grants
 from setu.clock import now_ms
 from setu.errors import DependencyUnavailable, InvalidInput, NotFound
 from setu.model import Subscription
@@ -173,7 +173,8 @@ class AttemptOut(Out):
     status: int | None
     error: str | None
     duration_ms: float
-    # The start of a failed answer's body (up to 4 KiB), as text.
+    # The start of a failed answer's body (up to 4 KiB), as text; null for a key that may not
+    # read message bodies (a receiver may echo the request).
     response_excerpt: str | None
     # False when it failed while the endpoint's circuit breaker was open: the attempt was not
     # counted, and the message was called again with the same attempt number.
@@ -470,7 +471,13 @@ async def message_record(
             f"no delivery record of message {shown(message_id)} in the last {hours} h "
             "(unknown, not attempted yet, or older: SETU_ATTEMPT_LOG_HOURS)"
         )
-    return reply(DeliveryRecordOut, delivery_record(message_id, entries))
+    record = delivery_record(message_id, entries)
+    if Permission.READ_BODIES not in grants(caller(request).role):
+        # A receiver may echo the request in its answer: the excerpt is a body, and this key
+        # may not read bodies (docs/security.md §2).
+        for attempt in record["attempts"]:
+            attempt["response_excerpt"] = None
+    return reply(DeliveryRecordOut, record)
 
 
 def parse_group_cursor(after: str | None) -> tuple[int, str] | None:

@@ -298,6 +298,20 @@ def test_a_message_s_delivery_record_shows_each_attempt_and_move(
     ]
     assert story["attempts"][0]["response_excerpt"] == '{"refused": 503}'
     assert story["attempts"][2]["response_excerpt"] is None
+    # And a key that may not read bodies (a viewer) sees the attempts but not the answer,
+    # which may echo the request's body; an operator's key sees it
+    for role, excerpt in (("viewer", None), ("operator", '{"refused": 503}')):
+        minted = api.post(
+            f"/v1/projects/{world.project}/keys", json={"name": f"{role}-1", "role": role}
+        )
+        assert minted.status_code == 201, minted.text
+        seen = api.get(
+            path(world, f"messages/{head}"),
+            headers={"Authorization": f"Bearer {minted.json()['key']}"},
+        )
+        assert seen.status_code == 200, seen.text
+        assert seen.json()["attempts"][0]["status"] == 503
+        assert seen.json()["attempts"][0]["response_excerpt"] == excerpt
     assert all(a["duration_ms"] >= 0 and a["at_ms"] > 0 for a in story["attempts"])
     assert story["moves"] and story["moves"][0]["to"] == "rq.1"
     # And the follower was moved behind its group before its first attempt (it fails twice too)
