@@ -227,7 +227,7 @@ def create_app(settings: Settings, *, resolver: Resolver = system_resolver) -> F
         # a provider lookup per request for nothing.
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
-    metrics = ApiMetrics()
+    metrics = ApiMetrics(tenant_labels=settings.metrics_tenant_labels)
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.resolver = resolver

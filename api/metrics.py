@@ -5,7 +5,9 @@ many apps), served at ``GET /metrics``.
   ``setu_api_request_duration_seconds{method, route}``: every HTTP request, labelled by route
   template (``/v1/projects/{project}/topics/{topic}/produce``), so label values stay bounded.
 - ``setu_api_produced_messages_total{project, topic, outcome}``: messages produced, by outcome
-  (``ok``, ``rejected`` for 4xx, ``failed`` for Kafka errors).
+  (``ok``, ``rejected`` for 4xx, ``failed`` for Kafka errors). ``/metrics`` needs no key, so
+  the project and topic are empty (one series per outcome) unless ``tenant_labels``
+  (``SETU_METRICS_TENANT_LABELS``) says that only the scraper reaches it (docs/security.md §2).
 - ``setu_api_produce_ack_seconds{kind}``: from the Kafka write to its acknowledgement, per
   single message or per batch.
 - ``setu_api_producer_queue_records``: records enqueued and not yet acknowledged.
@@ -37,7 +39,8 @@ UNMATCHED_ROUTE = "unmatched"
 class ApiMetrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self) -> None:
+    def __init__(self, tenant_labels: bool = False) -> None:
+        self.tenant_labels = tenant_labels
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "setu_api_requests",
@@ -114,6 +117,8 @@ class ApiMetrics:
         children[1].observe(seconds)
 
     def count_produced(self, project: str, topic: str, outcome: str, amount: int = 1) -> None:
+        if not self.tenant_labels:
+            project = topic = ""  # an empty label is no label to Prometheus
         key = (project, topic, outcome)
         child = self._produced_children.get(key)
         if child is None:

@@ -120,6 +120,9 @@ class Settings(BaseSettings):
     spark_ingest_pattern: str | None = None
     dedup_ttl_seconds: int = 24 * 3600
     dedup_max_producers: int = 100_000
+    # Whether the API's GET /metrics (which needs no key) names projects and topics in its
+    # labels; only where nobody but the scraper reaches it (docs/security.md §2).
+    metrics_tenant_labels: bool = False
     # Where the ingest job serves GET /metrics (Prometheus); unset: not served.
     ingest_metrics_port: int | None = None
     ingest_metrics_host: str = "127.0.0.1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from pathlib import Path
 
 import pytest
 
@@ -224,19 +225,33 @@ async def test_batch_limits_are_413(api: Api, project: str) -> None:
     assert await written(api, project) == 0
 
 
-async def test_produce_is_counted_in_metrics(api: Api, project: str) -> None:
-    url = await make_topic(api, project)
-    await api.client.post(url, content=b"x", headers={"X-Message-Id": "m", "X-Group-Id": "g"})
-    await api.client.post(url, content=b"x", headers={"X-Message-Id": "m"})
-    text = (await api.client.get("/metrics")).text
-    assert (
-        f'setu_api_produced_messages_total{{outcome="ok",project="{project}",topic="t"}} 1.0'
-        in text
-    )
-    assert (
-        f'setu_api_produced_messages_total{{outcome="rejected",project="{project}",topic="t"}} 1.0'
-        in text
-    )
+@pytest.mark.parametrize("tenant_labels", [False, True])
+async def test_produce_is_counted_in_metrics_naming_tenants_only_when_asked(
+    kafka_bootstrap: str, redis_url: str, tmp_path: Path, tenant_labels: bool
+) -> None:
+    # Given an API whose /metrics (which needs no key) may or may not name projects
+    async with running_api(
+        tmp_path,
+        kafka_bootstrap=kafka_bootstrap,
+        redis_url=redis_url,
+        metrics_tenant_labels=tenant_labels,
+    ) as api:
+        project = unique()
+        assert (await api.client.post("/v1/projects", json={"name": project})).status_code == 201
+        try:
+            url = await make_topic(api, project)
+            # When a message is accepted and another refused
+            headers = {"X-Message-Id": "m", "X-Group-Id": "g"}
+            await api.client.post(url, content=b"x", headers=headers)
+            await api.client.post(url, content=b"x", headers={"X-Message-Id": "m"})
+            text = (await api.client.get("/metrics", headers={"Authorization": ""})).text
+        finally:
+            await drop_project(api.client, project)
+    # Then both are counted, by project and topic only where that was asked for
+    labels = f'project="{project}",topic="t"' if tenant_labels else 'project="",topic=""'
+    assert f'setu_api_produced_messages_total{{outcome="ok",{labels}}} 1.0' in text
+    assert f'setu_api_produced_messages_total{{outcome="rejected",{labels}}} 1.0' in text
+    assert (project in text) is tenant_labels
     assert 'route="/v1/projects/{project}/topics/{topic}/produce"' in text
     assert "setu_api_produce_ack_seconds_bucket" in text
 
