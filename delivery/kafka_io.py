@@ -39,6 +39,14 @@ log = logging.getLogger(__name__)
 # What a watermark read says of a topic that does not exist (yet).
 _MISSING = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION})
 _MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
+# What a committed-offsets read says while the group's coordinator is being found or loaded.
+_COORDINATOR_MOVING = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    }
+)
 T = TypeVar("T")
 
 POLL_BATCH = 500
@@ -425,6 +433,44 @@ def produced_at(msg: Message) -> int:
     return int(msg.timestamp()[1])
 
 
+def committed(
+    consumer: Consumer, partitions: list[TopicPartition], deadline: float
+) -> list[TopicPartition]:
+    """The group's committed offsets of ``partitions``, asked again until ``deadline`` while
+    the group's coordinator is being found or loaded. Raises KafkaException otherwise."""
+    while True:
+        try:
+            found: list[TopicPartition] = consumer.committed(
+                partitions, timeout=max(0.1, deadline - time.monotonic())
+            )
+            return found
+        except KafkaException as exc:
+            if exc.args[0].code() not in _COORDINATOR_MOVING or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def watermarks(
+    consumer: Consumer, tp: TopicPartition, deadline: float, *, wait_for_missing: bool
+) -> tuple[int, int]:
+    """A partition's low and high watermarks, asked again until ``deadline`` while a new
+    topic's leaders are being elected, and with ``wait_for_missing`` while the brokers do not
+    know the topic yet (one just created is not on every broker at once). Raises
+    KafkaException otherwise."""
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                tp, timeout=max(0.1, deadline - time.monotonic()), cached=False
+            )
+            return int(low), int(high)
+        except KafkaException as exc:
+            code = exc.args[0].code()
+            retried = _MOVING | _MISSING if wait_for_missing else _MOVING
+            if code not in retried or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 class KafkaReader:
     """Short reads outside the consumer group: tails and offsets for a time. Blocking; call
     the methods in a worker thread."""
@@ -551,19 +597,13 @@ class KafkaReader:
             held = 0
             deadline = time.monotonic() + timeout_s
             for partition in range(partitions):
-                while True:
-                    try:
-                        low, high = consumer.get_watermark_offsets(
-                            TopicPartition(topic, partition), timeout=timeout_s, cached=False
-                        )
-                        break
-                    except KafkaException as exc:
-                        code = exc.args[0].code()
-                        if code in _MISSING:
-                            return 0
-                        if code not in _MOVING or time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.1)  # a new topic's leaders are still being elected
+                tp = TopicPartition(topic, partition)
+                try:
+                    low, high = watermarks(consumer, tp, deadline, wait_for_missing=False)
+                except KafkaException as exc:
+                    if exc.args[0].code() in _MISSING:
+                        return 0
+                    raise
                 held += high - low
             return held
         finally:
@@ -586,8 +626,11 @@ class KafkaReader:
                 TopicPartition(topic, p) for topic, count in topics.items() for p in range(count)
             ]
             out: list[Backlog] = []
-            for tp in consumer.committed(partitions, timeout=timeout_s):
-                low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+            deadline = time.monotonic() + timeout_s
+            # A new subscription's consumer group has no coordinator at first
+            for tp in committed(consumer, partitions, deadline):
+                # The topics exist (the subscription made them), maybe only just
+                low, high = watermarks(consumer, tp, deadline, wait_for_missing=True)
                 start = max(tp.offset if tp.offset >= 0 else low, low)
                 out.append(Backlog(tp.topic, tp.partition, max(0, high - start), start))
         finally:

@@ -520,3 +520,18 @@ async def test_names_resolving_inward_late_or_not_at_all_are_refused_at_registra
             assert fine.status_code == 201, fine.text
         finally:
             await drop_project(api.client, project)
+
+
+async def test_status_read_right_after_a_create_is_answered(api: Api, project: str) -> None:
+    # Given subscriptions whose status is asked for the moment each is created, while their
+    # new topics' partitions may still be electing leaders
+    await make_topic(api, project, partitions=6)
+    for n in range(12):
+        created = await api.client.post(
+            f"/v1/projects/{project}/subscriptions", json=body(name=f"s{n}")
+        )
+        assert created.status_code == 201, created.text
+        # Then the status is there at once, empty: never a 503
+        status = await api.client.get(f"/v1/projects/{project}/subscriptions/s{n}/status")
+        assert status.status_code == 200, status.text
+        assert status.json()["lag"] == 0
