@@ -33,6 +33,7 @@ from api.auth import Authenticator
 from api.console import serve_console
 from api.context import Services, blocking
 from api.docs import serve_docs
+from api.headers import SecurityHeaders
 from api.metrics import ApiMetrics, MetricsMiddleware
 from api.produce import ProduceFastPath
 from api.producer import AckedProducer, producer_config
@@ -235,6 +236,8 @@ def create_app(settings: Settings, *, resolver: Resolver = system_resolver) -> F
     # Added first, so it runs inside the metrics middleware.
     app.add_middleware(ProduceFastPath)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    # Outermost: every answer gets them, refusals included (docs/security.md §2).
+    app.add_middleware(SecurityHeaders)
     for module in ROUTERS:
         app.include_router(module.router)
     serve_docs(app)

@@ -84,15 +84,50 @@ async def test_docs_are_served_from_the_package_with_nothing_fetched_elsewhere(a
     page = (await api.client.get("/docs")).text
     # Every script, style and icon the page loads is one of the API's own paths
     assets = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page)
-    assert assets and all(a.startswith("/static/swagger/") for a in assets), assets
+    assert assets and all(a.startswith("/static/") for a in assets), assets
     assert "://" not in "".join(assets)
     for asset in assets:
         served = await api.client.get(asset)
-        assert served.status_code == 200 and len(served.content) > 500, asset
+        assert served.status_code == 200 and len(served.content) > 200, asset
     js = await api.client.get("/static/swagger/swagger-ui-bundle.js")
     assert "javascript" in js.headers["content-type"]
-    # And the page reads the API's own document, with the key kept across reloads
-    assert "/openapi.json" in page and '"persistAuthorization": true' in page
+    # And the page reads the API's own document, runs no inline script, and keeps no key
+    # in the browser's storage
+    assert 'data-openapi="/openapi.json"' in page
+    assert all(
+        script.strip() == "" for script in re.findall(r"<script[^>]*>(.*?)</script>", page, re.S)
+    )
+    start = (await api.client.get("/static/docs/init.js")).text
+    assert "SwaggerUIBundle(" in start and "persistAuthorization" not in start
+
+
+@pytest.mark.parametrize(
+    ("path", "page"),
+    [
+        ("/docs", True),
+        ("/console", True),
+        ("/v1/health", False),
+        ("/openapi.json", False),
+        ("/static/console/console.js", False),
+        ("/v1/projects", False),  # a refusal: 401 without a key
+    ],
+)
+async def test_every_answer_carries_the_security_headers(api: Api, path: str, page: bool) -> None:
+    answer = await api.client.get(
+        path, headers={"Authorization": ""} if path == "/v1/projects" else None
+    )
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    assert answer.headers["referrer-policy"] == "no-referrer"
+    assert answer.headers["x-frame-options"] == "DENY"
+    policy = answer.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in policy
+    if page:
+        # Pages load scripts from the API only, and never inline ones
+        directives = dict(d.strip().split(" ", 1) for d in policy.split(";"))
+        assert directives["script-src"] == "'self'"
+        assert directives["connect-src"] == "'self'"
+    else:
+        assert policy.startswith("default-src 'none'")
 
 
 async def test_the_document_lists_the_errors_the_api_sends_and_not_422(api: Api) -> None:

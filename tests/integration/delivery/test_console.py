@@ -39,6 +39,8 @@ def browser() -> Iterator[WebDriver]:
         "--window-size=1280,1000",
     ):
         options.add_argument(flag)
+    # The browser's console log, where it reports what a Content-Security-Policy refused
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     session = webdriver.Chrome(service=Service(driver), options=options)
     try:
         yield session
@@ -165,5 +167,10 @@ def test_an_operator_finds_and_unsidelines_a_stuck_group_in_the_console(
             lambda: len(browser.find_elements(By.CSS_SELECTOR, ".opblock")) > 20,
             SLOW_S,
         )
+        # And neither page did anything its Content-Security-Policy refuses (api/headers.py)
+        refused = [
+            e["message"] for e in browser.get_log("browser") if "Security Policy" in e["message"]
+        ]
+        assert refused == []
         client.close()
         assert stack.stop() == 0
