@@ -228,6 +228,7 @@ def serve_worker(config: dict[str, Any]) -> None:
         worker_id=f"bench-{config['project']}",
         allow_private_endpoints=True,  # the benchmark's webhook listens on loopback
         attempt_log_hours=config["attempt_log_hours"],
+        kafka_replication_factor=config.get("replication_factor", 1),
     )
     tracing.configure("setu-deliver")  # on in the -traced row (OTEL_EXPORTER_OTLP_ENDPOINT)
     profile_to = os.environ.get("SETU_BENCH_PROFILE")

@@ -140,6 +140,10 @@ class DurableGroupStore:
         writes: Sequence[StateWrite],
         epochs: Mapping[int, int] | None = None,
     ) -> None:
+        if not writes and not any(delivered.values()):
+            # Redis is given nothing (RedisGroupStore.apply_batch) and counts no write, so
+            # neither does this owner: else the next check would take Redis for having lost one.
+            return
         by_partition: dict[int, list[ChangelogRecord]] = {}
         for write in writes:
             epoch = (epochs or {}).get(write.partition, self._epochs.get(write.partition, 0))

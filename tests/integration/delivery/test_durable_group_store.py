@@ -108,6 +108,24 @@ async def test_an_owner_notices_redis_lost_its_latest_writes(
         )
 
 
+async def test_a_batch_with_nothing_left_to_write_is_not_taken_for_lost_state(
+    redis_client: tuple[Redis[bytes], str],
+) -> None:
+    client, project = redis_client
+    store = DurableGroupStore(RedisGroupStore(client, project, "s"), ListChangelog())
+    epoch = await store.claim(0)
+    await store.apply(StateWrite(0, "g", touches_group=True, state=parked(1)), epoch)
+    # Given a batch whose writes were all dropped (their engine was replaced meanwhile), so it
+    # carries the partition's epoch and nothing to write
+    await store.apply_batch({}, [], {0: epoch})
+    # Then Redis, which was given nothing, is not taken for having lost a write
+    await store.verify(0)
+    await store.apply(
+        StateWrite(0, "g", touches_group=True, expected_version=1, state=parked(2, 2)), epoch
+    )
+    await store.verify(0)
+
+
 async def test_a_partition_from_before_the_changelog_is_seeded_from_redis(
     redis_client: tuple[Redis[bytes], str],
 ) -> None:
