@@ -118,12 +118,15 @@ class DurableGroupStore:
         epoch = self._epochs.get(partition)
         if epoch is None:
             return
+        # Taken before Redis is read: a write that completes meanwhile is counted by Redis
+        # first and by this owner after, so a count taken later could run ahead of the read.
+        made = self._writes[partition]
         held_epoch, held_writes = await self.redis.writes_since_claim(partition)
-        if held_epoch < epoch or (held_epoch == epoch and held_writes < self._writes[partition]):
+        if held_epoch < epoch or (held_epoch == epoch and held_writes < made):
             raise StateLost(
                 [partition],
                 f"partition {partition}: Redis holds epoch {held_epoch} and {held_writes} "
-                f"writes, this owner made epoch {epoch} and {self._writes[partition]}",
+                f"writes, this owner made epoch {epoch} and {made}",
             )
 
     # Writes

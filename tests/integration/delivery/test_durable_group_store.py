@@ -4,6 +4,7 @@ partition here; the Kafka form is run end to end by test_redis_forgets.py."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Sequence
 
@@ -124,6 +125,38 @@ async def test_a_batch_with_nothing_left_to_write_is_not_taken_for_lost_state(
         StateWrite(0, "g", touches_group=True, expected_version=1, state=parked(2, 2)), epoch
     )
     await store.verify(0)
+
+
+class SlowRead(RedisGroupStore):
+    """Redis whose answer to the owner's check arrives only once ``answer`` is set (``read``
+    is set once it was read)."""
+
+    read: asyncio.Event
+    answer: asyncio.Event
+
+    async def writes_since_claim(self, partition: int) -> tuple[int, int]:
+        held = await super().writes_since_claim(partition)
+        self.read.set()
+        await self.answer.wait()
+        return held
+
+
+async def test_a_write_completing_during_a_check_is_not_taken_for_lost_state(
+    redis_client: tuple[Redis[bytes], str],
+) -> None:
+    client, project = redis_client
+    redis_store = SlowRead(client, project, "s")
+    redis_store.read, redis_store.answer = asyncio.Event(), asyncio.Event()
+    store = DurableGroupStore(redis_store, ListChangelog())
+    epoch = await store.claim(0)
+    # Given the periodic check has read Redis's count, and its answer is on its way
+    check = asyncio.create_task(store.verify(0))
+    await redis_store.read.wait()
+    # When a write completes meanwhile (Redis counts it first, the owner after)
+    await store.apply(StateWrite(0, "g", touches_group=True, state=parked(1)), epoch)
+    redis_store.answer.set()
+    # Then the check does not take Redis for having lost it
+    await check
 
 
 async def test_a_partition_from_before_the_changelog_is_seeded_from_redis(
