@@ -3,12 +3,22 @@
 The wire format is docs/design.md §11 (setu/stream/frames.py); what Setu makes of it, and why
 the listener lives in ``setu api``, is docs/streaming.md. In short:
 
-- **Session.** The first frame is HELLO; its cookie is an API key with the produce permission.
-  OK grants ``SETU_STREAM_CREDITS`` credits. Every MESSAGE and NOTIFY spends one; a session that
+- **Connections.** Before its session opens a connection costs almost nothing. The listener
+  accepts it itself and reads its bare socket (:class:`Greeting`): the first frame must be HELLO,
+  at most :data:`HELLO_MAX_BYTES`, refused from its length alone when longer, and due within
+  ``SETU_STREAM_HELLO_TIMEOUT_MS``; nothing after it is read until the key is accepted.
+  Connections without a session are capped apart from sessions (``SETU_STREAM_MAX_PENDING``,
+  :class:`Admission`): past the cap the one that has waited longest for its HELLO is closed, so
+  idle sockets neither take sessions' slots nor keep a producer that says HELLO at once from
+  connecting. Refusals are counted, and logged at most once per 10 s (:class:`RefusalLog`).
+- **Session.** HELLO's cookie is an API key with the produce permission. A replica serves
+  ``SETU_STREAM_MAX_SESSIONS`` sessions, ``SETU_STREAM_MAX_SESSIONS_PER_KEY`` of one key. OK
+  grants ``SETU_STREAM_CREDITS`` credits. Every MESSAGE and NOTIFY spends one; a session that
   spends more than it holds is ended.
 - **Streams.** NOTIFY names ``{project}/{topic}/{producer_id}``. The session takes the stream's
   lease in Redis (one writer per stream over every replica, state/stream_sessions.py) and answers
-  NOTIFY_ACK with the point to resume from; a stream another session writes gets success 0.
+  NOTIFY_ACK with the point to resume from; a stream another session writes gets success 0. A
+  session holds at most ``SETU_STREAM_MAX_STREAMS_PER_SESSION`` streams.
 - **Messages.** A MESSAGE is validated as HTTP produce validates it (its id is the producer's
   sequence id, its key the GroupId) and written to the topic's ingest topic as HTTP produce
   writes it, with the Setu message id ``{producer_id}:{sequence_id}``. One below the point the
@@ -25,7 +35,8 @@ the listener lives in ``setu api``, is docs/streaming.md. In short:
   it started, so the next writer of a stream never races the last one's writes.
 
 ERROR reasons read ``"<code>: <message>"`` with the codes of the HTTP API's errors plus
-``protocol_error``; ``setu.client`` retries ``dependency_unavailable`` and gives up on the rest.
+``protocol_error``; ``setu.client`` retries ``dependency_unavailable``, ``rate_limited`` and
+``internal`` and gives up on the rest.
 """
 
 from __future__ import annotations
@@ -33,13 +44,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import socket
 import time
-from collections import deque
-from collections.abc import Coroutine, Iterable
+from collections import Counter, deque
+from collections.abc import Callable, Coroutine, Hashable, Iterable, KeysView
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from redis.exceptions import RedisError
 
@@ -58,6 +70,7 @@ from setu.errors import (
     RateLimited,
     SetuError,
 )
+from setu.settings import Settings
 from setu.stream import frames
 from state.producer_marks import MarksUnavailable
 from state.stream_sessions import StreamKey, StreamSessions
@@ -65,8 +78,17 @@ from state.stream_sessions import StreamKey, StreamSessions
 log = logging.getLogger(__name__)
 
 PROTOCOL_ERROR = "protocol_error"
+# The first frame, HELLO, is four short fields of which only the API key matters: nothing longer
+# is read from a caller not yet known.
+HELLO_MAX_BYTES = 4096
 _READ_BYTES = 256 * 1024
-_HELLO_TIMEOUT_S = 10.0
+# A session's asyncio reader stops taking its socket's bytes while twice this waits unread: a
+# session not being read (every session is held at the buffer cap) holds little besides.
+_READER_LIMIT = 64 * 1024
+_REFUSALS_LOGGED_EVERY_S = 10.0
+_BACKLOG = 100  # asyncio's default
+_TOO_MANY_WAITING = "too many streaming connections are waiting to say HELLO; retry later"
+_TOO_MANY_WAITING_ERROR = f"dependency_unavailable: {_TOO_MANY_WAITING}".encode()
 # Leases are renewed, points recorded and the key checked again this often (at most).
 _KEEP_EVERY_S = 1.0
 # A message's id is a sequence id: 0..2^63-1 (docs/design.md §2).
@@ -119,6 +141,139 @@ class Refused(Exception):
 
 def refusal(exc: SetuError, prefix: str = "") -> Refused:
     return Refused(exc.code, f"{prefix}{exc.message}")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What one caller may hold of the listener (docs/streaming.md, "What a caller may hold")."""
+
+    hello_timeout_s: float
+    max_pending: int
+    max_sessions: int
+    max_sessions_per_key: int
+    max_streams_per_session: int
+
+
+def connection_limits(settings: Settings, max_sessions: int) -> ConnectionLimits:
+    """The limits from the ``SETU_STREAM_*`` settings; one key's sessions default to a quarter
+    of ``max_sessions``."""
+    per_key = settings.stream_max_sessions_per_key
+    return ConnectionLimits(
+        hello_timeout_s=settings.stream_hello_timeout_ms / 1000,
+        max_pending=settings.stream_max_pending,
+        max_sessions=max_sessions,
+        max_sessions_per_key=per_key if per_key is not None else max(1, max_sessions // 4),
+        max_streams_per_session=settings.stream_max_streams_per_session,
+    )
+
+
+C = TypeVar("C", bound=Hashable)
+
+
+class Admission(Generic[C]):
+    """Which connections are served: bookkeeping only, the listener does the I/O.
+
+    A connection is *pending* from its arrival until its session opens: first reading its
+    HELLO, then while its key is checked. At most ``max_pending`` are pending, whatever the
+    sessions. A connection over that cap turns away the one that has waited longest for its
+    HELLO (a client that means to talk sends it at once, so the oldest is the likeliest idle),
+    or itself when every pending one has sent its HELLO already. Sessions count apart: at most
+    ``max_sessions``, ``max_sessions_per_key`` of one key."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self._reading: dict[C, None] = {}  # no whole HELLO yet, oldest first
+        self._checking: set[C] = set()  # HELLO read, its key being checked
+        self._opened: dict[C, str] = {}  # session -> its key's id
+        self._per_key: Counter[str] = Counter()
+
+    @property
+    def pending(self) -> int:
+        return len(self._reading) + len(self._checking)
+
+    @property
+    def opened(self) -> KeysView[C]:
+        return self._opened.keys()
+
+    def reading(self) -> KeysView[C]:
+        """The connections still reading their HELLO, oldest first."""
+        return self._reading.keys()
+
+    def arrive(self, connection: C) -> C | None:
+        """Counts a new connection; returns the connection to turn away, if any."""
+        if self.pending < self.limits.max_pending:
+            self._reading[connection] = None
+            return None
+        if not self._reading:
+            return connection
+        oldest = next(iter(self._reading))
+        del self._reading[oldest]
+        self._reading[connection] = None
+        return oldest
+
+    def greeted(self, connection: C) -> None:
+        """Its HELLO is whole: it may no longer be turned away for a newer connection."""
+        if connection in self._reading:
+            del self._reading[connection]
+            self._checking.add(connection)
+
+    def open(self, connection: C, key_id: str) -> Refused | None:
+        """Opens its session for the key ``key_id``, or says why not."""
+        self._checking.discard(connection)
+        limits = self.limits
+        if len(self._opened) >= limits.max_sessions:
+            return Refused("dependency_unavailable", "too many streaming sessions; retry later")
+        if self._per_key[key_id] >= limits.max_sessions_per_key:
+            return Refused(
+                "rate_limited",
+                f"this API key holds {limits.max_sessions_per_key} streaming sessions on this "
+                "replica, the most one key may; end one or retry later",
+            )
+        self._opened[connection] = key_id
+        self._per_key[key_id] += 1
+        return None
+
+    def leave(self, connection: C) -> None:
+        """The connection is closed (it may be in any state, or counted no more)."""
+        self._reading.pop(connection, None)
+        self._checking.discard(connection)
+        key_id = self._opened.pop(connection, None)
+        if key_id is not None:
+            self._per_key[key_id] -= 1
+            if not self._per_key[key_id]:
+                del self._per_key[key_id]
+
+
+class RefusalLog:
+    """Connections refused before their session opened. Each is logged at DEBUG, and one
+    WARNING at most every ``every_s`` counts them by code: refusals cost a caller nothing, so
+    they must not flood the log. ``setu_api_stream_session_ends_total{how="refused"}`` counts
+    every one."""
+
+    def __init__(
+        self,
+        every_s: float = _REFUSALS_LOGGED_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._every_s = every_s
+        self._clock = clock
+        self._logged_at = -math.inf
+        self._codes: Counter[str] = Counter()
+
+    def note(self, peer: str, reason: str) -> None:
+        log.debug("streaming connection %s refused: %s", peer, reason)
+        self._codes[reason.partition(":")[0]] += 1
+        now = self._clock()
+        if now - self._logged_at < self._every_s:
+            return
+        self._logged_at = now
+        counts = ", ".join(f"{n} {code}" for code, n in sorted(self._codes.items()))
+        self._codes.clear()
+        log.warning(
+            "streaming connections refused before a session opened: %s "
+            "(since the last such line; each one at DEBUG)",
+            counts,
+        )
 
 
 def parse_stream_name(name: bytes) -> StreamKey:
@@ -232,26 +387,84 @@ class _Stream(Reports):
         self.session.reported(self, index, error)
 
 
+class Greeting:
+    """One connection before its session opens, on its bare socket: the listener reads its
+    HELLO and not a byte more (a caller not yet known makes it hold at most HELLO_MAX_BYTES;
+    what else it sends waits in the kernel), and writes it nothing but ERROR or RESTART."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        try:
+            self.peer = str(sock.getpeername())
+        except OSError:
+            self.peer = "(gone)"
+        self.received = bytearray()  # the HELLO frame, as far as it came
+        self.task: asyncio.Task[None] | None = None
+        self.session: Session | None = None
+        self.stopped_as: str | None = None  # how it was ended from outside
+
+    async def hello(self, admission: Admission[Greeting]) -> frames.Hello:
+        """The first frame, whole; its length is checked before its body is read."""
+        await self._receive(4)
+        length = int.from_bytes(self.received[:4], "big")
+        if length > HELLO_MAX_BYTES:
+            raise Refused(
+                PROTOCOL_ERROR,
+                f"the first frame (HELLO) may be at most {HELLO_MAX_BYTES} bytes, not {length}",
+            )
+        await self._receive(4 + length)
+        admission.greeted(self)
+        first = frames.decode(bytes(self.received[4:]))
+        self.received = bytearray()
+        if not isinstance(first, frames.Hello):
+            raise Refused(PROTOCOL_ERROR, "the first frame must be HELLO")
+        return first
+
+    async def _receive(self, size: int) -> None:
+        loop = asyncio.get_running_loop()
+        while len(self.received) < size:
+            data = await loop.sock_recv(self.sock, size - len(self.received))
+            if not data:
+                raise ConnectionError("the client closed the connection")
+            self.received += data
+
+    def send(self, frame: frames.Frame) -> None:
+        """Writes a small frame as far as the socket takes it at once, which never waits."""
+        with contextlib.suppress(OSError):
+            self.sock.send(frames.encode(frame))
+
+    def stop(self, how: str, frame: frames.Frame) -> None:
+        """Ends it from outside (turned away, or shutdown): ``frame``, then the end."""
+        self.stopped_as = how
+        self.send(frame)
+        if self.task is not None and self.task is not asyncio.current_task():
+            self.task.cancel()
+
+
 class Session:
-    """One connection: the handshake, then frames until EOF, ERROR, RESTART or a failure."""
+    """One connection once its key is accepted: OK, then frames until EOF, ERROR, RESTART or a
+    failure."""
 
     def __init__(
         self,
         server: StreamServer,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        greeting: Greeting,
+        hello: frames.Hello,
+        who: Principal,
     ) -> None:
         self.server = server
         self.s = server.services
         self.reader = reader
         self.writer = writer
-        self.peer = str(writer.get_extra_info("peername"))
+        self.peer = greeting.peer
         self.token = f"{server.replica}/{secrets.token_hex(16)}"
         self.frames = frames.FrameReader(server.config.max_frame_bytes)
         self.streams: dict[int, _Stream] = {}
-        self.who: Principal | None = None
-        self.cookie = ""
-        self.hello: frames.Hello | None = None
+        self.who = who
+        self.cookie = hello.cookie.decode()
+        self.hello = hello
         self.available = 0  # credits the client holds, as far as this side knows
         self.owed = 0  # credits earned and not yet sent in an ACK
         self.wake = asyncio.Event()
@@ -259,7 +472,6 @@ class Session:
         self.restarting = False
         self.ending = False
         self.task: asyncio.Task[None] | None = None
-        self.early: list[frames.Frame] = []  # frames that came with HELLO, before OK
         self.written = 0
         self.duplicates = 0
 
@@ -270,14 +482,14 @@ class Session:
         self.task = asyncio.current_task()
         helpers: list[asyncio.Task[None]] = []
         try:
-            await self._handshake()
+            self._send_ok()
             helpers = [
                 asyncio.create_task(self._flush_forever()),
                 asyncio.create_task(self._keep_forever()),
             ]
             await self._read_forever()
         except Refused as refused:
-            how = "refused" if self.who is None else "error"
+            how = "error"
             self._fail(str(refused))
         except frames.FrameError as exc:
             how = "error"
@@ -306,26 +518,7 @@ class Session:
         if self.task is not None and not self.ending and self.task is not asyncio.current_task():
             self.task.cancel()
 
-    async def _handshake(self) -> None:
-        try:
-            first = await asyncio.wait_for(self._next_frame(), _HELLO_TIMEOUT_S)
-        except TimeoutError:
-            raise Refused(PROTOCOL_ERROR, "no HELLO in time") from None
-        if not isinstance(first, frames.Hello):
-            raise Refused(PROTOCOL_ERROR, "the first frame must be HELLO")
-        self.hello = first
-        try:
-            self.cookie = first.cookie.decode()
-        except UnicodeDecodeError:
-            raise Refused("unauthorized", "the cookie is not an API key") from None
-        try:
-            who = await self.s.auth.principal(f"Bearer {self.cookie}")
-            check(who, Permission.PRODUCE)
-        except SetuError as exc:
-            raise refusal(exc) from None
-        if len(self.server.sessions) > self.server.config.max_sessions:
-            raise Refused("dependency_unavailable", "too many streaming sessions; retry later")
-        self.who = who
+    def _send_ok(self) -> None:
         self.available = self.server.config.credits
         pairs = (
             (b"max_frame_bytes", str(self.server.config.max_frame_bytes).encode()),
@@ -335,25 +528,13 @@ class Session:
         log.info(
             "streaming session %s opened by key %s (program %r, instance %r)",
             self.peer,
-            who.key_id,
-            first.program.decode(errors="replace")[:100],
-            first.instance.decode(errors="replace")[:100],
+            self.who.key_id,
+            self.hello.program.decode(errors="replace")[:100],
+            self.hello.instance.decode(errors="replace")[:100],
         )
-
-    async def _next_frame(self) -> frames.Frame:
-        pending: list[frames.Frame] = []
-        while not pending:
-            data = await self.reader.read(_READ_BYTES)
-            if not data:
-                raise ConnectionError("the client closed the connection")
-            pending = list(self.frames.feed(data))
-        self.early = pending[1:]
-        return pending[0]
 
     async def _read_forever(self) -> None:
         server = self.server
-        early, self.early = self.early, []
-        await self._handle_all(early)
         while self.error is None:
             if server.buffered >= server.config.buffer_bytes:
                 await server.room.wait()
@@ -392,14 +573,13 @@ class Session:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.writer.drain(), 1.0)
         self.writer.close()
-        if self.who is not None:
-            log.info(
-                "streaming session %s ended: %d written, %d duplicates dropped%s",
-                self.peer,
-                self.written,
-                self.duplicates,
-                f", {self.error}" if self.error else "",
-            )
+        log.info(
+            "streaming session %s ended: %d written, %d duplicates dropped%s",
+            self.peer,
+            self.written,
+            self.duplicates,
+            f", {self.error}" if self.error else "",
+        )
 
     def _fail(self, reason: str) -> None:
         """Sends ERROR (once); the session ends and writes nothing more."""
@@ -451,9 +631,16 @@ class Session:
         self.available -= 1
 
     async def _notify(self, frame: frames.Notify) -> None:
-        assert self.who is not None
         if frame.stream_id in self.streams:
             raise Refused(PROTOCOL_ERROR, f"stream {frame.stream_id} is already open")
+        most = self.server.limits.max_streams_per_session
+        if len(self.streams) >= most:
+            # Streams end only once their writes are acknowledged: their last ACK frees them.
+            raise Refused(
+                "invalid_input",
+                f"NOTIFY of stream {frame.stream_id}: a session may have {most} streams open at "
+                "most; end one (EOS_MESSAGE, then its last ACK) first",
+            )
         try:
             key = parse_stream_name(frame.name)
             check(self.who, Permission.PRODUCE, key[0], key[1])
@@ -713,28 +900,32 @@ class StreamServer:
         self.services = services
         self.config = config
         self.sessions_store = StreamSessions(services.redis, config.lease_ms)
-        self.sessions: dict[Session, asyncio.Task[None]] = {}
+        self.limits = connection_limits(services.settings, config.max_sessions)
+        self.admission: Admission[Greeting] = Admission(self.limits)
+        self.refusals = RefusalLog()
+        self.connections: dict[Greeting, asyncio.Task[None]] = {}  # sessions or not yet
+        self.sessions: set[Session] = set()
         self.buffered = 0
         self.room = asyncio.Event()
         self.room.set()
-        self._server: asyncio.Server | None = None
+        self._listeners: list[socket.socket] = []
+        self._accepting: list[asyncio.Task[None]] = []
         self.replica = ""
+
+    @property
+    def waiting_bytes(self) -> int:
+        """Bytes held of HELLO frames not yet whole: at most HELLO_MAX_BYTES and its length
+        for each of at most ``max_pending`` connections."""
+        return sum(len(greeting.received) for greeting in self.admission.reading())
 
     @property
     def port(self) -> int:
         """The port listened on (the one asked for, or the one the system chose for 0)."""
-        assert self._server is not None
-        port: int = self._server.sockets[0].getsockname()[1]
+        port: int = self._listeners[0].getsockname()[1]
         return port
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._serve,
-            self.config.host,
-            self.config.port,
-            limit=self.config.max_frame_bytes,
-            start_serving=False,
-        )
+        self._listeners = await _listen(self.config.host, self.config.port)
         # This replica's id: its leases from a run before this one are free (no write of that
         # run can be in flight any more).
         self.replica = f"{socket.gethostname()}:{self.port}"
@@ -745,31 +936,117 @@ class StreamServer:
         else:
             if freed:
                 log.info("freed %d stream leases this replica's last run held", freed)
-        await self._server.start_serving()
+        self._accepting = [
+            asyncio.create_task(self._accept_forever(listener)) for listener in self._listeners
+        ]
         self.services.metrics.stream_sessions.set_function(lambda: len(self.sessions))
         self.services.metrics.stream_buffered_bytes.set_function(lambda: self.buffered)
         log.info("streaming produce listens on %s:%d", self.config.host, self.port)
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stops listening; each session hears its last ACK and RESTART, then closes."""
-        if self._server is None:
+        if not self._listeners:
             return
-        self._server.close()
-        for session in list(self.sessions):
-            session.stop()
-        if self.sessions:
-            await asyncio.wait(list(self.sessions.values()), timeout=grace_s)
-        await self._server.wait_closed()
+        for task in self._accepting:
+            task.cancel()
+        await asyncio.gather(*self._accepting, return_exceptions=True)
+        for listener in self._listeners:
+            listener.close()
+        for greeting in list(self.connections):
+            if greeting.session is not None:
+                greeting.session.stop()
+            else:
+                greeting.stop("restart", frames.Restart())
+        if self.connections:
+            await asyncio.wait(list(self.connections.values()), timeout=grace_s)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        session = Session(self, reader, writer)
-        task = asyncio.current_task()
-        assert task is not None
-        self.sessions[session] = task
+    async def _accept_forever(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError as exc:
+                # Out of file descriptors or memory: asyncio's own servers wait a second too.
+                log.error("streaming listener could not accept a connection: %s", exc)
+                await asyncio.sleep(1.0)
+                continue
+            greeting = Greeting(sock)
+            greeting.task = asyncio.create_task(self._serve(greeting))
+            self.connections[greeting] = greeting.task
+            # An accept that needs no wait does not yield: a flood of connections must not
+            # starve the sessions (nor the connections it just accepted).
+            await asyncio.sleep(0)
+
+    async def _serve(self, greeting: Greeting) -> None:
         try:
-            await session.run()
+            session = await self._welcome(greeting)
+            if session is not None:
+                self.sessions.add(session)
+                try:
+                    await session.run()
+                finally:
+                    self.sessions.discard(session)
         finally:
-            self.sessions.pop(session, None)
+            self.connections.pop(greeting, None)
+            self.admission.leave(greeting)
+
+    async def _welcome(self, greeting: Greeting) -> Session | None:
+        """The connection's HELLO and key, then its session on asyncio streams; None when it
+        was refused or closed first (counted here)."""
+        how = "closed"
+        try:
+            turned_away = self.admission.arrive(greeting)
+            if turned_away is greeting:
+                raise Refused("dependency_unavailable", _TOO_MANY_WAITING)
+            if turned_away is not None:
+                self.refusals.note(turned_away.peer, f"dependency_unavailable: {_TOO_MANY_WAITING}")
+                turned_away.stop("refused", frames.Error(_TOO_MANY_WAITING_ERROR))
+            try:
+                hello = await asyncio.wait_for(
+                    greeting.hello(self.admission), self.limits.hello_timeout_s
+                )
+            except TimeoutError:
+                raise Refused(PROTOCOL_ERROR, "no HELLO in time") from None
+            who = await self._check_key(hello)
+            refused = self.admission.open(greeting, who.key_id)
+            if refused is not None:
+                raise refused
+            reader, writer = await asyncio.open_connection(sock=greeting.sock, limit=_READER_LIMIT)
+        except (Refused, frames.FrameError) as exc:
+            how = "refused"
+            reason = str(exc) if isinstance(exc, Refused) else f"{PROTOCOL_ERROR}: {exc}"
+            self.refusals.note(greeting.peer, reason)
+            greeting.send(frames.Error(reason.encode()[: frames.U16_MAX]))
+        except OSError:  # the client went away
+            how = "closed"
+        except asyncio.CancelledError:
+            if greeting.stopped_as is None:
+                greeting.sock.close()
+                raise
+            how = greeting.stopped_as
+        except Exception:
+            log.exception("streaming connection %s failed before its session", greeting.peer)
+            how = "error"
+            greeting.send(frames.Error(b"internal: the server failed; reconnect"))
+        else:
+            greeting.session = Session(self, reader, writer, greeting, hello, who)
+            return greeting.session
+        greeting.sock.close()
+        self.services.metrics.stream_session_ends.labels(how).inc()
+        return None
+
+    async def _check_key(self, hello: frames.Hello) -> Principal:
+        """HELLO's cookie as an API key with the produce permission; Refused otherwise."""
+        try:
+            cookie = hello.cookie.decode()
+        except UnicodeDecodeError:
+            raise Refused("unauthorized", "the cookie is not an API key") from None
+        try:
+            who = await self.services.auth.principal(f"Bearer {cookie}")
+            check(who, Permission.PRODUCE)
+        except SetuError as exc:
+            raise refusal(exc) from None
+        return who
 
     def add_buffered(self, size: int) -> None:
         self.buffered += size
@@ -782,3 +1059,29 @@ class StreamServer:
         """A session gave up on writes Kafka never reported: their bytes no longer count."""
         self.add_buffered(-sum(size for size, _ in stream.written.values()))
         stream.written.clear()
+
+
+async def _listen(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets for every address ``host`` names ("" or "0.0.0.0": every interface of
+    its family), as asyncio's servers bind them; the listener accepts on them itself, so that
+    nothing is read from a connection before it is known."""
+    loop = asyncio.get_running_loop()
+    found = await loop.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    listeners: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(found):
+            listener = socket.socket(family, kind, proto)
+            listeners.append(listener)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            listener.bind(address)
+            listener.listen(_BACKLOG)
+            listener.setblocking(False)
+    except OSError:
+        for listener in listeners:
+            listener.close()
+        raise
+    return listeners

@@ -78,6 +78,15 @@ class Settings(BaseSettings):
     # Kafka; sessions stop being read beyond it, so the API's memory stays bounded.
     stream_buffer_bytes: int = Field(default=64 * MIB, ge=MIB)
     stream_max_sessions: int = Field(default=1_000, ge=1)
+    # Sessions one API key may hold at once on a replica; unset: a quarter of
+    # SETU_STREAM_MAX_SESSIONS, so no one key takes every slot.
+    stream_max_sessions_per_key: int | None = Field(default=None, ge=1)
+    # Streams one session may have open at once (setu.client opens one per session).
+    stream_max_streams_per_session: int = Field(default=100, ge=1)
+    # Connections that have not yet said HELLO, counted apart from sessions: past it the one
+    # that has waited longest is closed. A connection gets this long to send its HELLO.
+    stream_max_pending: int = Field(default=256, ge=1)
+    stream_hello_timeout_ms: int = Field(default=3_000, ge=100, le=60_000)
     # How long a dead API replica keeps its streams from other sessions (one writer each).
     stream_lease_ms: int = Field(default=10_000, ge=1_000)
 

@@ -1,13 +1,17 @@
 """Streaming produce (docs/streaming.md) against the real listener, Kafka and Redis: the
 handshake and its key, the mapping of MESSAGE to ingest records, one writer per stream, resume
-from NOTIFY_ACK, credits, refusals that write nothing, EOS and RESTART."""
+from NOTIFY_ACK, credits, refusals that write nothing, EOS and RESTART, and what one caller may
+hold of the listener, with a key or without."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -15,6 +19,7 @@ import pytest
 import pytest_asyncio
 from redis.asyncio import Redis
 
+from api.stream_server import HELLO_MAX_BYTES
 from cli.ports import any_free_port
 from setu.client import AsyncStreamProducer, StreamError, StreamProducer
 from setu.envelope import H_GROUP_ID, H_MESSAGE_ID, H_PRODUCER_ID, H_SEQUENCE_ID
@@ -50,20 +55,61 @@ async def api(
         stream_port=0,
         stream_credits=CREDITS,
         max_message_bytes=64 * 1024,
+        # The quota test reads its project's throttled count from /metrics.
+        metrics_tenant_labels=True,
     ) as running:
         yield running
 
 
-@pytest_asyncio.fixture(loop_scope="module")
-async def project(api: Api) -> AsyncIterator[str]:
+# The caps of the guarded API: connections without a session, sessions, one key's sessions,
+# one session's streams.
+PENDING, SESSIONS, PER_KEY, STREAMS = 16, 4, 2, 3
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def guarded(
+    kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Api]:
+    """An API with small caps on what one caller may hold, and a HELLO timeout long enough
+    that connections that never say HELLO stay for a whole test."""
+    async with running_api(
+        tmp_path_factory.mktemp("guarded-stream-api"),
+        kafka_bootstrap=kafka_bootstrap,
+        redis_url=redis_url,
+        stream_port=0,
+        stream_max_pending=PENDING,
+        stream_max_sessions=SESSIONS,
+        stream_max_sessions_per_key=PER_KEY,
+        stream_max_streams_per_session=STREAMS,
+        stream_hello_timeout_ms=60_000,
+        max_message_bytes=64 * 1024,
+    ) as running:
+        yield running
+
+
+async def new_project(api: Api) -> str:
+    """A project with the grouped topic ``t`` of 3 partitions."""
     name = unique()
     assert (await api.client.post("/v1/projects", json={"name": name})).status_code == 201
     created = await api.client.post(
         f"/v1/projects/{name}/topics", json={"name": "t", "grouped": True, "partitions": 3}
     )
     assert created.status_code == 201, created.text
+    return name
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def project(api: Api) -> AsyncIterator[str]:
+    name = await new_project(api)
     yield name
     await drop_project(api.client, name)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def guarded_project(guarded: Api) -> AsyncIterator[str]:
+    name = await new_project(guarded)
+    yield name
+    await drop_project(guarded.client, name)
 
 
 def address(api: Api) -> str:
@@ -80,9 +126,11 @@ class Raw:
         self.seen: list[frames.Frame] = []
 
     @classmethod
-    async def open(cls, api: Api, key: str = ADMIN_KEY) -> Raw:
+    async def open(cls, api: Api, key: str | None = ADMIN_KEY) -> Raw:
+        """A connection that says HELLO with ``key`` (None: says nothing)."""
         raw = cls(*await asyncio.open_connection("127.0.0.1", api.app.state.stream.port))
-        raw.send(frames.Hello(b"3", key.encode(), b"tests", b"raw"))
+        if key is not None:
+            raw.send(frames.Hello(b"3", key.encode(), b"tests", b"raw"))
         return raw
 
     def send(self, *sent: frames.Frame) -> None:
@@ -507,3 +555,239 @@ async def test_a_stream_over_its_projects_quota_waits_instead_of_failing(api: Ap
         assert throttled and float(throttled[0].rsplit(" ", 1)[1]) >= 1
     finally:
         await drop_project(api.client, name)
+
+
+# -- what one caller may hold ----------------------------------------------------------------
+
+
+async def anonymous(port: int, sent: bytes) -> socket.socket:
+    """A connection that sends ``sent`` (as much of it as the kernel takes at once) and never a
+    whole HELLO. A bare socket: what it sends waits in the kernel, not in this process, which is
+    the API's too."""
+    sock = socket.socket()
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    with contextlib.suppress(BlockingIOError):
+        sock.send(sent)
+    return sock
+
+
+async def answer(sock: socket.socket) -> list[frames.Frame]:
+    """Every frame the server sends on ``sock`` until it closes the connection."""
+    loop, cutter, received = asyncio.get_running_loop(), frames.FrameReader(), []
+    with contextlib.suppress(ConnectionResetError):
+        while data := await loop.sock_recv(sock, 65536):
+            received.extend(cutter.feed(data))
+    return received
+
+
+def refusal_code(received: list[frames.Frame]) -> bytes:
+    """The code of the one ERROR the server sent before it closed."""
+    assert len(received) == 1 and isinstance(received[0], frames.Error), received
+    return received[0].reason.split(b": ", 1)[0]
+
+
+async def refused_sessions(api: Api) -> float:
+    metrics = (await api.client.get("/metrics")).text
+    for line in metrics.splitlines():
+        if line.startswith('setu_api_stream_session_ends_total{how="refused"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_a_first_frame_longer_than_a_hello_is_refused_before_its_body_is_read(
+    guarded: Api, guarded_project: str
+) -> None:
+    # Given 200 connections that each send the length of the largest frame and one byte short
+    # of it, and never a HELLO (in groups smaller than the cap on connections without a session)
+    server = guarded.app.state.stream
+    limit = server.config.max_frame_bytes
+    sent = limit.to_bytes(4, "big") + bytes(limit - 1)
+    before = rss_kib()
+    opened: list[socket.socket] = []
+    try:
+        for _ in range(200 // 8):
+            group = [await anonymous(server.port, sent) for _ in range(8)]
+            opened.extend(group)
+            # Then each is refused from its length alone: ERROR, then the end
+            for received in await asyncio.gather(*(answer(sock) for sock in group)):
+                assert received == [
+                    frames.Error(
+                        b"protocol_error: the first frame (HELLO) may be at most "
+                        + f"{HELLO_MAX_BYTES} bytes, not {limit}".encode()
+                    )
+                ]
+        # And the listener holds nothing of them, and the process did not grow with them
+        # (they offered 200 x 128 KiB)
+        assert server.admission.pending == 0
+        assert server.waiting_bytes == 0
+        assert rss_kib() - before < 8 * 1024
+        # While a producer, with them still open on its side, gets its session at once
+        key = await producer_key(guarded, guarded_project)
+        producer = AsyncStreamProducer(
+            f"127.0.0.1:{server.port}", key, guarded_project, "t", "after-them"
+        )
+        assert await producer.start() == 0
+        await producer.close()
+    finally:
+        for sock in opened:
+            sock.close()
+
+
+async def test_connections_that_never_say_hello_neither_grow_the_listener_nor_lock_out_a_producer(
+    guarded: Api, guarded_project: str
+) -> None:
+    # Given three times as many connections as may wait for a HELLO, each sending a HELLO's
+    # largest length and one byte short of it, then nothing (and more than SESSIONS of them)
+    server = guarded.app.state.stream
+    sent = HELLO_MAX_BYTES.to_bytes(4, "big") + bytes(HELLO_MAX_BYTES - 1)
+    socks = [await anonymous(server.port, sent) for _ in range(3 * PENDING)]
+    answers = [asyncio.create_task(answer(sock)) for sock in socks]
+    try:
+        # When the listener has taken them all
+        def turned_away() -> list[asyncio.Task[list[frames.Frame]]]:
+            return [task for task in answers if task.done()]
+
+        await wait_for_async(
+            "all but the cap turned away, the rest read to their last byte",
+            _true_when(
+                lambda: (
+                    len(turned_away()) == 2 * PENDING
+                    and server.waiting_bytes == PENDING * (4 + HELLO_MAX_BYTES - 1)
+                )
+            ),
+        )
+        # Then only the cap waits, each holding at most a HELLO, and every other was closed
+        # at once with a retryable ERROR
+        assert server.admission.pending == PENDING
+        for task in turned_away():
+            assert refusal_code(task.result()) == b"dependency_unavailable"
+        assert len(server.sessions) == 0
+        # And a producer that says HELLO at once still gets a session, sends and is acknowledged,
+        # while they are open: it turned away the connection that had waited longest
+        key = await producer_key(guarded, guarded_project)
+        producer = AsyncStreamProducer(
+            f"127.0.0.1:{server.port}", key, guarded_project, "t", "legit"
+        )
+        assert await producer.start() == 0
+        await producer.send(b"through", group_id="g")
+        await producer.flush()
+        assert producer.durable == 1
+        assert len(server.sessions) == 1
+        await wait_for_async(
+            "one more turned away", _true_when(lambda: len(turned_away()) == 2 * PENDING + 1)
+        )
+        assert server.admission.pending == PENDING - 1
+        await producer.close()
+    finally:
+        for task in answers:
+            task.cancel()
+        await asyncio.gather(*answers, return_exceptions=True)
+        for sock in socks:
+            sock.close()
+    # And once they close, nothing of them is left
+    await wait_for_async(
+        "the listener free of them", _true_when(lambda: server.admission.pending == 0)
+    )
+    assert server.waiting_bytes == 0
+
+
+async def test_one_key_holds_at_most_its_share_of_sessions(
+    guarded: Api, guarded_project: str
+) -> None:
+    # Given a producer key holding as many sessions as one key may
+    key = await producer_key(guarded, guarded_project)
+    held = [await Raw.open(guarded, key) for _ in range(PER_KEY)]
+    for raw in held:
+        assert isinstance(await raw.next(), frames.Ok)
+    # When it opens one more
+    extra = await Raw.open(guarded, key)
+    refused = await extra.next()
+    # Then that one gets a retryable ERROR and is closed
+    assert isinstance(refused, frames.Error)
+    assert (
+        refused.reason
+        == (
+            f"rate_limited: this API key holds {PER_KEY} streaming sessions on this replica, the "
+            "most one key may; end one or retry later"
+        ).encode()
+    )
+    assert await extra.closed()
+    # While another key still gets a session
+    other = await Raw.open(guarded, await producer_key(guarded, guarded_project))
+    assert isinstance(await other.next(), frames.Ok)
+    # And once one of the key's sessions ends, the key may open one again
+    held[0].close()
+    server = guarded.app.state.stream
+    await wait_for_async(
+        "the closed session ended", _true_when(lambda: len(server.sessions) == PER_KEY)
+    )
+    again = await Raw.open(guarded, key)
+    assert isinstance(await again.next(), frames.Ok)
+    for raw in [*held[1:], other, again]:
+        raw.close()
+    await wait_for_async("the sessions ended", _true_when(lambda: len(server.sessions) == 0))
+
+
+async def test_one_session_holds_at_most_its_share_of_streams(
+    guarded: Api, guarded_project: str
+) -> None:
+    # Given a session with as many streams open as one session may
+    raw = await Raw.open(guarded)
+    assert isinstance(await raw.next(), frames.Ok)
+    for n in range(1, STREAMS + 1):
+        raw.send(frames.Notify(n, f"{guarded_project}/t/s{n}".encode(), 0))
+        assert await raw.until(frames.NotifyAck) == frames.NotifyAck(True, n, 0)
+    # When one ends (EOS_MESSAGE, then its last ACK), another may open in its place
+    raw.send(frames.EosMessage(1, 0))
+    while not any(stream_id == 1 for stream_id, _ in (await raw.until(frames.Ack)).acks):
+        pass
+    raw.send(frames.Notify(STREAMS + 1, f"{guarded_project}/t/s{STREAMS + 1}".encode(), 0))
+    assert await raw.until(frames.NotifyAck) == frames.NotifyAck(True, STREAMS + 1, 0)
+    # But one more than the cap gets ERROR naming it, and the session ends
+    raw.send(frames.Notify(99, f"{guarded_project}/t/s99".encode(), 0))
+    refused = await raw.until(frames.Error)
+    assert (
+        refused.reason
+        == (
+            f"invalid_input: NOTIFY of stream 99: a session may have {STREAMS} streams open at "
+            "most; end one (EOS_MESSAGE, then its last ACK) first"
+        ).encode()
+    )
+    assert await raw.closed()
+
+
+async def test_refused_connections_are_counted_not_each_logged_as_a_warning(
+    kafka_bootstrap: str, redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given an API whose connections have 300 ms to say HELLO
+    caplog.set_level(logging.DEBUG, logger="api.stream_server")
+    async with running_api(
+        tmp_path,
+        kafka_bootstrap=kafka_bootstrap,
+        redis_url=redis_url,
+        stream_port=0,
+        stream_hello_timeout_ms=300,
+    ) as own:
+        started = time.monotonic()
+        # When 10 connections say nothing and 10 say HELLO with a wrong key
+        silent = [await Raw.open(own, key=None) for _ in range(10)]
+        wrong = [await Raw.open(own, key="setu_0000000000000000_nope") for _ in range(10)]
+        # Then each is refused with ERROR, the silent ones once their time is up
+        for raw in silent:
+            assert await raw.next() == frames.Error(b"protocol_error: no HELLO in time")
+            assert await raw.closed()
+        for raw in wrong:
+            refused = await raw.next()
+            assert isinstance(refused, frames.Error)
+            assert refused.reason.startswith(b"unauthorized: ")
+            assert await raw.closed()
+        # And all 20 are counted in the metric, each logged at DEBUG, and at most one WARNING
+        # line per 10 s sums them up
+        assert await refused_sessions(own) == 20
+        records = [r for r in caplog.records if r.name == "api.stream_server"]
+        assert (
+            sum(r.levelno == logging.DEBUG and "refused" in r.getMessage() for r in records) == 20
+        )
+        warnings = [r for r in records if r.levelno >= logging.WARNING]
+        assert 1 <= len(warnings) <= 1 + (time.monotonic() - started) // 10
