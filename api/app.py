@@ -33,6 +33,7 @@ from api.auth import Authenticator
 from api.console import serve_console
 from api.context import Services, blocking
 from api.docs import serve_docs
+from api.gate import BodyLimits, RequestGate
 from api.headers import SecurityHeaders
 from api.metrics import ApiMetrics, MetricsMiddleware
 from api.produce import ProduceFastPath
@@ -233,8 +234,13 @@ def create_app(settings: Settings, *, resolver: Resolver = system_resolver) -> F
     app.state.metrics = metrics
     app.state.resolver = resolver
     install_error_handlers(app)
-    # Added first, so it runs inside the metrics middleware.
+    # The last one added runs first. Inside metrics, the gate authenticates and holds bodies
+    # to their limits before anything reads one (docs/security.md §9); the fast path after it.
     app.add_middleware(ProduceFastPath)
+    app.add_middleware(
+        RequestGate,
+        limits=BodyLimits(message=settings.max_message_bytes, batch=settings.max_batch_bytes),
+    )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     # Outermost: every answer gets them, refusals included (docs/security.md §2).
     app.add_middleware(SecurityHeaders)

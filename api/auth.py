@@ -7,6 +7,10 @@ digest. Keys are cached for ``ttl_s`` (2 s) per API process, so a revocation or 
 holds on every replica within that time while a busy producer costs one query per key per
 TTL; the last-used time is written at most once a minute per key, off the request.
 
+The request gate (:mod:`api.gate`) authenticates every request that needs a key before any
+body is read, and leaves the caller in the ASGI scope under :data:`PRINCIPAL_KEY`;
+:func:`authenticated` takes it from there (or authenticates, where no gate ran).
+
 Each route declares the permission it needs with :func:`allow`; the router-level dependency
 :func:`authorize` checks it against the caller and the route's ``project`` (and ``topic``)
 path parameters. A route that declares nothing is refused to every caller (and the access test
@@ -24,6 +28,7 @@ from typing import Any, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import Scope
 
 from api.ttl_cache import LoadingCache
 from setu.access import (
@@ -47,6 +52,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 _RULE_ATTRIBUTE = "__setu_permission__"
 
 ADMIN_KEY_ID = "bootstrap"
+# Where the request gate leaves the caller it authenticated, in the ASGI scope.
+PRINCIPAL_KEY = "setu.principal"
 _TOUCH_EVERY_MS = 60_000
 
 
@@ -160,6 +167,15 @@ def header_value(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
+async def authenticated(authenticator: Authenticator, scope: Scope) -> Principal:
+    """The caller of a request: the one the request gate found, else the one its
+    ``Authorization`` header names (Unauthorized when none)."""
+    found = scope.get(PRINCIPAL_KEY)
+    if isinstance(found, Principal):
+        return found
+    return await authenticator.principal(header_value(scope["headers"]))
+
+
 # Declares the scheme in OpenAPI (so /docs can authorize); the check itself is ours.
 _bearer_scheme = HTTPBearer(auto_error=False, description="An API key (docs/security.md)")
 
@@ -170,7 +186,7 @@ async def authorize(
 ) -> Principal:
     """The router-level dependency: the caller, once it may do what the route needs."""
     authenticator: Authenticator = request.app.state.authenticator
-    who = await authenticator.principal(request.headers.get("authorization"))
+    who = await authenticated(authenticator, request.scope)
     route = request.scope.get("route")
     need = rule_of(route.endpoint) if route is not None else None
     if need is None:

@@ -24,7 +24,7 @@ from opentelemetry.trace import SpanKind
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.auth import allow, authorize, header_value
+from api.auth import allow, authenticated, authorize
 from api.context import Services, services
 from api.messages import (
     IngestRecord,
@@ -36,7 +36,7 @@ from api.messages import (
     single_envelope,
 )
 from api.metrics import ROUTE_KEY
-from api.responses import error_body
+from api.responses import error_body, error_headers, send_json
 from api.schemas import BatchOut, MessageIdOut, errors
 from setu import tracing
 from setu.access import Permission, check
@@ -55,7 +55,8 @@ router = APIRouter(dependencies=[Depends(authorize)], responses=errors(401, 403)
 TOPIC_PATH = "/v1/projects/{project}/topics/{topic}"
 PRODUCE_PATH = TOPIC_PATH + "/produce"
 BATCH_PATH = TOPIC_PATH + "/produce/batch"
-_PRODUCE_RE = re.compile(r"^/v1/projects/([^/]+)/topics/([^/]+)/produce(/batch)?$")
+# A produce path: project, topic, and "/batch" for batch produce.
+PRODUCE_RE = re.compile(r"^/v1/projects/([^/]+)/topics/([^/]+)/produce(/batch)?$")
 
 RawHeaders = Iterable[tuple[bytes, bytes]]
 Reply = tuple[int, bytes]
@@ -258,7 +259,7 @@ class ProduceFastPath:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         match = None
         if scope["type"] == "http" and scope["method"] == "POST":
-            match = _PRODUCE_RE.match(scope["path"])
+            match = PRODUCE_RE.match(scope["path"])
         if match is None:
             await self.app(scope, receive, send)
             return
@@ -270,25 +271,13 @@ class ProduceFastPath:
             if scope.get("query_string"):
                 raise InvalidInput("produce takes no query parameters")
             s = scope["app"].state.services
-            who = await s.auth.principal(header_value(scope["headers"]))
+            who = await authenticated(s.auth, scope)
             check(who, Permission.PRODUCE, project, topic)
             status, body = await handler(s, project, topic, scope["headers"], receive)
         except SetuError as exc:
             status, body = exc.status, orjson.dumps(error_body(exc.code, exc.message))
-            extra = [(k.lower().encode(), v.encode()) for k, v in exc.headers()]
-        # Plain ASGI messages: a Response object costs more than the rest of the reply.
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    *extra,
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+            extra = error_headers(exc)
+        await send_json(send, status, body, extra)
 
 
 @router.post(

@@ -8,7 +8,7 @@ as 500 ``internal`` (logged, details not leaked).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
+from starlette.types import Scope, Send
 
 from setu.errors import SetuError
 
@@ -58,6 +59,30 @@ def error_response(status: int, code: str, message: str) -> JSON:
     return JSON(error_body(code, message), status_code=status)
 
 
+def error_headers(exc: SetuError) -> list[tuple[bytes, bytes]]:
+    """The headers besides the body that an error's answer carries, as raw ASGI headers."""
+    return [(name.lower().encode(), value.encode()) for name, value in exc.headers()]
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
+    """A JSON answer as plain ASGI messages, for middleware: a Response object costs more
+    than the rest of a produce reply."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 def describe_validation(errors: Any) -> str:
     """One line naming each invalid field, e.g. ``body.partitions: Input should be ...``."""
     parts = []
@@ -94,19 +119,36 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return response
 
 
+def _leaf_routes(routes: Iterable[Any]) -> Iterator[BaseRoute]:
+    """The routes themselves, those of routers included in the app among them."""
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:  # a router included in the app: its own routes
+            yield from _leaf_routes(inner.routes)
+        elif isinstance(route, BaseRoute):
+            yield route
+
+
 def allowed_methods(routes: Iterable[Any], request: Request) -> list[str]:
     """Every method some route serves at the request's path (a 405's ``Allow``: Starlette
     names only the first route that matched the path)."""
     methods: set[str] = set()
-    for route in routes:
-        inner = getattr(route, "original_router", None)
-        if inner is not None:  # a router included in the app: its own routes
-            methods.update(allowed_methods(inner.routes, request))
-        elif isinstance(route, BaseRoute):
-            match, _ = route.matches({**request.scope, "method": "GET"})
-            if match is not Match.NONE:
-                methods.update(getattr(route, "methods", None) or ())
+    for route in _leaf_routes(routes):
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        if match is not Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
     return sorted(methods)
+
+
+def route_path(routes: Iterable[Any], scope: Scope) -> str | None:
+    """The path template of the first route whose path matches the request's (any method),
+    for labelling a request answered before routing."""
+    for route in _leaf_routes(routes):
+        match, _ = route.matches(scope)
+        path = getattr(route, "path", None)
+        if match is not Match.NONE and isinstance(path, str):
+            return path
+    return None
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

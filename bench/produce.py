@@ -117,7 +117,7 @@ def serve(port: int) -> None:
         host="127.0.0.1",
         port=port,
         loop="uvloop",
-        **uvicorn_options(),
+        **uvicorn_options(settings.http_head_timeout_ms),
         access_log=False,
         log_level="warning",
     )

@@ -50,7 +50,7 @@ def run_api(settings: Settings) -> int:
     app = create_app(settings)
     uvicorn.run(
         app,
-        **uvicorn_options(),
+        **uvicorn_options(settings.http_head_timeout_ms),
         host=settings.api_host,
         port=settings.api_port,
         log_level=settings.log_level.lower(),

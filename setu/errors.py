@@ -6,7 +6,7 @@ SetuError
 ├── Forbidden               403  a key without the right
 ├── NotFound                404  unknown project, topic, subscription, group
 ├── Conflict                409  different re-create, version mismatch, not empty
-├── PayloadTooLarge         413  body over the configured limit
+├── PayloadTooLarge         413  body over its limit
 ├── RateLimited             429
 └── DependencyUnavailable   503  Kafka, Redis or the database did not answer
 """
@@ -68,7 +68,7 @@ class Conflict(SetuError):
 
 
 class PayloadTooLarge(SetuError):
-    """Raised when a message body is over the configured size limit."""
+    """Raised when a request or message body is over its size limit."""
 
     status = 413
     code = "payload_too_large"

@@ -4,6 +4,9 @@
 whatever the API accepted, or one accepted message stops a whole pipeline (the ingest job
 replaying the same batch forever, a worker failing to copy a record to a retry tier). So no
 stage sets a size limit of its own: each takes it from :class:`MessageLimits`.
+
+The HTTP server's own limits (a request's head, its time, the body of each route) are here too:
+docs/limits.md lists them all.
 """
 
 from __future__ import annotations
@@ -25,6 +28,14 @@ MAX_BATCH_BYTES = 1_000_000
 # An HTTP request's line and headers together: above it the API answers 431 (api/server.py).
 # Room for the producer's X_* headers (MAX_FORWARDED_HEADER_BYTES) and everything else.
 MAX_REQUEST_HEAD_BYTES = 64 * KIB
+# How long a request head may take to arrive in full before the connection is closed
+# (SETU_HTTP_HEAD_TIMEOUT_MS when unset; api/server.py).
+DEFAULT_HTTP_HEAD_TIMEOUT_MS = 10_000
+# The body of every route but produce (projects, topics, subscriptions, keys, operator
+# actions): above it the API answers 413 (api/gate.py). The largest body their schemas
+# allow fits: an unsideline list of 10,000 ids of 100 characters (about 1,030,000 bytes), a
+# subscription with 64 endpoint headers of 8 KiB (about 530,000 bytes).
+MAX_CONTROL_BODY_BYTES = 1024 * KIB
 # A produce request's framing around its record batches.
 REQUEST_OVERHEAD_BYTES = 16 * KIB
 # The longest failure reason a delivery copy carries (an error's text is cut to this).

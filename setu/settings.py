@@ -12,7 +12,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from setu.kafka_security import KafkaSecurity, SaslMechanism, SecurityProtocol
-from setu.limits import DEFAULT_MAX_MESSAGE_BYTES
+from setu.limits import DEFAULT_HTTP_HEAD_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_BYTES
 
 MIB = 1024 * 1024
 
@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     # Whole batch-produce request body (JSON), refused with 413 above it.
     max_batch_bytes: int = 32 * MIB
     produce_timeout_ms: int = 10_000
+    # How long a request's line and headers may take to arrive once its first byte (or the
+    # connection) came: the connection is closed past it (api/server.py, docs/limits.md).
+    http_head_timeout_ms: int = Field(default=DEFAULT_HTTP_HEAD_TIMEOUT_MS, ge=100)
     allow_private_endpoints: bool = False
     # Security (docs/security.md). The bootstrap admin key, accepted besides stored keys.
     admin_key: SecretStr | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import socket
 import threading
 import time
 import uuid
@@ -86,8 +87,9 @@ def served_api(data_dir: Path, **settings: Any) -> Iterator[str]:
     )
     migrate.upgrade(config.resolved_database_url())
     app = create_app(config, resolver=public_example_names)
+    options = uvicorn_options(config.http_head_timeout_ms)
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", **uvicorn_options())
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", **options)
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -98,6 +100,30 @@ def served_api(data_dir: Path, **settings: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def exchange(port: int, data: bytes, chunk: int = 64 * 1024) -> bytes:
+    """Sends ``data`` on a new connection in chunks, stopping early if the server closes;
+    returns everything it answered until it closed the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        try:
+            for start in range(0, len(data), chunk):
+                conn.sendall(data[start : start + chunk])
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed before everything was sent
+        return answer_until_closed(conn)
+
+
+def answer_until_closed(conn: socket.socket) -> bytes:
+    """Everything the server sends on ``conn`` until it closes it (the socket's timeout
+    fails the test when it does not)."""
+    answer = b""
+    try:
+        while data := conn.recv(65536):
+            answer += data
+    except ConnectionResetError:
+        pass
+    return answer
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> None:

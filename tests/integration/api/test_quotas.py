@@ -47,11 +47,13 @@ async def test_a_project_over_its_quota_gets_429_and_nothing_is_written(api: Api
             for n in range(8)
         ]
         refilled = int(5 * (time.monotonic() - started))
-        # Then a second's worth (5, and what refilled meanwhile) is accepted and the rest is
-        # 429, saying when to retry
-        accepted = 5 + refilled
-        assert [a.status_code for a in answers] == [200] * accepted + [429] * (8 - accepted)
-        for refused in answers[accepted:]:
+        # Then a second's worth (5) is accepted, and what refilled meanwhile (a slow machine
+        # takes a while for 8 calls); the rest is 429, saying when to retry
+        statuses = [a.status_code for a in answers]
+        accepted = statuses.count(200)
+        assert statuses[:5] == [200] * 5 and 5 <= accepted <= 5 + refilled, statuses
+        assert set(statuses) <= {200, 429} and 429 in statuses, statuses
+        for refused in [a for a in answers if a.status_code == 429]:
             assert_error(refused, 429, "rate_limited")
             assert int(refused.headers["Retry-After"]) >= 1
             assert "5 messages/s" in refused.json()["error"]["message"]
@@ -60,10 +62,15 @@ async def test_a_project_over_its_quota_gets_429_and_nothing_is_written(api: Api
         written = await asyncio.to_thread(record_count, api.settings.kafka_bootstrap, ingest)
         assert written == accepted
         # And a batch is refused whole, while the other project produces freely
+        # (more than a second's worth, so whatever refilled meanwhile cannot cover it)
         batch = await api.client.post(
-            url + "/batch", json={"messages": [{"message_id": "b1", "body": "x"}]}
+            url + "/batch",
+            json={"messages": [{"message_id": f"b{n}", "body": "x"} for n in range(6)]},
         )
         assert_error(batch, 429, "rate_limited")
+        assert await asyncio.to_thread(record_count, api.settings.kafka_bootstrap, ingest) == (
+            accepted
+        )
         for n in range(20):
             free_answer = await api.client.post(
                 f"/v1/projects/{free}/topics/t/produce",
@@ -73,7 +80,9 @@ async def test_a_project_over_its_quota_gets_429_and_nothing_is_written(api: Api
             assert free_answer.status_code == 200
         # And the throttled messages are counted
         metrics = (await api.client.get("/metrics")).text
-        assert f'project="{project}",topic="t"' in metrics and 'outcome="throttled"' in metrics
+        # (without tenant names: SETU_METRICS_TENANT_LABELS is off)
+        throttled = 'setu_api_produced_messages_total{outcome="throttled",project="",topic=""}'
+        assert throttled in metrics and project not in metrics
     finally:
         await drop_project(api.client, project)
         await drop_project(api.client, free)

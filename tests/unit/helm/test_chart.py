@@ -140,6 +140,11 @@ def test_private_webhooks_are_refused_by_default() -> None:
     assert values["config"]["SETU_ALLOW_PRIVATE_ENDPOINTS"] == "false"
 
 
+def test_the_api_head_timeout_is_a_value_with_the_settings_default() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["config"]["SETU_HTTP_HEAD_TIMEOUT_MS"] == str(Settings().http_head_timeout_ms)
+
+
 def test_every_kafka_security_setting_is_a_value_and_passwords_are_secrets() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     fields = [
