@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -100,6 +101,14 @@ class Authenticator:
         self._cache: LoadingCache[str, _Known] = LoadingCache(
             self._load, ttl_s=ttl_s, negative_ttl_s=ttl_s, clock=clock
         )
+        # Every key id there is, asked for at most once per ttl_s: a well-formed id that is
+        # not among them is refused without a query of its own, so a flood of random ids
+        # costs the database one query per ttl_s, not one per id.
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._ids: frozenset[str] = frozenset()
+        self._ids_at = -math.inf
+        self._ids_loading: asyncio.Task[None] | None = None
         self._touched: dict[str, int] = {}
         self._touching: set[asyncio.Task[None]] = set()
 
@@ -112,7 +121,7 @@ class Authenticator:
         if self._admin_digest is not None and same_digest(token_digest, self._admin_digest):
             return _BOOTSTRAP
         key_id = key_id_of(token)
-        if key_id is None:
+        if key_id is None or not await self._may_exist(key_id):
             raise Unauthorized("unknown API key")
         known = await self._cache.get(key_id)
         if known is None or not same_digest(known.key.digest, token_digest):
@@ -124,6 +133,31 @@ class Authenticator:
             raise Unauthorized("this API key has expired")
         self._touch(key_id, now)
         return known.principal
+
+    def learn(self, key_id: str) -> None:
+        """A key was just made here: it is usable on this replica at once (on the others
+        within ttl_s)."""
+        self._ids = self._ids | {key_id}
+
+    async def _may_exist(self, key_id: str) -> bool:
+        """Whether ``key_id`` is among the key ids, as known at most ttl_s ago."""
+        if key_id in self._ids:
+            return True
+        if self._clock() - self._ids_at < self._ttl_s:
+            return False
+        if self._ids_loading is None:
+            self._ids_loading = asyncio.create_task(self._load_ids())
+        loading = self._ids_loading
+        await asyncio.shield(loading)
+        return key_id in self._ids
+
+    async def _load_ids(self) -> None:
+        try:
+            started = self._clock()
+            self._ids = await asyncio.to_thread(self._keys.ids)
+            self._ids_at = started
+        finally:
+            self._ids_loading = None
 
     def forget(self, key_id: str) -> None:
         """Drops a key from this process's cache (it was just revoked here)."""

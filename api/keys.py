@@ -59,6 +59,7 @@ async def _create(
         expires_at_ms=body.expires_at_ms,
     )
     stored = await blocking(s.store.keys.create, key)
+    s.auth.learn(key_id)
     return reply(KeyCreatedOut, {**key_view(stored), "key": token}, 201)
 
 

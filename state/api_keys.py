@@ -72,6 +72,12 @@ class KeyStore:
             row = conn.execute(sa.select(api_keys).where(api_keys.c.key_id == key_id)).first()
         return _key(row) if row is not None else None
 
+    def ids(self) -> frozenset[str]:
+        """The id of every key ever made, revoked ones too (one narrow query: the API asks it
+        instead of a lookup per unknown id, docs/security.md §1)."""
+        with transaction(self._engine) as conn:
+            return frozenset(conn.execute(sa.select(api_keys.c.key_id)).scalars())
+
     def list(self, project: str | None = None) -> list[ApiKey]:
         query = sa.select(api_keys).where(api_keys.c.revoked_at_ms.is_(None))
         if project is not None:

@@ -98,6 +98,9 @@ class _NoKeys:
     def find(self, key_id: str) -> None:
         return None
 
+    def ids(self) -> frozenset[str]:
+        return frozenset()
+
 
 class Exchange:
     """One request through the gate: what the application saw and what was sent back."""
