@@ -26,13 +26,10 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
-from http.server import ThreadingHTTPServer
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -42,18 +39,13 @@ from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from bench.machine import write_result
-from bench.redis_forgets import Calls, percentile, wait
+from bench.stall import serve_subscription, summary, wait
 from cli.jars import resolve_kafka_jars
 from cli.kafka_cluster import LocalKafkaCluster
-from setu import names
 from setu.envelope import Envelope
-from setu.model import Endpoint, RetryPolicy, Subscription, Topic
 from setu.settings import Settings
 from state import keys
-from state.kafka_admin import KafkaTopics
 
-PARTITIONS = 2
-DELAYS_MS = (300, 600)
 REPLICAS = 3
 
 
@@ -75,34 +67,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def measure(args: argparse.Namespace, cluster: LocalKafkaCluster) -> dict[str, Any]:
     bootstrap = cluster.bootstrap
-    project = f"wipe{uuid.uuid4().hex[:8]}"
-    topics = KafkaTopics(bootstrap, replication_factor=REPLICAS)
-    topic = Topic(project, "t", grouped=True, partitions=PARTITIONS, retention_hours=1)
-    topics.ensure_topic(topic)
-    sub = Subscription(
-        project, "s", "t", Endpoint("http://x/"), grouped=True, retry=RetryPolicy(DELAYS_MS)
-    )
-    topics.ensure_subscription(sub, topic)
-    calls = Calls()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), calls.handler())
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    config = {
-        "project": project,
-        "subscription": "s",
-        "topic": "t",
-        "grouped": True,
-        "url": f"http://127.0.0.1:{server.server_address[1]}/hook",
-        "bootstrap": bootstrap,
-        "redis": args.redis,
-        "max_in_flight": 256,
-        "delays_ms": list(DELAYS_MS),
-        "attempt_log_hours": 24,
-        "replication_factor": REPLICAS,
-    }
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "bench.delivery", "--serve-worker", json.dumps(config)]
-    )
+    served = serve_subscription("wipe", bootstrap, args.redis, replication_factor=REPLICAS)
+    project, calls = served.project, served.calls
     client = redis.Redis.from_url(args.redis)
     producer = Producer(
         {
@@ -114,7 +80,7 @@ def measure(args: argparse.Namespace, cluster: LocalKafkaCluster) -> dict[str, A
             "message.timeout.ms": 30_000,
         }
     )
-    main = names.main_topic(project, "t")
+    main = served.main
     written: dict[str, float] = {}  # acknowledged: message id -> when it was handed over
     refused: list[str] = []
     order: dict[str, list[str]] = {f"G{n}": [] for n in range(args.groups)}
@@ -183,9 +149,7 @@ def measure(args: argparse.Namespace, cluster: LocalKafkaCluster) -> dict[str, A
             )
         p_still_parked = p_parked()
     finally:
-        worker.terminate()
-        worker.wait(60)
-        server.shutdown()
+        served.stop()
     first = calls.first_2xx()
     reached = {m: t for m, t in written.items() if m in first}
     before = [first[m] - t for m, t in reached.items() if t < killed_at]
@@ -203,14 +167,6 @@ def measure(args: argparse.Namespace, cluster: LocalKafkaCluster) -> dict[str, A
 
     in_order = all(delivered_in_order(ids) for ids in order.values())
     p_calls = [m for _, g, m, _ in calls.rows if g == "P"]
-
-    def summary(waits: list[float]) -> dict[str, float]:
-        return {
-            "p50_ms": round(percentile(waits, 0.5) * 1000, 1),
-            "p99_ms": round(percentile(waits, 0.99) * 1000, 1),
-            "max_ms": round(max(waits, default=0.0) * 1000, 1),
-            "messages": len(waits),
-        }
 
     return {
         "benchmark": "broker_wipe",

@@ -21,12 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import pairwise
 from typing import Any
 
@@ -34,58 +31,9 @@ import redis
 from confluent_kafka import Producer
 
 from bench.machine import write_result
-from setu import names
+from bench.stall import PARTITIONS, serve_subscription, summary, wait
 from setu.envelope import Envelope
-from setu.model import Endpoint, RetryPolicy, Subscription, Topic
 from state import keys
-from state.kafka_admin import KafkaTopics
-
-PARTITIONS = 2
-DELAYS_MS = (300, 600)
-
-
-class Calls:
-    """Every call the webhook got: (time, group, message id, status)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.rows: list[tuple[float, str, str, int]] = []
-
-    def handler(self) -> type[BaseHTTPRequestHandler]:
-        calls = self
-
-        class Hook(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length", "0")))
-                group = self.headers.get("x_group_id", "")
-                status = 400 if group == "P" else 200
-                with calls.lock:
-                    calls.rows.append(
-                        (time.monotonic(), group, self.headers.get("x_message_id", ""), status)
-                    )
-                self.send_response(status)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        return Hook
-
-    def first_2xx(self) -> dict[str, float]:
-        with self.lock:
-            out: dict[str, float] = {}
-            for at, _, message_id, status in self.rows:
-                if 200 <= status < 300 and message_id not in out:
-                    out[message_id] = at
-            return out
-
-
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
 
 
 def publish(producer: Producer, main: str, group: str) -> str:
@@ -100,44 +48,9 @@ def publish(producer: Producer, main: str, group: str) -> str:
     return message_id
 
 
-def wait(what: str, condition: Any, timeout_s: float) -> float:
-    """Waits for ``condition``; returns when it held (monotonic), raises after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.02)
-    return time.monotonic()
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    project = f"forget{uuid.uuid4().hex[:8]}"
-    topics = KafkaTopics(args.bootstrap)
-    topic = Topic(project, "t", grouped=True, partitions=PARTITIONS, retention_hours=1)
-    topics.ensure_topic(topic)
-    sub = Subscription(
-        project, "s", "t", Endpoint("http://x/"), grouped=True, retry=RetryPolicy(DELAYS_MS)
-    )
-    topics.ensure_subscription(sub, topic)
-    calls = Calls()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), calls.handler())
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    config = {
-        "project": project,
-        "subscription": "s",
-        "topic": "t",
-        "grouped": True,
-        "url": f"http://127.0.0.1:{server.server_address[1]}/hook",
-        "bootstrap": args.bootstrap,
-        "redis": args.redis,
-        "max_in_flight": 256,
-        "delays_ms": list(DELAYS_MS),
-        "attempt_log_hours": 24,
-    }
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "bench.delivery", "--serve-worker", json.dumps(config)]
-    )
+    served = serve_subscription("forget", args.bootstrap, args.redis)
+    project, calls = served.project, served.calls
     client = redis.Redis.from_url(args.redis)
     producer = Producer(
         {
@@ -148,7 +61,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "linger.ms": 0,
         }
     )
-    main = names.main_topic(project, "t")
+    main = served.main
     try:
         parked = [publish(producer, main, "P") for _ in range(3)]
         producer.flush(10)
@@ -193,9 +106,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.drain_timeout,
         )
     finally:
-        worker.terminate()
-        worker.wait(60)
-        server.shutdown()
+        served.stop()
     first = calls.first_2xx()
     before = [first[m] - t for m, t in written.items() if t < flushed_at]
     after = [first[m] - t for m, t in written.items() if t >= flushed_at]
@@ -207,14 +118,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for ids in order.values()
     )
     p_calls = [m for _, g, m, _ in calls.rows if g == "P"]
-
-    def summary(waits: list[float]) -> dict[str, float]:
-        return {
-            "p50_ms": round(percentile(waits, 0.5) * 1000, 1),
-            "p99_ms": round(percentile(waits, 0.99) * 1000, 1),
-            "max_ms": round(max(waits, default=0.0) * 1000, 1),
-            "messages": len(waits),
-        }
 
     return {
         "benchmark": "redis_forgets",
