@@ -50,6 +50,9 @@ _COORDINATOR_MOVING = frozenset(
 T = TypeVar("T")
 
 POLL_BATCH = 500
+# How long a watermark read is tried again while a partition's leader moves (a broker
+# restarting, a node lost: docs/design.md §7), before it fails its caller.
+WATERMARK_TIMEOUT_S = 10.0
 POLL_TIMEOUT_S = 0.05
 # Batches handed to the loop and not yet processed; the thread waits beyond this, so a loop
 # that falls behind slows the consumer instead of piling batches up in memory.
@@ -494,8 +497,9 @@ class KafkaReader:
         try:
             ends: dict[tuple[str, int], int] = {}
             todo = []
+            deadline = time.monotonic() + WATERMARK_TIMEOUT_S
             for tp in starts:
-                low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+                low, high = watermarks(consumer, tp, deadline, wait_for_missing=False)
                 start = tp.offset if tp.offset >= 0 else low
                 out[(tp.topic, tp.partition)] = []
                 tails.ends[(tp.topic, tp.partition)] = high
@@ -533,7 +537,8 @@ class KafkaReader:
         consumer = Consumer(self._config, logger=log)
         try:
             tp = TopicPartition(topic, partition)
-            low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+            deadline = time.monotonic() + WATERMARK_TIMEOUT_S
+            low, high = watermarks(consumer, tp, deadline, wait_for_missing=False)
             start = max(start, low)
             if start >= high:
                 return [], start, True
@@ -558,10 +563,10 @@ class KafkaReader:
         """The first offset retention left in one partition."""
         consumer = Consumer(self._config, logger=log)
         try:
-            low, _ = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=10, cached=False
-            )
-            return int(low)
+            deadline = time.monotonic() + WATERMARK_TIMEOUT_S
+            tp = TopicPartition(topic, partition)
+            low, _ = watermarks(consumer, tp, deadline, wait_for_missing=False)
+            return low
         finally:
             consumer.close()
 
@@ -583,10 +588,10 @@ class KafkaReader:
             )[0]
             if found.offset >= 0:
                 return int(found.offset)
-            _, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=10, cached=False
-            )
-            return int(high)
+            deadline = time.monotonic() + WATERMARK_TIMEOUT_S
+            tp = TopicPartition(topic, partition)
+            _, high = watermarks(consumer, tp, deadline, wait_for_missing=False)
+            return high
         finally:
             consumer.close()
 
