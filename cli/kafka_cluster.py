@@ -181,6 +181,27 @@ def partitions_held_only_by(node_id: int, bootstrap: str) -> list[str]:
     ]
 
 
+def partitions_lagging(bootstrap: str) -> list[str]:
+    """Partitions (``topic-n``) with a replica out of sync: a node is still catching up, so
+    losing another node's disk now could leave a single copy, or none. Raises
+    KafkaUnavailable when the brokers at ``bootstrap`` do not answer."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        topics = admin.list_topics(timeout=30).topics
+    except Exception as error:  # KafkaException of any kind: nobody answered
+        raise KafkaUnavailable(f"the Kafka nodes do not answer: {error}") from error
+    finally:
+        del admin
+    return [
+        f"{name}-{number}"
+        for name, topic in sorted(topics.items())
+        for number, partition in sorted(topic.partitions.items())
+        if set(partition.replicas) - set(partition.isrs)
+    ]
+
+
 class LocalKafkaCluster:
     """Nodes 1..N of one cluster: node ``i`` keeps its configuration and data in
     ``home/node-i`` and writes its output to ``logs/kafka-i.log``.
@@ -313,6 +334,10 @@ class LocalKafkaCluster:
         cluster_id = self.cluster_id()
         shutil.rmtree(self.node(node_id).data_dir, ignore_errors=True)
         self._format(self.node(node_id), cluster_id, JOIN_EXISTING)
+
+    def lagging(self) -> list[str]:
+        """:func:`partitions_lagging` of this cluster."""
+        return partitions_lagging(self.bootstrap)
 
     def _bootstrap_without(self, node_id: int) -> str:
         return ",".join(node.bootstrap for node in self.nodes if node.node_id != node_id)

@@ -13,8 +13,9 @@ process's writes).
   replica is not in sync, since then there is nothing to fail over to.
 - ``broker-wipe`` (a three-node cluster): one Kafka node is SIGKILLed, loses its data folder,
   and comes back with an empty disk, formatted to join again, then is made a voter of the
-  quorum again (``cli/kafka_cluster.py``). Skipped while another node lags, since losing a
-  second copy is more than replication factor 3 with two in sync promises to survive.
+  quorum again (``cli/kafka_cluster.py``). Skipped while any replica is out of sync (a node
+  still catching up after a kill or an earlier wipe), since losing a second copy is more than
+  replication factor 3 with two in sync promises to survive.
 - ``receiver`` is killed like any component when the run allows it (its journal survives).
 
 Setu must lose nothing and reorder nothing through them (docs/design.md §4).
@@ -154,6 +155,11 @@ class BrokerWipe:
         ]
         if len(alive) < len(self._cluster.nodes):
             raise FaultSkipped("a node is down already")
+        # Every copy in sync first: a node still catching up after a kill or an earlier
+        # wipe holds less than it will, and losing a second disk now would be two nodes lost.
+        lagging = await asyncio.to_thread(self._cluster.lagging)
+        if lagging:
+            raise FaultSkipped(f"a node is catching up: {', '.join(lagging[:5])}")
         node_id = self._rng.choice(alive)
         component = self._components[f"kafka-{node_id}"]
         with component.holding():
