@@ -322,6 +322,8 @@ class LocalKafkaCluster:
         Raises KafkaUnavailable, leaving the folder alone, while the node runs, or unless the
         other nodes answer and, for every partition with a replica on it, one of them is in
         sync (else Kafka could elect the empty replica over theirs, see the module doc).
+        Wait until the controller has fenced the stopped node (:meth:`listed_in_sync` False)
+        first: a node restarted with an empty disk before that keeps its place in sync.
         """
         if self._running(node_id):
             raise KafkaUnavailable(f"node {node_id} is running: stop or kill it first")
@@ -334,6 +336,26 @@ class LocalKafkaCluster:
         cluster_id = self.cluster_id()
         shutil.rmtree(self.node(node_id).data_dir, ignore_errors=True)
         self._format(self.node(node_id), cluster_id, JOIN_EXISTING)
+
+    def listed_in_sync(self, node_id: int) -> bool:
+        """Whether the other nodes still list ``node_id`` in the in-sync replicas of some
+        partition. A killed node is taken out once the controller fences it
+        (``broker.session.timeout.ms``); one that restarts before that keeps its place, so
+        its disk must not be replaced until this is False (see :meth:`replace_disk`)."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self._bootstrap_without(node_id)})
+        try:
+            topics = admin.list_topics(timeout=30).topics
+        except Exception as error:  # KafkaException of any kind: nobody answered
+            raise KafkaUnavailable(f"the other Kafka nodes do not answer: {error}") from error
+        finally:
+            del admin
+        return any(
+            node_id in partition.isrs and len(partition.replicas) > 1
+            for topic in topics.values()
+            for partition in topic.partitions.values()
+        )
 
     def lagging(self) -> list[str]:
         """:func:`partitions_lagging` of this cluster."""

@@ -108,6 +108,8 @@ class RedisFailover:
 
 
 FAILOVER_TIMEOUT_S = 60.0
+# How long a killed Kafka node may stay listed in sync before its wipe is given up.
+FENCE_TIMEOUT_S = 120.0
 
 
 def _replica_in_sync(primary_url: str) -> bool:
@@ -166,6 +168,13 @@ class BrokerWipe:
             component.kill()
             component.events.record(component.name, "kill", wiped=True)
             try:
+                # As a real disk replacement takes longer than fencing: a node back with an
+                # empty disk while still listed in sync could be elected over full copies.
+                fenced = await _await(
+                    lambda: not self._cluster.listed_in_sync(node_id), FENCE_TIMEOUT_S
+                )
+                if not fenced:
+                    raise KafkaUnavailable(f"node {node_id} was not fenced in time")
                 await asyncio.to_thread(self._cluster.replace_disk, node_id)
             except KafkaUnavailable as why:
                 component.start()

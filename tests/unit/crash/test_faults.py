@@ -28,6 +28,7 @@ class Cluster:
     refuse: bool = False
     wipe_s: float = 0.0
     catching_up: list[str] = field(default_factory=list)
+    looks: list[int] = field(default_factory=list)
     nodes: tuple[Node, ...] = (Node(1), Node(2), Node(3))
     wiped: list[int] = field(default_factory=list)
     joined: list[int] = field(default_factory=list)
@@ -40,6 +41,11 @@ class Cluster:
 
     def lagging(self) -> list[str]:
         return self.catching_up
+
+    def listed_in_sync(self, node_id: int) -> bool:
+        # Fenced at the second look, as the controller does after its session timeout
+        self.looks.append(node_id)
+        return self.looks.count(node_id) < 2
 
     def join_quorum(self, node_id: int, timeout_s: float) -> None:
         self.joined.append(node_id)
@@ -63,8 +69,9 @@ async def test_a_node_loses_its_disk_and_joins_again(tmp_path: Path) -> None:
     cluster = Cluster()
     try:
         await BrokerWipe(cluster, components, random.Random(3))()
-        # One node was killed, given an empty disk, started and made a voter again
+        # One node was killed, fenced, given an empty disk, started and made a voter again
         assert len(cluster.wiped) == 1 and cluster.joined == cluster.wiped
+        assert cluster.looks == cluster.wiped * 2
         assert all(c.alive for c in components.values())
         assert events.count("kill") == 1
     finally:
