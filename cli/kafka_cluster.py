@@ -45,6 +45,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cli.kafka_local import (
     STOP_TIMEOUT_S,
@@ -158,23 +159,32 @@ def registered_brokers(bootstrap: str) -> set[int]:
         del admin
 
 
-def partitions_held_only_by(node_id: int, bootstrap: str) -> list[str]:
-    """Partitions (``topic-n``) with replicas on other nodes too, none of which is in sync:
-    the node is the only replica Kafka would elect. Raises KafkaUnavailable when the brokers
-    at ``bootstrap`` do not answer."""
+def _partitions(bootstrap: str, who: str = "the Kafka nodes") -> list[tuple[str, Any]]:
+    """Every partition as ``(topic-n, its metadata)``, in order, as the brokers at
+    ``bootstrap`` report it now; raises KafkaUnavailable when none answers."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     try:
         topics = admin.list_topics(timeout=30).topics
     except Exception as error:  # KafkaException of any kind: nobody answered
-        raise KafkaUnavailable(f"the other Kafka nodes do not answer: {error}") from error
+        raise KafkaUnavailable(f"{who} do not answer: {error}") from error
     finally:
         del admin
     return [
-        f"{name}-{number}"
+        (f"{name}-{number}", partition)
         for name, topic in sorted(topics.items())
         for number, partition in sorted(topic.partitions.items())
+    ]
+
+
+def partitions_held_only_by(node_id: int, bootstrap: str) -> list[str]:
+    """Partitions (``topic-n``) with replicas on other nodes too, none of which is in sync:
+    the node is the only replica Kafka would elect. Raises KafkaUnavailable when the brokers
+    at ``bootstrap`` do not answer."""
+    return [
+        name
+        for name, partition in _partitions(bootstrap, "the other Kafka nodes")
         if node_id in partition.replicas
         and len(partition.replicas) > 1
         and not set(partition.isrs) - {node_id}
@@ -185,19 +195,9 @@ def partitions_lagging(bootstrap: str) -> list[str]:
     """Partitions (``topic-n``) with a replica out of sync: a node is still catching up, so
     losing another node's disk now could leave a single copy, or none. Raises
     KafkaUnavailable when the brokers at ``bootstrap`` do not answer."""
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    try:
-        topics = admin.list_topics(timeout=30).topics
-    except Exception as error:  # KafkaException of any kind: nobody answered
-        raise KafkaUnavailable(f"the Kafka nodes do not answer: {error}") from error
-    finally:
-        del admin
     return [
-        f"{name}-{number}"
-        for name, topic in sorted(topics.items())
-        for number, partition in sorted(topic.partitions.items())
+        name
+        for name, partition in _partitions(bootstrap)
         if set(partition.replicas) - set(partition.isrs)
     ]
 
@@ -342,19 +342,11 @@ class LocalKafkaCluster:
         partition. A killed node is taken out once the controller fences it
         (``broker.session.timeout.ms``); one that restarts before that keeps its place, so
         its disk must not be replaced until this is False (see :meth:`replace_disk`)."""
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient({"bootstrap.servers": self._bootstrap_without(node_id)})
-        try:
-            topics = admin.list_topics(timeout=30).topics
-        except Exception as error:  # KafkaException of any kind: nobody answered
-            raise KafkaUnavailable(f"the other Kafka nodes do not answer: {error}") from error
-        finally:
-            del admin
         return any(
             node_id in partition.isrs and len(partition.replicas) > 1
-            for topic in topics.values()
-            for partition in topic.partitions.values()
+            for _, partition in _partitions(
+                self._bootstrap_without(node_id), "the other Kafka nodes"
+            )
         )
 
     def lagging(self) -> list[str]:
