@@ -436,21 +436,30 @@ def produced_at(msg: Message) -> int:
     return int(msg.timestamp()[1])
 
 
+def _asked_again(ask: Callable[[float], T], passing: frozenset[int], deadline: float) -> T:
+    """``ask(timeout_s)``, asked again until ``deadline`` while it fails with one of the
+    ``passing`` error codes (a leader or coordinator moving); raises KafkaException
+    otherwise."""
+    while True:
+        try:
+            return ask(max(0.1, deadline - time.monotonic()))
+        except KafkaException as exc:
+            if exc.args[0].code() not in passing or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def committed(
     consumer: Consumer, partitions: list[TopicPartition], deadline: float
 ) -> list[TopicPartition]:
     """The group's committed offsets of ``partitions``, asked again until ``deadline`` while
     the group's coordinator is being found or loaded. Raises KafkaException otherwise."""
-    while True:
-        try:
-            found: list[TopicPartition] = consumer.committed(
-                partitions, timeout=max(0.1, deadline - time.monotonic())
-            )
-            return found
-        except KafkaException as exc:
-            if exc.args[0].code() not in _COORDINATOR_MOVING or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+
+    def ask(timeout_s: float) -> list[TopicPartition]:
+        found: list[TopicPartition] = consumer.committed(partitions, timeout=timeout_s)
+        return found
+
+    return _asked_again(ask, _COORDINATOR_MOVING, deadline)
 
 
 def watermarks(
@@ -460,18 +469,12 @@ def watermarks(
     topic's leaders are being elected, and with ``wait_for_missing`` while the brokers do not
     know the topic yet (one just created is not on every broker at once). Raises
     KafkaException otherwise."""
-    while True:
-        try:
-            low, high = consumer.get_watermark_offsets(
-                tp, timeout=max(0.1, deadline - time.monotonic()), cached=False
-            )
-            return int(low), int(high)
-        except KafkaException as exc:
-            code = exc.args[0].code()
-            retried = _MOVING | _MISSING if wait_for_missing else _MOVING
-            if code not in retried or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+
+    def ask(timeout_s: float) -> tuple[int, int]:
+        low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+        return int(low), int(high)
+
+    return _asked_again(ask, _MOVING | _MISSING if wait_for_missing else _MOVING, deadline)
 
 
 class KafkaReader:
