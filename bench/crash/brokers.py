@@ -163,6 +163,8 @@ def prepare_brokers(
                 # One Sentinel: it watches, and a failover needs it (never killed)
                 chaos=child.name != "sentinel",
                 min_uptime_s=BROKER_MIN_UPTIME_S[kind],
+                # The cluster's nodes: one down at a time, as replication promises to survive.
+                domain="kafka" if cluster is not None and kind == "kafka" else None,
             )
         )
 

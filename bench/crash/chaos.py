@@ -26,6 +26,8 @@ import orjson
 from cli.processes import tail
 
 RESTART_PAUSE_S = 0.5
+# A node of a domain may go down only once every other node of it has been up this long.
+DOMAIN_SETTLE_S = 30.0
 # Lines of a component's log kept with each exit of its own, for the report.
 EXIT_LOG_LINES = 20
 
@@ -46,6 +48,9 @@ class ComponentSpec:
     min_uptime_s: float = 0.0
     oneshot: bool = False
     progress_dir: Path | None = None
+    # Nodes of one replicated service ("kafka"): chaos takes down at most one of them at a
+    # time, as the service promises to survive one node lost, not two (see ``peers_settled``).
+    domain: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +226,20 @@ class FaultSkipped(Exception):
     promises to survive (a second node lost while the first has not caught up, say)."""
 
 
+def peers_settled(components: Sequence[Component], name: str) -> bool:
+    """Whether every other node of ``name``'s domain is up, left alone by chaos and faults,
+    and has been up :data:`DOMAIN_SETTLE_S`: so a second node is never lost while the first is
+    down or has only just come back. True for a component of no domain."""
+    me = next(c for c in components if c.name == name)
+    if me.spec.domain is None:
+        return True
+    return all(
+        c.alive and not c.held and c.uptime_s() >= DOMAIN_SETTLE_S
+        for c in components
+        if c.spec.domain == me.spec.domain and c.name != name
+    )
+
+
 class Chaos:
     """Every ``interval_s`` (random in the range), kills a random eligible component and
     restarts it after ``restart_delay_s``, or injects one of the ``faults`` (a node losing its
@@ -235,8 +254,10 @@ class Chaos:
         interval_s: tuple[float, float] = (3.0, 6.0),
         restart_delay_s: tuple[float, float] = (0.0, 1.0),
         faults: Mapping[str, Fault] | None = None,
+        settled: Mapping[str, Callable[[], bool]] | None = None,
     ) -> None:
         self.components = list(components)
+        self.settled = dict(settled or {})
         self.events = events
         self.rng = rng
         self.interval_s = interval_s
@@ -261,12 +282,19 @@ class Chaos:
                     c.progressed(),
                 )
                 for c in self.components
-                if c.spec.chaos and c.alive and not c.held
+                if c.spec.chaos
+                and c.alive
+                and not c.held
+                and peers_settled(self.components, c.name)
             ]
             candidates += [
                 Candidate(name, 0.0, 0.0, self.events.count("fault", name)) for name in self.faults
             ]
             victim = choose_victim(self.rng, candidates)
+            domain = self._domain(victim)
+            if domain in self.settled and not await asyncio.to_thread(self.settled[domain]):
+                others = [c for c in candidates if self._domain(c.name) != domain]
+                victim = choose_victim(self.rng, others)
             if victim in self.faults:
                 await self.inject(victim)
             elif victim is not None:
@@ -317,6 +345,10 @@ class Chaos:
                 self.events.record(component.name, "restart")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), poll_s)
+
+    def _domain(self, name: str | None) -> str | None:
+        found = next((c for c in self.components if c.name == name), None)
+        return found.spec.domain if found is not None else None
 
     def _by_name(self, name: str) -> Component:
         return next(c for c in self.components if c.name == name)

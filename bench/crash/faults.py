@@ -34,7 +34,7 @@ import redis
 import redis.asyncio as aioredis
 
 from bench.crash.brokers import RedisNodes
-from bench.crash.chaos import Component, FaultSkipped
+from bench.crash.chaos import DOMAIN_SETTLE_S, Component, FaultSkipped
 
 
 async def redis_flush(url: Callable[[], str]) -> None:
@@ -153,10 +153,13 @@ class BrokerWipe:
         alive = [
             node.node_id
             for node in self._cluster.nodes
-            if (c := self._components.get(f"kafka-{node.node_id}")) is not None and c.alive
+            if (c := self._components.get(f"kafka-{node.node_id}")) is not None
+            and c.alive
+            and not c.held
+            and c.uptime_s() >= DOMAIN_SETTLE_S
         ]
         if len(alive) < len(self._cluster.nodes):
-            raise FaultSkipped("a node is down already")
+            raise FaultSkipped("a node is down or has only just come back")
         # Every copy in sync first: a node still catching up after a kill or an earlier
         # wipe holds less than it will, and losing a second disk now would be two nodes lost.
         lagging = await asyncio.to_thread(self._cluster.lagging)

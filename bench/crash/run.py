@@ -355,6 +355,7 @@ class CrashRun:
             config.chaos_interval_s,
             config.restart_delay_s,
             self._faults(layout),
+            self._settled(),
         )
         stop_chaos, stop_supervisor = asyncio.Event(), asyncio.Event()
         supervisor = asyncio.create_task(chaos.supervise(stop_supervisor))
@@ -386,6 +387,22 @@ class CrashRun:
             if component.name != "producer" and not component.alive:
                 component.start()
                 self.events.record(component.name, "restart")
+
+    def _settled(self) -> dict[str, Callable[[], bool]]:
+        """Per domain of nodes, whether one may go down now (``Chaos``)."""
+        cluster = self.brokers.cluster if self.brokers else None
+        if cluster is None:
+            return {}
+
+        def in_sync() -> bool:
+            from cli.kafka_local import KafkaUnavailable
+
+            try:
+                return not cluster.lagging()
+            except KafkaUnavailable:
+                return False
+
+        return {"kafka": in_sync}
 
     def _faults(self, layout: StackLayout) -> dict[str, Fault]:
         faults: dict[str, Fault] = {}

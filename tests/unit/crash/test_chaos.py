@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.crash.chaos import Candidate, Chaos, Component, ComponentSpec, EventLog, choose_victim
+from bench.crash import chaos as chaos_module
+from bench.crash.chaos import (
+    Candidate,
+    Chaos,
+    Component,
+    ComponentSpec,
+    EventLog,
+    choose_victim,
+    peers_settled,
+)
 from tests.waiting import wait_for
 
 
@@ -129,6 +138,119 @@ async def test_chaos_kills_and_restarts_until_stopped(tmp_path: Path) -> None:
     for component in components:
         component.stop()
     events.close()
+
+
+def _nodes(
+    tmp_path: Path, events: EventLog, *names: str, min_uptime_s: float = 0.0
+) -> list[Component]:
+    """Long-running components; ``kafka-*`` ones form the domain "kafka"."""
+    return [
+        Component(
+            spec(
+                tmp_path,
+                name,
+                "import time; time.sleep(60)",
+                domain="kafka" if name.startswith("kafka") else None,
+                min_uptime_s=min_uptime_s,
+            ),
+            events,
+        )
+        for name in names
+    ]
+
+
+def test_a_node_may_go_down_only_while_its_peers_are_up_settled_and_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(chaos_module, "DOMAIN_SETTLE_S", 0.3)
+    components = _nodes(tmp_path, EventLog(), "kafka-1", "kafka-2", "api")
+    kafka_1, kafka_2, _ = components
+    for component in components:
+        component.start()
+    try:
+        # peers just started: not settled; a component of no domain always may go
+        assert not peers_settled(components, "kafka-1")
+        assert peers_settled(components, "api")
+        wait_for("kafka-1's peers settled", lambda: peers_settled(components, "kafka-1"), 10)
+        # a peer a fault holds, or a peer down, is not settled
+        with kafka_2.holding():
+            assert not peers_settled(components, "kafka-1")
+        kafka_2.kill()
+        assert not peers_settled(components, "kafka-1")
+        assert peers_settled(components, "kafka-2")  # its peer kafka-1 is up and settled
+    finally:
+        for component in components:
+            component.stop()
+
+
+async def test_chaos_spares_a_domain_that_has_not_settled_and_goes_on_with_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a two-node domain whose service says it is not in sync, and an API
+    monkeypatch.setattr(chaos_module, "DOMAIN_SETTLE_S", 0.0)
+    events = EventLog()
+    components = _nodes(tmp_path, events, "kafka-1", "kafka-2", "api")
+    for component in components:
+        component.start()
+    checks: list[bool] = []
+
+    def settled() -> bool:
+        checks.append(False)
+        return False
+
+    chaos = Chaos(
+        components, events, random.Random(3), (0.02, 0.05), (0.0, 0.02), settled={"kafka": settled}
+    )
+    # When chaos runs for a while
+    stop = asyncio.Event()
+    task = asyncio.create_task(chaos.run(stop))
+    await asyncio.sleep(1.0)
+    stop.set()
+    await task
+    # Then it asked the service, killed no node of it, and kept killing the API meanwhile
+    assert checks
+    assert events.count("kill", "kafka-1") == events.count("kill", "kafka-2") == 0
+    assert events.count("kill", "api") >= 4
+    for component in components:
+        component.stop()
+
+
+async def test_chaos_never_has_two_nodes_of_a_domain_down_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a three-node domain whose nodes must be up 0.2 s before a peer may go down (and
+    # before they go down again themselves)
+    monkeypatch.setattr(chaos_module, "DOMAIN_SETTLE_S", 0.2)
+    events = EventLog()
+    components = _nodes(tmp_path, events, "kafka-1", "kafka-2", "kafka-3", min_uptime_s=0.2)
+    for component in components:
+        component.start()
+    await asyncio.sleep(0.25)
+    chaos = Chaos(
+        components,
+        events,
+        random.Random(5),
+        (0.01, 0.03),
+        (0.0, 0.05),
+        settled={"kafka": lambda: True},
+    )
+    # When chaos runs for a while, killing as often as it may
+    stop = asyncio.Event()
+    task = asyncio.create_task(chaos.run(stop))
+    await asyncio.sleep(1.5)
+    stop.set()
+    await task
+    # Then it killed several times, each kill at least 0.2 s after any other node came back
+    kills = [e for e in events.events if e["action"] == "kill"]
+    assert len({e["component"] for e in kills}) >= 2
+    restarts = [e for e in events.events if e["action"] == "restart"]
+    for kill in kills:
+        peers_back = [
+            e["t"] for e in restarts if e["t"] <= kill["t"] and e["component"] != kill["component"]
+        ]
+        assert not peers_back or kill["t"] - max(peers_back) >= 200
+    for component in components:
+        component.stop()
 
 
 async def test_supervisor_restarts_crashed_components_but_not_finished_oneshots(
