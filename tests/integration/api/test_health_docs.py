@@ -101,6 +101,7 @@ async def test_docs_are_served_from_the_package_with_nothing_fetched_elsewhere(a
     assert "SwaggerUIBundle(" in start and "persistAuthorization" not in start
 
 
+@pytest.mark.finding("L3")
 @pytest.mark.parametrize(
     ("path", "page"),
     [

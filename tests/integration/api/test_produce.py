@@ -225,6 +225,7 @@ async def test_batch_limits_are_413(api: Api, project: str) -> None:
     assert await written(api, project) == 0
 
 
+@pytest.mark.finding("L2")
 @pytest.mark.parametrize("tenant_labels", [False, True])
 async def test_produce_is_counted_in_metrics_naming_tenants_only_when_asked(
     kafka_bootstrap: str, redis_url: str, tmp_path: Path, tenant_labels: bool

@@ -55,6 +55,7 @@ def admin_client(url: str) -> httpx.Client:
     return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
 
 
+@pytest.mark.finding("H2")
 @pytest.mark.parametrize(
     "path",
     [
@@ -82,6 +83,7 @@ def test_a_caller_without_a_valid_key_is_answered_401_before_sending_its_body(
     assert b'{"error":{"code":"unauthorized","message":"' in answer
 
 
+@pytest.mark.finding("H2")
 def test_a_declared_body_over_a_control_routes_limit_is_413_before_it_is_sent(
     api_url: str,
 ) -> None:
@@ -137,6 +139,7 @@ def rss_bytes() -> int:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.finding("H2")
 def test_anonymous_callers_sending_large_bodies_cost_the_api_no_memory(api_url: str) -> None:
     port = port_of(api_url)
     body = memoryview(b"{" + b" " * (16 * 1024 * 1024))  # made before the first measure

@@ -89,6 +89,7 @@ def test_a_head_over_the_limit_is_431_and_one_within_it_is_served(server: int) -
     assert answer.count(b"HTTP/1.1 200 OK") == 2, answer[:300]
 
 
+@pytest.mark.finding("I1")
 @pytest.mark.parametrize("size", [66_000, 100_000, 200_000])
 def test_a_head_over_the_limit_sent_in_one_piece_is_431(server: int, size: int) -> None:
     # Given a whole head over the limit, sent at once (it arrives in one read, or a few)
@@ -105,6 +106,7 @@ def test_a_head_over_the_limit_sent_in_one_piece_is_431(server: int, size: int) 
     assert answer.count(b"HTTP/1.1 200 OK") == 2, answer[:300]
 
 
+@pytest.mark.finding("L4")
 def test_partial_heads_are_closed_after_the_head_timeout(impatient_server: int) -> None:
     port = impatient_server
     with ExitStack() as stack:

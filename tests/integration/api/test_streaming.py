@@ -595,6 +595,7 @@ async def refused_sessions(api: Api) -> float:
     return 0.0
 
 
+@pytest.mark.finding("H1")
 async def test_a_first_frame_longer_than_a_hello_is_refused_before_its_body_is_read(
     guarded: Api, guarded_project: str
 ) -> None:
@@ -634,6 +635,7 @@ async def test_a_first_frame_longer_than_a_hello_is_refused_before_its_body_is_r
             sock.close()
 
 
+@pytest.mark.finding("H1", "M1")
 async def test_connections_that_never_say_hello_neither_grow_the_listener_nor_lock_out_a_producer(
     guarded: Api, guarded_project: str
 ) -> None:
@@ -692,6 +694,7 @@ async def test_connections_that_never_say_hello_neither_grow_the_listener_nor_lo
     assert server.waiting_bytes == 0
 
 
+@pytest.mark.finding("L6")
 async def test_one_key_holds_at_most_its_share_of_sessions(
     guarded: Api, guarded_project: str
 ) -> None:
@@ -729,6 +732,7 @@ async def test_one_key_holds_at_most_its_share_of_sessions(
     await wait_for_async("the sessions ended", _true_when(lambda: len(server.sessions) == 0))
 
 
+@pytest.mark.finding("L6")
 async def test_one_session_holds_at_most_its_share_of_streams(
     guarded: Api, guarded_project: str
 ) -> None:
@@ -757,6 +761,7 @@ async def test_one_session_holds_at_most_its_share_of_streams(
     assert await raw.closed()
 
 
+@pytest.mark.finding("L7")
 async def test_refused_connections_are_counted_not_each_logged_as_a_warning(
     kafka_bootstrap: str, redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -320,6 +320,7 @@ async def test_endpoint_header_values_are_write_only(api: Api, project: str) -> 
     assert cleared.json()["endpoint"]["header_names"] == []
 
 
+@pytest.mark.finding("M3")
 @pytest.mark.parametrize(
     ("moved_to", "kept"),
     [
@@ -522,6 +523,7 @@ async def test_names_resolving_inward_late_or_not_at_all_are_refused_at_registra
             await drop_project(api.client, project)
 
 
+@pytest.mark.finding("L8")
 async def test_status_read_right_after_a_create_is_answered(api: Api, project: str) -> None:
     # Given subscriptions whose status is asked for the moment each is created, while their
     # new topics' partitions may still be electing leaders

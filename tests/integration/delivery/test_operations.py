@@ -271,6 +271,7 @@ def test_an_unsidelined_group_failing_again_retries_through_the_tiers_and_parks_
     wait_for("listing empty", lambda: api.get(path(world, "dlq/messages")).json()["messages"] == [])
 
 
+@pytest.mark.finding("L5")
 def test_a_message_s_delivery_record_shows_each_attempt_and_move(
     world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], api: httpx.Client
 ) -> None:

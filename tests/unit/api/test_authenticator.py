@@ -49,6 +49,7 @@ def authenticator(keys: Keys, clock: Clock) -> Authenticator:
     return Authenticator(cast(KeyStore, keys), None, ttl_s=2.0, clock=clock)
 
 
+@pytest.mark.finding("L7")
 async def test_a_flood_of_unknown_key_ids_costs_one_query_per_cache_time() -> None:
     keys, clock = Keys(), Clock()
     auth = authenticator(keys, clock)
