@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.crash.chaos import Chaos, Component, ComponentSpec, EventLog, FaultSkipped
 from bench.crash import faults
+from bench.crash.chaos import Chaos, Component, ComponentSpec, EventLog, FaultSkipped
 from bench.crash.faults import BrokerWipe
 from cli.kafka_local import KafkaUnavailable
 
