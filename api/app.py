@@ -37,7 +37,7 @@ from api.gate import BodyLimits, RequestGate
 from api.headers import SecurityHeaders
 from api.metrics import ApiMetrics, MetricsMiddleware
 from api.produce import ProduceFastPath
-from api.producer import AckedProducer, producer_config
+from api.producer import AckedProducer, api_producer_config
 from api.quotas import ProjectQuotas, QuotaGate
 from api.responses import install_error_handlers
 from api.stream_server import StreamServer, stream_config
@@ -103,7 +103,7 @@ async def open_services(
     # How every Kafka client of the API reaches the broker (docs/security.md §8).
     kafka = settings.kafka_client_config()
     producer = AckedProducer(
-        producer_config(
+        api_producer_config(
             bootstrap,
             ack_timeout_ms=settings.produce_timeout_ms,
             max_message_bytes=settings.max_message_bytes,

@@ -30,6 +30,7 @@ from setu.envelope import (
     H_TOPIC_INCARNATION,
     Envelope,
     KafkaHeaders,
+    kafka_key,
 )
 from setu.errors import InvalidInput, PayloadTooLarge, SetuError
 from setu.limits import MAX_FORWARDED_HEADER_BYTES
@@ -261,8 +262,7 @@ def _batch_message(
         body = _batch_body(message)
     if len(body) > max_message_bytes:
         check_body_size(len(body), max_message_bytes)
-    # The Kafka key: the GroupId, else the MessageId (as Envelope.key).
-    key = (group_id if group_id is not None else message_id).encode()
+    key = kafka_key(message_id, group_id)
     headers = ingest_headers(
         message_id,
         group_id,

@@ -1,7 +1,7 @@
 """A Kafka producer whose sends complete only when the broker has acknowledged the write.
 
 One ``confluent_kafka.Producer`` is shared by every request (``acks=all``, idempotent,
-``murmur2_random`` partitioner so a key lands where the Java client would put it). A background
+the Java client's partitioner: setu/producer_settings.py). A background
 thread polls it; delivery reports are collected there and handed to the event loop in one
 ``call_soon_threadsafe`` per poll round, where they resolve the futures that requests await.
 ``produce()`` itself only enqueues, so the event loop never blocks on Kafka.
@@ -39,6 +39,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from setu.envelope import KafkaHeaders
 from setu.errors import DependencyUnavailable, PayloadTooLarge
 from setu.limits import MessageLimits
+from setu.producer_settings import durable_producer
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ _ACK_MARGIN_S = 2.0
 _SWEEP_S = 0.25
 
 
-def producer_config(
+def api_producer_config(
     bootstrap: str,
     *,
     ack_timeout_ms: int,
@@ -64,10 +65,7 @@ def producer_config(
 ) -> dict[str, Any]:
     """librdkafka settings of the API's producer (docs/design.md §1, §3)."""
     return {
-        "bootstrap.servers": bootstrap,
-        "enable.idempotence": True,
-        "acks": "all",
-        "partitioner": "murmur2_random",
+        **durable_producer(bootstrap),
         "linger.ms": 2,
         "compression.type": "lz4",
         "message.timeout.ms": ack_timeout_ms,

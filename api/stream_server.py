@@ -62,7 +62,7 @@ from api.topic_cache import CachedTopic
 from setu import headers as rules
 from setu.access import Permission, Principal, check
 from setu.clock import now_ms
-from setu.envelope import KafkaHeaders
+from setu.envelope import KafkaHeaders, kafka_key
 from setu.errors import (
     DependencyUnavailable,
     InvalidInput,
@@ -706,7 +706,7 @@ class Session:
         message_id = f"{stream.producer}:{sequence}"
         record = (
             stream.entry.ingest_topic,
-            (group_id if group_id is not None else message_id).encode(),
+            kafka_key(message_id, group_id),
             body,
             ingest_headers(
                 message_id,

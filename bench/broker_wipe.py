@@ -43,6 +43,7 @@ from bench.stall import serve_subscription, summary, wait
 from cli.jars import resolve_kafka_jars
 from cli.kafka_cluster import LocalKafkaCluster
 from setu.envelope import Envelope
+from setu.producer_settings import durable_producer
 from setu.settings import Settings
 from state import keys
 
@@ -71,14 +72,7 @@ def measure(args: argparse.Namespace, cluster: LocalKafkaCluster) -> dict[str, A
     project, calls = served.project, served.calls
     client = redis.Redis.from_url(args.redis)
     producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "acks": "all",
-            "enable.idempotence": True,
-            "partitioner": "murmur2_random",
-            "linger.ms": 0,
-            "message.timeout.ms": 30_000,
-        }
+        {**durable_producer(bootstrap), "linger.ms": 0, "message.timeout.ms": 30_000}
     )
     main = served.main
     written: dict[str, float] = {}  # acknowledged: message id -> when it was handed over

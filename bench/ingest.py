@@ -41,6 +41,7 @@ from bench.machine import quiet_client_logs, quiet_kafka_config, service_argumen
 from cli.jars import resolve_spark_jars
 from setu import names
 from setu.envelope import Envelope
+from setu.producer_settings import durable_producer
 from setu.settings import Settings
 from spark import job
 from spark.marks import MarkPublisher
@@ -61,9 +62,7 @@ def create_topics(admin: AdminClient, topics: list[str], partitions: int) -> Non
 def new_producer(bootstrap: str, **extra: Any) -> Producer:
     conf = {
         **quiet_kafka_config(),
-        "bootstrap.servers": bootstrap,
-        "partitioner": "murmur2_random",
-        "enable.idempotence": True,
+        **durable_producer(bootstrap),
         "linger.ms": 20,
         "queue.buffering.max.messages": 1_000_000,
     }

@@ -50,7 +50,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Producer
 
-from api.producer import producer_config
+from api.producer import api_producer_config
 from bench.http_load import Connection, closed_loop, open_loop, request_bytes
 from bench.machine import (
     OtlpSink,
@@ -200,7 +200,7 @@ def batch_request(path: str, size: int, key: str) -> Any:
 
 def bare_producer(bootstrap: str, topic: str, count: int) -> dict[str, Any]:
     """The same records as the API writes, from one producer at full speed, until all acked."""
-    config = producer_config(bootstrap, ack_timeout_ms=30_000, max_message_bytes=1 << 20)
+    config = api_producer_config(bootstrap, ack_timeout_ms=30_000, max_message_bytes=1 << 20)
     producer = Producer({**config, **quiet_kafka_config()})
     records = []
     for i in range(GROUPS):

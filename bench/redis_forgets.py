@@ -33,6 +33,7 @@ from confluent_kafka import Producer
 from bench.machine import write_result
 from bench.stall import PARTITIONS, serve_subscription, summary, wait
 from setu.envelope import Envelope
+from setu.producer_settings import durable_producer
 from state import keys
 
 
@@ -52,15 +53,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     served = serve_subscription("forget", args.bootstrap, args.redis)
     project, calls = served.project, served.calls
     client = redis.Redis.from_url(args.redis)
-    producer = Producer(
-        {
-            "bootstrap.servers": args.bootstrap,
-            "acks": "all",
-            "enable.idempotence": True,
-            "partitioner": "murmur2_random",
-            "linger.ms": 0,
-        }
-    )
+    producer = Producer({**durable_producer(args.bootstrap), "linger.ms": 0})
     main = served.main
     try:
         parked = [publish(producer, main, "P") for _ in range(3)]

@@ -33,6 +33,7 @@ from setu.envelope import H_PRODUCED_AT, KafkaHeaders
 from setu.limits import MessageLimits
 from setu.ordering.records import Record, parse_record
 from setu.ordering.tiers import DLQ
+from setu.producer_settings import durable_producer
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def consumer_config(
     }
 
 
-def producer_config(
+def copy_producer_config(
     bootstrap: str,
     client_id: str,
     limits: MessageLimits,
@@ -142,13 +143,8 @@ def producer_config(
 ) -> dict[str, Any]:
     """The worker's producer of copies (retry tiers, DLQ); ``client_config`` as above."""
     return {
-        "bootstrap.servers": bootstrap,
-        **(client_config or {}),
+        **durable_producer(bootstrap, client_config),
         "client.id": client_id,
-        "acks": "all",
-        "enable.idempotence": True,
-        # The Java client's partitioner, as every producer in Setu (docs/design.md §1).
-        "partitioner": "murmur2_random",
         "linger.ms": 2,
         "message.timeout.ms": 30000,
         # A copy of any record Setu accepted fits (librdkafka's default is 1,000,000 bytes:

@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 from delivery.changelog import subscription_changelog
 from delivery.events import EventSink, Notifier
 from delivery.http import HttpClient
-from delivery.kafka_io import AsyncProducer, ConsumerThread, KafkaReader, producer_config
+from delivery.kafka_io import AsyncProducer, ConsumerThread, KafkaReader, copy_producer_config
 from delivery.metrics import DeliveryMetrics, RunnerFigures
 from delivery.runner import RunnerConfig, RunnerParts, SubscriptionRunner
 from delivery.webhook import WebhookSender
@@ -173,7 +173,7 @@ async def serve(
     limits = MessageLimits(settings.max_message_bytes)
     kafka = settings.kafka_client_config()
     producer = AsyncProducer(
-        producer_config(settings.kafka_bootstrap, instance, limits, kafka), loop
+        copy_producer_config(settings.kafka_bootstrap, instance, limits, kafka), loop
     )
     http = HttpClient(allow_private=settings.allow_private_endpoints)
     topics = KafkaTopics(

@@ -41,6 +41,13 @@ H_REJECT_REASON = "setu-reject-reason"
 KafkaHeaders = list[tuple[str, bytes]]
 
 
+def kafka_key(message_id: str, group_id: str | None) -> bytes:
+    """The Kafka key of a message: its GroupId, else its MessageId (docs/design.md §1). The one
+    home of the rule; the ingest job keeps a column-expression copy that a test holds equal
+    (``spark.job.with_identity``)."""
+    return (group_id if group_id is not None else message_id).encode()
+
+
 @dataclass(frozen=True, slots=True)
 class Envelope:
     """One message with its identity and its audit trail. Immutable: use :meth:`evolve`."""
@@ -66,8 +73,8 @@ class Envelope:
 
     @property
     def key(self) -> bytes:
-        """The Kafka key: the GroupId, else the MessageId (docs/design.md §1)."""
-        return (self.group_id if self.group_id is not None else self.message_id).encode()
+        """The Kafka key (:func:`kafka_key`)."""
+        return kafka_key(self.message_id, self.group_id)
 
     def evolve(self, **changes: object) -> Envelope:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -263,6 +263,8 @@ def with_identity(raw: DataFrame, traced: bool = False) -> DataFrame:
     sequence = header[H_SEQUENCE_ID].cast("string").try_cast("bigint")
     producer = fn.when(sequence.isNotNull(), header[H_PRODUCER_ID].cast("string"))
     incarnation = header[H_TOPIC_INCARNATION].cast("string").try_cast("bigint")
+    # setu.envelope.kafka_key as a column (tests/integration/spark/test_identity.py holds them
+    # equal); a record without Setu's headers keeps its own key.
     key = fn.coalesce(header[H_GROUP_ID], header[H_MESSAGE_ID], fn.col(KEY))
     rows = raw.select(
         fn.col(TOPIC),

@@ -26,6 +26,7 @@ from confluent_kafka import (
 
 from setu.envelope import H_INGEST_OFFSET, H_INGEST_PARTITION, H_REJECT_REASON
 from setu.names import ingest_rejects_topic, main_topic
+from setu.producer_settings import durable_producer
 
 DROPPED_HEADERS = frozenset({H_INGEST_OFFSET, H_INGEST_PARTITION, H_REJECT_REASON})
 
@@ -62,14 +63,7 @@ def redrive(
     group = f"setu.redrive.{project}.{topic}"
     connection = {"bootstrap.servers": bootstrap, **(client_config or {})}
     consumer = Consumer({**connection, "group.id": group, "enable.auto.commit": False})
-    producer = Producer(
-        {
-            **connection,
-            "acks": "all",
-            "enable.idempotence": True,
-            "partitioner": "murmur2_random",
-        }
-    )
+    producer = Producer(durable_producer(bootstrap, client_config))
     try:
         metadata = consumer.list_topics(source, timeout=10).topics[source]
         if metadata.error is not None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from api.producer import producer_config as api_producer_config
-from delivery.kafka_io import consumer_config, producer_config
+from api.producer import api_producer_config
+from delivery.kafka_io import consumer_config, copy_producer_config
 from setu.envelope import Envelope
 from setu.limits import (
     MAX_BATCH_BYTES,
@@ -56,7 +56,7 @@ def test_every_stage_carries_the_largest_record_the_api_accepts(body_bytes: int)
     api = api_producer_config("k:9092", ack_timeout_ms=1, max_message_bytes=body_bytes)
     assert api["message.max.bytes"] > limits.topic_bytes
     assert int(sink_options(settings)["kafka.max.request.size"]) > limits.topic_bytes
-    assert producer_config("k:9092", "c", limits)["message.max.bytes"] > limits.topic_bytes
+    assert copy_producer_config("k:9092", "c", limits)["message.max.bytes"] > limits.topic_bytes
     consumer = consumer_config("k:9092", "g", "c", limits)
     assert consumer["max.partition.fetch.bytes"] >= limits.topic_bytes
 
