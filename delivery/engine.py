@@ -687,7 +687,10 @@ class PartitionEngine:
     def _due(self, tier: int, outcome: Outcome) -> int:
         """When a copy moved to retry tier ``tier`` after ``outcome`` is due."""
         return next_attempt_at(
-            self.clock(), self._delay(tier), rnd=self.rng(), retry_after_ms=outcome.retry_after_ms
+            self.clock(),
+            self.sub.retry.delay_ms(tier),
+            rnd=self.rng(),
+            retry_after_ms=outcome.retry_after_ms,
         )
 
     def _head_delivered(
@@ -795,7 +798,3 @@ class PartitionEngine:
             while queue and queue[-1].offset >= offset:
                 tracker.unread(queue.pop().offset)
         self.effects.seek(self.partition, DLQ, offset)
-
-    def _delay(self, tier: int) -> int:
-        delays = self.sub.retry.delays_ms
-        return delays[min(tier, len(delays)) - 1] if delays else 0

@@ -134,6 +134,12 @@ class RetryPolicy:
         codes = self.retryable_codes
         return status in (DEFAULT_RETRYABLE_CODES if codes is None else codes)
 
+    def delay_ms(self, tier: int) -> int:
+        """How long a message waits in retry tier ``tier`` (1..N) before its next attempt;
+        a tier past the last (none: ``delays_ms`` shrank since) waits the last delay."""
+        delays = self.delays_ms
+        return delays[min(tier, len(delays)) - 1] if delays else 0
+
 
 @dataclass(frozen=True, slots=True)
 class Subscription:
