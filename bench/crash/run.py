@@ -55,6 +55,7 @@ from bench.crash.stack import (
     spark_cluster,
     spark_specs,
 )
+from cli.ports import any_free_port
 from setu import names
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES
 from setu.model import RetryPolicy
@@ -152,15 +153,6 @@ def delivery_resumed(
     }
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 class CrashRun:
     """The state of one run; :meth:`execute` returns the report."""
 
@@ -241,9 +233,9 @@ class CrashRun:
         spark_env = await self._start_spark_cluster() if config.spark_workers else {}
         return StackLayout(
             workdir=config.workdir,
-            api_port=free_port(),
-            stream_port=free_port(),
-            receiver_port=free_port(),
+            api_port=any_free_port(),
+            stream_port=any_free_port(),
+            receiver_port=any_free_port(),
             kafka_bootstrap=kafka,
             redis_url=redis_url,
             database_url=database,
@@ -265,7 +257,7 @@ class CrashRun:
     async def _start_spark_cluster(self) -> dict[str, str]:
         """A master (never killed) and ``spark_workers`` workers (killed like any component,
         each with its executor); the variables that put the ingest job on them."""
-        cluster = spark_cluster(self.config.workdir, self.config.spark_workers, free_port)
+        cluster = spark_cluster(self.config.workdir, self.config.spark_workers, any_free_port)
         for spec in spark_specs(cluster, self.config.workdir):
             self._start(spec)
         self._log(f"starting a Spark cluster of {cluster.workers} worker(s)")

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import threading
@@ -332,13 +331,6 @@ def delete_subscription_group(topics: KafkaTopics, project: str, subscription: s
         return True
 
     wait_for(f"consumer group of {subscription} to be deleted", deleted, 90, 1.0)
-
-
-def free_port() -> int:
-    """A TCP port free right now on 127.0.0.1 (for a worker's metrics server)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -10,13 +10,13 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.ports import any_free_port
 from setu.model import SubscriptionState
 from setu.policies import BreakerPolicy, DeadLetterWindow, Policies
 from tests.integration.delivery.conftest import (
     Receiver,
     ThreadWorker,
     World,
-    free_port,
     labels,
     scrape,
     wait_for,
@@ -64,7 +64,7 @@ def test_an_outage_opens_the_breaker_spends_no_attempts_and_recovery_keeps_order
     groups = [f"g{i}" for i in range(6)]
     outage = Outage(receiver, groups)
     ids = {g: world.publish("t", g, 3) for g in groups}
-    port = free_port()
+    port = any_free_port()
     start_worker(delivery_metrics_port=port)
     # Then the breaker opens, and status says so with the endpoint's last answer
     wait_for(

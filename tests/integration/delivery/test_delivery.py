@@ -11,13 +11,13 @@ from collections.abc import Callable
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from cli.ports import any_free_port
 from setu.model import DeadLetterPolicy, SigningSecret
 from tests.integration.delivery.conftest import (
     ProcessWorker,
     Receiver,
     ThreadWorker,
     World,
-    free_port,
     labels,
     replace_sub,
     scrape,
@@ -498,7 +498,7 @@ def test_a_worker_whose_partition_was_claimed_meanwhile_is_fenced_and_starts_afr
     world.topic("t", partitions=1)
     world.subscription(receiver.url, delays_ms=(100, 200))
     first = world.publish("t", "g", 3)
-    port = free_port()
+    port = any_free_port()
     start_worker(delivery_metrics_port=port)
     wait_for("first delivered", lambda: receiver.delivered("g") == first)
     # When the partition's owner epoch moves on behind its back (another worker took it over

@@ -9,13 +9,13 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.ports import any_free_port
 from setu.clock import now_ms
 from setu.model import DeadLetterPolicy
 from tests.integration.delivery.conftest import (
     Receiver,
     ThreadWorker,
     World,
-    free_port,
     labels,
     scrape,
     wait_for,
@@ -222,7 +222,7 @@ def test_an_unsidelined_group_failing_again_retries_through_the_tiers_and_parks_
     world.subscription(receiver.url, delays_ms=(1500, 200))
     receiver.answer("a", 400)
     a = world.publish("t", "a", 2)
-    port = free_port()
+    port = any_free_port()
     start_worker(delivery_metrics_port=port)
     wait_for("a parked", lambda: parked(api, world, "a", 2))
     # When an operator unsidelines it but the endpoint now answers 503

@@ -8,13 +8,13 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.ports import any_free_port
 from setu.clock import now_ms
 from setu.policies import Policies, StartFrom, parse_filter
 from tests.integration.delivery.conftest import (
     Receiver,
     ThreadWorker,
     World,
-    free_port,
     labels,
     scrape,
     wait_for,
@@ -48,7 +48,7 @@ def test_a_filter_skips_unwanted_messages_without_holding_their_group(
     dropped = world.publish("t", "g1", 3, headers=DROP)
     [last] = world.publish("t", "g1", headers=KEEP)
     others = world.publish("t", "g2", 2, headers=DROP)
-    port = free_port()
+    port = any_free_port()
     start_worker(delivery_metrics_port=port)
     # Then the wanted messages arrive in order (the last is the sentinel: everything before it
     # was read) and no unwanted one was ever called

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from cli.ports import any_free_port
 from cli.probes import redis_answers
 from cli.redis_local import RedisNode, SentinelNode, render_redis_conf, render_sentinel_conf
 from setu.ordering.tiers import DLQ
@@ -26,7 +27,6 @@ from tests.integration.delivery.conftest import (
     Receiver,
     ThreadWorker,
     World,
-    free_port,
     wait_for,
 )
 
@@ -76,7 +76,7 @@ def _answers(port: int) -> bool:
 
 @pytest.fixture
 def sentinel_group(tmp_path: Path) -> Iterator[SentinelGroup]:
-    primary_port, replica_port = free_port(), free_port()
+    primary_port, replica_port = any_free_port(), any_free_port()
     processes: list[subprocess.Popen[bytes]] = []
     for name, port, of in (
         ("primary", primary_port, None),
@@ -88,7 +88,7 @@ def sentinel_group(tmp_path: Path) -> Iterator[SentinelGroup]:
         conf.write_text(render_redis_conf(node))
         processes.append(_start(conf, tmp_path / f"{name}.log"))
         wait_for(f"redis {name}", lambda port=port: _answers(port), 30)
-    sentinel_ports = [free_port() for _ in range(3)]
+    sentinel_ports = [any_free_port() for _ in range(3)]
     for n, port in enumerate(sentinel_ports):
         home = tmp_path / f"sentinel-{n}"
         home.mkdir()

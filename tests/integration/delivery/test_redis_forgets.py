@@ -9,13 +9,13 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from cli.ports import any_free_port
 from setu import names
 from state import keys
 from tests.integration.delivery.conftest import (
     Receiver,
     ThreadWorker,
     World,
-    free_port,
     labels,
     scrape,
     wait_for,
@@ -60,7 +60,7 @@ def test_a_parked_group_stays_parked_and_the_rest_flows_when_redis_comes_back_em
     receiver.answer("R", 503)
     g = world.publish("t", "G", 3)
     r = world.publish("t", "R", 3)
-    port = free_port()
+    port = any_free_port()
     start_worker(delivery_metrics_port=port)
     wait_for("G parked", lambda: view(api, world, "G")["parked"] == 3)
     wait_for("R retrying", lambda: view(api, world, "R")["state"] == "retrying")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from cli.ports import any_free_port
 from cli.processes import Child, ChildSpec
 from cli.spark_local import LocalSparkCluster
 from spark import job
@@ -28,12 +28,6 @@ GROUPS = 24
 PRODUCERS = 4
 MESSAGES = 2400
 RESEND_EVERY = 40  # every 40th message is sent twice (a producer retrying after a timeout)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -69,7 +63,7 @@ class Cluster:
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     spec = LocalSparkCluster(
-        tmp_path / "spark", port=free_port(), ui_port=free_port(), workers=2, memory="1g"
+        tmp_path / "spark", port=any_free_port(), ui_port=any_free_port(), workers=2, memory="1g"
     )
     running = Cluster(spec, tmp_path / "logs", dict(os.environ))
     try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
@@ -13,13 +12,7 @@ from bench.crash.chaos import Component, EventLog
 from bench.crash.journal import read_entries
 from bench.crash.plan import FailurePlan
 from bench.crash.stack import StackLayout, receiver_journal, receiver_spec
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from cli.ports import any_free_port
 
 
 def wait_answering(url: str, timeout_s: float = 20.0) -> None:
@@ -39,7 +32,7 @@ def test_receiver_process_survives_a_restart_with_its_journal(tmp_path: Path) ->
     layout = StackLayout(
         workdir=tmp_path,
         api_port=0,
-        receiver_port=free_port(),
+        receiver_port=any_free_port(),
         kafka_bootstrap="unused",
         redis_url="unused",
         database_url="unused",
