@@ -43,16 +43,16 @@ from api.responses import install_error_handlers
 from api.stream_server import StreamServer, stream_config
 from api.topic_cache import TopicCache
 from api.validation import known_query_only
-from delivery.kafka_io import KafkaReader
 from setu.addresses import Resolver, system_resolver
 from setu.model import ProduceQuota, Topic
 from setu.settings import Settings
 from state import migrate
 from state.kafka_admin import KafkaTopics
+from state.kafka_reader import KafkaReader
 from state.metadata import MetadataStore
 from state.quota_buckets import RedisQuotaBuckets
 from state.redis_clients import async_redis
-from state.retired_topics import RedisRetiredList
+from state.redis_state import RedisState
 from state.sealing import required_sealer
 
 # Every router the API serves (the access test walks their routes: docs/security.md §3).
@@ -115,6 +115,7 @@ async def open_services(
     client: Redis[bytes] = async_redis(
         settings, redis_url, socket_timeout=5, socket_connect_timeout=5
     )
+    redis_state = RedisState(client)
 
     async def load_project_quota(project: str) -> ProduceQuota | None:
         found = await blocking(store.find_project, project)
@@ -129,8 +130,8 @@ async def open_services(
     return Services(
         settings=settings,
         store=store,
-        redis=client,
-        retired=RedisRetiredList(client),
+        redis=redis_state,
+        retired=redis_state.retired_topics(),
         kafka_admin=KafkaTopics(
             bootstrap,
             replication_factor=settings.kafka_replication_factor,
@@ -164,7 +165,7 @@ async def close_services(s: Services) -> None:
     try:
         await s.producer.close()
     finally:
-        await s.redis.aclose()  # type: ignore[attr-defined]  # types-redis predates aclose
+        await s.redis.close()
         s.store.close()
 
 
@@ -173,7 +174,6 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     s = await open_services(app.state.settings, app.state.metrics, app.state.resolver)
     app.state.services = s
     app.state.store = s.store
-    app.state.redis = s.redis
     app.state.kafka_admin = s.kafka_admin
     app.state.producer = s.producer
     app.state.authenticator = s.auth

@@ -1,7 +1,7 @@
 """The objects a request handler works with, opened in the app's lifespan.
 
-They are also set one by one on ``app.state`` (``settings``, ``store``, ``redis``,
-``kafka_admin``, ``producer``) for routers that read them there.
+Routes reach them through :func:`services` only. ``app.state.store`` is kept for tests that
+look at the metadata store behind the API.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import ParamSpec, TypeVar, cast
 
 from fastapi import Request
-from redis.asyncio import Redis
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import Authenticator
@@ -19,11 +18,12 @@ from api.metrics import ApiMetrics
 from api.producer import AckedProducer
 from api.quotas import ProjectQuotas, QuotaGate
 from api.topic_cache import TopicCache
-from delivery.kafka_io import KafkaReader
 from setu.addresses import Resolver, system_resolver
 from setu.settings import Settings
 from state.kafka_admin import KafkaTopics
+from state.kafka_reader import KafkaReader
 from state.metadata import MetadataStore
+from state.redis_state import RedisState
 from state.retired_topics import RetiredList
 
 P = ParamSpec("P")
@@ -34,7 +34,8 @@ T = TypeVar("T")
 class Services:
     settings: Settings
     store: MetadataStore
-    redis: Redis[bytes]
+    # Every Redis adapter a route needs, on the process's one client.
+    redis: RedisState
     retired: RetiredList
     kafka_admin: KafkaTopics
     # Short reads outside any consumer group: lag, DLQ pages, what reject topics hold.

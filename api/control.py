@@ -21,7 +21,6 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from api.context import Services, blocking
@@ -31,7 +30,7 @@ from setu.addresses import IPAddress, Resolver
 from setu.errors import Conflict, DependencyUnavailable, InvalidInput
 from setu.model import Subscription, Topic
 from setu.names import shown
-from state.groups import RedisGroupStore
+from state.redis_state import RedisState
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +112,7 @@ async def create_subscription(s: Services, sub: Subscription) -> tuple[Subscript
         created = await blocking(s.store.create_subscription, sub)
     try:
         # A new subscription has no group state to rebuild (docs/design.md §4).
-        await RedisGroupStore(s.redis, sub.project, sub.name).mark_loaded(range(topic.partitions))
+        await s.redis.groups(sub.project, sub.name).mark_loaded(range(topic.partitions))
     except RedisError as exc:  # its views say "rebuilding" until a worker takes it over
         log.warning(
             "subscription %s/%s: could not mark its state loaded: %s", sub.project, sub.name, exc
@@ -166,10 +165,10 @@ async def delete_subscription(s: Services, project: str, name: str) -> None:
     await blocking(s.store.delete_subscription, project, name)
 
 
-async def clear_subscription_state(redis: Redis[bytes], project: str, subscription: str) -> int:
+async def clear_subscription_state(redis: RedisState, project: str, subscription: str) -> int:
     """Deletes every Redis key of the subscription; returns how many there were."""
     try:
-        removed = await RedisGroupStore(redis, project, subscription).clear()
+        removed = await redis.groups(project, subscription).clear()
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
     if removed:

@@ -26,8 +26,7 @@ from starlette.responses import Response
 from api.context import Services, blocking, services
 from api.responses import JSON
 from setu.clock import now_ms
-from state import keys
-from state.ingest_status import ingest_view, read_status_async
+from state.ingest_status import ingest_view
 
 router = APIRouter(tags=["health"])
 
@@ -66,10 +65,10 @@ def _probes(s: Services) -> dict[str, Probe]:
         return {"brokers": brokers, "producer_queue": len(s.producer)}
 
     async def redis() -> dict[str, Any]:
-        await s.redis.ping()
+        await s.redis.answers()
         # False after Redis forgot the producer marks, until the ingest job published them
         # again: GET …/producers/{id} answers 503 meanwhile (docs/design.md §4).
-        return {"producer_marks_loaded": bool(await s.redis.exists(keys.producer_marks_loaded()))}
+        return {"producer_marks_loaded": await s.redis.marks_loaded()}
 
     async def database() -> dict[str, Any]:
         await blocking(s.store.ping)
@@ -88,7 +87,7 @@ def _probes(s: Services) -> dict[str, Probe]:
 
 async def ingest_state(s: Services) -> dict[str, Any]:
     """The ingest job's report as :func:`state.ingest_status.ingest_view` reads it."""
-    return ingest_view(await read_status_async(s.redis), now_ms())
+    return ingest_view(await s.redis.ingest_status(), now_ms())
 
 
 class ComponentOut(BaseModel):

@@ -21,7 +21,6 @@ from typing import Annotated, Any, Literal
 from confluent_kafka import KafkaException
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import Field
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
@@ -30,9 +29,6 @@ from api.context import blocking, services
 from api.health import ingest_state
 from api.responses import Out, reply
 from api.schemas import Body, errors
-from delivery.attempts import delivery_record
-from delivery.kafka_io import Backlog, DeadLetterReader, KafkaReader
-from delivery.operations import DeadLetterOps
 from setu import names
 from setu.access import Permission, grants
 from setu.clock import now_ms
@@ -46,12 +42,12 @@ from setu.ordering.groups import Standing, standing
 from setu.ordering.state import GroupState
 from setu.ordering.tiers import DLQ, MAIN, is_retry, tier_name, topic_of, topics_by_tier
 from setu.partitioner import partition_for
-from state.attempt_log import RedisAttemptLog
+from state.attempt_log import delivery_record
 from state.changelog import KafkaChangelog
+from state.dead_letter_ops import DeadLetterOps
 from state.durable_groups import DurableGroupStore
 from state.groups import RedisGroupStore
-from state.metadata import MetadataStore
-from state.workers import RedisWorkers
+from state.kafka_reader import Backlog, DeadLetterReader
 
 router = APIRouter(
     dependencies=[Depends(authorize)],
@@ -227,23 +223,9 @@ class SeekOut(Out):
     seek_generation: int
 
 
-def _store(request: Request) -> MetadataStore:
-    store: MetadataStore = request.app.state.store
-    return store
-
-
-def _redis(request: Request) -> Redis[bytes]:
-    client: Redis[bytes] = request.app.state.redis
-    return client
-
-
-def _reader(request: Request) -> KafkaReader:
-    return services(request).kafka_reader
-
-
 async def _subscription(request: Request, project: str, name: str) -> tuple[Subscription, int]:
     """The subscription and its topic's partition count; NotFound when either is unknown."""
-    store = _store(request)
+    store = services(request).store
     sub = await blocking(store.get_subscription, project, name)
     topic = await blocking(store.get_topic, project, sub.topic)
     return sub, topic.partitions
@@ -266,22 +248,24 @@ async def _kafka(call: Any, *args: Any) -> Any:
 async def status(request: Request, project: str, subscription: str) -> Response:
     sub, partitions = await _subscription(request, project, subscription)
     topic_retention = (
-        await blocking(_store(request).get_topic, project, sub.topic)
+        await blocking(services(request).store.get_topic, project, sub.topic)
     ).retention_hours
     topics = dict.fromkeys(topics_by_tier(sub), partitions)
     group = names.consumer_group(project, subscription)
     retry_topics = {topic_of(sub, t) for t in range(1, sub.retry.tiers + 1)}
     waiting = {topic_of(sub, MAIN), *retry_topics}  # dead letters are counted apart
-    backlog: list[Backlog] = await _kafka(_reader(request).backlog, group, topics, waiting)
+    backlog: list[Backlog] = await _kafka(
+        services(request).kafka_reader.backlog, group, topics, waiting
+    )
     by_partition = partition_status(backlog, waiting, partitions)
     waited = [p["oldest_undelivered_ms"] for p in by_partition if p["oldest_undelivered_ms"]]
-    groups = RedisGroupStore(_redis(request), project, subscription)
+    groups = services(request).redis.groups(project, subscription)
     try:
         held = await held_state(groups, partitions)
         oldest = await groups.oldest_unhealthy()
         failed = await groups.failed_count()
         counters = await groups.counters()
-        fresh = await RedisWorkers(_redis(request)).fresh(project, subscription, now_ms())
+        fresh = await services(request).redis.workers().fresh(project, subscription, now_ms())
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
     try:
@@ -401,7 +385,7 @@ def group_view(group_id: str, state: GroupState | None, held: str = "ok") -> dic
 @allow(Permission.READ)
 async def group(request: Request, project: str, subscription: str, group_id: str) -> Response:
     _, partitions = await _subscription(request, project, subscription)
-    groups = RedisGroupStore(_redis(request), project, subscription)
+    groups = services(request).redis.groups(project, subscription)
     try:
         state = await groups.group(group_id)
         held = await held_state(groups, partitions, partition_for(group_id.encode(), partitions))
@@ -426,7 +410,7 @@ async def unhealthy_groups(
     after: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Response:
     _, partitions = await _subscription(request, project, subscription)
-    store = RedisGroupStore(_redis(request), project, subscription)
+    store = services(request).redis.groups(project, subscription)
     try:
         page = await store.unhealthy(
             Standing(state) if state else None, limit, parse_group_cursor(after)
@@ -461,7 +445,7 @@ async def message_record(
     hours = services(request).settings.attempt_log_hours
     entries = []
     if hours > 0:
-        log_ = RedisAttemptLog(_redis(request), project, subscription, hours)
+        log_ = services(request).redis.attempt_log(project, subscription, hours)
         try:
             entries = await log_.read(message_id)
         except RedisError as exc:
@@ -503,8 +487,10 @@ async def _dead_letter_ops(request: Request, sub: Subscription, partitions: int)
     changelog = KafkaChangelog(
         names.state_topic(sub.project, sub.name), s.producer.send_to, ensure=ensure
     )
-    store = DurableGroupStore(RedisGroupStore(_redis(request), sub.project, sub.name), changelog)
-    return DeadLetterOps(store, DeadLetterReader(_reader(request), topic_of(sub, DLQ)), partitions)
+    store = DurableGroupStore(services(request).redis.groups(sub.project, sub.name), changelog)
+    return DeadLetterOps(
+        store, DeadLetterReader(services(request).kafka_reader, topic_of(sub, DLQ)), partitions
+    )
 
 
 @router.get(
@@ -573,7 +559,9 @@ async def unsideline(
 )
 @allow(Permission.OPERATE)
 async def seek(request: Request, project: str, subscription: str, body: SeekBody) -> Response:
-    sub = await blocking(_store(request).request_seek, project, subscription, body.timestamp_ms)
+    sub = await blocking(
+        services(request).store.request_seek, project, subscription, body.timestamp_ms
+    )
     return reply(
         SeekOut,
         {

@@ -899,7 +899,7 @@ class StreamServer:
     def __init__(self, services: Services, config: StreamConfig) -> None:
         self.services = services
         self.config = config
-        self.sessions_store = StreamSessions(services.redis, config.lease_ms)
+        self.sessions_store = services.redis.stream_sessions(config.lease_ms)
         self.limits = connection_limits(services.settings, config.max_sessions)
         self.admission: Admission[Greeting] = Admission(self.limits)
         self.refusals = RefusalLog()

@@ -56,7 +56,7 @@ from setu.model import (
 from setu.names import validate_name
 from setu.policies import Policies
 from state.lifecycle import LifecycleAction
-from state.workers import RedisWorkers, WorkerReports
+from state.workers import WorkerReports
 
 # How often a stop request looks for the workers' confirmations.
 STOP_POLL_S = 0.1
@@ -308,7 +308,7 @@ async def stop(
 ) -> Response:
     s = services(request)
     wanted = body or StopBody.model_validate({})
-    workers = RedisWorkers(s.redis)
+    workers = s.redis.workers()
     try:
         # The workers running it now are the ones whose confirmation the answer waits for.
         running = await workers.fresh_by_worker(project, subscription, now_ms())

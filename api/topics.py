@@ -23,7 +23,7 @@ from setu.errors import DependencyUnavailable
 from setu.headers import PRODUCER_ID, check_id
 from setu.model import Topic
 from setu.names import validate_name
-from state.producer_marks import MarksUnavailable, read_last_sequence
+from state.producer_marks import MarksUnavailable
 
 router = APIRouter(
     dependencies=[Depends(authorize)],
@@ -110,7 +110,7 @@ async def get_producer_mark(
     check_id(PRODUCER_ID, producer_id, required=True)
     found = await blocking(s.store.get_topic, project, topic)
     try:
-        last = await read_last_sequence(s.redis, project, topic, producer_id, found.created_at_ms)
+        last = await s.redis.last_sequence(project, topic, producer_id, found.created_at_ms)
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
     except MarksUnavailable as exc:

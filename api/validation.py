@@ -14,12 +14,12 @@ from urllib.parse import urlsplit
 from fastapi import Request
 from fastapi.routing import APIRoute
 
-from delivery.signing import signing_key
 from setu import headers as produce_headers
 from setu.addresses import IPAddress, is_private_address, literal_host_is_private
 from setu.errors import InvalidInput
 from setu.model import Subscription, Topic
 from setu.names import shown
+from setu.signing import signing_key
 
 # RFC 9110 token characters: what an HTTP header name may contain.
 _TOKEN_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")

@@ -2,21 +2,28 @@
 
 How the modules fit (outside in):
 
-- ``worker``: ``setu deliver``. Lists subscriptions every ``subscription_refresh_ms`` and keeps
-  one ``runner`` per running or paused subscription; heartbeat for ``--check``; SIGTERM.
+- ``worker``: ``setu deliver``, the composition root. Lists subscriptions every
+  ``subscription_refresh_ms`` and keeps one ``runner`` per running or paused subscription;
+  heartbeat for ``--check``; the operational ``events`` sink and notifier; SIGTERM.
 - ``runner``: one subscription on this worker. A consumer (``kafka_io.ConsumerThread``, range
   assignor) reads the main log, the retry tiers and the DLQ; each assigned partition index gets
-  an ``engine``; the runner carries out what engines ask (calls via ``dispatcher``/``webhook``/
-  ``http``, copies via ``kafka_io.AsyncProducer``, state via ``state.groups``), commits what is
-  safe, applies back-pressure, and drains on revocation.
-- ``takeover``: what happens when a partition index is assigned: claiming it (``fencing``),
-  which rebuilds Redis from the group-state changelog (``changelog``, ``state.durable_groups``),
-  ``recovery`` of cut-short state changes, loading state, an operator's seek, revisiting
-  released dead letters.
+  an ``engine``; the runner carries out what engines ask (calls via ``dispatcher``, ``webhook``
+  and ``http``; copies via ``kafka_io.AsyncProducer``; state via ``writer`` into
+  ``state.groups``), commits what ``offsets`` says is safe, applies back-pressure, and drains on
+  revocation. Subscription-wide policies sit beside it: ``breaker``, ``autopause``,
+  ``ratelimit``; ``attempts`` records each call and move for the operator's views; ``metrics``.
+- ``takeover``: what happens when a partition index is assigned: claiming it
+  (``setu.ordering.fencing``), which rebuilds Redis from the group-state changelog
+  (``changelog``, ``state.durable_groups``), ``recovery`` of cut-short state changes, loading
+  state, an operator's seek, revisiting released dead letters; ``replays`` skips main records
+  a replayed ingest batch wrote twice.
 - ``engine``: the synchronous decision core of one partition index, pure apart from its
-  ``Effects`` port; ``groups`` (the group state machine), ``offsets``, ``outcome``,
-  ``backoff``, ``signing``, ``ratelimit`` are pure functions and small objects.
-- ``dead_letters``: browsing and choosing what an unsideline delivers again.
+  ``Effects`` port, on the ordering model in ``setu/ordering/`` (group state machine, tiers,
+  records, dead letters, fencing) and ``backoff``; the call's verdict is ``setu.outcome``, its
+  signature ``setu.signing``.
+
+The Kafka reads outside the consumer group (tails, watermarks, backlogs, dead letters) are
+``state.kafka_reader``; every Redis command is in ``state/`` (docs/design.md §6, "Boundaries").
 
 Where the mechanism goes beyond docs/design.md §4's suggestion, and why:
 

@@ -8,8 +8,7 @@ The recorder only appends to a buffer; the runner flushes it to the attempt log 
 entries are kept for the next one, up to :data:`MAX_BUFFERED`, then the oldest are dropped
 and counted (``setu_delivery_attempt_log_dropped_total``), never holding delivery back.
 
-:func:`delivery_record` turns the entries into the view: where the message is now (delivered,
-the tier it waits in, or the DLQ) and its attempts and moves in order.
+:func:`state.attempt_log.delivery_record` turns the entries into the view.
 """
 
 from __future__ import annotations
@@ -21,10 +20,10 @@ from typing import Any
 import orjson
 from redis.exceptions import RedisError
 
-from delivery.outcome import Outcome, Verdict
 from setu.ordering.groups import Kind
 from setu.ordering.records import Record
 from setu.ordering.tiers import tier_name
+from setu.outcome import Outcome
 from state.attempt_log import AttemptLog, Entry
 
 log = logging.getLogger(__name__)
@@ -80,36 +79,3 @@ class AttemptRecorder:
             if dropped:
                 self._on_dropped(dropped)
             log.warning("attempt log not written (%s): %d entries kept for later", exc, len(kept))
-
-
-def delivery_record(message_id: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """The operator's view of a message from its log entries, oldest first (pure)."""
-    attempts = []
-    moves = []
-    location = "main"
-    for e in entries:
-        if "f" in e:
-            location = "filtered"
-            continue
-        if "to" in e:
-            moves.append({"at_ms": e["t"], "to": e["to"], "why": e["k"]})
-            location = e["to"]
-            continue
-        attempts.append(
-            {
-                "attempt": e["a"],
-                "at_ms": e["t"],
-                "tier": e["tier"],
-                "outcome": e["v"],
-                "status": e.get("s"),
-                "error": e.get("e"),
-                "duration_ms": e["ms"],
-                "response_excerpt": e.get("x"),
-                # False: failed while the circuit breaker was open; the attempt was not
-                # counted and the same number goes out again (docs/policies.md §2).
-                "counted": "g" not in e,
-            }
-        )
-        # A failed attempt leaves the message where it was until a move says otherwise.
-        location = "delivered" if e["v"] == Verdict.DELIVERED.value else e["tier"]
-    return {"message_id": message_id, "location": location, "attempts": attempts, "moves": moves}

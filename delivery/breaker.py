@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from delivery.outcome import Outcome, Verdict
 from setu.clock import now_ms
+from setu.outcome import Outcome, Verdict
 from setu.policies import BreakerPolicy
 
 log = logging.getLogger(__name__)

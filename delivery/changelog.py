@@ -9,11 +9,12 @@ import asyncio
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from delivery.kafka_io import AsyncProducer, KafkaReader
+from delivery.kafka_io import AsyncProducer
 from setu import names
 from setu.model import Subscription
 from state.changelog import Entry, KafkaChangelog, entry_of
 from state.kafka_admin import KafkaTopics
+from state.kafka_reader import KafkaReader
 
 
 def subscription_changelog(

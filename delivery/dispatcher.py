@@ -22,9 +22,9 @@ from typing import Protocol
 
 from delivery.breaker import HOLD_S, CircuitBreaker, Settlement
 from delivery.engine import Attempt, PartitionEngine
-from delivery.outcome import Outcome
 from delivery.webhook import WebhookSender
 from setu.clock import now_ms
+from setu.outcome import Outcome
 
 log = logging.getLogger(__name__)
 COUNTED, GIVEN_BACK, HELD = Settlement.COUNTED, Settlement.GIVEN_BACK, Settlement.HELD

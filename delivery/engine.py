@@ -22,7 +22,6 @@ from typing import Any, Protocol
 
 from delivery.backoff import next_attempt_at
 from delivery.offsets import OffsetTracker
-from delivery.outcome import Outcome, Verdict
 from delivery.replays import IngestMarks
 from setu.envelope import Envelope
 from setu.model import DeadLetterPolicy, Subscription
@@ -32,6 +31,7 @@ from setu.ordering.groups import Failure, Kind, Route
 from setu.ordering.records import Record
 from setu.ordering.state import GroupState, PartitionSnapshot, StateWrite
 from setu.ordering.tiers import DLQ, MAIN, after_failure, is_retry, next_tier
+from setu.outcome import Outcome, Verdict
 from setu.policies import accepts
 
 # Parks and forwards of one group go out together, up to this many copies.

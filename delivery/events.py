@@ -2,7 +2,7 @@
 endpoint, and how it gets there.
 
 - :class:`EventSink` takes events from the runners (a plain append on the event loop, never
-  waiting) and writes them to one Redis stream, :func:`state.keys.events_stream`, as they
+  waiting) and writes them to the events' stream (:mod:`state.event_stream`) as they
   come. Dead letters are counted per subscription and written as one
   ``message.dead_lettered`` event per :data:`DEAD_LETTER_BATCH_S` (a count and the first
   :data:`DEAD_LETTER_SAMPLE` message ids), so a failing endpoint cannot flood the operator.
@@ -31,14 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from delivery.http import HttpClient, HttpError, RefusedAddress, Target, UnsafeRequest
-from delivery.signing import signing_key, webhook_headers
 from setu.clock import now_ms
 from setu.model import Notifications
-from state import keys
+from setu.signing import signing_key, webhook_headers
+from state.event_stream import RedisEventStream
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +45,6 @@ DEAD_LETTER_BATCH_S = 10.0
 DEAD_LETTER_SAMPLE = 20
 # Events the sink holds while Redis does not take them; beyond, the oldest are dropped.
 MAX_HELD = 10_000
-# The stream keeps about this many events (acknowledged or not).
-STREAM_MAX_LEN = 100_000
-GROUP = "notifier"
 MAX_EVENT_ATTEMPTS = 15
 FIRST_RETRY_MS = 5_000
 MAX_RETRY_MS = 600_000
@@ -74,8 +70,8 @@ class EventCounts:
 class EventSink:
     """Where runners put events; :meth:`run` writes them to the stream."""
 
-    def __init__(self, client: Redis[bytes], counts: EventCounts | None = None) -> None:
-        self._client = client
+    def __init__(self, stream: RedisEventStream, counts: EventCounts | None = None) -> None:
+        self._stream = stream
         self.counts = counts or EventCounts()
         self._held: deque[bytes] = deque()
         self._wake = asyncio.Event()
@@ -133,12 +129,7 @@ class EventSink:
             return
         batch = list(self._held)
         try:
-            async with self._client.pipeline(transaction=False) as pipe:
-                for raw in batch:
-                    pipe.xadd(
-                        keys.events_stream(), {"e": raw}, maxlen=STREAM_MAX_LEN, approximate=True
-                    )
-                await pipe.execute()
+            await self._stream.append(batch)
         except (RedisError, OSError) as exc:
             log.warning("events: %d not written yet: %s", len(batch), exc)
             await asyncio.sleep(1.0)
@@ -152,13 +143,13 @@ class Notifier:
 
     def __init__(
         self,
-        client: Redis[bytes],
+        stream: RedisEventStream,
         configs: Callable[[], Awaitable[Sequence[Notifications]]],
         http: HttpClient,
         consumer: str,
         counts: EventCounts | None = None,
     ) -> None:
-        self._client = client
+        self._stream = stream
         self._configs = configs
         self._http = http
         self._consumer = consumer
@@ -167,25 +158,17 @@ class Notifier:
         self._configs_at = -CONFIG_REFRESH_S
 
     async def run(self, stop: asyncio.Event) -> None:
-        stream = keys.events_stream()
         while not stop.is_set():
             try:
-                await self._ensure_group(stream)
+                await self._stream.join()
                 await self._refresh_configs()
-                await self._retry_due(stream)
-                answer = await self._client.xreadgroup(
-                    GROUP, self._consumer, {stream: ">"}, count=50, block=1000
-                )
-                for _, entries in answer or ():
-                    await asyncio.gather(*(self._send(stream, i, f, 1) for i, f in entries))
+                await self._retry_due()
+                entries = await self._stream.read_new(self._consumer, count=50, block_ms=1000)
+                await asyncio.gather(*(self._send(i, f, 1) for i, f in entries))
             except (RedisError, OSError) as exc:
                 log.warning("notifier: %s", exc)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0)
-
-    async def _ensure_group(self, stream: str) -> None:
-        with contextlib.suppress(ResponseError):  # BUSYGROUP: it exists
-            await self._client.xgroup_create(stream, GROUP, id="0", mkstream=True)
 
     async def _refresh_configs(self) -> None:
         now = time.monotonic()
@@ -199,38 +182,25 @@ class Notifier:
         self._by_project = {n.project: n for n in found}
         self._configs_at = now
 
-    async def _retry_due(self, stream: str) -> None:
+    async def _retry_due(self) -> None:
         """Claims failed events whose back-off has passed, and sends them again."""
-        pending = await self._client.xpending_range(
-            stream, GROUP, min="-", max="+", count=100, idle=FIRST_RETRY_MS
-        )
-        due = [
-            (p["message_id"], int(p["times_delivered"]))
-            for p in pending
-            if int(p["time_since_delivered"]) >= retry_after_ms(int(p["times_delivered"]))
-        ]
-        for message_id, deliveries in due:
-            claimed = await self._client.xclaim(  # type: ignore[no-untyped-call]
-                stream, GROUP, self._consumer, retry_after_ms(deliveries), [message_id]
-            )
-            for entry_id, fields in claimed:
-                await self._send(stream, entry_id, fields, deliveries + 1)
+        due = await self._stream.claim_due(self._consumer, FIRST_RETRY_MS, retry_after_ms)
+        for entry_id, fields, deliveries in due:
+            await self._send(entry_id, fields, deliveries + 1)
 
-    async def _send(
-        self, stream: str, entry_id: bytes, fields: dict[bytes, bytes] | None, attempt: int
-    ) -> None:
+    async def _send(self, entry_id: bytes, fields: dict[bytes, bytes] | None, attempt: int) -> None:
         raw = (fields or {}).get(b"e")
         event = orjson.loads(raw) if raw else None
         target = None if event is None else self._by_project.get(str(event.get("project")))
         if event is None or target is None or event.get("type") not in target.events:
             self.counts.skipped += 1
-            await self._ack(stream, entry_id)
+            await self._stream.ack(entry_id)
             return
         assert raw is not None
         error = await self._call(target, event["id"], raw)
         if error is None:
             self.counts.sent += 1
-            await self._ack(stream, entry_id)
+            await self._stream.ack(entry_id)
             return
         self.counts.failed += 1
         if attempt >= MAX_EVENT_ATTEMPTS:
@@ -243,7 +213,7 @@ class Notifier:
                 attempt,
                 error,
             )
-            await self._ack(stream, entry_id)
+            await self._stream.ack(entry_id)
             return
         log.warning(
             "notifier: event %s for project %s not delivered (call %d): %s; tried again in %d s",
@@ -253,9 +223,6 @@ class Notifier:
             error,
             retry_after_ms(attempt) // 1000,
         )
-
-    async def _ack(self, stream: str, entry_id: bytes) -> None:
-        await self._client.xack(stream, GROUP, entry_id)  # type: ignore[no-untyped-call]
 
     async def _call(self, target: Notifications, event_id: str, body: bytes) -> str | None:
         """One call; None on a 2xx, else what went wrong."""

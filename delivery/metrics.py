@@ -61,9 +61,9 @@ from prometheus_client.registry import Collector
 
 from delivery.breaker import BreakerState, BreakerView
 from delivery.events import EventCounts
-from delivery.outcome import Outcome, Verdict
 from setu.metrics import LATENCY_BUCKETS, Buckets, serve
 from setu.ordering.records import Record
+from setu.outcome import Outcome, Verdict
 
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 

@@ -31,15 +31,8 @@ from delivery.breaker import BreakerState, BreakerView, CircuitBreaker
 from delivery.dispatcher import Dispatcher
 from delivery.engine import Attempt, Move, PartitionEngine, Transition
 from delivery.events import EventSink
-from delivery.kafka_io import (
-    Assignment,
-    KafkaReader,
-    RebalanceListener,
-    consumer_config,
-    record_of,
-)
+from delivery.kafka_io import Assignment, RebalanceListener, consumer_config
 from delivery.metrics import DeliveryMetrics, RunnerFigures
-from delivery.outcome import Outcome, Verdict
 from delivery.replays import decode_marks, encode_marks
 from delivery.takeover import take_over
 from delivery.webhook import WebhookSender
@@ -52,9 +45,11 @@ from setu.model import StopMode, Subscription, SubscriptionState
 from setu.ordering.groups import Kind, Standing, standing
 from setu.ordering.records import Record, copy_headers
 from setu.ordering.tiers import DLQ, MAIN, tier_name, topics_by_tier
+from setu.outcome import Outcome, Verdict
 from state.attempt_log import AttemptLog
 from state.delivery_budget import DeliveryBudget
 from state.groups import GroupStore
+from state.kafka_reader import KafkaReader, record_of
 from state.workers import WorkerReports
 
 T = TypeVar("T")

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from delivery.kafka_io import KafkaReader, record_of
 from delivery.recovery import missing_writes
 from setu.model import Subscription
 from setu.ordering.fencing import KEEP_FENCES
@@ -30,6 +29,7 @@ from setu.ordering.records import Record
 from setu.ordering.state import PartitionSnapshot
 from setu.ordering.tiers import DLQ, MAIN, is_retry
 from state.groups import GroupStore
+from state.kafka_reader import KafkaReader, record_of
 
 
 @dataclass(slots=True)

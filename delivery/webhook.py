@@ -22,14 +22,14 @@ from dataclasses import replace
 from opentelemetry.trace import SpanKind
 
 from delivery.http import HttpClient, HttpError, RefusedAddress, Target, UnsafeRequest
-from delivery.outcome import Outcome, Verdict, classify_error, classify_status
 from delivery.ratelimit import SharedRate, Take, TokenBucket
-from delivery.signing import signing_key, webhook_headers
 from setu import headers as produce_headers
 from setu import tracing
 from setu.clock import now_ms
 from setu.envelope import H_TRACEPARENT, H_TRACESTATE, Envelope
 from setu.model import Subscription
+from setu.outcome import Outcome, Verdict, classify_error, classify_status
+from setu.signing import signing_key, webhook_headers
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 

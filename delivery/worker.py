@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 from delivery.changelog import subscription_changelog
 from delivery.events import EventSink, Notifier
 from delivery.http import HttpClient
-from delivery.kafka_io import AsyncProducer, ConsumerThread, KafkaReader, copy_producer_config
+from delivery.kafka_io import AsyncProducer, ConsumerThread, copy_producer_config
 from delivery.metrics import DeliveryMetrics, RunnerFigures
 from delivery.runner import RunnerConfig, RunnerParts, SubscriptionRunner
 from delivery.webhook import WebhookSender
@@ -41,9 +41,11 @@ from state import workers
 from state.attempt_log import RedisAttemptLog
 from state.delivery_budget import RedisDeliveryBudget
 from state.durable_groups import DurableGroupStore
+from state.event_stream import RedisEventStream
 from state.groups import RedisGroupStore
 from state.kafka_admin import KafkaTopics
-from state.redis_clients import async_redis, sync_redis
+from state.kafka_reader import KafkaReader
+from state.redis_clients import async_redis, close, sync_redis
 from state.workers import RedisWorkers
 
 log = logging.getLogger(__name__)
@@ -191,9 +193,10 @@ async def serve(
         attempt_log_hours=settings.attempt_log_hours,
     )
     metrics = DeliveryMetrics()
-    sink = EventSink(client, metrics.events)
+    stream = RedisEventStream(client)
+    sink = EventSink(stream, metrics.events)
     notifier = Notifier(
-        client,
+        stream,
         partial(asyncio.to_thread, source.list_notifications),
         http,
         instance,
@@ -239,7 +242,7 @@ async def serve(
         http.close()
         with contextlib.suppress(Exception):
             await RedisWorkers(client).stop_beating(name)
-        await client.aclose()  # type: ignore[attr-defined]
+        await close(client)
 
 
 def _on_loop(

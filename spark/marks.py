@@ -12,7 +12,6 @@ import redis
 from pyspark.accumulators import AccumulatorParam
 
 from setu.names import parse_ingest_topic
-from state import keys
 from state.producer_marks import Mark, ProducerMarks
 
 log = logging.getLogger(__name__)
@@ -86,10 +85,10 @@ class MarkPublisher:
         waited, pause = 0.0, 0.2
         while True:
             try:
-                if everything is not None and not self._client.exists(keys.producer_marks_loaded()):
+                if everything is not None and not self._marks.all_loaded():
                     every = everything()
                     self._publish(every)
-                    self._client.set(keys.producer_marks_loaded(), "1")
+                    self._marks.set_all_loaded()
                     log.warning(
                         "published the marks of %d producers again (Redis had none)",
                         sum(len(m) for m in every.values()),

@@ -8,6 +8,10 @@ up in each hour of the retention (one pipelined round trip) and drops entries ol
 Memory is what this costs: about 125 bytes per message delivered at its first attempt
 (measured in bench/delivery.py), so a subscription delivering R messages/s keeps about
 R x 125 x 3,600 x hours bytes (failed attempts add theirs, with up to 4 KiB of answer).
+
+:func:`delivery_record` turns a message's entries (written by
+``delivery.attempts.AttemptRecorder``) into the operator's view: where the message is now
+(delivered, the tier it waits in, or the DLQ) and its attempts and moves in order.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import orjson
 from redis.asyncio import Redis
 
 from setu.clock import now_ms
+from setu.outcome import Verdict
 from state import keys
 
 HOUR_MS = 3_600_000
@@ -107,3 +112,36 @@ class StubAttemptLog:
         oldest = self._clock() - self._hours * HOUR_MS
         found = [e for m, e in self.entries if m == message_id and e["t"] >= oldest]
         return sorted(found, key=lambda e: e["t"])
+
+
+def delivery_record(message_id: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The operator's view of a message from its log entries, oldest first (pure)."""
+    attempts = []
+    moves = []
+    location = "main"
+    for e in entries:
+        if "f" in e:
+            location = "filtered"
+            continue
+        if "to" in e:
+            moves.append({"at_ms": e["t"], "to": e["to"], "why": e["k"]})
+            location = e["to"]
+            continue
+        attempts.append(
+            {
+                "attempt": e["a"],
+                "at_ms": e["t"],
+                "tier": e["tier"],
+                "outcome": e["v"],
+                "status": e.get("s"),
+                "error": e.get("e"),
+                "duration_ms": e["ms"],
+                "response_excerpt": e.get("x"),
+                # False: failed while the circuit breaker was open; the attempt was not
+                # counted and the same number goes out again (docs/policies.md §2).
+                "counted": "g" not in e,
+            }
+        )
+        # A failed attempt leaves the message where it was until a move says otherwise.
+        location = "delivered" if e["v"] == Verdict.DELIVERED.value else e["tier"]
+    return {"message_id": message_id, "location": location, "attempts": attempts, "moves": moves}

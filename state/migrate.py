@@ -7,19 +7,18 @@ rather than as a missing column on some later request.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-import migrations
 from setu.errors import DependencyUnavailable
 from state.sealing import Sealer
 from state.sql import make_engine, write_options
 
-SCRIPT_LOCATION = str(Path(migrations.__file__).resolve().parent)
+# The revisions, named as a package resource that Alembic finds itself: state/ imports no
+# package above it (the revisions import state.schema).
+SCRIPT_LOCATION = "migrations:."
 
 
 def _config() -> Config:

@@ -55,6 +55,10 @@ class MarkStore(Protocol):
 
     def mark(self, project: str, topic: str, producer: str) -> Mark | None: ...
 
+    def all_loaded(self) -> bool: ...
+
+    def set_all_loaded(self) -> None: ...
+
 
 class ProducerMarks:
     """Raises marks (the ingest job, synchronous). :class:`StubProducerMarks` keeps the same
@@ -69,6 +73,14 @@ class ProducerMarks:
         raw = self._client.hget(keys.producer_marks(project, topic), producer)
         return None if raw is None else parse_mark(raw)
 
+    def all_loaded(self) -> bool:
+        """Whether Redis holds every mark: the marker the ingest job sets once it published
+        them all (Redis that forgot its data lacks it; docs/ingest.md)."""
+        return bool(self._client.exists(keys.producer_marks_loaded()))
+
+    def set_all_loaded(self) -> None:
+        self._client.set(keys.producer_marks_loaded(), "1")
+
     def raise_marks(self, project: str, topic: str, marks: Mapping[str, Mark]) -> None:
         """Raises each producer's mark of ``topic`` to the given one where it is higher."""
         args: list[str | int] = []
@@ -81,6 +93,12 @@ class ProducerMarks:
 class MarksUnavailable(Exception):
     """Raised when Redis does not hold the producer marks in full (it forgot them, and the
     ingest job has not published them again yet): no point may be answered from it."""
+
+
+async def marks_loaded(client: Redis[bytes]) -> bool:
+    """Whether Redis holds every producer mark (:meth:`ProducerMarks.all_loaded`), for the
+    API's health report; raises Redis errors (Redis away)."""
+    return bool(await client.exists(keys.producer_marks_loaded()))
 
 
 async def read_last_sequence(
@@ -127,6 +145,7 @@ class StubProducerMarks:
 
     def __init__(self) -> None:
         self.marks: dict[tuple[str, str, str], Mark] = {}
+        self.loaded = False
 
     def raise_marks(self, project: str, topic: str, marks: Mapping[str, Mark]) -> None:
         for producer, mark in marks.items():
@@ -136,3 +155,9 @@ class StubProducerMarks:
 
     def mark(self, project: str, topic: str, producer: str) -> Mark | None:
         return self.marks.get((project, topic, producer))
+
+    def all_loaded(self) -> bool:
+        return self.loaded
+
+    def set_all_loaded(self) -> None:
+        self.loaded = True

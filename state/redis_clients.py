@@ -78,3 +78,8 @@ def sync_redis(settings: Settings, url: str, **timeouts: Any) -> redis.Redis[byt
         settings.redis_sentinel_master, **primary_options(url)
     )
     return client
+
+
+async def close(client: redis.asyncio.Redis[bytes]) -> None:
+    """Closes an asyncio client and its connections (a process's last step)."""
+    await client.aclose()  # type: ignore[attr-defined]  # types-redis predates aclose

@@ -5,10 +5,10 @@ from __future__ import annotations
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from bench.crash.checker import DeadLetter
-from delivery.kafka_io import KafkaReader, record_of
 from setu.model import RetryPolicy
 from setu.ordering.groups import Kind
 from setu.ordering.tiers import DLQ
+from state.kafka_reader import KafkaReader, record_of
 
 # Copies written because the message itself failed; parks and forwards only follow their group.
 FAILED_KINDS = (Kind.HEAD, Kind.SKIP, Kind.DEAD)

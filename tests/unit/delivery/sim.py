@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from delivery.engine import Attempt, Move, PartitionEngine, Transition
-from delivery.outcome import Outcome, classify_error, classify_status
 from delivery.recovery import missing_writes
 from setu.envelope import Envelope, KafkaHeaders
 from setu.model import DeadLetterPolicy, Endpoint, RetryPolicy, Subscription
@@ -34,6 +33,7 @@ from setu.ordering.groups import Kind, releasable
 from setu.ordering.records import Record, copy_headers, parse_record
 from setu.ordering.state import Fenced
 from setu.ordering.tiers import DLQ, MAIN
+from setu.outcome import Outcome, classify_error, classify_status
 from state.groups_stub import StubGroupStore
 
 T = TypeVar("T")

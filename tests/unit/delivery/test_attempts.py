@@ -6,12 +6,12 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from delivery import attempts as attempts_module
-from delivery.attempts import AttemptRecorder, delivery_record
-from delivery.outcome import Outcome, Verdict
+from delivery.attempts import AttemptRecorder
 from setu.envelope import Envelope
 from setu.ordering.groups import Kind
 from setu.ordering.records import Record
-from state.attempt_log import StubAttemptLog
+from setu.outcome import Outcome, Verdict
+from state.attempt_log import StubAttemptLog, delivery_record
 
 
 def record(tier: int = 0, message_id: str = "m1") -> Record:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from delivery.breaker import BreakerRules, BreakerState, CircuitBreaker, Settlement
-from delivery.outcome import Outcome, Verdict
+from setu.outcome import Outcome, Verdict
 from setu.policies import BreakerPolicy
 
 POLICY = BreakerPolicy(failure_ratio=0.5, min_calls=4, window_s=10, open_s=5)

@@ -7,9 +7,9 @@ from typing import Any
 
 from delivery.dispatcher import Dispatcher
 from delivery.engine import Attempt
-from delivery.outcome import Outcome, Verdict
 from setu.envelope import Envelope
 from setu.ordering.records import Record
+from setu.outcome import Outcome, Verdict
 
 
 class Sender:

@@ -6,13 +6,13 @@ from dataclasses import replace
 
 import pytest
 
-from delivery.outcome import classify_status
 from setu.envelope import Envelope
 from setu.model import DeadLetterPolicy, Subscription
 from setu.ordering.groups import Kind
 from setu.ordering.records import copy_headers, parse_record
 from setu.ordering.state import Fenced
 from setu.ordering.tiers import DLQ, MAIN
+from setu.outcome import classify_status
 from setu.policies import Policies, parse_filter
 from tests.unit.delivery.sim import World, run, subscription
 
@@ -112,7 +112,7 @@ def test_retry_after_longer_than_the_tier_delay_is_honoured() -> None:
     world.publish("g1")
     poll_all(world)
     attempt = world.effects.dispatches.pop()
-    from delivery.outcome import classify_status
+    from setu.outcome import classify_status
 
     world.engine.on_result(attempt, classify_status(429, world.sub.retry, "2", world.now))
     settle(world)
@@ -630,7 +630,7 @@ def test_a_follower_that_becomes_head_in_the_last_tier_waits_there_with_its_own_
 
 
 def test_a_head_waiting_in_its_tier_honours_retry_after() -> None:
-    from delivery.outcome import classify_status
+    from setu.outcome import classify_status
 
     # Given g1-2 the head in rq.2, in flight
     world = World(subscription(delays=(300, 800)))

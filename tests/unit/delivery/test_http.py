@@ -229,9 +229,9 @@ def test_the_encoder_refuses_control_characters_whatever_it_is_given(
 
 
 async def test_an_unsafe_request_is_dead_lettered_not_retried() -> None:
-    from delivery.outcome import Verdict
     from delivery.webhook import WebhookSender
     from setu.envelope import Envelope
+    from setu.outcome import Verdict
     from tests.unit.delivery.sim import subscription
 
     # Given a message whose id holds a CR LF (it got past validation somehow)
@@ -314,9 +314,9 @@ async def test_the_client_connects_to_the_address_it_checked_without_a_second_lo
 
 
 async def test_a_refused_address_is_dead_lettered_with_its_reason() -> None:
-    from delivery.outcome import Verdict
     from delivery.webhook import WebhookSender
     from setu.envelope import Envelope
+    from setu.outcome import Verdict
     from tests.unit.delivery.sim import subscription
 
     sub = subscription()

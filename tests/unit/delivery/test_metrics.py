@@ -8,11 +8,11 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from delivery.metrics import DeliveryMetrics, RunnerFigures
-from delivery.outcome import Outcome, Verdict
 from setu.envelope import Envelope
 from setu.ordering.groups import Kind
 from setu.ordering.records import Record
 from setu.ordering.state import Fenced
+from setu.outcome import Outcome, Verdict
 
 
 def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

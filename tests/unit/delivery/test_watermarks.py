@@ -10,7 +10,7 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from delivery.kafka_io import committed, watermarks
+from state.kafka_reader import committed, watermarks
 
 
 class NewTopic:

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-from delivery.signing import sign
 from delivery.webhook import request_headers
 from setu.envelope import Envelope
 from setu.model import Endpoint, Subscription
+from setu.signing import sign
 
 
 def sub(**endpoint: object) -> Subscription:

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from delivery.outcome import Verdict, classify_error, classify_status, parse_retry_after
 from setu.model import RetryPolicy
+from setu.outcome import Verdict, classify_error, classify_status, parse_retry_after
 
 DEFAULT = RetryPolicy()
 CUSTOM = RetryPolicy(retryable_codes=(409, 503))

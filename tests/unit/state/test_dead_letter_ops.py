@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from delivery.operations import DeadLetterOps
 from setu.envelope import Envelope
 from setu.ordering.dead_letters import Selector
 from setu.ordering.groups import Kind
 from setu.ordering.records import Record
 from setu.ordering.state import EMPTY_COUNTS, GroupState, StateWrite
 from setu.ordering.tiers import DLQ
+from state.dead_letter_ops import DeadLetterOps
 from state.groups_stub import StubGroupStore
 
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from delivery.signing import sign, signing_key, webhook_headers
+from setu.signing import sign, signing_key, webhook_headers
 
 
 def test_signature_matches_the_standard_webhooks_test_vector() -> None:

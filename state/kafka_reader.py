@@ -1,0 +1,338 @@
+"""Short reads of Kafka outside any consumer group: the tails of retry tiers, offsets for a
+time, watermarks, committed offsets, backlogs and dead letters. Blocking; the API (operator
+views, the dead-letter queue), delivery's takeover and the tools call them in a worker thread.
+Leader and coordinator moves (a broker restarting, a node lost: docs/design.md §7) are asked
+again for a while before they fail the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TypeVar, cast
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from setu.envelope import H_PRODUCED_AT
+from setu.ordering.records import Record, parse_record
+from setu.ordering.tiers import DLQ
+
+log = logging.getLogger(__name__)
+
+# What a watermark read says of a topic that does not exist (yet).
+_MISSING = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION})
+_MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
+# What a committed-offsets read says while the group's coordinator is being found or loaded.
+_COORDINATOR_MOVING = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    }
+)
+T = TypeVar("T")
+
+POLL_BATCH = 500
+# How long a watermark read is tried again while a partition's leader moves (a broker
+# restarting, a node lost: docs/design.md §7), before it fails its caller.
+WATERMARK_TIMEOUT_S = 10.0
+
+
+def record_of(tier: int, msg: Message, read_ms: int = 0) -> Record:
+    """The delivery record of a consumed message, read at ``read_ms``; raises ValueError for a
+    foreign one."""
+    headers = cast("list[tuple[str, bytes | None]] | None", msg.headers())
+    return parse_record(tier, msg.offset() or 0, headers, msg.value(), read_ms)
+
+
+@dataclass(slots=True)
+class Tails:
+    """What :meth:`KafkaReader.tails` read, per (topic, partition)."""
+
+    records: dict[tuple[str, int], list[Message]] = field(default_factory=dict)
+    ends: dict[tuple[str, int], int] = field(default_factory=dict)  # end offsets when read
+    lows: dict[tuple[str, int], int] = field(default_factory=dict)  # first offsets then
+
+    def get(self, key: tuple[str, int], default: list[Message]) -> list[Message]:
+        return self.records.get(key, default)
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """One topic partition of a subscription: records not finished, from ``start``."""
+
+    topic: str
+    partition: int
+    lag: int
+    start: int
+    # When the oldest of them was produced (ms), where asked for and readable.
+    oldest_ms: int | None = None
+
+
+def produced_at(msg: Message) -> int:
+    """When a record's message was produced: Setu's header, else the record's timestamp."""
+    headers = msg.headers() or []
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    for name, value in pairs:
+        if name == H_PRODUCED_AT and value:
+            return int(value)
+    return int(msg.timestamp()[1])
+
+
+def _asked_again(ask: Callable[[float], T], passing: frozenset[int], deadline: float) -> T:
+    """``ask(timeout_s)``, asked again until ``deadline`` while it fails with one of the
+    ``passing`` error codes (a leader or coordinator moving); raises KafkaException
+    otherwise."""
+    while True:
+        try:
+            return ask(max(0.1, deadline - time.monotonic()))
+        except KafkaException as exc:
+            if exc.args[0].code() not in passing or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def committed(
+    consumer: Consumer, partitions: list[TopicPartition], deadline: float
+) -> list[TopicPartition]:
+    """The group's committed offsets of ``partitions``, asked again until ``deadline`` while
+    the group's coordinator is being found or loaded. Raises KafkaException otherwise."""
+
+    def ask(timeout_s: float) -> list[TopicPartition]:
+        found: list[TopicPartition] = consumer.committed(partitions, timeout=timeout_s)
+        return found
+
+    return _asked_again(ask, _COORDINATOR_MOVING, deadline)
+
+
+def watermarks(
+    consumer: Consumer, tp: TopicPartition, deadline: float, *, wait_for_missing: bool
+) -> tuple[int, int]:
+    """A partition's low and high watermarks, asked again until ``deadline`` while a new
+    topic's leaders are being elected, and with ``wait_for_missing`` while the brokers do not
+    know the topic yet (one just created is not on every broker at once). Raises
+    KafkaException otherwise."""
+
+    def ask(timeout_s: float) -> tuple[int, int]:
+        low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+        return int(low), int(high)
+
+    return _asked_again(ask, _MOVING | _MISSING if wait_for_missing else _MOVING, deadline)
+
+
+class KafkaReader:
+    """Short reads outside the consumer group: tails and offsets for a time. Blocking; call
+    the methods in a worker thread."""
+
+    def __init__(self, bootstrap: str, client_config: Mapping[str, str] | None = None) -> None:
+        self._config = {
+            "bootstrap.servers": bootstrap,
+            **(client_config or {}),
+            # Never joins or commits: it only assigns partitions.
+            "group.id": "setu-delivery-reader",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
+
+    def tails(self, starts: Sequence[TopicPartition], timeout_s: float = 60.0) -> Tails:
+        """Every record from each start offset (OFFSET_BEGINNING for none) to the end, with
+        the end and the first offset of each partition as they were when reading began."""
+        tails = Tails()
+        out = tails.records
+        consumer = Consumer(self._config, logger=log)
+        try:
+            ends: dict[tuple[str, int], int] = {}
+            todo = []
+            deadline = time.monotonic() + WATERMARK_TIMEOUT_S
+            for tp in starts:
+                low, high = watermarks(consumer, tp, deadline, wait_for_missing=False)
+                start = tp.offset if tp.offset >= 0 else low
+                out[(tp.topic, tp.partition)] = []
+                tails.ends[(tp.topic, tp.partition)] = high
+                tails.lows[(tp.topic, tp.partition)] = low
+                if max(start, low) < high:
+                    ends[(tp.topic, tp.partition)] = high
+                    todo.append(TopicPartition(tp.topic, tp.partition, max(start, low)))
+            if not todo:
+                return tails
+            consumer.assign(todo)
+            deadline = time.monotonic() + timeout_s
+            while ends:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"reading the tails of {sorted(ends)} took too long")
+                for msg in consumer.consume(POLL_BATCH, 0.2):
+                    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+                    if msg.error() or topic is None or partition is None or offset is None:
+                        continue
+                    key = (topic, partition)
+                    end = ends.get(key)
+                    if end is None or offset >= end:
+                        continue
+                    out[key].append(msg)
+                    if offset >= end - 1:
+                        del ends[key]
+            return tails
+        finally:
+            consumer.close()
+
+    def read(
+        self, topic: str, partition: int, start: int, budget: int
+    ) -> tuple[list[Message], int, bool]:
+        """Up to ``budget`` records of one partition from ``start`` (clamped to the log start):
+        the records, the offset to continue from, and whether the end was reached."""
+        consumer = Consumer(self._config, logger=log)
+        try:
+            tp = TopicPartition(topic, partition)
+            deadline = time.monotonic() + WATERMARK_TIMEOUT_S
+            low, high = watermarks(consumer, tp, deadline, wait_for_missing=False)
+            start = max(start, low)
+            if start >= high:
+                return [], start, True
+            consumer.assign([TopicPartition(topic, partition, start)])
+            out: list[Message] = []
+            position = start
+            deadline = time.monotonic() + 30
+            while position < high and len(out) < budget:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"reading {topic}/{partition} took too long")
+                for msg in consumer.consume(min(POLL_BATCH, budget - len(out)), 0.2):
+                    offset = msg.offset()
+                    if msg.error() or offset is None or offset < position:
+                        continue
+                    out.append(msg)
+                    position = offset + 1
+            return out, position, position >= high
+        finally:
+            consumer.close()
+
+    def first_offset(self, topic: str, partition: int) -> int:
+        """The first offset retention left in one partition."""
+        consumer = Consumer(self._config, logger=log)
+        try:
+            deadline = time.monotonic() + WATERMARK_TIMEOUT_S
+            tp = TopicPartition(topic, partition)
+            low, _ = watermarks(consumer, tp, deadline, wait_for_missing=False)
+            return low
+        finally:
+            consumer.close()
+
+    def existing(self, topics: Sequence[str]) -> set[str]:
+        """Which of ``topics`` exist now."""
+        consumer = Consumer(self._config, logger=log)
+        try:
+            known = consumer.list_topics(timeout=10).topics
+            return {t for t in topics if t in known and known[t].error is None}
+        finally:
+            consumer.close()
+
+    def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int:
+        """The first offset at or after ``timestamp_ms``, or the end when there is none."""
+        consumer = Consumer(self._config, logger=log)
+        try:
+            found = consumer.offsets_for_times(
+                [TopicPartition(topic, partition, timestamp_ms)], timeout=10
+            )[0]
+            if found.offset >= 0:
+                return int(found.offset)
+            deadline = time.monotonic() + WATERMARK_TIMEOUT_S
+            tp = TopicPartition(topic, partition)
+            _, high = watermarks(consumer, tp, deadline, wait_for_missing=False)
+            return high
+        finally:
+            consumer.close()
+
+    def records_held(self, topic: str, partitions: int, timeout_s: float = 10.0) -> int:
+        """How many records ``topic`` holds now (0 when it does not exist)."""
+        consumer = Consumer({**self._config, "group.id": "setu-records-held"}, logger=log)
+        try:
+            held = 0
+            deadline = time.monotonic() + timeout_s
+            for partition in range(partitions):
+                tp = TopicPartition(topic, partition)
+                try:
+                    low, high = watermarks(consumer, tp, deadline, wait_for_missing=False)
+                except KafkaException as exc:
+                    if exc.args[0].code() in _MISSING:
+                        return 0
+                    raise
+                held += high - low
+            return held
+        finally:
+            consumer.close()
+
+    def backlog(
+        self,
+        group: str,
+        topics: dict[str, int],
+        oldest_of: Collection[str],
+        timeout_s: float = 10.0,
+    ) -> list[Backlog]:
+        """Per topic partition, records between the group's committed offset and the end;
+        for the topics in ``oldest_of``, also when the first of them was produced. The
+        committed offset is the lowest unfinished record (delivery commits no further), and
+        a partition is in produce order, so that record is the oldest one undelivered."""
+        consumer = Consumer({**self._config, "group.id": group}, logger=log)
+        try:
+            partitions = [
+                TopicPartition(topic, p) for topic, count in topics.items() for p in range(count)
+            ]
+            out: list[Backlog] = []
+            deadline = time.monotonic() + timeout_s
+            # A new subscription's consumer group has no coordinator at first
+            for tp in committed(consumer, partitions, deadline):
+                # The topics exist (the subscription made them), maybe only just
+                low, high = watermarks(consumer, tp, deadline, wait_for_missing=True)
+                start = max(tp.offset if tp.offset >= 0 else low, low)
+                out.append(Backlog(tp.topic, tp.partition, max(0, high - start), start))
+        finally:
+            consumer.close()
+        firsts = [b for b in out if b.lag and b.topic in oldest_of]
+        if firsts:
+            produced = self._produced_at(firsts, timeout_s)
+            out = [replace(b, oldest_ms=produced.get((b.topic, b.partition))) for b in out]
+        return out
+
+    def _produced_at(
+        self, starts: Sequence[Backlog], timeout_s: float
+    ) -> dict[tuple[str, int], int]:
+        """When the record at each start offset was produced (its produce-time header, else
+        its Kafka timestamp)."""
+        consumer = Consumer(self._config, logger=log)
+        try:
+            consumer.assign([TopicPartition(b.topic, b.partition, b.start) for b in starts])
+            wanted = {(b.topic, b.partition): b.start for b in starts}
+            found: dict[tuple[str, int], int] = {}
+            deadline = time.monotonic() + timeout_s
+            while len(found) < len(wanted) and time.monotonic() < deadline:
+                for msg in consumer.consume(len(wanted), 0.2):
+                    key = (msg.topic() or "", msg.partition() or 0)
+                    if msg.error() or key in found or msg.offset() != wanted.get(key):
+                        continue
+                    found[key] = produced_at(msg)
+            return found
+        finally:
+            consumer.close()
+
+
+class DeadLetterReader:
+    """A subscription's DLQ read through a :class:`KafkaReader`
+    (:class:`state.dead_letter_ops.DeadLetterLog`)."""
+
+    def __init__(self, reader: KafkaReader, topic: str) -> None:
+        self._reader = reader
+        self._topic = topic
+
+    async def read(self, partition: int, start: int, budget: int) -> tuple[list[Record], int, bool]:
+        messages, position, end = await asyncio.to_thread(
+            self._reader.read, self._topic, partition, start, budget
+        )
+        records = []
+        for msg in messages:
+            try:
+                records.append(record_of(DLQ, msg))
+            except ValueError:
+                continue  # not a Setu record
+        return records, position, end
