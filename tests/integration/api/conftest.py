@@ -10,9 +10,13 @@ import pytest_asyncio
 import redis
 
 from state import keys
-from tests.integration.api.support import Api, drop_project, running_api, unique
-
-MAX_MESSAGE_BYTES = 64 * 1024
+from tests.integration.api.support import (
+    MAX_MESSAGE_BYTES,
+    Api,
+    drop_project,
+    running_api,
+    unique,
+)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -44,6 +44,8 @@ async def public_example_names(host: str, port: int) -> list[str]:
 ADMIN_KEY = "test-admin-" + secrets.token_urlsafe(24)
 # The key sealing stored secrets in every API the tests start.
 SECRET_KEY = Sealer.new_key()
+# The largest message the module-scoped API of conftest.py accepts.
+MAX_MESSAGE_BYTES = 64 * 1024
 
 
 @dataclass

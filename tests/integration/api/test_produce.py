@@ -11,8 +11,8 @@ import pytest
 
 from setu.names import ingest_topic
 from setu.partitioner import partition_for
-from tests.integration.api.conftest import MAX_MESSAGE_BYTES
 from tests.integration.api.support import (
+    MAX_MESSAGE_BYTES,
     Api,
     assert_error,
     drop_project,

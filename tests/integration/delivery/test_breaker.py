@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -13,33 +12,20 @@ import pytest
 from cli.ports import any_free_port
 from setu.model import SubscriptionState
 from setu.policies import BreakerPolicy, DeadLetterWindow, Policies
-from tests.integration.delivery.conftest import (
+from tests.integration.delivery.support import (
+    Outage,
     Receiver,
     ThreadWorker,
     World,
     labels,
     scrape,
+    three_workers,
     wait_for,
 )
-from tests.integration.delivery.test_policies import three_workers
 
 pytestmark = pytest.mark.integration
 
 FAST = BreakerPolicy(failure_ratio=0.5, min_calls=4, window_s=10, open_s=1)
-
-
-class Outage:
-    """Every group's calls answer 503 while ``down`` is set."""
-
-    def __init__(self, receiver: Receiver, groups: list[str]) -> None:
-        self.down = threading.Event()
-        self.down.set()
-        with receiver.lock:
-            for group in groups:
-                receiver.rules[group] = lambda: 503 if self.down.is_set() else 200
-
-    def end(self) -> None:
-        self.down.clear()
 
 
 def status(api: httpx.Client, world: World) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
-from tests.integration.delivery.conftest import Receiver, wait_for
-from tests.integration.test_dev_up import START_TIMEOUT_S, dev_up, stack_ports
+from tests.integration.delivery.support import Receiver, wait_for
+from tests.integration.support_dev_up import START_TIMEOUT_S, dev_up, stack_ports
 
 pytestmark = pytest.mark.integration
 

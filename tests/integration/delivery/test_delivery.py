@@ -13,7 +13,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from cli.ports import any_free_port
 from setu.model import DeadLetterPolicy, SigningSecret
-from tests.integration.delivery.conftest import (
+from tests.integration.delivery.support import (
     ProcessWorker,
     Receiver,
     ThreadWorker,

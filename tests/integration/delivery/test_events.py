@@ -12,8 +12,7 @@ from standardwebhooks.webhooks import Webhook
 
 from delivery import events
 from setu.policies import BreakerPolicy, DeadLetterWindow, Policies
-from tests.integration.delivery.conftest import Receiver, ThreadWorker, World, wait_for
-from tests.integration.delivery.test_breaker import Outage
+from tests.integration.delivery.support import Outage, Receiver, ThreadWorker, World, wait_for
 
 pytestmark = pytest.mark.integration
 

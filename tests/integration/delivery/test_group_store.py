@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -21,24 +20,17 @@ from setu.ordering.tiers import DLQ
 from state import keys
 from state.groups import COUNTERS, GroupStore, RedisGroupStore
 from state.groups_stub import StubGroupStore
+from tests.integration.contracts import contract
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["stub", "redis"])
-async def store(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[GroupStore]:
-    if request.param == "stub":
-        yield StubGroupStore()
-        return
-    project = f"t{uuid.uuid4().hex[:10]}"
-    client: Redis[bytes] = Redis.from_url(redis_url)
-    try:
-        yield RedisGroupStore(client, project, "s")
-    finally:
-        found = [k async for k in client.scan_iter(match=keys.subscription_pattern(project, "s"))]
-        if found:
-            await client.delete(*found)
-        await client.aclose()  # type: ignore[attr-defined]
+store = contract(
+    {
+        "stub": lambda backing: StubGroupStore(),
+        "redis": lambda backing: RedisGroupStore(backing.async_client(), backing.project("t"), "s"),
+    }
+)
 
 
 def failed(tier: int, n: int = 1, head: str | None = "a", version: int = 1) -> GroupState:

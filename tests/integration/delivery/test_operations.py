@@ -12,7 +12,7 @@ import pytest
 from cli.ports import any_free_port
 from setu.clock import now_ms
 from setu.model import DeadLetterPolicy
-from tests.integration.delivery.conftest import (
+from tests.integration.delivery.support import (
     Receiver,
     ThreadWorker,
     World,

@@ -11,12 +11,13 @@ import pytest
 from cli.ports import any_free_port
 from setu.clock import now_ms
 from setu.policies import Policies, StartFrom, parse_filter
-from tests.integration.delivery.conftest import (
+from tests.integration.delivery.support import (
     Receiver,
     ThreadWorker,
     World,
     labels,
     scrape,
+    three_workers,
     wait_for,
 )
 
@@ -188,16 +189,6 @@ def test_a_forced_stop_abandons_the_call_in_progress_and_it_is_made_again_on_sta
     first, again = receiver.attempts(slow)
     assert first.headers["webhook-id"] == again.headers["webhook-id"] == slow
     assert again.attempt == first.attempt == 1
-
-
-def three_workers(world: World, start_worker: Callable[..., ThreadWorker]) -> None:
-    """Three workers in the subscription's consumer group, each owning partitions."""
-    for n in range(3):
-        start_worker(worker_id=f"w{n}-{world.project}")
-    wait_for(
-        "three workers sharing the partitions",
-        lambda: sum(1 for r in world.worker_reports() if r["partitions"]) == 3,
-    )
 
 
 def test_max_in_flight_holds_across_three_workers(

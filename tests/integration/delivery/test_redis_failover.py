@@ -23,7 +23,7 @@ from cli.redis_local import RedisNode, SentinelNode, render_redis_conf, render_s
 from setu.ordering.tiers import DLQ
 from state.groups import RedisGroupStore
 from state.redis_clients import async_redis
-from tests.integration.delivery.conftest import (
+from tests.integration.delivery.support import (
     Receiver,
     ThreadWorker,
     World,

@@ -12,7 +12,7 @@ import pytest
 from cli.ports import any_free_port
 from setu import names
 from state import keys
-from tests.integration.delivery.conftest import (
+from tests.integration.delivery.support import (
     Receiver,
     ThreadWorker,
     World,

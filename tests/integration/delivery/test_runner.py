@@ -9,16 +9,16 @@ import pytest
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, TopicPartition
 
 from delivery.http import HttpClient
-from delivery.kafka_io import KafkaReader
 from delivery.runner import RunnerConfig, RunnerParts, SubscriptionRunner, _Port
 from delivery.webhook import WebhookSender
 from setu import names
 from setu.ordering.tiers import DLQ
 from state.groups_stub import StubGroupStore
+from state.kafka_reader import KafkaReader
 from state.workers import StubWorkers
 from tests.consumers import ConsumerStub
-from tests.integration.delivery.conftest import Receiver, World
-from tests.unit.delivery.test_runner import NoCopies
+from tests.integration.delivery.support import Receiver, World
+from tests.runners import EngineStub, NoCopies
 
 pytestmark = pytest.mark.integration
 
@@ -36,16 +36,6 @@ class Watched:
         except KafkaException:
             self.refused += 1
             raise
-
-
-class Engine:
-    def __init__(self) -> None:
-        self.unblocked_at: list[tuple[int, int]] = []
-        self.done = asyncio.Event()
-
-    def unblocked(self, tier: int, offset: int) -> None:
-        self.unblocked_at.append((tier, offset))
-        self.done.set()
 
 
 async def test_a_seek_right_after_an_assignment_takes_before_the_engine_reads_on(
@@ -76,7 +66,7 @@ async def test_a_seek_right_after_an_assignment_takes_before_the_engine_reads_on
     )
     runner = SubscriptionRunner(sub, RunnerConfig(bootstrap=world.bootstrap, worker_id="w"), parts)
     port = _Port(runner, 0)
-    engine = Engine()
+    engine = EngineStub()
     port.engine = engine  # type: ignore[assignment]
     try:
         consumer.assign([TopicPartition(dlq, 0, OFFSET_INVALID)])

@@ -20,7 +20,7 @@ from cli.ports import any_free_port
 from cli.processes import Child, ChildSpec
 from cli.spark_local import LocalSparkCluster
 from spark import job
-from tests.integration.spark.conftest import IngestWorld, MainLog, wait_for
+from tests.integration.spark.support import IngestWorld, MainLog, wait_for
 
 pytestmark = pytest.mark.integration
 

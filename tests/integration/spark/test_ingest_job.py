@@ -22,8 +22,7 @@ from spark.processor import SHARES
 from spark.rejects import REASON_HEADER
 from spark.topics import MainTopicGuard
 from state.kafka_admin import topic_config
-
-from .conftest import IngestWorld, MainLog, wait_for
+from tests.integration.spark.support import IngestWorld, MainLog, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

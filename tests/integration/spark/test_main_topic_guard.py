@@ -9,8 +9,7 @@ from setu import names
 from spark import job
 from spark.topics import MainTopicGuard
 from state.retired_topics import RetiredTopics
-
-from .conftest import IngestWorld, wait_for
+from tests.integration.spark.support import IngestWorld, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

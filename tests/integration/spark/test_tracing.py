@@ -15,13 +15,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from delivery.http import HttpClient
-from delivery.outcome import Verdict
 from delivery.webhook import WebhookSender
 from setu import tracing
 from setu.envelope import Envelope
 from setu.model import Endpoint, Subscription
+from setu.outcome import Verdict
 from tests.integration.api.support import drop_project, running_api
-from tests.integration.spark.conftest import IngestWorld, wait_for
+from tests.integration.spark.support import IngestWorld, wait_for
 
 # The producer's own trace: its span id becomes the parent of Setu's produce span.
 USER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

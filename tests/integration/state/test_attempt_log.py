@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import orjson
 import pytest
@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 
 from state import keys
 from state.attempt_log import HOUR_MS, AttemptLog, RedisAttemptLog, StubAttemptLog
+from tests.integration.contracts import Backing, contract
 
 pytestmark = pytest.mark.integration
 
@@ -22,22 +23,17 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=["stub", "redis"])
-async def make(
-    request: pytest.FixtureRequest, redis_url: str
-) -> AsyncIterator[Callable[[int, Clock], AttemptLog]]:
-    if request.param == "stub":
-        yield lambda hours, clock: StubAttemptLog(hours, clock)
-        return
-    project = f"a{uuid.uuid4().hex[:10]}"
-    client: Redis[bytes] = Redis.from_url(redis_url)
-    try:
-        yield lambda hours, clock: RedisAttemptLog(client, project, "s", hours, clock)
-    finally:
-        found = [k async for k in client.scan_iter(match=keys.subscription_pattern(project, "s"))]
-        if found:
-            await client.delete(*found)
-        await client.aclose()  # type: ignore[attr-defined]
+def redis_attempt_logs(backing: Backing) -> Callable[[int, Clock], AttemptLog]:
+    client, project = backing.async_client(), backing.project("a")
+    return lambda hours, clock: RedisAttemptLog(client, project, "s", hours, clock)
+
+
+make = contract(
+    {
+        "stub": lambda backing: lambda hours, clock: StubAttemptLog(hours, clock),
+        "redis": redis_attempt_logs,
+    }
+)
 
 
 def line(t: int, n: int) -> bytes:

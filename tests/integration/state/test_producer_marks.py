@@ -3,26 +3,21 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
-import redis
 
 from state.producer_marks import MarkStore, ProducerMarks, StubProducerMarks
+from tests.integration.contracts import contract
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["stub", "redis"])
-def marks(request: pytest.FixtureRequest, redis_url: str) -> Iterator[MarkStore]:
-    if request.param == "stub":
-        yield StubProducerMarks()
-        return
-    client: redis.Redis[bytes] = redis.Redis.from_url(redis_url)
-    try:
-        yield ProducerMarks(client)
-    finally:
-        client.close()
+marks = contract(
+    {
+        "stub": lambda backing: StubProducerMarks(),
+        "redis": lambda backing: ProducerMarks(backing.client()),
+    }
+)
 
 
 def test_a_mark_only_rises_and_a_newer_incarnation_wins(marks: MarkStore) -> None:

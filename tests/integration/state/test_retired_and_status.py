@@ -4,7 +4,6 @@ the stub (state.retired_topics, state.ingest_status)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
@@ -18,20 +17,17 @@ from state.ingest_status import (
     read_status_async,
 )
 from state.retired_topics import RedisRetiredList, RetiredList, RetiredTopics, StubRetiredList
+from tests.integration.contracts import Backing, contract
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["stub", "redis"])
-async def retired(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[RetiredList]:
-    if request.param == "stub":
-        yield StubRetiredList()
-        return
-    client: Redis[bytes] = Redis.from_url(redis_url)
-    try:
-        yield RedisRetiredList(client)
-    finally:
-        await client.aclose()  # type: ignore[attr-defined]
+retired = contract(
+    {
+        "stub": lambda backing: StubRetiredList(),
+        "redis": lambda backing: RedisRetiredList(backing.async_client()),
+    }
+)
 
 
 async def test_a_retired_topic_is_listed_until_it_is_reopened(retired: RetiredList) -> None:
@@ -61,18 +57,12 @@ async def test_the_ingest_job_reads_what_the_api_retired(redis_url: str) -> None
         sync_client.close()
 
 
-@pytest.fixture(params=["stub", "redis"])
-def status(request: pytest.FixtureRequest, redis_url: str) -> Iterator[IngestStatus]:
-    if request.param == "stub":
-        yield StubIngestStatus()
-        return
-    client = redis.Redis.from_url(redis_url)
-    client.delete(keys.ingest_status())
-    try:
-        yield RedisIngestStatus(client)
-    finally:
-        client.delete(keys.ingest_status())
-        client.close()
+def redis_status(backing: Backing) -> IngestStatus:
+    backing.forget(keys.ingest_status())
+    return RedisIngestStatus(backing.client())
+
+
+status = contract({"stub": lambda backing: StubIngestStatus(), "redis": redis_status})
 
 
 def test_the_report_merges_fields_and_an_empty_error_clears_the_last_failure(

@@ -3,27 +3,23 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis
 from redis.asyncio import Redis
 
 from state.workers import STATS_FRESH_MS, RedisWorkers, StubWorkers, WorkerReports, is_alive
+from tests.integration.contracts import contract
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(params=["stub", "redis"])
-async def reports(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[WorkerReports]:
-    if request.param == "stub":
-        yield StubWorkers()
-        return
-    client: Redis[bytes] = Redis.from_url(redis_url)
-    try:
-        yield RedisWorkers(client)
-    finally:
-        await client.aclose()  # type: ignore[attr-defined]
+reports = contract(
+    {
+        "stub": lambda backing: StubWorkers(),
+        "redis": lambda backing: RedisWorkers(backing.async_client()),
+    }
+)
 
 
 async def test_the_fresh_reports_of_a_subscription_are_each_workers_latest(

@@ -4,19 +4,19 @@ an erroneous state while a partition's fetcher is still starting)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from delivery.http import HttpClient
-from delivery.kafka_io import KafkaReader
 from delivery.runner import RunnerConfig, RunnerParts, SubscriptionRunner, _Port
 from delivery.webhook import WebhookSender
 from setu.clock import now_ms
 from setu.ordering.tiers import DLQ
 from state.groups_stub import StubGroupStore
+from state.kafka_reader import KafkaReader
 from state.workers import StubWorkers
 from tests.consumers import ConsumerStub
+from tests.runners import EngineStub, NoCopies
 from tests.unit.delivery.sim import subscription
 
 
@@ -42,30 +42,15 @@ class Consumer:
         self.calls.append("resume")
 
 
-class Engine:
-    def __init__(self) -> None:
-        self.unblocked_at: list[tuple[int, int]] = []
-        self.done = asyncio.Event()
-
-    def unblocked(self, tier: int, offset: int) -> None:
-        self.unblocked_at.append((tier, offset))
-        self.done.set()
-
-
 async def turns(n: int = 20) -> None:
     """Lets the loop run ``n`` times (each retry takes two: the seek, then its settling)."""
     for _ in range(n):
         await asyncio.sleep(0)
 
 
-class NoCopies:
-    """The runner's copy writer, in tests that make no copies."""
-
-    async def send(self, topic: str, partition: int, records: Any) -> list[int]:
-        raise AssertionError("this test makes no copies")
-
-
-def runner_on(consumer: Consumer, queue: bool = False) -> tuple[SubscriptionRunner, _Port, Engine]:
+def runner_on(
+    consumer: Consumer, queue: bool = False
+) -> tuple[SubscriptionRunner, _Port, EngineStub]:
     """A runner with one port for partition 0, on stubs. Its consumer's commands run at once,
     or, given ``queue``, wait as on the consumer thread until the stub runs them."""
     sub = subscription()
@@ -81,7 +66,7 @@ def runner_on(consumer: Consumer, queue: bool = False) -> tuple[SubscriptionRunn
     config = RunnerConfig(bootstrap="127.0.0.1:1", worker_id="w", seek_retry_s=0.0)
     runner = SubscriptionRunner(sub, config, parts)
     port = _Port(runner, 0)
-    engine = Engine()
+    engine = EngineStub()
     port.engine = engine  # type: ignore[assignment]
     runner.ports[0] = port
     return runner, port, engine

@@ -1,0 +1,384 @@
+"""Helpers of the delivery tests (the fixtures in conftest.py build them): a webhook receiver
+whose answers each test chooses, a world of one project, and delivery workers in a thread or
+as a process."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+from confluent_kafka import Consumer, Producer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import SecretStr
+
+from delivery.worker import serve
+from setu import names
+from setu.envelope import Envelope
+from setu.errors import Conflict
+from setu.model import DeadLetterPolicy, Endpoint, RetryPolicy, Subscription, Topic
+from setu.settings import Settings
+from state import keys
+from state.kafka_admin import KafkaTopics
+from state.metadata import MetadataStore
+from tests.waiting import wait_for as wait_for
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@dataclass(frozen=True)
+class Call:
+    path: str
+    message_id: str
+    group: str | None
+    attempt: int
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+
+@dataclass
+class Receiver:
+    """Records every call; answers 200 unless a rule for the call's group says otherwise. A
+    rule is a list of statuses used one per call (the last one repeats), or a callable."""
+
+    calls: list[Call] = field(default_factory=list)
+    rules: dict[str, Any] = field(default_factory=dict)
+    flaky: dict[str, tuple[int, int]] = field(default_factory=dict)  # see fail_each
+    delay_s: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    url: str = ""
+    active: int = 0  # calls being answered right now
+    most_active: int = 0
+    peers: set[int] = field(default_factory=set)  # client ports seen (one per connection)
+
+    def answer(self, group: str, *statuses: int) -> None:
+        with self.lock:
+            self.rules[group] = list(statuses)
+
+    def fail_each(self, group: str, times: int, status: int = 503) -> None:
+        """A merely flaky endpoint: each message of ``group`` fails its first ``times`` calls
+        with ``status``, then gets 200."""
+        with self.lock:
+            self.flaky[group] = (times, status)
+
+    def heal(self) -> None:
+        with self.lock:
+            self.rules.clear()
+            self.flaky.clear()
+
+    def _status(self, group: str | None, message_id: str) -> int:
+        with self.lock:
+            flaky = self.flaky.get(group or "")
+            if flaky is not None:
+                earlier = sum(1 for c in self.calls if c.message_id == message_id)
+                return flaky[1] if earlier < flaky[0] else 200
+            rule = self.rules.get(group or "")
+            if rule is None:
+                return 200
+            if callable(rule):
+                return int(rule())
+            return int(rule.pop(0) if len(rule) > 1 else rule[0])
+
+    def record(self, call: Call) -> None:
+        with self.lock:
+            self.calls.append(call)
+
+    def delivered(self, group: str | None = None, path: str | None = None) -> list[str]:
+        """Message ids answered 2xx (at ``path`` only, given one), in the order they arrived
+        (repeats included)."""
+        with self.lock:
+            return [
+                c.message_id
+                for c in self.calls
+                if 200 <= c.status < 300
+                and (group is None or c.group == group)
+                and (path is None or c.path == path)
+            ]
+
+    def attempts(self, message_id: str) -> list[Call]:
+        with self.lock:
+            return [c for c in self.calls if c.message_id == message_id]
+
+
+def receiver_handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            group = headers.get("x_group_id")
+            with receiver.lock:
+                receiver.active += 1
+                receiver.most_active = max(receiver.most_active, receiver.active)
+                receiver.peers.add(self.client_address[1])
+            if receiver.delay_s:
+                time.sleep(receiver.delay_s)
+            with receiver.lock:
+                receiver.active -= 1
+            status = receiver._status(group, headers.get("x_message_id", ""))
+            receiver.record(
+                Call(
+                    self.path,
+                    headers.get("x_message_id", ""),
+                    group,
+                    int(headers.get("x_delivery_attempt", "0")),
+                    status,
+                    headers,
+                    body,
+                    time.monotonic(),
+                )
+            )
+            # A failure says why, as receivers do (the attempt log keeps its start).
+            answer = b"" if 200 <= status < 300 else b'{"refused": %d}' % status
+            self.send_response(status)
+            self.send_header("content-length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@dataclass
+class World:
+    """One project with helpers to create topics and subscriptions and to publish."""
+
+    project: str
+    bootstrap: str
+    redis_url: str
+    database_url: str
+    store: MetadataStore
+    topics: KafkaTopics
+    producer: Producer
+    # The key the store seals secrets with; workers get it too.
+    secret_key: str
+
+    def topic(self, name: str = "t", grouped: bool = True, partitions: int = 2) -> Topic:
+        topic = Topic(self.project, name, grouped=grouped, partitions=partitions)
+        self.topics.ensure_topic(topic)
+        stored, _ = self.store.create_topic(topic)
+        return stored
+
+    def subscription(
+        self,
+        url: str,
+        name: str = "s",
+        topic: str = "t",
+        grouped: bool = True,
+        delays_ms: tuple[int, ...] = (200, 400),
+        policy: DeadLetterPolicy = DeadLetterPolicy.PARK,
+        **extra: Any,
+    ) -> Subscription:
+        sub = Subscription(
+            project=self.project,
+            name=name,
+            topic=topic,
+            endpoint=Endpoint(url, timeout_ms=extra.pop("timeout_ms", 5000)),
+            grouped=grouped,
+            retry=RetryPolicy(delays_ms=delays_ms),
+            dead_letter_policy=policy,
+            **extra,
+        )
+        self.topics.ensure_subscription(sub, self.store.get_topic(self.project, topic))
+        stored, _ = self.store.create_subscription(sub)
+        return stored
+
+    def publish(
+        self,
+        topic: str,
+        group: str | None,
+        count: int = 1,
+        body: Callable[[str], bytes] = str.encode,
+        **env: Any,
+    ) -> list[str]:
+        """Writes ``count`` messages to the main log as the ingest job would; returns ids.
+        Each body is ``body(message_id)``, the id itself unless said otherwise."""
+        ids = []
+        for _ in range(count):
+            message_id = f"{group or 'm'}-{uuid.uuid4().hex[:8]}"
+            envelope = Envelope(message_id, body(message_id), group_id=group, **env)
+            self.producer.produce(
+                names.main_topic(self.project, topic),
+                value=envelope.body,
+                key=envelope.key,
+                headers=list[tuple[str, str | bytes | None]](envelope.kafka_headers()),
+            )
+            ids.append(message_id)
+        self.producer.flush(10)
+        return ids
+
+    def dlq_size(self, sub: str = "s", partitions: int = 2) -> int:
+        """How many records the subscription's DLQ holds (high minus low watermarks)."""
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "dlq-size"})
+        try:
+            topic = names.dlq_topic(self.project, sub)
+            total = 0
+            for partition in range(partitions):
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=10
+                )
+                total += high - low
+            return total
+        finally:
+            consumer.close()
+
+    def settings(self, **overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "kafka_bootstrap": self.bootstrap,
+            "redis_url": self.redis_url,
+            "database_url": self.database_url,
+            "subscription_refresh_ms": 200,
+            "worker_id": f"test-{self.project}",
+            # The tests' webhooks listen on loopback.
+            "allow_private_endpoints": True,
+            "secret_key": self.secret_key,
+        }
+        values.update(overrides)
+        return Settings(**values)
+
+    def redis(self) -> redis.Redis[bytes]:
+        return redis.Redis.from_url(self.redis_url)
+
+    def worker_reports(self, sub: str = "s") -> list[dict[str, Any]]:
+        """What the workers running ``sub`` last reported of it (every 1 s or so)."""
+        client = self.redis()
+        try:
+            return [json.loads(v) for v in client.hvals(keys.worker_stats(self.project, sub))]
+        finally:
+            client.close()
+
+
+def delete_subscription_group(topics: KafkaTopics, project: str, subscription: str) -> None:
+    """Deletes the subscription's consumer group, repeating the DELETE while a stopped worker
+    is still a member (until the broker's session timeout drops it), as the API's 409 asks."""
+
+    def deleted() -> bool:
+        try:
+            topics.delete_subscription(project, subscription)
+        except Conflict:
+            return False
+        return True
+
+    wait_for(f"consumer group of {subscription} to be deleted", deleted, 90, 1.0)
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The samples a worker serves at /metrics, by name and sorted labels."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def labels(world: World, **more: str) -> tuple[tuple[str, str], ...]:
+    """Sorted labels of a sample of the world's subscription ``s``."""
+    return tuple(sorted({"project": world.project, "subscription": "s", **more}.items()))
+
+
+class ThreadWorker:
+    """A delivery worker on its own event loop in a thread."""
+
+    def __init__(self, settings: Settings, store: MetadataStore) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._main, args=(settings, store), name="delivery-worker", daemon=True
+        )
+        self._thread.start()
+
+    def _main(self, settings: Settings, store: MetadataStore) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(serve(settings, store, self._stop))
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._loop.close()
+
+    def stop(self, timeout_s: float = 90.0) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the worker did not stop"
+        if self._error is not None:
+            raise self._error
+
+
+class ProcessWorker:
+    """``setu deliver`` as a real process, for tests that kill it."""
+
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        env = dict(os.environ)
+        for name, value in settings.model_dump().items():
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            if value is not None:
+                env[f"SETU_{name.upper()}"] = str(value)
+        self._log = log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "deliver"],
+            cwd=REPO,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+        self._log.close()
+
+    def terminate(self) -> int:
+        self.process.terminate()
+        code = self.process.wait(90)
+        self._log.close()
+        return code
+
+
+def replace_sub(sub: Subscription, **changes: Any) -> Subscription:
+    return dataclasses.replace(sub, **changes)
+
+
+def three_workers(world: World, start_worker: Callable[..., ThreadWorker]) -> None:
+    """Three workers in the subscription's consumer group, each owning partitions."""
+    for n in range(3):
+        start_worker(worker_id=f"w{n}-{world.project}")
+    wait_for(
+        "three workers sharing the partitions",
+        lambda: sum(1 for r in world.worker_reports() if r["partitions"]) == 3,
+    )
+
+
+class Outage:
+    """Every group's calls answer 503 while ``down`` is set."""
+
+    def __init__(self, receiver: Receiver, groups: list[str]) -> None:
+        self.down = threading.Event()
+        self.down.set()
+        with receiver.lock:
+            for group in groups:
+                receiver.rules[group] = lambda: 503 if self.down.is_set() else 200
+
+    def end(self) -> None:
+        self.down.clear()

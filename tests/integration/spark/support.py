@@ -1,0 +1,241 @@
+"""Helpers of the ingest job's tests (the fixtures in conftest.py build them): a world of one
+project on the shared broker, and a reader of its main logs."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from setu import names
+from setu.envelope import Envelope
+from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
+from setu.model import Topic
+from setu.settings import Settings
+from spark import job
+from spark.marks import MarkPublisher
+from spark.metrics import IngestMetrics
+from state import keys
+from state.kafka_admin import KafkaTopics
+from state.producer_marks import parse_mark
+from state.retired_topics import RetiredTopics
+from tests import waiting
+
+
+def wait_for(what: str, condition: Callable[[], object], timeout_s: float = 90.0) -> None:
+    """:func:`tests.waiting.wait_for` with the patience a Spark batch needs on two cores."""
+    waiting.wait_for(what, condition, timeout_s, every_s=0.2)
+
+
+@dataclass
+class MainLog:
+    """Everything read so far from one main topic, in per-partition log order."""
+
+    consumer: Consumer
+    records: list[tuple[int, bytes, Envelope]] = field(default_factory=list)
+    raw_headers: list[list[tuple[str, bytes]]] = field(default_factory=list)
+
+    def poll(self) -> None:
+        for message in self.consumer.consume(1000, timeout=0.2):
+            if message.error() is None:
+                envelope = Envelope.from_kafka(message.headers(), message.value())
+                self.records.append((message.partition(), message.key(), envelope))
+                self.raw_headers.append(list(message.headers() or []))
+
+    def ids(self) -> list[str]:
+        return [e.message_id for _, _, e in self.records]
+
+    def read_ids(self) -> set[str]:
+        """The ids read so far, after reading what is there now."""
+        self.poll()
+        return set(self.ids())
+
+    def wait_for_ids(self, wanted: set[str], timeout_s: float = 120.0) -> None:
+        def arrived() -> bool:
+            self.poll()
+            return wanted <= set(self.ids())
+
+        wait_for(f"{len(wanted)} messages in the main log", arrived, timeout_s)
+
+
+@dataclass
+class IngestWorld:
+    """One project on the shared broker, with helpers to produce and to run the job."""
+
+    spark: SparkSession
+    bootstrap: str
+    redis_url: str
+    checkpoints: Path
+    project: str = field(default_factory=lambda: f"ing-{uuid.uuid4().hex[:10]}")
+
+    def __post_init__(self) -> None:
+        self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        self.producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "partitioner": "murmur2_random",
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                # Like the API's producer: whatever the API accepts (setu.limits)
+                "message.max.bytes": MessageLimits(DEFAULT_MAX_MESSAGE_BYTES).request_bytes,
+            }
+        )
+        self.redis = redis.Redis.from_url(self.redis_url)
+        self.topics: list[str] = []
+        self.consumers: list[Consumer] = []
+        self.metrics = IngestMetrics()
+
+    def settings(self, **overrides: object) -> Settings:
+        values: dict[str, object] = {
+            "kafka_bootstrap": self.bootstrap,
+            "redis_url": self.redis_url,
+            "spark_checkpoint_dir": str(self.checkpoints / self.project),
+            "spark_trigger_ms": 200,
+            "spark_shuffle_partitions": 2,
+        }
+        values.update(overrides)
+        return Settings(**values)  # type: ignore[arg-type]
+
+    def create_topic(
+        self, topic: str, partitions: int = 3, config: dict[str, str] | None = None
+    ) -> None:
+        """The ingest topic and its main log, as the API creates them."""
+        created = [names.main_topic(self.project, topic), names.ingest_topic(self.project, topic)]
+        futures = self.admin.create_topics(
+            [NewTopic(t, partitions, 1, config=config or {}) for t in created]
+        )
+        for future in futures.values():
+            future.result(timeout=30)
+        self.topics.extend(created)
+
+    def send(
+        self,
+        topic: str,
+        message_id: str,
+        group_id: str | None = None,
+        producer_id: str | None = None,
+        sequence_id: int | None = None,
+        timestamp_ms: int = 0,
+        body: bytes | None = None,
+        incarnation: int = 0,
+    ) -> None:
+        """Produce like the API does; ``timestamp_ms`` (0 = now) is the record's CreateTime,
+        ``incarnation`` the topic's creation time the API stamps."""
+        envelope = Envelope(
+            message_id=message_id,
+            body=f"body of {message_id}".encode() if body is None else body,
+            group_id=group_id,
+            producer_id=producer_id,
+            sequence_id=sequence_id,
+            headers=(("X_TRACE", message_id),),
+            topic_incarnation=incarnation,
+        )
+        self.producer.produce(
+            names.ingest_topic(self.project, topic),
+            envelope.body,
+            key=envelope.key,
+            headers=envelope.kafka_headers(),
+            timestamp=timestamp_ms,
+        )
+        self.producer.poll(0)
+
+    def flush(self) -> None:
+        assert self.producer.flush(30) == 0
+
+    def main_size(self, topic: str) -> int:
+        """How many records the topic's main log holds now (its partitions' high marks)."""
+        main = names.main_topic(self.project, topic)
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "sizes"})
+        try:
+            partitions = consumer.list_topics(main, timeout=10).topics[main].partitions
+            return sum(
+                consumer.get_watermark_offsets(TopicPartition(main, p), timeout=10)[1]
+                for p in partitions
+            )
+        finally:
+            consumer.close()
+
+    def main_log(self, topic: str) -> MainLog:
+        return self.log_of(names.main_topic(self.project, topic))
+
+    def log_of(self, main: str) -> MainLog:
+        """A reader of any Kafka topic of this project, from its start."""
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"reader-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+            }
+        )
+        partitions = consumer.list_topics(main, timeout=10).topics[main].partitions
+        consumer.assign([TopicPartition(main, p, 0) for p in partitions])
+        self.consumers.append(consumer)
+        return MainLog(consumer)
+
+    def mark(self, topic: str, producer_id: str) -> int | None:
+        """The producer's highest accepted sequence in Redis, whatever its incarnation."""
+        found = self.marked(topic, producer_id)
+        return None if found is None else found[1]
+
+    def marked(self, topic: str, producer_id: str) -> tuple[int, int] | None:
+        """The producer's mark in Redis as (topic incarnation, sequence)."""
+        raw = self.redis.hget(keys.producer_marks(self.project, topic), producer_id)
+        return None if raw is None else parse_mark(raw)
+
+    def delete_topic(self, topic: str, partitions: int = 3) -> None:
+        """As the API deletes a topic: its ingest topic retired, then its other Kafka topics
+        deleted and the ingest topic emptied (state.retired_topics)."""
+        ingest = names.ingest_topic(self.project, topic)
+        self.redis.sadd(keys.retired_ingest_topics(), ingest)
+        KafkaTopics(self.bootstrap).delete_topic(Topic(self.project, topic, partitions=partitions))
+
+    def create_again(self, topic: str) -> None:
+        """As the API creates a deleted topic again: its main topic made, its kept ingest
+        topic emptied and no longer retired."""
+        main = names.main_topic(self.project, topic)
+        ingest = names.ingest_topic(self.project, topic)
+        partitions = len(self.admin.list_topics(ingest, timeout=10).topics[ingest].partitions)
+        for future in self.admin.create_topics([NewTopic(main, partitions, 1)]).values():
+            future.result(timeout=30)
+        KafkaTopics(self.bootstrap).empty(ingest)
+        self.redis.srem(keys.retired_ingest_topics(), ingest)
+
+    @contextmanager
+    def running_job(
+        self, settings: Settings, limits: Callable[[], Mapping[str, int]] = dict
+    ) -> Iterator[StreamingQuery]:
+        query = self.start_job(settings, limits)
+        try:
+            yield query
+        finally:
+            job.stop_between_batches(query)
+
+    def start_job(
+        self, settings: Settings, limits: Callable[[], Mapping[str, int]] = dict
+    ) -> StreamingQuery:
+        publisher = MarkPublisher(self.redis)
+        pattern = job.project_pattern(self.project)
+        retired = RetiredTopics(self.redis)
+        return job.start(self.spark, settings, publisher, pattern, self.metrics, limits, retired)
+
+    def close(self) -> None:
+        for consumer in self.consumers:
+            consumer.close()
+        # Every topic of the project, also those the job's guard created (reject topics)
+        listed = self.admin.list_topics(timeout=10).topics
+        mine = [t for t in listed if t.startswith(f"setu.{self.project}.")]
+        self.admin.delete_topics(sorted(set(self.topics) | set(mine)))
+        for name in self.redis.scan_iter(f"{keys.PREFIX}:producers:{{{self.project}.*"):
+            self.redis.delete(name)
+        for retired in self.redis.smembers(keys.retired_ingest_topics()):
+            if retired.decode().startswith(f"setu.{self.project}."):
+                self.redis.srem(keys.retired_ingest_topics(), retired)
+        self.redis.close()
