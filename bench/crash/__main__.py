@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -87,8 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM (a ``kill``, a CI timeout) ends the run as Ctrl-C does: through its ``finally``
+    blocks, which stop every component. By default it would end the process at once and leave
+    the run's brokers and Setu's processes running, each in a session of its own."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    exit_on_sigterm()
     workdir = args.workdir or Path(
         tempfile.mkdtemp(prefix=f"setu-crash-{time.strftime('%H%M%S')}-")
     )
