@@ -33,3 +33,10 @@ def test_a_mark_only_rises_and_a_newer_incarnation_wins(marks: MarkStore) -> Non
     assert marks.mark(project, "t", "p") == (2, 0)
     assert marks.mark(project, "t", "q") == (1, 2)
     assert marks.mark(project, "other", "p") is None
+
+
+def test_once_every_mark_is_published_the_store_says_so(marks: MarkStore) -> None:
+    # The ingest job sets this after publishing every mark it knows (Redis that forgot its
+    # data lacks it, and the job publishes them all again)
+    marks.set_all_loaded()
+    assert marks.all_loaded() is True
