@@ -60,7 +60,7 @@ from api.messages import incarnation_for, ingest_headers
 from api.producer import Reports
 from api.topic_cache import CachedTopic
 from setu import headers as rules
-from setu.access import Permission, Principal, check
+from setu.access import Permission, Principal, check, check_role
 from setu.clock import now_ms
 from setu.envelope import KafkaHeaders, kafka_key
 from setu.errors import (
@@ -1036,14 +1036,15 @@ class StreamServer:
         return None
 
     async def _check_key(self, hello: frames.Hello) -> Principal:
-        """HELLO's cookie as an API key with the produce permission; Refused otherwise."""
+        """HELLO's cookie as an API key whose role may produce; Refused otherwise. Its
+        project and topics are checked at each NOTIFY (a key may be for some topics only)."""
         try:
             cookie = hello.cookie.decode()
         except UnicodeDecodeError:
             raise Refused("unauthorized", "the cookie is not an API key") from None
         try:
             who = await self.services.auth.principal(f"Bearer {cookie}")
-            check(who, Permission.PRODUCE)
+            check_role(who, Permission.PRODUCE)
         except SetuError as exc:
             raise refusal(exc) from None
         return who

@@ -97,12 +97,19 @@ def check(
 ) -> None:
     """Raises :class:`Forbidden` unless ``who`` may do what needs ``need`` on ``project``
     (and, for produce, ``topic``)."""
-    if need not in _GRANTS[who.role]:
-        raise Forbidden(f"a {who.role} key may not do this")
+    check_role(who, need)
     if project is not None and not who.sees(project):
         raise Forbidden(f"this key is not for project {project!r}")
     if need is Permission.PRODUCE and who.topics is not None and topic not in who.topics:
         raise Forbidden(f"this key may not produce to topic {topic!r}")
+
+
+def check_role(who: Principal, need: Permission) -> None:
+    """Raises :class:`Forbidden` unless ``who``'s role grants ``need`` somewhere: for a caller
+    that names its project and topic later (a streaming session's HELLO; each NOTIFY then
+    passes :func:`check` for its stream)."""
+    if need not in _GRANTS[who.role]:
+        raise Forbidden(f"a {who.role} key may not do this")
 
 
 # A key as the caller holds it: "setu_" + 16 hex characters (its public id) + "_" + the secret

@@ -234,12 +234,24 @@ async def test_a_wrong_key_gets_error_and_writes_nothing(api: Api, project: str)
     assert caught.value.code == "unauthorized"
 
 
-async def test_a_key_for_other_topics_may_not_notify_this_one(api: Api, project: str) -> None:
-    key = await producer_key(api, project, topics=["other"])
-    producer = AsyncStreamProducer(address(api), key, project, "t", "p")
+async def test_a_key_for_some_topics_streams_to_them_and_is_refused_elsewhere_at_notify(
+    api: Api, project: str
+) -> None:
+    # Given a key shaped like the README's "checkout" key: role producer, one topic
+    key = await producer_key(api, project, topics=["t"])
+    # Then it streams to its topic
+    producer = AsyncStreamProducer(address(api), key, project, "t", "checkout")
+    assert await producer.start() == 0
+    for n in range(3):
+        await producer.send(f"body-{n}".encode(), group_id="g")
+    await producer.close()
+    assert producer.durable == 3
+    # And a NOTIFY for another topic is refused as forbidden, naming that topic
+    elsewhere = AsyncStreamProducer(address(api), key, project, "other", "checkout")
     with pytest.raises(StreamError) as caught:
-        await producer.start()
+        await elsewhere.start()
     assert caught.value.code == "forbidden"
+    assert "'other'" in str(caught.value)
 
 
 async def test_an_invalid_message_gets_error_naming_it_and_nothing_after_it_is_written(
