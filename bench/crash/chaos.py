@@ -287,9 +287,9 @@ class Chaos:
                 and not c.held
                 and peers_settled(self.components, c.name)
             ]
-            candidates += [
-                Candidate(name, 0.0, 0.0, self.events.count("fault", name)) for name in self.faults
-            ]
+            # A fault counts as used when it was tried, injected or not: one that cannot be
+            # injected now (say, a replica not in sync) must not take every turn.
+            candidates += [Candidate(name, 0.0, 0.0, self._tried(name)) for name in self.faults]
             victim = choose_victim(self.rng, candidates)
             domain = self._domain(victim)
             if domain in self.settled and not await asyncio.to_thread(self.settled[domain]):
@@ -345,6 +345,9 @@ class Chaos:
                 self.events.record(component.name, "restart")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), poll_s)
+
+    def _tried(self, fault: str) -> int:
+        return sum(self.events.count(what, fault) for what in ("fault", "fault_skipped"))
 
     def _domain(self, name: str | None) -> str | None:
         found = next((c for c in self.components if c.name == name), None)

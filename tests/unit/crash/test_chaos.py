@@ -18,6 +18,7 @@ from bench.crash.chaos import (
     Component,
     ComponentSpec,
     EventLog,
+    FaultSkipped,
     choose_victim,
     peers_settled,
 )
@@ -314,3 +315,31 @@ def test_a_component_whose_progress_folder_does_not_exist_yet_has_not_progressed
         spec(tmp_path, "job", "pass", progress_dir=tmp_path / "missing"), EventLog()
     )
     assert not component.progressed()
+
+
+async def test_a_fault_that_cannot_be_injected_now_does_not_take_every_turn(
+    tmp_path: Path,
+) -> None:
+    # Given an API, a worker and a fault that is always skipped (say, a replica never in sync)
+    events = EventLog()
+    components = _nodes(tmp_path, events, "api", "worker")
+    for component in components:
+        component.start()
+
+    async def never_now() -> None:
+        raise FaultSkipped("the replica is not in sync")
+
+    chaos = Chaos(
+        components, events, random.Random(2), (0.02, 0.05), (0.0, 0.02), faults={"f": never_now}
+    )
+    # When chaos runs for a while
+    stop = asyncio.Event()
+    task = asyncio.create_task(chaos.run(stop))
+    await asyncio.sleep(1.0)
+    stop.set()
+    await task
+    # Then the fault was tried about as often as each component was killed, not on every turn
+    tried, kills = events.count("fault_skipped", "f"), events.count("kill")
+    assert tried >= 2 and kills >= 2 * tried - 2
+    for component in components:
+        component.stop()
