@@ -5,13 +5,16 @@ How the modules fit (outside in):
 - ``worker``: ``setu deliver``, the composition root. Lists subscriptions every
   ``subscription_refresh_ms`` and keeps one ``runner`` per running or paused subscription;
   heartbeat for ``--check``; the operational ``events`` sink and notifier; SIGTERM.
-- ``runner``: one subscription on this worker. A consumer (``kafka_io.ConsumerThread``, range
-  assignor) reads the main log, the retry tiers and the DLQ; each assigned partition index gets
-  an ``engine``; the runner carries out what engines ask (calls via ``dispatcher``, ``webhook``
-  and ``http``; copies via ``kafka_io.AsyncProducer``; state via ``writer`` into
-  ``state.groups``), commits what ``offsets`` says is safe, applies back-pressure, and drains on
-  revocation. Subscription-wide policies sit beside it: ``breaker``, ``autopause``,
-  ``ratelimit``; ``attempts`` records each call and move for the operator's views; ``metrics``.
+- ``runner``: one subscription on this worker, a small coordinator. A consumer
+  (``kafka_io.ConsumerThread``, range assignor) reads the main log, the retry tiers and the
+  DLQ; each assigned partition index gets an ``engine`` and its ``effects`` (calls via
+  ``dispatcher``, ``webhook`` and ``http``; copies via ``kafka_io.AsyncProducer``; state via
+  ``writer`` into ``state.groups``). Its parts: ``flow`` (pauses, holds, seeks,
+  back-pressure), ``commits`` (what is safe to commit, and the housekeeping after it),
+  ``guards`` (the subscription's ``breaker``, ``autopause`` and share of ``max_in_flight``,
+  with ``ratelimit``), ``reporting`` (figures, reports to the API, stop confirmations);
+  ``parts`` is what the composition root hands it. ``attempts`` records each call and move
+  for the operator's views; ``metrics``.
 - ``takeover``: what happens when a partition index is assigned: claiming it
   (``setu.ordering.fencing``), which rebuilds Redis from the group-state changelog
   (``changelog``, ``state.durable_groups``), ``recovery`` of cut-short state changes, loading

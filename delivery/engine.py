@@ -11,6 +11,12 @@ a Kafka write that did not happen, and an offset never finishes before its outco
 Per group there is one *lane*: the group's records waiting in memory, at most one attempt in
 flight and at most one state change in progress. Lanes exist only while a group has something
 in memory, so memory follows activity, not the number of groups.
+
+One class, over 400 lines, on purpose: every decision reads and changes the same lanes, trackers
+and group states, and the order-keeping rules (a follower queues behind its head, a leftover
+goes to the tier holding its group, a released head laps before its group follows) are easiest
+to check when each path through a group's life is one method next to the others. Its I/O is
+elsewhere (:mod:`delivery.effects`); its pure rules are in ``setu/ordering/``.
 """
 
 from __future__ import annotations

@@ -138,6 +138,17 @@ class EventSink:
             self._held.popleft()
 
 
+Emit = Callable[[str, dict[str, Any]], None]
+"""Tells of one operational event of a subscription: (type, data)."""
+
+
+def emitter(sink: EventSink | None, project: str, subscription: str) -> Emit:
+    """How a subscription's parts emit events: into ``sink``, or nowhere without one."""
+    if sink is None:
+        return lambda kind, data: None
+    return lambda kind, data: sink.emit(kind, project, subscription, data)
+
+
 class Notifier:
     """Sends the stream's events to the projects' endpoints (see the module doc)."""
 

@@ -32,7 +32,8 @@ from delivery.events import EventSink, Notifier
 from delivery.http import HttpClient
 from delivery.kafka_io import AsyncProducer, ConsumerThread, copy_producer_config
 from delivery.metrics import DeliveryMetrics, RunnerFigures
-from delivery.runner import RunnerConfig, RunnerParts, SubscriptionRunner
+from delivery.parts import RunnerConfig, RunnerParts
+from delivery.runner import SubscriptionRunner
 from delivery.webhook import WebhookSender
 from setu.limits import MessageLimits
 from setu.model import Notifications, Subscription, SubscriptionState

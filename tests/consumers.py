@@ -1,4 +1,4 @@
-"""A stand-in for the delivery runner's consumer thread (:class:`delivery.runner.ConsumerPort`):
+"""A stand-in for the delivery runner's consumer thread (:class:`delivery.parts.ConsumerPort`):
 commands run on the given Kafka consumer (or a double of one) at once, or wait in a queue, as
 they wait on the real thread between two polls, until :meth:`ConsumerStub.run_queued`."""
 
@@ -26,7 +26,7 @@ class ConsumerStub:
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def factory(self, config: Any, loop: Any, listener: Any) -> ConsumerStub:
-        """As :class:`delivery.runner.RunnerParts` builds a consumer: this one."""
+        """As :class:`delivery.parts.RunnerParts` builds a consumer: this one."""
         return self
 
     @property

@@ -8,8 +8,10 @@ import asyncio
 import pytest
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, TopicPartition
 
+from delivery.effects import PartitionEffects
 from delivery.http import HttpClient
-from delivery.runner import RunnerConfig, RunnerParts, SubscriptionRunner, _Port
+from delivery.parts import RunnerConfig, RunnerParts
+from delivery.runner import SubscriptionRunner
 from delivery.webhook import WebhookSender
 from setu import names
 from setu.ordering.tiers import DLQ
@@ -65,7 +67,7 @@ async def test_a_seek_right_after_an_assignment_takes_before_the_engine_reads_on
         consumer=ConsumerStub(watched).factory,
     )
     runner = SubscriptionRunner(sub, RunnerConfig(bootstrap=world.bootstrap, worker_id="w"), parts)
-    port = _Port(runner, 0)
+    port = PartitionEffects(runner.context, 0)
     engine = EngineStub()
     port.engine = engine  # type: ignore[assignment]
     try:
@@ -73,7 +75,7 @@ async def test_a_seek_right_after_an_assignment_takes_before_the_engine_reads_on
 
         # When the engine asks at once to read the DLQ again from offset 1 (a group released
         # as the partition is taken over)
-        runner.seek(port, DLQ, 1)
+        runner.flow.seek(port, DLQ, 1)
         await asyncio.wait_for(engine.done.wait(), 30)
 
         # Then librdkafka refused the first seek, the runner sought again until it took, and

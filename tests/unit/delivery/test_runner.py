@@ -7,8 +7,10 @@ import asyncio
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from delivery.effects import PartitionEffects
 from delivery.http import HttpClient
-from delivery.runner import RunnerConfig, RunnerParts, SubscriptionRunner, _Port
+from delivery.parts import RunnerConfig, RunnerParts
+from delivery.runner import SubscriptionRunner
 from delivery.webhook import WebhookSender
 from setu.clock import now_ms
 from setu.ordering.tiers import DLQ
@@ -50,7 +52,7 @@ async def turns(n: int = 20) -> None:
 
 def runner_on(
     consumer: Consumer, queue: bool = False
-) -> tuple[SubscriptionRunner, _Port, EngineStub]:
+) -> tuple[SubscriptionRunner, PartitionEffects, EngineStub]:
     """A runner with one port for partition 0, on stubs. Its consumer's commands run at once,
     or, given ``queue``, wait as on the consumer thread until the stub runs them."""
     sub = subscription()
@@ -65,7 +67,7 @@ def runner_on(
     )
     config = RunnerConfig(bootstrap="127.0.0.1:1", worker_id="w", seek_retry_s=0.0)
     runner = SubscriptionRunner(sub, config, parts)
-    port = _Port(runner, 0)
+    port = PartitionEffects(runner.context, 0)
     engine = EngineStub()
     port.engine = engine  # type: ignore[assignment]
     runner.ports[0] = port
@@ -77,7 +79,7 @@ async def test_a_refused_seek_is_tried_again_before_the_engine_reads_on() -> Non
     consumer = Consumer(refusals=2)
     runner, port, engine = runner_on(consumer)
     # When the engine asks to read the DLQ again from offset 5
-    runner.seek(port, DLQ, 5)
+    runner.flow.seek(port, DLQ, 5)
     await asyncio.wait_for(engine.done.wait(), 5)
     # Then the seek was made until it took, and only then was the engine told
     assert consumer.calls == ["seek 5", "seek 5", "seek 5"]
@@ -90,7 +92,7 @@ async def test_a_hold_ends_only_once_its_seek_took() -> None:
     consumer = Consumer(refusals=1)
     runner, port, engine = runner_on(consumer)
     # When a retry tier holds at offset 3 until a time already past
-    runner.hold(port, 1, 3, now_ms())
+    runner.flow.hold(port, 1, 3, now_ms())
     await asyncio.wait_for(engine.done.wait(), 5)
     # Then it paused, sought until the seek took, and resumed before reading on
     assert consumer.calls == ["pause", "seek 3", "seek 3", "resume"]
@@ -101,7 +103,7 @@ async def test_a_given_up_partition_stops_seeking() -> None:
     consumer = Consumer(refusals=100)
     runner, port, engine = runner_on(consumer)
     # Given a seek refused while the partition is being given up
-    runner.seek(port, DLQ, 5)
+    runner.flow.seek(port, DLQ, 5)
     port.alive = False
     await turns()
     # Then it is not tried again
@@ -115,10 +117,10 @@ async def test_a_pause_and_seek_of_a_given_up_partition_do_not_reach_its_next_as
     # Given a hold asked for while the partition was being given up, its pause and seek
     # still waiting for the consumer thread (which runs commands between polls, and the
     # rebalance happens inside a poll)
-    runner.hold(port, 1, 3, now_ms())
+    runner.flow.hold(port, 1, 3, now_ms())
     # When the partition is given up and assigned to this worker again before they run
     port.alive = False
-    runner.ports[0] = _Port(runner, 0)
+    runner.ports[0] = PartitionEffects(runner.context, 0)
     stub = runner._consumer
     assert isinstance(stub, ConsumerStub)
     stub.run_queued()

@@ -1,0 +1,125 @@
+"""What a subscription's consumer commits, and the housekeeping that follows commits.
+
+Every ``commit_interval_ms`` the runner flushes the recorded 2xx outcomes (and the state
+changes that go with them), then commits, per tier partition, what its engine says is safe
+("flush, then commit"); the main log's commit carries the ingest marks of the records below
+it (:mod:`delivery.replays`). After a commit, outcomes below it are forgotten in Redis. Also
+here: forgetting dead letters that retention removed, and picking up an operator's releases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from delivery.effects import PartitionEffects
+from delivery.guards import Periodic
+from delivery.parts import ConsumerPort, RunnerConfig
+from delivery.replays import encode_marks
+from delivery.writer import StateWriter
+from setu.ordering.tiers import DLQ, MAIN
+from state.groups import GroupStore
+from state.kafka_reader import KafkaReader
+
+log = logging.getLogger(__name__)
+
+
+class Commits:
+    def __init__(
+        self,
+        consumer: ConsumerPort,
+        topics: Mapping[int, str],
+        tiers: Mapping[str, int],
+        ports: Mapping[int, PartitionEffects],
+        writer: StateWriter,
+        store: GroupStore,
+        reader: KafkaReader,
+        background: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> None:
+        """``topics`` (tier -> topic), ``tiers`` (topic -> tier) and ``ports`` are the
+        runner's own; ``background`` runs housekeeping nothing waits for."""
+        self._consumer = consumer
+        self._topics = topics
+        self._tiers = tiers
+        self._ports = ports
+        self._writer = writer
+        self._store = store
+        self._reader = reader
+        self._background = background
+        self._committed: dict[tuple[int, int], int] = {}  # (tier, partition) -> offset
+
+    def periodic(self, config: RunnerConfig) -> list[Periodic]:
+        return [
+            (config.commit_interval_ms, self.commit),
+            (config.release_poll_ms, self.poll_releases),
+            (config.dead_letter_trim_ms, self.trim_dead_letters),
+        ]
+
+    def assigned(self, tier: int, partition: int) -> None:
+        """A tier partition taken over: whatever was committed before is not known."""
+        self._committed.pop((tier, partition), None)
+
+    async def commit(self) -> None:
+        """Flush, then commit what every engine says is safe, then forget older outcomes."""
+        await self._writer.flush()
+        consumer = self._consumer
+        if not consumer.running:
+            return
+        offsets: list[TopicPartition] = []
+        for port in list(self._ports.values()):
+            for tier, offset in port.engine.committable().items():
+                if self._committed.get((tier, port.partition)) != offset:
+                    offsets.append(self.position(port, tier, offset))
+        if not offsets:
+            return
+        await consumer.call(lambda c: c.commit(offsets=offsets, asynchronous=False))
+        for tp in offsets:
+            self._committed[(self._tiers[tp.topic], tp.partition)] = tp.offset
+        self.committed(offsets)
+
+    def position(self, port: PartitionEffects, tier: int, offset: int) -> TopicPartition:
+        """What to commit for one tier partition; the main log's carries the ingest marks of
+        the records below it (:mod:`delivery.replays`)."""
+        topic = self._topics[tier]
+        if tier != MAIN:
+            return TopicPartition(topic, port.partition, offset)
+        metadata = encode_marks(port.engine.ingest_marks(offset))
+        return TopicPartition(topic, port.partition, offset, metadata=metadata)
+
+    def committed(self, offsets: list[TopicPartition]) -> None:
+        """Offsets committed (here, or by the consumer on revocation): outcomes below them
+        are forgotten in the background."""
+        by_index: dict[int, dict[int, int]] = defaultdict(dict)
+        for tp in offsets:
+            by_index[tp.partition][self._tiers[tp.topic]] = tp.offset
+        for partition, committed in by_index.items():
+            self._background(self._trim(partition, committed))
+
+    async def _trim(self, partition: int, committed: dict[int, int]) -> None:
+        try:
+            await self._store.trim(partition, committed)
+        except Exception as exc:  # trimming is housekeeping; the next commit trims again
+            log.warning("trimming outcomes of partition %d failed: %s", partition, exc)
+
+    async def trim_dead_letters(self) -> None:
+        """Forgets dead letters retention removed (housekeeping: failures are only logged)."""
+        topic = self._topics[DLQ]
+        for port in list(self._ports.values()):
+            try:
+                first = await asyncio.to_thread(self._reader.first_offset, topic, port.partition)
+                await self._store.trim_dead_letters(port.partition, first)
+            except Exception as exc:
+                log.warning("trimming dead letters of partition %d failed: %s", port.partition, exc)
+
+    async def poll_releases(self) -> None:
+        """Picks up an operator's unsideline of groups and single dead letters."""
+        for port in list(self._ports.values()):
+            groups, offsets = await self._store.poll_releases(port.partition)
+            if port.alive and (groups or offsets):
+                port.engine.release_groups(groups)
+                port.engine.add_pending_releases(offsets)

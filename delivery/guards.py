@@ -1,0 +1,170 @@
+"""A subscription's policies on this worker (docs/policies.md §2, §3, §5): the circuit
+breaker, shared with the subscription's other workers; the auto-pause; and this worker's share
+of ``max_in_flight``.
+
+:class:`SubscriptionGuards` owns them and their periodic work (:meth:`periodic`); the runner
+only schedules it and hands over what happened (calls, dead letters, updates). A new policy
+lives here, not in the runner.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from delivery.autopause import AutoPause
+from delivery.breaker import BreakerState, BreakerView, CircuitBreaker
+from delivery.dispatcher import Dispatcher
+from delivery.events import Emit
+from delivery.metrics import SubscriptionMetrics
+from setu.clock import now_ms
+from setu.model import Subscription, SubscriptionState
+from state.delivery_budget import DeliveryBudget
+
+log = logging.getLogger(__name__)
+
+# How often a runner asks whether a policy pauses its subscription.
+POLICY_CHECK_MS = 1000
+# How often a runner renews its share of max_in_flight, and the headroom it asks for beyond
+# what it wants now (state/delivery_budget.py).
+SLOT_RENEW_MS = 250
+SLOT_HEADROOM = 4
+# How long a worker's word that its breaker is open lasts unless renewed (every policy check).
+SHARED_BREAKER_TTL_MS = 5_000
+
+Periodic = tuple[int, Callable[[], Awaitable[None]]]
+
+
+def breaker_report(view: BreakerView) -> dict[str, Any]:
+    """The breaker as a worker reports it (the API's status sums the workers' reports)."""
+    return {
+        "state": view.state.value,
+        "since_ms": view.since_ms,
+        "last_error": view.last_error,
+        "outage_since_ms": view.outage_since_ms,
+    }
+
+
+class SubscriptionGuards:
+    def __init__(
+        self,
+        sub: Subscription,
+        worker_id: str,
+        metrics: SubscriptionMetrics,
+        emit: Emit,
+        background: Callable[[Coroutine[Any, Any, None]], None],
+        budget: DeliveryBudget | None = None,
+        pause: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        """``background`` runs housekeeping nothing waits for; ``budget``: max_in_flight
+        shared with the subscription's other workers (None: this worker alone keeps it);
+        ``pause`` stores a policy's pause with its reason (None: policies never pause)."""
+        self.sub = sub
+        self._worker_id = worker_id
+        self._metrics = metrics
+        self._emit = emit
+        self._background = background
+        self.budget = budget
+        self._pause = pause
+        self._pausing = False  # a policy pause is on its way to the store
+        self.breaker = CircuitBreaker(
+            sub.policies.circuit_breaker,
+            f"subscription {sub.project}/{sub.name}",
+            on_change=self._breaker_changed,
+        )
+        self.autopause = AutoPause(sub.policies)
+
+    def periodic(
+        self, dispatcher: Dispatcher, busy: Callable[[], int], paused: Callable[[], bool]
+    ) -> list[Periodic]:
+        """The guards' periodic work, given the runner's dispatcher, how many calls are being
+        made, and whether the subscription is paused."""
+        work: list[Periodic] = [(POLICY_CHECK_MS, lambda: self.check(paused()))]
+        if self.budget is not None:
+            work.append((SLOT_RENEW_MS, lambda: self.renew_slots(dispatcher, busy())))
+        return work
+
+    def update(self, sub: Subscription) -> None:
+        if sub.state is not SubscriptionState.PAUSED:
+            self._pausing = False
+            if self.sub.state is SubscriptionState.PAUSED:
+                self.autopause.reset()  # resumed: the window starts again
+        self.breaker.update(sub.policies.circuit_breaker)
+        self.autopause.update(sub.policies)
+        self.sub = sub
+
+    async def leave(self) -> None:
+        """This worker no longer takes a share of ``max_in_flight``."""
+        if self.budget is not None:
+            await self.budget.leave(self._worker_id)
+
+    async def renew_slots(self, dispatcher: Dispatcher, busy: int) -> None:
+        """Asks for this worker's share of ``max_in_flight`` (state/delivery_budget.py): what
+        it wants going, with headroom so a burst need not wait a round, and what it has."""
+        assert self.budget is not None
+        limit = self.sub.max_in_flight
+        demand = dispatcher.demand()
+        ask = min(limit, demand + max(SLOT_HEADROOM, demand))
+        granted = await self.budget.share(self._worker_id, ask, busy, limit)
+        if granted != dispatcher.size:
+            dispatcher.resize(granted)
+
+    async def check(self, paused: bool) -> None:
+        """Shares the breaker, then pauses the subscription when a policy says so."""
+        if self.budget is not None:
+            await self._sync_breaker()
+        if self._pause is None or self._pausing or paused:
+            return
+        reason = self.autopause.reason(self.breaker.rules.view(), now_ms())
+        if reason is None:
+            return
+        self._pausing = True
+        sub = self.sub
+        log.warning("subscription %s/%s: pausing: %s", sub.project, sub.name, reason)
+        try:
+            await self._pause(reason)
+            self._emit("subscription.paused", {"reason": reason})
+        except Exception as exc:  # tried again at the next check
+            log.warning("subscription %s/%s: pause not stored: %s", sub.project, sub.name, exc)
+            self._pausing = False
+
+    def _breaker_changed(self, view: BreakerView) -> None:
+        self._metrics.breaker_changed(view)
+        if view.state is not BreakerState.HALF_OPEN:
+            kind = "opened" if view.state is BreakerState.OPEN else "closed"
+            self._emit(f"endpoint.breaker_{kind}", breaker_report(view))
+        if view.state is BreakerState.CLOSED and self.budget is not None:
+            # A probe got through: the other workers may call again (_sync_breaker).
+            self._background(self.budget.close_breaker(view.since_ms, SHARED_BREAKER_TTL_MS))
+
+    async def _sync_breaker(self) -> None:
+        """Shares the breaker with the subscription's other workers (delivery/breaker.py):
+        adopts another worker's open breaker, closes when another worker's probe got
+        through, carries an adopted outage on when its owner is gone, and publishes this
+        worker's own open breaker while it stays open."""
+        assert self.budget is not None
+        breaker, rules = self.breaker, self.breaker.rules
+        shared = await self.budget.shared_breaker()
+        word = None if shared is None else shared.get("state")
+        if rules.state is BreakerState.CLOSED:
+            if shared is not None and word == BreakerState.OPEN.value:
+                breaker.adopt(shared)
+            return
+        if word == BreakerState.CLOSED.value:
+            breaker.release()  # another worker's probe got through
+            return
+        if rules.adopted and shared is None:
+            rules.adopted = False  # its owner is gone: this worker carries the outage on
+        if not rules.adopted:
+            said = {**breaker_report(rules.view()), "state": BreakerState.OPEN.value}
+            await self.budget.publish_breaker(said, SHARED_BREAKER_TTL_MS)
+
+
+async def first(work: Callable[[], Awaitable[None]], what: str, sub: Subscription) -> None:
+    """Runs ``work`` once now, logging a failure instead of raising it: periodic work done at
+    once at the start, which its next round does again anyway."""
+    try:
+        await work()
+    except Exception as exc:
+        log.warning("subscription %s/%s: first %s failed: %s", sub.project, sub.name, what, exc)

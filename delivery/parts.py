@@ -1,0 +1,108 @@
+"""What a subscription runner is built from (the composition root, ``delivery/worker.py``,
+makes them; tests give stubs): its settings, and the ports to the consumer, the copy writer
+and the stores."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from confluent_kafka import Consumer
+
+from delivery.events import EventSink
+from delivery.kafka_io import RebalanceListener
+from delivery.webhook import WebhookSender
+from setu.envelope import KafkaHeaders
+from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
+from state.attempt_log import AttemptLog
+from state.delivery_budget import DeliveryBudget
+from state.groups import GroupStore
+from state.kafka_reader import KafkaReader
+from state.workers import WorkerReports
+
+T = TypeVar("T")
+
+# A seek librdkafka refused is tried again after this long, doubling (delivery/flow.py).
+SEEK_RETRY_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    bootstrap: str
+    worker_id: str
+    # How Kafka clients reach the broker besides the bootstrap (docs/security.md §8).
+    client_config: Mapping[str, str] = field(default_factory=dict)
+    limits: MessageLimits = field(default_factory=lambda: MessageLimits(DEFAULT_MAX_MESSAGE_BYTES))
+    commit_interval_ms: int = 1000
+    release_poll_ms: int = 1000
+    stats_interval_ms: int = 2000
+    drain_timeout_s: float = 20.0
+    # How often dead letters that retention removed are forgotten in Redis.
+    dead_letter_trim_ms: int = 300_000
+    # Records the subscription may hold in memory before it stops consuming (at least this,
+    # and at least 8 x max_in_flight).
+    max_buffered: int = 2048
+    # A seek librdkafka refused is tried again after this long (doubling, see SEEK_RETRY_S).
+    seek_retry_s: float = SEEK_RETRY_S
+    # How long each message's attempt log is kept (SETU_ATTEMPT_LOG_HOURS); 0: not kept.
+    attempt_log_hours: int = 24
+
+
+class ConsumerPort(Protocol):
+    """The runner's consumer (:class:`delivery.kafka_io.ConsumerThread`)."""
+
+    flowing: threading.Event
+
+    @property
+    def done(self) -> asyncio.Future[None]: ...
+
+    @property
+    def running(self) -> bool: ...
+
+    def start(self, topics: Sequence[str]) -> None: ...
+
+    def post(
+        self, command: Callable[[Consumer], Any], then: Callable[[], None] | None = None
+    ) -> None: ...
+
+    async def call(self, command: Callable[[Consumer], T]) -> T: ...
+
+    async def close(self) -> None: ...
+
+
+class CopyWriter(Protocol):
+    """Writes copies to a tier (:class:`delivery.kafka_io.AsyncProducer`)."""
+
+    async def send(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[tuple[bytes, bytes | None, KafkaHeaders]],
+    ) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class RunnerParts:
+    """What one runner works with; the composition root builds them."""
+
+    store: GroupStore
+    sender: WebhookSender
+    reader: KafkaReader
+    copies: CopyWriter
+    reports: WorkerReports  # the worker's live figures (state.workers)
+    consumer: Callable[[dict[str, Any], asyncio.AbstractEventLoop, RebalanceListener], ConsumerPort]
+    # Where each message's attempts are recorded (delivery/attempts.py); None: not recorded.
+    attempts: AttemptLog | None = None
+    # Pauses the subscription in the metadata store with a reason (docs/policies.md §3).
+    pause: Callable[[str], Awaitable[None]] | None = None
+    # max_in_flight shared with the subscription's other workers (docs/policies.md §5);
+    # None: this worker alone keeps it.
+    budget: DeliveryBudget | None = None
+    # Where operational events go (delivery/events.py); None: nowhere.
+    events: EventSink | None = None
+    # A Kafka topic's retention in ms (None: for ever), for the expiry of failed groups'
+    # messages; None: not known (not reported).
+    retention: Callable[[str], Awaitable[int | None]] | None = None

@@ -1,0 +1,102 @@
+"""What a subscription commits (delivery/commits.py): flush first, only what moved, the main
+log's commit with its ingest marks, and outcomes below a commit forgotten."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Mapping
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from delivery.commits import Commits
+from setu.ordering.tiers import DLQ, MAIN
+from tests.consumers import ConsumerStub
+
+TOPICS = {MAIN: "main", 1: "rq.1", DLQ: "dlq"}
+TIERS = {topic: tier for tier, topic in TOPICS.items()}
+
+
+class Kafka:
+    def __init__(self) -> None:
+        self.commits: list[list[TopicPartition]] = []
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> None:
+        self.commits.append(offsets)
+
+
+class Engine:
+    def __init__(self, committable: dict[int, int]) -> None:
+        self.safe = committable
+
+    def committable(self) -> dict[int, int]:
+        return dict(self.safe)
+
+    def ingest_marks(self, main_offset: int) -> dict[int, int]:
+        return {0: main_offset * 10}
+
+
+class Port:
+    def __init__(self, partition: int, engine: Engine) -> None:
+        self.partition, self.engine, self.alive = partition, engine, True
+
+
+class Writer:
+    def __init__(self, order: list[str]) -> None:
+        self.order = order
+
+    async def flush(self) -> None:
+        self.order.append("flush")
+
+
+class Store:
+    def __init__(self) -> None:
+        self.trimmed: list[tuple[int, dict[int, int]]] = []
+
+    async def trim(self, partition: int, committed: Mapping[int, int]) -> None:
+        self.trimmed.append((partition, dict(committed)))
+
+
+def commits(
+    engine: Engine, kafka: Kafka, order: list[str], store: Store
+) -> tuple[Commits, list[Coroutine[Any, Any, None]]]:
+    background: list[Coroutine[Any, Any, None]] = []
+    made = Commits(
+        ConsumerStub(kafka),  # type: ignore[arg-type]
+        TOPICS,
+        TIERS,
+        {0: Port(0, engine)},  # type: ignore[dict-item]
+        Writer(order),  # type: ignore[arg-type]
+        store,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        background.append,
+    )
+    return made, background
+
+
+async def test_it_flushes_first_then_commits_only_what_moved_with_the_main_logs_marks() -> None:
+    kafka, order, store = Kafka(), [], Store()
+    engine = Engine({MAIN: 5, 1: 2})
+    made, background = commits(engine, kafka, order, store)
+    # When it commits twice, the engine's safe offsets moving only in the main log between
+    await made.commit()
+    engine.safe[MAIN] = 8
+    await made.commit()
+    # Then it flushed before each commit, and the second commit holds only the main log
+    assert order == ["flush", "flush"]
+    first, second = kafka.commits
+    assert {(tp.topic, tp.offset) for tp in first} == {("main", 5), ("rq.1", 2)}
+    assert [(tp.topic, tp.offset, tp.metadata) for tp in second] == [("main", 8, "0:80")]
+    # And the outcomes below each commit are forgotten, in the background
+    await asyncio.gather(*background)
+    assert store.trimmed == [(0, {MAIN: 5, 1: 2}), (0, {MAIN: 8})]
+
+
+async def test_a_partition_taken_over_again_commits_even_an_unchanged_offset() -> None:
+    kafka, order, store = Kafka(), [], Store()
+    made, background = commits(Engine({MAIN: 5}), kafka, order, store)
+    await made.commit()
+    made.assigned(MAIN, 0)
+    await made.commit()
+    await asyncio.gather(*background)
+    assert [[tp.offset for tp in batch] for batch in kafka.commits] == [[5], [5]]

@@ -1,0 +1,107 @@
+"""A subscription's guards on one worker: the policy pause, breaker events and the share of
+max_in_flight (delivery/guards.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Coroutine
+from typing import Any
+
+from delivery.breaker import BreakerState
+from delivery.guards import SubscriptionGuards
+from delivery.metrics import DeliveryMetrics
+from setu.outcome import Outcome, Verdict
+from setu.policies import DeadLetterWindow, Policies
+from tests.unit.delivery.sim import subscription
+
+
+class Recorder:
+    def __init__(self, fail_first: int = 0) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.pauses: list[str] = []
+        self.fail_first = fail_first
+
+    def emit(self, kind: str, data: dict[str, Any]) -> None:
+        self.events.append((kind, data))
+
+    async def pause(self, reason: str) -> None:
+        if self.fail_first:
+            self.fail_first -= 1
+            raise ConnectionError("the store is away")
+        self.pauses.append(reason)
+
+
+def guards(recorder: Recorder, **options: Any) -> SubscriptionGuards:
+    window = Policies(dead_letter_window=DeadLetterWindow(size=4, threshold=2))
+    sub = dataclasses.replace(subscription(), policies=window)
+    tasks: list[Coroutine[Any, Any, None]] = []
+    return SubscriptionGuards(
+        sub,
+        "w",
+        DeliveryMetrics().subscription("p", "s"),
+        recorder.emit,
+        tasks.append,
+        pause=recorder.pause,
+        **options,
+    )
+
+
+async def test_a_broken_policy_pauses_once_and_a_failed_store_is_asked_again() -> None:
+    # Given a dead-letter window of 4 with a threshold of 2, and a store that fails once
+    recorder = Recorder(fail_first=1)
+    guarded = guards(recorder)
+    for dead in (True, True, True, False):
+        guarded.autopause.finished(dead)
+    # When the policies are checked: the first pause fails, the next check pauses
+    await guarded.check(paused=False)
+    assert recorder.pauses == []
+    await guarded.check(paused=False)
+    [reason] = recorder.pauses
+    assert reason.startswith("dead_letter_window: 3 of the last 4")
+    assert recorder.events == [("subscription.paused", {"reason": reason})]
+    # And while that pause is on its way to every worker, it is not asked for again
+    await guarded.check(paused=False)
+    assert len(recorder.pauses) == 1
+
+
+async def test_a_paused_subscription_is_not_paused_again() -> None:
+    recorder = Recorder()
+    guarded = guards(recorder)
+    for _ in range(4):
+        guarded.autopause.finished(True)
+    await guarded.check(paused=True)
+    assert recorder.pauses == []
+
+
+async def test_the_breaker_opening_and_closing_are_events() -> None:
+    recorder = Recorder()
+    guarded = guards(recorder)
+    breaker = guarded.breaker
+    assert breaker.rules.state is BreakerState.CLOSED
+    for _ in range(20):
+        breaker.record(Outcome(Verdict.RETRY, status=503), probe=False)
+    assert [kind for kind, _ in recorder.events] == ["endpoint.breaker_opened"]
+    assert recorder.events[0][1]["state"] == "open"
+
+
+async def test_the_share_of_max_in_flight_resizes_the_pool() -> None:
+    class Budget:
+        async def share(self, worker: str, demand: int, busy: int, limit: int) -> int:
+            self.asked = (worker, demand, busy, limit)
+            return 7
+
+    class Pool:
+        size = 2
+
+        def demand(self) -> int:
+            return 3
+
+        def resize(self, size: int) -> None:
+            self.size = size
+
+    budget, pool = Budget(), Pool()
+    guarded = guards(Recorder(), budget=budget)
+    await guarded.renew_slots(pool, busy=1)  # type: ignore[arg-type]
+    # It asked for what it wants going, with headroom, and took what it was granted
+    assert budget.asked == ("w", min(256, 3 + 4), 1, guarded.sub.max_in_flight)
+    assert pool.size == 7

@@ -1,0 +1,89 @@
+"""What a runner tells others (delivery/reporting.py): copies skipped, state rebuilt, and its
+report to the API."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from delivery.breaker import CircuitBreaker
+from delivery.reporting import RunnerReporting
+from setu.ordering.tiers import DLQ, MAIN
+from state.groups_stub import StubGroupStore
+from state.workers import StubWorkers
+from tests.unit.delivery.sim import subscription
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.stale = 0
+        self.rebuilt_partitions = 0
+
+    def stale_copies(self, n: int) -> None:
+        self.stale += n
+
+    def rebuilt(self, partitions: int) -> None:
+        self.rebuilt_partitions += partitions
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.stale_copies = self.replay_copies = 0
+        self.in_flight = 2
+
+    def retry_backlog(self) -> int:
+        return 3
+
+
+class Port:
+    def __init__(self) -> None:
+        self.engine = Engine()
+
+
+def reporting(metrics: Metrics, workers: StubWorkers) -> RunnerReporting:
+    sub = subscription()
+    return RunnerReporting(
+        sub,
+        "w",
+        workers,
+        StubGroupStore(),
+        {MAIN: "main", 1: "rq.1", 2: "rq.2", DLQ: "dlq"},
+        CircuitBreaker(sub.policies.circuit_breaker, "s"),
+        metrics,  # type: ignore[arg-type]
+    )
+
+
+def test_copies_skipped_during_a_batch_are_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = Metrics()
+    made = reporting(metrics, StubWorkers())
+    ports: dict[int, Any] = {0: Port(), 1: Port()}
+    before = made.skipped_copies(ports)
+    ports[0].engine.stale_copies = 2
+    ports[1].engine.replay_copies = 5
+    with caplog.at_level(logging.INFO):
+        made.skipped_since(before, ports)
+    assert metrics.stale == 2
+    assert "skipped 5 main-log records a replayed ingest batch wrote again" in caplog.text
+    assert "skipped 2 copies written by a worker that had lost the partition" in caplog.text
+
+
+def test_a_rebuild_after_redis_forgot_is_counted_and_nothing_is_said_of_none() -> None:
+    metrics = Metrics()
+    made = reporting(metrics, StubWorkers())
+    made.rebuilt(0)
+    made.rebuilt(3)
+    assert metrics.rebuilt_partitions == 3
+
+
+async def test_the_report_sums_this_workers_partitions() -> None:
+    workers = StubWorkers()
+    made = reporting(Metrics(), workers)
+    engines: dict[int, Any] = {0: Engine(), 4: Engine()}
+    await made.report(engines, paused=False, slots=8)
+    [report] = await workers.fresh("p", "s", 0)
+    assert (report["in_flight"], report["retry_backlog"], report["partitions"]) == (4, 6, [0, 4])
+    assert (report["paused"], report["slots"], report["breaker"]["state"]) == (False, 8, "closed")
