@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -106,3 +106,16 @@ class RunnerParts:
     # A Kafka topic's retention in ms (None: for ever), for the expiry of failed groups'
     # messages; None: not known (not reported).
     retention: Callable[[str], Awaitable[int | None]] | None = None
+
+
+class Background:
+    """Housekeeping that nothing waits for (trims, a shared breaker's closing), run as tasks
+    kept referenced until they end."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __call__(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import random
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import Message, TopicPartition
@@ -41,7 +41,7 @@ from delivery.flow import PartitionFlow
 from delivery.guards import Periodic, SubscriptionGuards, first
 from delivery.kafka_io import Assignment, consumer_config
 from delivery.metrics import DeliveryMetrics, RunnerFigures
-from delivery.parts import RunnerConfig, RunnerParts
+from delivery.parts import Background, RunnerConfig, RunnerParts
 from delivery.replays import decode_marks
 from delivery.reporting import RunnerReporting
 from delivery.takeover import take_over
@@ -93,7 +93,7 @@ class SubscriptionRunner:
             else AttemptRecorder(parts.attempts, self.metrics.attempt_log_dropped)
         )
         emit = emitter(parts.events, sub.project, sub.name)
-        self._housekeeping: set[asyncio.Task[None]] = set()
+        self._background = Background()
         self.guards = SubscriptionGuards(
             sub,
             config.worker_id,
@@ -118,7 +118,7 @@ class SubscriptionRunner:
             self._consumer,
             self.topics,
             self.ports,
-            lambda: max(self.config.max_buffered, 8 * self.sub.max_in_flight),
+            lambda: max(config.max_buffered, 8 * self.guards.sub.max_in_flight),
             config.seek_retry_s,
         )
         self.writer = StateWriter(self.store, self.fail, self._epoch_of)
@@ -408,12 +408,6 @@ class SubscriptionRunner:
             self.ports.pop(port.partition, None)
             self.flow.forget(port.partition)
         return offsets
-
-    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Housekeeping that nothing waits for; kept referenced until it ends."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._housekeeping.add(task)
-        task.add_done_callback(self._housekeeping.discard)
 
     def committed(self, offsets: list[TopicPartition]) -> None:
         self.commits.committed(offsets)
