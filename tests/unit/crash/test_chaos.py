@@ -124,11 +124,7 @@ async def test_chaos_kills_and_restarts_until_stopped(tmp_path: Path) -> None:
         component.start()
     chaos = Chaos(components, events, random.Random(1), (0.05, 0.1), (0.0, 0.05))
     # When chaos runs for a while
-    stop = asyncio.Event()
-    task = asyncio.create_task(chaos.run(stop))
-    await asyncio.sleep(1.0)
-    stop.set()
-    await task
+    await run_for(chaos, 1.0)
     # Then it killed and restarted several times, and left everything running
     kills = events.count("kill")
     assert kills >= 4
@@ -139,6 +135,15 @@ async def test_chaos_kills_and_restarts_until_stopped(tmp_path: Path) -> None:
     for component in components:
         component.stop()
     events.close()
+
+
+async def run_for(chaos: Chaos, seconds: float) -> None:
+    """Runs the chaos loop for ``seconds``, then stops it and waits for it to end."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(chaos.run(stop))
+    await asyncio.sleep(seconds)
+    stop.set()
+    await task
 
 
 def _nodes(
@@ -203,11 +208,7 @@ async def test_chaos_spares_a_domain_that_has_not_settled_and_goes_on_with_the_r
         components, events, random.Random(3), (0.02, 0.05), (0.0, 0.02), settled={"kafka": settled}
     )
     # When chaos runs for a while
-    stop = asyncio.Event()
-    task = asyncio.create_task(chaos.run(stop))
-    await asyncio.sleep(1.0)
-    stop.set()
-    await task
+    await run_for(chaos, 1.0)
     # Then it asked the service, killed no node of it, and kept killing the API meanwhile
     assert checks
     assert events.count("kill", "kafka-1") == events.count("kill", "kafka-2") == 0
@@ -236,11 +237,7 @@ async def test_chaos_never_has_two_nodes_of_a_domain_down_at_once(
         settled={"kafka": lambda: True},
     )
     # When chaos runs for a while, killing as often as it may
-    stop = asyncio.Event()
-    task = asyncio.create_task(chaos.run(stop))
-    await asyncio.sleep(1.5)
-    stop.set()
-    await task
+    await run_for(chaos, 1.5)
     # Then it killed several times, each kill at least 0.2 s after any other node came back
     kills = [e for e in events.events if e["action"] == "kill"]
     assert len({e["component"] for e in kills}) >= 2
@@ -333,11 +330,7 @@ async def test_a_fault_that_cannot_be_injected_now_does_not_take_every_turn(
         components, events, random.Random(2), (0.02, 0.05), (0.0, 0.02), faults={"f": never_now}
     )
     # When chaos runs for a while
-    stop = asyncio.Event()
-    task = asyncio.create_task(chaos.run(stop))
-    await asyncio.sleep(1.0)
-    stop.set()
-    await task
+    await run_for(chaos, 1.0)
     # Then the fault was tried about as often as each component was killed, not on every turn
     tried, kills = events.count("fault_skipped", "f"), events.count("kill")
     assert tried >= 2 and kills >= 2 * tried - 2
