@@ -28,6 +28,8 @@ from setu.envelope import (
     H_PRODUCER_ID,
     H_SEQUENCE_ID,
     H_TOPIC_INCARNATION,
+    H_TRACEPARENT,
+    H_TRACESTATE,
     Envelope,
     KafkaHeaders,
     kafka_key,
@@ -308,16 +310,63 @@ def _batch_headers(headers: Any) -> tuple[tuple[str, str], ...]:
     for name, value in headers.items():
         if not isinstance(value, str):
             raise InvalidInput(f"header {name!r} must have a string value")
-        check_header("headers", name, value)
-        key = rules.canonical(name)
-        if not key.startswith("X_"):
-            raise InvalidInput(f"header {name!r} must start with X_ or X-")
-        if key in rules.IDENTITY_HEADERS:
-            raise InvalidInput(f"header {name!r}: use the message's own field instead")
-        if key in rules.RESERVED_HEADERS:
-            raise InvalidInput(f"header {name!r} is set by Setu and may not be produced")
+        check_producer_header(name, value, "the message's own field")
         out.append((name, value))
     return tuple(out)
+
+
+def check_producer_header(name: str, value: str, identity_in: str) -> None:
+    """An ``X_*`` header a message carries to its webhook, sent apart from its identity (batch
+    produce and streams name the identity in fields of their own, ``identity_in``)."""
+    check_header("headers", name, value)
+    key = rules.canonical(name)
+    if not key.startswith("X_"):
+        raise InvalidInput(f"header {name!r} must start with X_ or X-")
+    if key in rules.IDENTITY_HEADERS:
+        raise InvalidInput(f"header {name!r}: use {identity_in} instead")
+    if key in rules.RESERVED_HEADERS:
+        raise InvalidInput(f"header {name!r} is set by Setu and may not be produced")
+
+
+class StreamedHeaders(NamedTuple):
+    """What a streamed MESSAGE's header block carries (docs/streaming.md, "Headers")."""
+
+    extra: tuple[tuple[str, str], ...] = ()
+    content_type: str | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+
+def streamed_headers(block: Iterable[tuple[bytes, bytes]]) -> StreamedHeaders:
+    """A MESSAGE's header block under the rules of HTTP produce: ``X_*`` headers, the
+    Content-Type and the trace context (a malformed one is dropped, as HTTP's is)."""
+    extra: list[tuple[str, str]] = []
+    content_type = traceparent = tracestate = None
+    for raw_name, raw_value in block:
+        name, value = raw_name.decode("latin-1"), decode_header_value(raw_value)
+        lowered = name.lower()
+        if lowered == "content-type":
+            content_type = check_content_type(value)
+        elif lowered == "traceparent":
+            traceparent = value
+        elif lowered == "tracestate":
+            tracestate = value
+        else:
+            check_producer_header(name, value, "the frame's own fields")
+            extra.append((name, value))
+    check_forwarded_size(extra)
+    return StreamedHeaders(tuple(extra), content_type, traceparent, tracestate)
+
+
+def trace_headers(traceparent: str | None, tracestate: str | None) -> KafkaHeaders:
+    """The Kafka headers of a message's trace context (setu/tracing.py): none without a
+    traceparent."""
+    if traceparent is None:
+        return []
+    out: KafkaHeaders = [(H_TRACEPARENT, traceparent.encode())]
+    if tracestate is not None:
+        out.append((H_TRACESTATE, tracestate.encode()))
+    return out
 
 
 def batch_status(errors: Sequence[str | None]) -> int:

@@ -34,6 +34,7 @@ from api.messages import (
     parse_batch,
     scan_headers,
     single_envelope,
+    trace_headers,
 )
 from api.metrics import ROUTE_KEY
 from api.responses import error_body, error_headers, send_json
@@ -41,7 +42,7 @@ from api.schemas import BatchOut, MessageIdOut, errors
 from setu import tracing
 from setu.access import Permission, check
 from setu.clock import now_ms
-from setu.envelope import H_TRACEPARENT, H_TRACESTATE, Envelope
+from setu.envelope import Envelope
 from setu.errors import (
     DependencyUnavailable,
     InvalidInput,
@@ -220,10 +221,8 @@ def with_trace(
     """The batch's records carrying the request's trace context (setu/tracing.py)."""
     if traceparent is None:
         return records
-    trace_headers = [(H_TRACEPARENT, traceparent.encode())]
-    if tracestate is not None:
-        trace_headers.append((H_TRACESTATE, tracestate.encode()))
-    return [r._replace(headers=[*r.headers, *trace_headers]) for r in records]
+    traced = trace_headers(traceparent, tracestate)
+    return [r._replace(headers=[*r.headers, *traced]) for r in records]
 
 
 async def send_many(

@@ -56,10 +56,11 @@ from typing import Any, Generic, TypeVar
 from redis.exceptions import RedisError
 
 from api.context import Services
-from api.messages import incarnation_for, ingest_headers
+from api.messages import incarnation_for, ingest_headers, streamed_headers, trace_headers
 from api.producer import Reports
 from api.topic_cache import CachedTopic
 from setu import headers as rules
+from setu import tracing
 from setu.access import Permission, Principal, check, check_role
 from setu.clock import now_ms
 from setu.envelope import KafkaHeaders, kafka_key
@@ -293,7 +294,8 @@ def parse_stream_name(name: bytes) -> StreamKey:
 
 
 def check_message(frame: frames.Message, grouped: bool, max_bytes: int) -> tuple[str | None, bytes]:
-    """A MESSAGE's GroupId and body, under the rules of HTTP produce; raises SetuError."""
+    """A MESSAGE's GroupId and body, under the rules of HTTP produce; raises SetuError. Its
+    header block, if any, is :func:`api.messages.streamed_headers`'s."""
     assert frame.message_id is not None
     if frame.message_id > _MAX_SEQUENCE:
         raise InvalidInput(f"the id is a sequence id, at most {_MAX_SEQUENCE}")
@@ -704,20 +706,12 @@ class Session:
             self.s.metrics.count_produced(stream.project, stream.topic, "rejected")
             raise refusal(exc, f"{_named(frame)}: ") from None
         message_id = f"{stream.producer}:{sequence}"
-        record = (
-            stream.entry.ingest_topic,
-            kafka_key(message_id, group_id),
-            body,
-            ingest_headers(
-                message_id,
-                group_id,
-                stream.producer,
-                sequence,
-                (),
-                now_ms(),
-                stream.incarnation,
-            ),
+        headers = ingest_headers(
+            message_id, group_id, stream.producer, sequence, (), now_ms(), stream.incarnation
         )
+        if frame.headers is not None:
+            headers = self._with_headers(stream, frame, message_id, group_id, sequence)
+        record = (stream.entry.ingest_topic, kafka_key(message_id, group_id), body, headers)
         if self.s.gate.admit_now(stream.project, 1, len(body)):
             try:
                 if self.s.producer.submit_now(*record, stream, sequence):
@@ -727,6 +721,36 @@ class Session:
                 raise self._not_written(stream, frame, exc) from None
             return self._write(stream, frame, record, admitted=True)
         return self._write(stream, frame, record, admitted=False)
+
+    def _with_headers(
+        self,
+        stream: _Stream,
+        frame: frames.Message,
+        message_id: str,
+        group_id: str | None,
+        sequence: int,
+    ) -> KafkaHeaders:
+        """The ingest headers of a MESSAGE with a header block: its ``X_*`` headers,
+        Content-Type and trace context, as HTTP produce writes them."""
+        assert frame.headers is not None
+        try:
+            given = streamed_headers(frame.headers)
+        except SetuError as exc:
+            self.s.metrics.count_produced(stream.project, stream.topic, "rejected")
+            raise refusal(exc, f"{_named(frame)}: ") from None
+        headers = ingest_headers(
+            message_id,
+            group_id,
+            stream.producer,
+            sequence,
+            given.extra,
+            now_ms(),
+            stream.incarnation,
+            given.content_type,
+        )
+        return headers + trace_headers(
+            *tracing.request_context(given.traceparent, given.tracestate)
+        )
 
     async def _write(
         self,

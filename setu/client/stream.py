@@ -28,7 +28,7 @@ import random
 import socket
 import threading
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -61,6 +61,24 @@ class Backoff:
 
 class _Reconnect(Exception):
     """The connection ended in a way worth retrying."""
+
+
+def header_block(
+    headers: Mapping[str, str] | None,
+    content_type: str | None,
+    traceparent: str | None,
+    tracestate: str | None,
+) -> tuple[tuple[bytes, bytes], ...] | None:
+    """A MESSAGE's header block (None: the message has none, and no HEADERS flag)."""
+    block = [(name.encode(), value.encode()) for name, value in (headers or {}).items()]
+    for name, value in (
+        ("content-type", content_type),
+        ("traceparent", traceparent),
+        ("tracestate", tracestate),
+    ):
+        if value is not None:
+            block.append((name.encode(), value.encode()))
+    return tuple(block) if block else None
 
 
 class AsyncStreamProducer:
@@ -151,16 +169,27 @@ class AsyncStreamProducer:
         return self._next
 
     async def send(
-        self, body: bytes, *, group_id: str | None = None, sequence_id: int | None = None
+        self,
+        body: bytes,
+        *,
+        group_id: str | None = None,
+        sequence_id: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> int:
         """Sends one message; returns its sequence id once it is on its way (not yet durable:
-        see :meth:`flush`). Waits while the server grants no credit."""
+        see :meth:`flush`). Waits while the server grants no credit. ``headers`` are ``X_*``
+        headers for the webhook, as with HTTP produce, and the Content-Type and W3C trace
+        context travel with the message too (docs/streaming.md, "Headers")."""
         if sequence_id is None:
             sequence_id = self._next
         elif sequence_id < self._next:
             raise ValueError(f"sequence ids must increase: {sequence_id} < {self._next}")
         key = group_id.encode() if group_id is not None else None
-        frame = frames.message_frame(self.stream_id, sequence_id, key, body)
+        block = header_block(headers, content_type, traceparent, tracestate)
+        frame = frames.message_frame(self.stream_id, sequence_id, key, body, block)
         if not (self._ready and self._credits > 0):
             await self._wait(lambda: self._ready and self._credits > 0)
         self._next = sequence_id + 1
@@ -408,9 +437,27 @@ class StreamProducer:
         return self._call(self._producer.start())
 
     def send(
-        self, body: bytes, *, group_id: str | None = None, sequence_id: int | None = None
+        self,
+        body: bytes,
+        *,
+        group_id: str | None = None,
+        sequence_id: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> int:
-        return self._call(self._producer.send(body, group_id=group_id, sequence_id=sequence_id))
+        return self._call(
+            self._producer.send(
+                body,
+                group_id=group_id,
+                sequence_id=sequence_id,
+                headers=headers,
+                content_type=content_type,
+                traceparent=traceparent,
+                tracestate=tracestate,
+            )
+        )
 
     def flush(self) -> None:
         self._call(self._producer.flush())

@@ -26,6 +26,7 @@ EOS = 4
 UNSTABLE_REFERENCE = 8
 EVENT_TIME = 16  # an event time follows the message id
 KEY = 32  # a key follows
+HEADERS = 64  # a header block follows the key (Setu's extension, docs/streaming.md)
 
 DEFAULT_MAX_FRAME_BYTES = 4 * 1024 * 1024
 # What setu.client sends as HELLO's version: the seed's protocol version. The server records
@@ -95,6 +96,7 @@ class Message:
     event_time: int | None = None  # present with EVENT_TIME
     key: bytes | None = None  # present with KEY
     payload: bytes | None = None  # absent with BOUNDARY
+    headers: tuple[tuple[bytes, bytes], ...] | None = None  # present with HEADERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,21 +197,48 @@ def _message_body(frame: Message) -> bytes:
         if frame.key is None:
             raise FrameError("a MESSAGE with the KEY flag needs a key")
         out.append(_short(frame.key))
+    if flags & HEADERS:
+        if frame.headers is None:
+            raise FrameError("a MESSAGE with the HEADERS flag needs a header block")
+        out.append(header_block(frame.headers))
     if not flags & BOUNDARY:
         out.append(frame.payload or b"")
     return b"".join(out)
 
 
+def header_block(headers: tuple[tuple[bytes, bytes], ...]) -> bytes:
+    """A MESSAGE's header block: ``u16`` count, then each (short_bytes name, short_bytes
+    value)."""
+    if len(headers) > U16_MAX:
+        raise FrameError(f"a header block holds at most {U16_MAX} headers")
+    return _U16.pack(len(headers)) + b"".join(
+        _short(name) + _short(value) for name, value in headers
+    )
+
+
 _MESSAGE_HEAD = struct.Struct(">IBQBQ")  # length, type, stream id, flags, message id
 
 
-def message_frame(stream_id: int, message_id: int, key: bytes | None, payload: bytes) -> bytes:
-    """``encode(Message(stream_id, KEY if key else 0, message_id, None, key, payload))``
-    without building the frame object: the producer's hot path."""
+def message_frame(
+    stream_id: int,
+    message_id: int,
+    key: bytes | None,
+    payload: bytes,
+    headers: tuple[tuple[bytes, bytes], ...] | None = None,
+) -> bytes:
+    """``encode(Message(stream_id, flags, message_id, None, key, payload, headers))`` with
+    KEY and HEADERS set as given, without building the frame object: the producer's hot
+    path."""
     if key is None:
         flags, tail = 0, payload
     else:
         flags, tail = KEY, _short(key) + payload
+    if headers is not None:
+        flags |= HEADERS
+        if key is None:
+            tail = header_block(headers) + payload
+        else:
+            tail = _short(key) + header_block(headers) + payload
     try:
         head = _MESSAGE_HEAD.pack(18 + len(tail), MESSAGE, stream_id, flags, message_id)
     except struct.error:
@@ -303,6 +332,7 @@ def _message(data: bytes | bytearray, at: int, end: int) -> Message:
     stream_id, flags = _MESSAGE_FIELDS.unpack_from(data, at)
     at += 9
     message_id = event_time = key = payload = None
+    headers: tuple[tuple[bytes, bytes], ...] | None = None
     if not flags & EPHEMERAL:
         if end - at < 8:
             raise FrameError(_INSIDE)
@@ -322,11 +352,37 @@ def _message(data: bytes | bytearray, at: int, end: int) -> Message:
             raise FrameError(_INSIDE)
         key = bytes(data[at : at + size])
         at += size
+    if flags & HEADERS:
+        headers, at = _header_block(data, at, end)
     if not flags & BOUNDARY:
         payload = bytes(data[at:end])
     elif at != end:
         raise FrameError(f"{end - at} bytes left over after the frame")
-    return Message(stream_id, flags, message_id, event_time, key, payload)
+    return Message(stream_id, flags, message_id, event_time, key, payload, headers)
+
+
+def _header_block(
+    data: bytes | bytearray, at: int, end: int
+) -> tuple[tuple[tuple[bytes, bytes], ...], int]:
+    """The header block at ``data[at:]`` and where it ends."""
+    if end - at < 2:
+        raise FrameError(_INSIDE)
+    (count,) = _U16.unpack_from(data, at)
+    at += 2
+    out = []
+    for _ in range(count):
+        pair = []
+        for _field in range(2):
+            if end - at < 2:
+                raise FrameError(_INSIDE)
+            (size,) = _U16.unpack_from(data, at)
+            at += 2
+            if end - at < size:
+                raise FrameError(_INSIDE)
+            pair.append(bytes(data[at : at + size]))
+            at += size
+        out.append((pair[0], pair[1]))
+    return tuple(out), at
 
 
 class FrameReader:

@@ -22,7 +22,14 @@ from redis.asyncio import Redis
 from api.stream_server import HELLO_MAX_BYTES
 from cli.ports import any_free_port
 from setu.client import AsyncStreamProducer, StreamError, StreamProducer
-from setu.envelope import H_GROUP_ID, H_MESSAGE_ID, H_PRODUCER_ID, H_SEQUENCE_ID
+from setu.envelope import (
+    H_CONTENT_TYPE,
+    H_GROUP_ID,
+    H_MESSAGE_ID,
+    H_PRODUCER_ID,
+    H_SEQUENCE_ID,
+    H_TRACEPARENT,
+)
 from setu.names import ingest_topic
 from setu.stream import frames
 from state import keys
@@ -218,6 +225,41 @@ async def test_streamed_messages_land_in_the_ingest_topic_as_http_produce_writes
     again = AsyncStreamProducer(address(api), key, project, "t", "checkout")
     assert await again.start() == 50
     await again.close()
+
+
+async def test_streamed_headers_content_type_and_trace_land_as_http_produce_writes_them(
+    api: Api, project: str
+) -> None:
+    # Given a producer streaming one message with X_* headers, a Content-Type and a trace
+    # context, and one without
+    key = await producer_key(api, project)
+    producer = AsyncStreamProducer(address(api), key, project, "t", "eu-shop")
+    assert await producer.start() == 0
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    await producer.send(
+        b'{"total": 1}',
+        group_id="g",
+        headers={"X_REGION": "eu", "X-Tier": "gold"},
+        content_type="application/json",
+        traceparent=traceparent,
+    )
+    await producer.send(b"plain", group_id="g")
+    await producer.close()
+    # Then the first carries them in Kafka under HTTP produce's names, the second none
+    with_headers, plain = await asyncio.to_thread(ingest_records, api, project, 2)
+    headers = headers_of(with_headers)
+    assert (headers["X_REGION"], headers["X-Tier"]) == (b"eu", b"gold")
+    assert headers[H_CONTENT_TYPE] == b"application/json"
+    assert headers[H_TRACEPARENT] == traceparent.encode()
+    assert "X_REGION" not in headers_of(plain) and H_CONTENT_TYPE not in headers_of(plain)
+    # And a header produce would refuse is refused here too, naming the message
+    again = AsyncStreamProducer(address(api), key, project, "t", "eu-shop")
+    await again.start()
+    await again.send(b"x", group_id="g", headers={"X_GROUP_ID": "other"})
+    with pytest.raises(StreamError) as caught:
+        await again.flush()
+    assert caught.value.code == "invalid_input"
+    assert "X_GROUP_ID" in caught.value.message
 
 
 async def test_a_wrong_key_gets_error_and_writes_nothing(api: Api, project: str) -> None:

@@ -21,6 +21,8 @@ from api.messages import (
     parse_batch,
     scan_headers,
     single_envelope,
+    streamed_headers,
+    trace_headers,
 )
 from setu.envelope import H_TOPIC_INCARNATION, Envelope
 from setu.errors import InvalidInput, PayloadTooLarge
@@ -303,3 +305,67 @@ def test_batch_results_name_each_message() -> None:
         {"message_id": "a", "status": "ok"},
         {"message_id": "b", "status": "error", "error": "timed out"},
     ]
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_a_streamed_header_block_carries_x_headers_content_type_and_trace_as_http_does() -> None:
+    given = streamed_headers(
+        [
+            (b"X_REGION", b"eu"),
+            (b"x-tier", "g\u00f6ld".encode()),
+            (b"Content-Type", b"application/json"),
+            (b"traceparent", TRACEPARENT.encode()),
+            (b"tracestate", b"k=v"),
+        ]
+    )
+    assert given.extra == (("X_REGION", "eu"), ("x-tier", "g\u00f6ld"))
+    assert (given.content_type, given.traceparent, given.tracestate) == (
+        "application/json",
+        TRACEPARENT,
+        "k=v",
+    )
+    # And the record's headers are what an HTTP-produced envelope of the same message has
+    built = ingest_headers(
+        "p:3", "g", "p", 3, given.extra, 1000, 77, given.content_type
+    ) + trace_headers(given.traceparent, given.tracestate)
+    envelope = Envelope(
+        "p:3",
+        b"",
+        group_id="g",
+        producer_id="p",
+        sequence_id=3,
+        headers=given.extra,
+        produced_at_ms=1000,
+        topic_incarnation=77,
+        content_type="application/json",
+        traceparent=TRACEPARENT,
+        tracestate="k=v",
+    )
+    assert built == envelope.kafka_headers()
+
+
+@pytest.mark.parametrize(
+    ("block", "error"),
+    [
+        ([(b"X_GROUP_ID", b"g")], "use the frame's own fields instead"),
+        ([(b"X_DELIVERY_ATTEMPT", b"2")], "is set by Setu"),
+        ([(b"authorization", b"x")], "must start with X_ or X-"),
+        ([(b"X_BAD", b"a\r\nb")], "control characters"),
+        ([(b"content-type", b"x" * 300)], "Content-Type is longer than"),
+    ],
+)
+def test_a_streamed_header_block_is_held_to_http_produces_rules(
+    block: list[tuple[bytes, bytes]], error: str
+) -> None:
+    with pytest.raises(InvalidInput, match=error):
+        streamed_headers(block)
+
+
+def test_streamed_x_headers_have_http_produces_size_limit() -> None:
+    block = [
+        (f"X_H{n}".encode(), b"v" * 1000) for n in range(MAX_FORWARDED_HEADER_BYTES // 1000 + 1)
+    ]
+    with pytest.raises(PayloadTooLarge, match="X_\\* headers take"):
+        streamed_headers(block)

@@ -10,6 +10,7 @@ from setu.stream.frames import (
     BOUNDARY,
     EPHEMERAL,
     EVENT_TIME,
+    HEADERS,
     KEY,
     Ack,
     EosMessage,
@@ -67,6 +68,22 @@ GOLDEN = [
         Message(1, EVENT_TIME | KEY, message_id=3, event_time=-1, key=b"", payload=b""),
         # flags 48: id, event time (signed), an empty key, an empty payload
         h("0000001c|05|0000000000000001|30|0000000000000003|ffffffffffffffff|0000"),
+    ),
+    (
+        Message(
+            1,
+            KEY | HEADERS,
+            message_id=9,
+            key=b"g",
+            payload=b"hi",
+            headers=((b"X_REGION", b"eu"), (b"traceparent", b"")),
+        ),
+        # len 54 | MESSAGE | stream 1 | flags 96 | id 9 | key "g" | 2 headers: "X_REGION" "eu",
+        # "traceparent" "" | payload "hi"
+        h(
+            "00000036|05|0000000000000001|60|0000000000000009|0001 67"
+            "|0002|0008 585f524547494f4e 0002 6575|000b 7472616365706172656e74 0000|6869"
+        ),
     ),
     (
         Message(4, EPHEMERAL | BOUNDARY),
@@ -135,6 +152,9 @@ def test_broken_bytes_are_a_frame_error(body: bytes, error: str) -> None:
         h("05|0000000000000001|10|0000000000000009|0000"),  # a short event time
         h("05|0000000000000001|20|0000000000000009|00"),  # a short key length
         h("05|0000000000000001|02|0000000000000009|ff"),  # a boundary with a payload
+        h("05|0000000000000001|40|0000000000000009|00"),  # a short header count
+        h("05|0000000000000001|40|0000000000000009|0001|0002 58"),  # a short header name
+        h("05|0000000000000001|40|0000000000000009|0001|0001 58|0003 65"),  # a short value
     ],
 )
 def test_every_truncated_message_is_a_frame_error_from_a_stream(body: bytes) -> None:
@@ -158,6 +178,12 @@ def test_the_fast_message_encoder_makes_the_same_bytes(key: bytes | None, payloa
     flags = frames.KEY if key is not None else 0
     expected = frames.encode(frames.Message(3, flags, 2**40 + 7, None, key, payload))
     assert frames.message_frame(3, 2**40 + 7, key, payload) == expected
+    # and with a header block
+    headers = ((b"X_REGION", b"eu"), (b"content-type", b"text/plain"))
+    expected = frames.encode(
+        frames.Message(3, flags | frames.HEADERS, 2**40 + 7, None, key, payload, headers)
+    )
+    assert frames.message_frame(3, 2**40 + 7, key, payload, headers) == expected
 
 
 def test_the_fast_message_encoder_refuses_what_does_not_fit() -> None:
