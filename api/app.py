@@ -20,6 +20,7 @@ from fastapi import Depends, FastAPI
 from redis.asyncio import Redis
 
 from api import (
+    filters,
     health,
     keys,
     notifications,
@@ -56,7 +57,17 @@ from state.redis_state import RedisState
 from state.sealing import required_sealer
 
 # Every router the API serves (the access test walks their routes: docs/security.md §3).
-ROUTERS = (projects, keys, topics, produce, subscriptions, operations, notifications, health)
+ROUTERS = (
+    projects,
+    keys,
+    topics,
+    produce,
+    subscriptions,
+    operations,
+    notifications,
+    filters,
+    health,
+)
 
 
 def _required(value: str | None, variable: str) -> str:

@@ -255,13 +255,13 @@ def _batch_message(
     )
     extra: tuple[tuple[str, str], ...] = ()
     if get("headers") is not None:
-        extra = _batch_headers(get("headers"))
+        extra = producer_headers(get("headers"))
         check_forwarded_size(extra)
     text = get("body")
     if isinstance(text, str) and "body_base64" not in message:
         body = text.encode()
     else:
-        body = _batch_body(message)
+        body = sample_body(message)
     if len(body) > max_message_bytes:
         check_body_size(len(body), max_message_bytes)
     key = kafka_key(message_id, group_id)
@@ -284,7 +284,8 @@ def _text(value: Any, field: str) -> str | None:
     return value
 
 
-def _batch_body(message: dict[str, Any]) -> bytes:
+def sample_body(message: dict[str, Any]) -> bytes:
+    """A message's body as a JSON document gives it: ``body`` (text) or ``body_base64``."""
     text, encoded = message.get("body"), message.get("body_base64")
     if (text is None) == (encoded is None):
         raise InvalidInput("give exactly one of body and body_base64")
@@ -300,7 +301,7 @@ def _batch_body(message: dict[str, Any]) -> bytes:
         raise InvalidInput("body_base64 is not valid base64") from None
 
 
-def _batch_headers(headers: Any) -> tuple[tuple[str, str], ...]:
+def producer_headers(headers: Any) -> tuple[tuple[str, str], ...]:
     """A batch message's own ``X_*`` headers, under the rules of single produce."""
     if headers is None:
         return ()

@@ -552,3 +552,21 @@ class NotificationsOut(Out):
     events: list[str]
     has_signing_secret: bool
     updated_at_ms: int
+
+
+class FilterTestBody(Body):
+    """``POST /v1/projects/{p}/filters/test``: a filter (DESIGN §10, docs/policies.md §1) and a
+    sample message to judge."""
+
+    filter: dict[str, Any] = Field(
+        examples=[{"all": [{"header": "X_REGION", "prefix": "eu-"}, {"body": "total", "gte": 100}]}]
+    )
+    # The sample's body: text, or base64 for binary (exactly one).
+    body: str | None = Field(None, examples=['{"total": 120}'])
+    body_base64: str | None = None
+    headers: dict[str, str] | None = Field(None, examples=[{"X_REGION": "eu-west"}])
+    group_id: str | None = Field(None, max_length=256)
+
+
+class FilterTestOut(Out):
+    matches: bool

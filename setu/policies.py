@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 from setu import headers as rules
 from setu.envelope import Envelope
 from setu.errors import InvalidInput
@@ -22,8 +24,23 @@ MAX_FILTER_NODES = 64
 MAX_IN_VALUES = 100
 MAX_VALUE_CHARS = 1024
 
+MAX_PATH_SEGMENTS = 16
+MAX_SEGMENT_CHARS = 128
+
 Op = Literal["equals", "in", "prefix", "exists"]
 _OPS: tuple[Op, ...] = ("equals", "in", "prefix", "exists")
+BodyOp = Literal["equals", "in", "prefix", "exists", "gt", "gte", "lt", "lte"]
+_BODY_OPS: tuple[BodyOp, ...] = ("equals", "in", "prefix", "exists", "gt", "gte", "lt", "lte")
+_COMPARE = {
+    "gt": lambda a, b: a > b,
+    "gte": lambda a, b: a >= b,
+    "lt": lambda a, b: a < b,
+    "lte": lambda a, b: a <= b,
+}
+# A JSON scalar as a body test compares it: equal only to a value of the same kind (a number
+# to a number, true to true, never 1 to true).
+Scalar = str | int | float | bool | None
+_ABSENT = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +65,63 @@ class HeaderTest:
 
 
 @dataclass(frozen=True, slots=True)
+class BodyTest:
+    """One test of a JSON body field: ``path`` as the client wrote it (dotted), ``keys`` its
+    segments (a number indexes a list)."""
+
+    path: str
+    keys: tuple[str | int, ...]
+    op: BodyOp
+    values: tuple[Scalar, ...] = ()  # equals, prefix and comparisons: one value; in: the list
+    exists: bool = True
+
+    def holds(self, body: object) -> bool:
+        """``body``: the parsed JSON body, or :data:`NOT_JSON`."""
+        if body is NOT_JSON:
+            return False  # a body that is not JSON never matches a body condition
+        value = _field(body, self.keys)
+        if self.op == "exists":
+            return (value is not _ABSENT) == self.exists
+        if value is _ABSENT:
+            return False
+        if self.op == "prefix":
+            return isinstance(value, str) and value.startswith(str(self.values[0]))
+        if self.op in _COMPARE:
+            return _number(value) and _COMPARE[self.op](value, self.values[0])
+        return any(_same(value, expected) for expected in self.values)  # equals and in
+
+
+NOT_JSON = object()
+
+
+def _field(doc: object, keys: tuple[str | int, ...]) -> object:
+    for key in keys:
+        if isinstance(key, int) and isinstance(doc, list):
+            if not -len(doc) <= key < len(doc):
+                return _ABSENT
+            doc = doc[key]
+        elif isinstance(doc, dict):
+            doc = doc.get(str(key), _ABSENT)
+            if doc is _ABSENT:
+                return _ABSENT
+        else:
+            return _ABSENT
+    return doc
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _same(value: object, expected: Scalar) -> bool:
+    if isinstance(expected, bool) or expected is None:
+        return value is expected
+    if _number(expected):
+        return _number(value) and value == expected
+    return isinstance(value, str) and value == expected
+
+
+@dataclass(frozen=True, slots=True)
 class AllOf:
     items: tuple[Filter, ...]
 
@@ -62,7 +136,28 @@ class NotOf:
     item: Filter
 
 
-Filter = HeaderTest | AllOf | AnyOf | NotOf
+Filter = HeaderTest | BodyTest | AllOf | AnyOf | NotOf
+
+
+class Seen:
+    """What a filter sees of one message: its headers (:func:`message_headers`) and its body,
+    parsed as JSON only when a body test first asks."""
+
+    __slots__ = ("_body", "_parsed", "headers")
+
+    def __init__(self, headers: Mapping[str, str], body: bytes = b"") -> None:
+        self.headers = headers
+        self._body = body
+        self._parsed: object = _ABSENT
+
+    def json(self) -> object:
+        """The body parsed, or :data:`NOT_JSON`."""
+        if self._parsed is _ABSENT:
+            try:
+                self._parsed = orjson.loads(self._body)
+            except orjson.JSONDecodeError:
+                self._parsed = NOT_JSON
+        return self._parsed
 
 
 def message_headers(envelope: Envelope) -> dict[str, str]:
@@ -81,20 +176,29 @@ def message_headers(envelope: Envelope) -> dict[str, str]:
     return found
 
 
-def matches(f: Filter, found: Mapping[str, str]) -> bool:
-    """Whether a message with headers ``found`` (see :func:`message_headers`) passes ``f``."""
+def matches(f: Filter, seen: Seen | Mapping[str, str]) -> bool:
+    """Whether a message passes ``f``: ``seen`` is the message, or only its headers (see
+    :func:`message_headers`; then it has no body, which is not JSON)."""
+    if not isinstance(seen, Seen):
+        seen = Seen(seen)
+    return _matches(f, seen)
+
+
+def _matches(f: Filter, seen: Seen) -> bool:
     if isinstance(f, HeaderTest):
-        return f.holds(found)
+        return f.holds(seen.headers)
+    if isinstance(f, BodyTest):
+        return f.holds(seen.json())
     if isinstance(f, AllOf):
-        return all(matches(item, found) for item in f.items)
+        return all(_matches(item, seen) for item in f.items)
     if isinstance(f, AnyOf):
-        return any(matches(item, found) for item in f.items)
-    return not matches(f.item, found)
+        return any(_matches(item, seen) for item in f.items)
+    return not _matches(f.item, seen)
 
 
 def accepts(f: Filter | None, envelope: Envelope) -> bool:
     """Whether a subscription with filter ``f`` (None: everything) wants ``envelope``."""
-    return f is None or matches(f, message_headers(envelope))
+    return f is None or _matches(f, Seen(message_headers(envelope), envelope.body))
 
 
 def parse_filter(document: object) -> Filter:
@@ -125,13 +229,61 @@ def _parse(doc: object, path: str, depth: int, nodes: list[int]) -> Filter:
             _parse(item, f"{path}.{key}[{i}]", depth + 1, nodes) for i, item in enumerate(inner)
         )
         return AllOf(items) if key == "all" else AnyOf(items)
+    if "body" in doc:
+        return _body_test(doc, path)
     return _header_test(doc, path)
+
+
+def _body_test(doc: dict[str, Any], path: str) -> BodyTest:
+    field = doc.get("body")
+    if not isinstance(field, str) or not field:
+        raise InvalidInput(f"{path}.body: must be a dotted path of a JSON field, like order.total")
+    segments = field.split(".")
+    if len(segments) > MAX_PATH_SEGMENTS or any(
+        not seg or len(seg) > MAX_SEGMENT_CHARS for seg in segments
+    ):
+        raise InvalidInput(
+            f"{path}.body: {MAX_PATH_SEGMENTS} non-empty segments of at most "
+            f"{MAX_SEGMENT_CHARS} characters, joined by dots"
+        )
+    keys = tuple(int(seg) if seg.isdigit() else seg for seg in segments)
+    ops = [op for op in _BODY_OPS if op in doc]
+    unknown = sorted(set(doc) - {"body", *_BODY_OPS})
+    if unknown:
+        raise InvalidInput(f"{path}: unknown fields {unknown}")
+    if len(ops) != 1:
+        raise InvalidInput(f"{path}: give exactly one of {', '.join(map(repr, _BODY_OPS))}")
+    op = ops[0]
+    value = doc[op]
+    if op == "exists":
+        if not isinstance(value, bool):
+            raise InvalidInput(f"{path}.exists: must be true or false")
+        return BodyTest(field, keys, op, exists=value)
+    if op == "in":
+        if not isinstance(value, list) or not value or len(value) > MAX_IN_VALUES:
+            raise InvalidInput(f"{path}.in: must be a list of 1 to {MAX_IN_VALUES} JSON values")
+        return BodyTest(field, keys, op, tuple(_scalar(v, f"{path}.in") for v in value))
+    if op == "prefix":
+        return BodyTest(field, keys, op, (_value(value, f"{path}.prefix"),))
+    if op in _COMPARE:
+        if not _number(value):
+            raise InvalidInput(f"{path}.{op}: must be a number")
+        return BodyTest(field, keys, op, (value,))
+    return BodyTest(field, keys, op, (_scalar(value, f"{path}.equals"),))
+
+
+def _scalar(value: object, path: str) -> Scalar:
+    if isinstance(value, str):
+        return _value(value, path)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    raise InvalidInput(f"{path}: values are strings, numbers, true, false or null")
 
 
 def _header_test(doc: dict[str, Any], path: str) -> HeaderTest:
     name = doc.get("header")
     if not isinstance(name, str) or not name:
-        raise InvalidInput(f'{path}: needs "header" (or one of "all", "any", "not")')
+        raise InvalidInput(f'{path}: needs "header" or "body" (or one of "all", "any", "not")')
     key = rules.canonical(name)
     if not key.startswith("X_") or key == "X_":
         raise InvalidInput(f"{path}.header: {name!r} is not an X_* header")
@@ -172,6 +324,12 @@ def filter_json(f: Filter) -> dict[str, Any]:
         if f.op == "in":
             return {"header": f.name, "in": list(f.values)}
         return {"header": f.name, f.op: f.values[0]}
+    if isinstance(f, BodyTest):
+        if f.op == "exists":
+            return {"body": f.path, "exists": f.exists}
+        if f.op == "in":
+            return {"body": f.path, "in": list(f.values)}
+        return {"body": f.path, f.op: f.values[0]}
     if isinstance(f, AllOf):
         return {"all": [filter_json(item) for item in f.items]}
     if isinstance(f, AnyOf):

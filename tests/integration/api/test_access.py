@@ -50,6 +50,7 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("PUT", P + "/notifications"): MANAGE,
     ("GET", P + "/notifications"): READ,
     ("DELETE", P + "/notifications"): MANAGE,
+    ("POST", P + "/filters/test"): READ,  # judges a sample the caller gives; reads nothing
     ("POST", "/v1/keys"): ADMIN,
     ("GET", "/v1/keys"): ADMIN,
     ("DELETE", "/v1/keys/{key_id}"): ADMIN,
@@ -206,6 +207,7 @@ def request_for(w: World, method: str, route: str) -> dict[str, Any]:
         "/v1/projects": {"name": unique()},
         P + "/quota": {"messages_per_second": 5},
         P + "/notifications": {"url": HOOK, "events": ["group.parked"]},
+        P + "/filters/test": {"filter": {"body": "a", "exists": True}, "body": '{"a": 1}'},
         "/v1/keys": {"name": "k", "role": "viewer", "project": w.project},
         P + "/keys": {"name": "k", "role": "viewer"},
         P + "/topics": {"name": unique("t")},

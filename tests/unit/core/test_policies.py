@@ -150,3 +150,88 @@ def test_policies_survive_their_stored_form() -> None:
     assert Policies.from_json(off.json()) == off
     # Rows written before policies existed: every policy at its default.
     assert Policies.from_json(None) == Policies()
+
+
+PAID = Envelope(
+    "m-2",
+    b'{"order": {"total": 120.5, "currency": "EUR", "paid": true, "items": [{"sku": "A-1"}],'
+    b' "note": null, "1": "one"}, "status": "paid"}',
+    group_id="order-7",
+    headers=(("X_REGION", "eu-west"),),
+)
+
+
+@pytest.mark.parametrize(
+    ("document", "wanted"),
+    [
+        ({"body": "status", "equals": "paid"}, True),
+        ({"body": "order.total", "equals": 120.5}, True),
+        ({"body": "order.total", "gte": 100}, True),
+        ({"body": "order.total", "gt": 120.5}, False),
+        ({"body": "order.total", "lt": 200}, True),
+        ({"body": "order.total", "lte": 120}, False),
+        ({"body": "order.currency", "in": ["USD", "EUR"]}, True),
+        ({"body": "order.currency", "prefix": "EU"}, True),
+        ({"body": "order.currency", "gte": 1}, False),  # a comparison needs a number
+        ({"body": "order.total", "prefix": "120"}, False),  # a prefix needs a string
+        ({"body": "order.paid", "equals": True}, True),
+        ({"body": "order.paid", "equals": 1}, False),  # true is not 1
+        ({"body": "order.note", "equals": None}, True),
+        ({"body": "order.note", "exists": True}, True),  # null is there
+        ({"body": "order.coupon", "exists": False}, True),
+        ({"body": "order.coupon", "equals": None}, False),  # absent is not null
+        ({"body": "order.items.0.sku", "equals": "A-1"}, True),  # a number indexes a list
+        ({"body": "order.items.1.sku", "exists": True}, False),
+        ({"body": "order.1", "equals": "one"}, True),  # and names an object's key
+        ({"body": "status.deeper", "exists": True}, False),
+        # combined with header tests, as in DESIGN §10
+        (
+            {
+                "all": [
+                    {"header": "X_REGION", "prefix": "eu-"},
+                    {"body": "order.total", "gte": 100},
+                    {"not": {"body": "order.currency", "equals": "USD"}},
+                ]
+            },
+            True,
+        ),
+    ],
+)
+def test_a_filter_decides_on_json_body_fields(document: dict[str, Any], wanted: bool) -> None:
+    f = parse_filter(document)
+    assert accepts(f, PAID) is wanted
+    assert parse_filter(filter_json(f)) == f  # and its stored form reads back the same
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"body": "status", "equals": "paid"},
+        {"body": "status", "exists": False},
+        {"body": "x", "gte": 0},
+    ],
+)
+def test_a_body_that_is_not_json_never_matches_a_body_condition(document: dict[str, Any]) -> None:
+    not_json = Envelope("m-3", b"status=paid", group_id="g")
+    assert accepts(parse_filter(document), not_json) is False
+    # and a header condition still decides on it
+    assert accepts(parse_filter({"header": "X_GROUP_ID", "equals": "g"}), not_json) is True
+
+
+@pytest.mark.parametrize(
+    ("document", "needle"),
+    [
+        ({"body": "", "equals": "x"}, "filter.body: must be a dotted path"),
+        ({"body": "a..b", "equals": "x"}, "non-empty segments"),
+        ({"body": ".".join(["a"] * 17), "exists": True}, "16 non-empty segments"),
+        ({"body": "a", "gte": "10"}, "filter.gte: must be a number"),
+        ({"body": "a", "equals": {"x": 1}}, "values are strings, numbers, true, false or null"),
+        ({"body": "a", "in": []}, "filter.in: must be a list of 1 to 100"),
+        ({"body": "a", "equals": 1, "gt": 0}, "give exactly one of"),
+        ({"body": "a", "matches": "x"}, "unknown fields ['matches']"),
+        ({"any": [{"body": "a", "prefix": 7}]}, "filter.any[0].prefix: values are strings"),
+    ],
+)
+def test_a_broken_body_test_is_refused_naming_where(document: object, needle: str) -> None:
+    with pytest.raises(InvalidInput, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        parse_filter(document)
