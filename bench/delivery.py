@@ -28,6 +28,9 @@ call. A row's rate is messages / (last call - first call), so group-join time is
 - 10000-traced: the 10,000-group row with tracing on (a span per webhook call, exported with
   OTLP to a local sink); against the 10000 row it gives what tracing costs (target: at most
   10 %; off, nothing is made: docs/latency.md, "Tracing").
+- 10000-filtered: the 10,000-group row with a three-condition filter on the JSON body that
+  every message passes (``FILTER``); against the 10000 row it gives what judging the body
+  costs (target: at least 0.9 of the unfiltered rate; docs/policies.md §1).
 - 10000-rate: the 10,000-group row with ``rate_limit_per_second`` set far above reach, so
   every call takes its token from the rate bucket the subscription's workers share in Redis
   (docs/policies.md §5); against the 10000 row it gives what the shared limit costs. (Every
@@ -62,7 +65,7 @@ from bench.machine import OtlpSink, quiet_kafka_config, write_result
 from cli.ports import any_free_port
 from setu.envelope import Envelope
 from setu.model import Endpoint, Notifications, RetryPolicy, Subscription, Topic
-from setu.policies import Policies
+from setu.policies import Policies, parse_filter
 from state import keys
 from state.kafka_admin import KafkaTopics
 
@@ -75,6 +78,7 @@ ROWS = (
     "10000-nolog",
     "10000-rate",
     "10000-traced",
+    "10000-filtered",
     "ungrouped",
     "isolation",
     "flaky",
@@ -83,6 +87,14 @@ ROWS = (
 # The 10000-rate row's limit: far above what one worker reaches, so every call goes through
 # the shared rate bucket without being held back by it.
 RATE_ROW_LIMIT = 1_000_000.0
+# The 10000-filtered row's filter: three body tests every message of the row passes.
+FILTER = {
+    "all": [
+        {"body": "order", "gte": 1},
+        {"body": "items.2", "in": [3, 4]},
+        {"body": "note", "prefix": "x"},
+    ]
+}
 FLAKY_DELAYS_MS = (100, 300)
 FLAKY_FAILURES = 2  # failed calls per message of a flaky group, within FLAKY_DELAYS_MS's tiers
 
@@ -220,7 +232,10 @@ def serve_worker(config: dict[str, Any]) -> None:
         # The flaky row measures each message's own retry budget. Its last seconds call only
         # flaky groups, two failures in three calls: the breaker would rightly open and hold
         # the row for its open periods (docs/policies.md §2).
-        policies=Policies(circuit_breaker=None) if config.get("no_breaker") else Policies(),
+        policies=Policies(
+            circuit_breaker=None if config.get("no_breaker") else Policies().circuit_breaker,
+            filter=parse_filter(config["filter"]) if config.get("filter") else None,
+        ),
     )
     settings = Settings(
         kafka_bootstrap=config["bootstrap"],
@@ -378,6 +393,7 @@ def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
             "attempt_log_hours": 0 if row.endswith("-nolog") else 24,
             "rate_limit_per_second": RATE_ROW_LIMIT if row.endswith("-rate") else None,
             "no_breaker": row == "flaky",
+            "filter": FILTER if row.endswith("-filtered") else None,
         }
         if row.endswith("-traced"):
             sink = OtlpSink()
@@ -532,6 +548,11 @@ def verdicts(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
         share = traced["messages_per_s"] / many["messages_per_s"]
         out["tracing_keeps_share"] = round(share, 3)
         out["tracing_costs_at_most_10_percent"] = share >= 0.9
+    filtered = rows.get("10000-filtered")
+    if many and filtered:
+        share = filtered["messages_per_s"] / many["messages_per_s"]
+        out["body_filter_keeps_share"] = round(share, 3)
+        out["body_filter_keeps_90_percent"] = share >= 0.9
     rated = rows.get("10000-rate")
     if many and rated:
         out["shared_rate_limit_keeps_share"] = round(
