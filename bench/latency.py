@@ -62,6 +62,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from bench.http_load import Connection, percentile, request_bytes
 from bench.machine import (
+    process_tree,
     quiet_client_logs,
     quiet_kafka_config,
     service_arguments,
@@ -244,25 +245,8 @@ class Stack:
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) of a process and all its descendants (the ingest job's
     JVM and Python workers are children of ``setu ingest``)."""
-    parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(entry.name)] = int(fields[1])
-        cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        children = [child for child, p in parents.items() if p == parent and child not in tree]
-        tree.update(children)
-        frontier.extend(children)
-    return sum(cpu.get(p, 0.0) for p in tree)
+    return sum((int(f[11]) + int(f[12])) / tick for f in process_tree(pid).values())
 
 
 # The load.
@@ -311,16 +295,22 @@ class Pool:
 
 
 async def run_load(
-    port: int, phase: Phase, seconds: float, warmup: float, headers: Mapping[str, str]
+    port: int,
+    phase: Phase,
+    seconds: float,
+    warmup: float,
+    headers: Mapping[str, str],
+    sent: dict[str, Sent] | None = None,
 ) -> tuple[dict[str, Sent], float]:
     """Sends the phase's messages on schedule; returns each message's timings (duplicates
-    under their own key ``<id>#dup``) and when measuring began (wall clock)."""
+    under their own key ``<id>#dup``) and when measuring began (wall clock). The timings go
+    into ``sent`` as they come, when given (for a caller that stops the load early)."""
     rng = random.Random(phase.name)
     path = "/v1/projects/{p}/topics/{t}/produce".format(**headers)
     auth = {"Authorization": headers["auth"]}
     total = int(phase.rate * (warmup + seconds))
     pool = Pool(port)
-    sent: dict[str, Sent] = {}
+    sent = {} if sent is None else sent
     tasks: set[asyncio.Task[None]] = set()
 
     async def send(key: str, request: bytes) -> None:

@@ -129,3 +129,26 @@ def service_arguments(parser: Any) -> None:
         "--redis", default=os.environ.get("SETU_REDIS_URL", "redis://127.0.0.1:6379/0")
     )
     parser.add_argument("--label", default="", help="a suffix for the result file's name")
+
+
+def process_tree(pid: int) -> dict[int, list[str]]:
+    """Each process of ``pid``'s tree (itself and every descendant): pid -> its
+    ``/proc/<pid>/stat`` fields after the command name (field 3 of proc(5) is index 0)."""
+    parents: dict[int, int] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        stats[int(entry.name)] = fields
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, p in parents.items() if p == parent and child not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return {p: stats[p] for p in tree if p in stats}
