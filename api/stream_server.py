@@ -706,10 +706,11 @@ class Session:
             self.s.metrics.count_produced(stream.project, stream.topic, "rejected")
             raise refusal(exc, f"{_named(frame)}: ") from None
         message_id = f"{stream.producer}:{sequence}"
-        headers = ingest_headers(
-            message_id, group_id, stream.producer, sequence, (), now_ms(), stream.incarnation
-        )
-        if frame.headers is not None:
+        if frame.headers is None:
+            headers = ingest_headers(
+                message_id, group_id, stream.producer, sequence, (), now_ms(), stream.incarnation
+            )
+        else:
             headers = self._with_headers(stream, frame, message_id, group_id, sequence)
         record = (stream.entry.ingest_topic, kafka_key(message_id, group_id), body, headers)
         if self.s.gate.admit_now(stream.project, 1, len(body)):

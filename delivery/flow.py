@@ -111,9 +111,7 @@ class PartitionFlow:
 
     def set_paused(self, paused: bool) -> None:
         """The subscription paused or resumed: every tier partition of every port."""
-        for port in self._ports.values():
-            for tier in self._topics:
-                self.reason(port.partition, tier, PAUSED, paused)
+        self._every_partition(PAUSED, paused)
 
     def assigned(self, partition: int, tiers: Iterable[int], paused: bool) -> None:
         """A partition index taken over: it starts with no reasons but the subscription's

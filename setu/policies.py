@@ -247,22 +247,12 @@ def _body_test(doc: dict[str, Any], path: str) -> BodyTest:
             f"{MAX_SEGMENT_CHARS} characters, joined by dots"
         )
     keys = tuple(int(seg) if seg.isdigit() else seg for seg in segments)
-    ops = [op for op in _BODY_OPS if op in doc]
-    unknown = sorted(set(doc) - {"body", *_BODY_OPS})
-    if unknown:
-        raise InvalidInput(f"{path}: unknown fields {unknown}")
-    if len(ops) != 1:
-        raise InvalidInput(f"{path}: give exactly one of {', '.join(map(repr, _BODY_OPS))}")
-    op = ops[0]
-    value = doc[op]
+    op, value = _operator(doc, path, "body", _BODY_OPS, ", ".join(map(repr, _BODY_OPS)))
     if op == "exists":
-        if not isinstance(value, bool):
-            raise InvalidInput(f"{path}.exists: must be true or false")
-        return BodyTest(field, keys, op, exists=value)
+        return BodyTest(field, keys, op, exists=_flag(value, path))
     if op == "in":
-        if not isinstance(value, list) or not value or len(value) > MAX_IN_VALUES:
-            raise InvalidInput(f"{path}.in: must be a list of 1 to {MAX_IN_VALUES} JSON values")
-        return BodyTest(field, keys, op, tuple(_scalar(v, f"{path}.in") for v in value))
+        listed = _listed(value, path, "JSON values")
+        return BodyTest(field, keys, op, tuple(_scalar(v, f"{path}.in") for v in listed))
     if op == "prefix":
         return BodyTest(field, keys, op, (_value(value, f"{path}.prefix"),))
     if op in _COMPARE:
@@ -289,23 +279,38 @@ def _header_test(doc: dict[str, Any], path: str) -> HeaderTest:
         raise InvalidInput(f"{path}.header: {name!r} is not an X_* header")
     if key in rules.RESERVED_HEADERS:
         raise InvalidInput(f"{path}.header: {name!r} is set by Setu, not by producers")
-    ops = [op for op in _OPS if op in doc]
-    unknown = sorted(set(doc) - {"header", *_OPS})
+    op, value = _operator(doc, path, "header", _OPS, '"equals", "in", "prefix", "exists"')
+    if op == "exists":
+        return HeaderTest(name, key, op, exists=_flag(value, path))
+    if op == "in":
+        listed = _listed(value, path, "strings")
+        return HeaderTest(name, key, op, tuple(_value(v, f"{path}.in") for v in listed))
+    return HeaderTest(name, key, op, (_value(value, f"{path}.{op}"),))
+
+
+def _operator(
+    doc: dict[str, Any], path: str, subject: str, ops: tuple[Any, ...], named: str
+) -> tuple[Any, Any]:
+    """A test's one operator and its value; any other field is refused."""
+    unknown = sorted(set(doc) - {subject, *ops})
     if unknown:
         raise InvalidInput(f"{path}: unknown fields {unknown}")
-    if len(ops) != 1:
-        raise InvalidInput(f'{path}: give exactly one of "equals", "in", "prefix", "exists"')
-    op = ops[0]
-    value = doc[op]
-    if op == "exists":
-        if not isinstance(value, bool):
-            raise InvalidInput(f"{path}.exists: must be true or false")
-        return HeaderTest(name, key, op, exists=value)
-    if op == "in":
-        if not isinstance(value, list) or not value or len(value) > MAX_IN_VALUES:
-            raise InvalidInput(f"{path}.in: must be a list of 1 to {MAX_IN_VALUES} strings")
-        return HeaderTest(name, key, op, tuple(_value(v, f"{path}.in") for v in value))
-    return HeaderTest(name, key, op, (_value(value, f"{path}.{op}"),))
+    given = [op for op in ops if op in doc]
+    if len(given) != 1:
+        raise InvalidInput(f"{path}: give exactly one of {named}")
+    return given[0], doc[given[0]]
+
+
+def _flag(value: object, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{path}.exists: must be true or false")
+    return value
+
+
+def _listed(value: object, path: str, what: str) -> list[Any]:
+    if not isinstance(value, list) or not value or len(value) > MAX_IN_VALUES:
+        raise InvalidInput(f"{path}.in: must be a list of 1 to {MAX_IN_VALUES} {what}")
+    return value
 
 
 def _value(value: object, path: str) -> str:
