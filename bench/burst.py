@@ -46,7 +46,9 @@ from bench.latency import (
     Sent,
     Stack,
     run_load,
+    stack_arguments,
     stats_ms,
+    warm_up,
     webhook_get,
 )
 from bench.machine import (
@@ -270,14 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst-messages", type=int, default=941)
     parser.add_argument("--burst-seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=20.0, help="the steady project's msg/s")
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="SETU_X=value",
-        help="a setting for Setu's processes (to measure a change); may repeat",
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the work folder and logs")
+    stack_arguments(parser)
     args = parser.parse_args(argv)
     quiet_client_logs()
     run_id = uuid.uuid4().hex[:8]
@@ -291,7 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack.start()
         ids = make_projects(stack, burster)
-        warm_up(stack, ids)
+        base = f"http://127.0.0.1:{stack.api_port}"
+        auth = {"Authorization": ids["auth"]}
+        with httpx.Client(base_url=base, headers=auth, timeout=30) as client:
+            warm_up(stack, client, f"/v1/projects/{ids['p']}/topics/{ids['t']}/produce", 180.0)
         figures = asyncio.run(run(args, stack, ids, burster))
     finally:
         stack.stop()
@@ -309,22 +307,6 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result, indent=2))
     print(f"written to {write_result('burst', result)}")
     return 0
-
-
-def warm_up(stack: Stack, ids: dict[str, str], timeout_s: float = 180.0) -> None:
-    """Until a message of the steady project reached the webhook: the job and worker run."""
-    base = f"http://127.0.0.1:{stack.api_port}"
-    path = f"/v1/projects/{ids['p']}/topics/{ids['t']}/produce"
-    deadline = time.monotonic() + timeout_s
-    n = 0
-    with httpx.Client(base_url=base, headers={"Authorization": ids["auth"]}, timeout=30) as c:
-        while int(webhook_get(stack.webhook_port, "count")) == 0:
-            stack.check_alive()
-            if time.monotonic() > deadline:
-                raise SystemExit(f"no message reached the webhook within {timeout_s:.0f} s")
-            c.post(path, content=b"{}", headers={"X_MESSAGE_ID": f"warm-{n}", "X_GROUP_ID": "w"})
-            n += 1
-            time.sleep(1)
 
 
 if __name__ == "__main__":

@@ -607,23 +607,40 @@ def set_up(stack: Stack, timeout_s: float) -> dict[str, str]:
             response = client.request(method, path, json=body)
             if response.status_code not in (200, 201):
                 raise SystemExit(f"{method} {path}: {response.status_code} {response.text}")
-        # Warm up: the ingest job and the worker are ready once a message gets through.
-        deadline = time.monotonic() + timeout_s
-        n = 0
-        while int(webhook_get(stack.webhook_port, "count")) == 0:
-            stack.check_alive()
-            if time.monotonic() > deadline:
-                raise SystemExit(f"no message reached the webhook within {timeout_s:.0f} s")
-            response = client.post(
-                f"/v1/projects/{p}/topics/orders/produce",
-                content=b"{}",
-                headers={"X_MESSAGE_ID": f"warm-{n}", "X_GROUP_ID": "warm"},
-            )
-            if response.status_code // 100 != 2 and response.status_code != 503:
-                raise SystemExit(f"produce: {response.status_code} {response.text}")
-            n += 1
-            time.sleep(1)
+        warm_up(stack, client, f"/v1/projects/{p}/topics/orders/produce", timeout_s)
     return {"p": p, "t": "orders", "auth": auth["Authorization"]}
+
+
+def warm_up(stack: Stack, client: httpx.Client, produce_path: str, timeout_s: float) -> None:
+    """Produces to ``produce_path`` once a second until a message reached the webhook: the
+    ingest job and the worker are then ready."""
+    deadline = time.monotonic() + timeout_s
+    n = 0
+    while int(webhook_get(stack.webhook_port, "count")) == 0:
+        stack.check_alive()
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no message reached the webhook within {timeout_s:.0f} s")
+        response = client.post(
+            produce_path,
+            content=b"{}",
+            headers={"X_MESSAGE_ID": f"warm-{n}", "X_GROUP_ID": "warm"},
+        )
+        if response.status_code // 100 != 2 and response.status_code != 503:
+            raise SystemExit(f"produce: {response.status_code} {response.text}")
+        n += 1
+        time.sleep(1)
+
+
+def stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a benchmark that runs Setu's own stack (:class:`Stack`)."""
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="SETU_X=value",
+        help="a setting for Setu's processes (to measure a change); may repeat",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the work folder and logs")
 
 
 def wait_delivered(stack: Stack, expected: int, timeout_s: float) -> None:
@@ -641,14 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phases", default="50,200,1000,200dup")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=15.0)
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="SETU_X=value",
-        help="a setting for Setu's processes (to measure a change); may repeat",
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the work folder and logs")
+    stack_arguments(parser)
     parser.add_argument("--webhook", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.webhook is not None:
