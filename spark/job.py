@@ -130,6 +130,10 @@ LOCAL_CHECKPOINT_FILE_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 )
 
+# The most a chunk of rows into the dedup step holds (docs/ingest.md, "Memory per batch"),
+# give or take its last row: Spark closes a chunk at the first row that takes it past this.
+ARROW_MAX_BATCH_BYTES = 32 * 1024 * 1024
+
 # What the dedup step hands on: the sink's columns and the ingest position.
 DEDUP_COLUMNS = [TOPIC, PARTITION, OFFSET, VALUE, RAW_HEADERS, KEY]
 
@@ -173,7 +177,16 @@ def source_options(settings: Settings, pattern: str = SUBSCRIBE_PATTERN) -> dict
         "kafka.fetch.max.wait.ms": "10",
         # A deleted topic must not stop every other topic's ingest.
         "failOnDataLoss": "false",
+        # One poll's records are held in the heap at once, decompressed: bounded in bytes by
+        # their count, since fetch sizes count compressed bytes (docs/ingest.md).
+        "kafka.max.poll.records": str(poll_records(settings.max_message_bytes)),
     }
+
+
+def poll_records(max_message_bytes: int) -> int:
+    """Records one poll of the source may return: as many of the largest record as fit in
+    ``ARROW_MAX_BATCH_BYTES``, and never more than Kafka's default of 500."""
+    return max(1, min(500, ARROW_MAX_BATCH_BYTES // MessageLimits(max_message_bytes).record_bytes))
 
 
 def session_config(settings: Settings) -> dict[str, str]:
@@ -191,6 +204,10 @@ def session_config(settings: Settings) -> dict[str, str]:
         # waiting for a "better" executor only adds latency (state stores load fast locally).
         "spark.sql.adaptive.enabled": "false",
         "spark.locality.wait": "0s",
+        # A chunk of rows into the dedup step is bounded in bytes too, not only in rows (10,000
+        # by default, i.e. 10 GB of records at the message limit): the step hands each chunk's
+        # kept rows back before it reads the next, so neither side holds a batch at once.
+        "spark.sql.execution.arrow.maxBytesPerBatch": str(ARROW_MAX_BATCH_BYTES),
     }
     if is_local_path(settings.resolved_checkpoint_dir()):
         # Hadoop's FileContext rename on the local file system forks a `readlink` process per

@@ -11,11 +11,14 @@ import pytest
 from setu.settings import Settings
 from spark import job
 from spark.job import (
+    ARROW_MAX_BATCH_BYTES,
     LOCAL_CHECKPOINT_FILE_MANAGER,
     CheckpointLayoutError,
     check_checkpoint,
     is_local_path,
+    poll_records,
     session_config,
+    source_options,
 )
 
 MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
@@ -62,6 +65,27 @@ def test_on_a_cluster_the_executors_run_this_python_and_spark_conf_has_the_last_
     assert conf["spark.executor.memory"] == "4g"
     assert conf["spark.sql.shuffle.partitions"] == "8"
     assert "spark.pyspark.python" not in session_config(Settings(spark_master="local[2]"))
+
+
+def test_a_chunk_into_the_dedup_step_is_bounded_in_bytes_and_spark_conf_can_change_it() -> None:
+    # Given the default settings, then a chunk holds at most a few tens of MiB, whatever the
+    # number of records in it
+    key = "spark.sql.execution.arrow.maxBytesPerBatch"
+    assert int(session_config(Settings())[key]) == ARROW_MAX_BATCH_BYTES <= 64 * 1024 * 1024
+    # And an operator can set another bound
+    assert session_config(Settings(spark_conf={key: "8388608"}))[key] == "8388608"
+
+
+@pytest.mark.parametrize(("max_message_bytes", "records"), [(1024 * 1024, 30), (1024, 500)])
+def test_a_poll_of_the_source_holds_a_bounded_number_of_bytes(
+    max_message_bytes: int, records: int
+) -> None:
+    # Given records up to the message limit, then one poll holds at most about 32 MiB of them
+    # decompressed, however well they compressed
+    options = source_options(
+        Settings(kafka_bootstrap="k:9092", max_message_bytes=max_message_bytes)
+    )
+    assert int(options["kafka.max.poll.records"]) == records == poll_records(max_message_bytes)
 
 
 def test_the_code_shipped_to_executors_holds_every_module_they_import(tmp_path: Path) -> None:

@@ -13,39 +13,11 @@ import pytest
 
 from spark.dedup import ProducerMark, decode_marks, encode_marks
 from spark.dedup_state import KEEP_OLDER, PartitionMarks
-from spark.marks import ProducerHighs, merge_highs
-from spark.metrics import TopicCounts, WaitCounts, add_counts, no_waits
 from spark.processor import SHARES, PartitionDedup
+from tests.unit.spark.accumulators import FakeCounts, FakeHighs, FakeWaits
 
 COLUMNS = ["topic", "partition", "offset", "value", "producer", "seq", "incarnation", "record_ms"]
 OUTPUT = ["topic", "partition", "offset", "value"]
-
-
-@dataclass
-class FakeHighs:
-    value: ProducerHighs = field(default_factory=dict)
-
-    def add(self, highs: ProducerHighs) -> None:
-        merge_highs(self.value, highs)
-
-
-@dataclass
-class FakeCounts:
-    value: TopicCounts = field(default_factory=dict)
-
-    def add(self, counts: TopicCounts) -> None:
-        add_counts(self.value, counts)
-
-
-@dataclass
-class FakeWaits:
-    value: WaitCounts = field(default_factory=no_waits)
-
-    def add(self, waits: WaitCounts) -> None:
-        self.value = (
-            [a + b for a, b in zip(self.value[0], waits[0], strict=True)],
-            (self.value[1] + waits[1]),
-        )
 
 
 @dataclass
@@ -60,14 +32,15 @@ class Dedup:
     def run(
         self, batch: int, rows: list[tuple[Any, ...]], now_ms: int = 1000, started_ms: int = 0
     ) -> list[tuple[Any, ...]]:
-        """Feeds ``rows`` as two Arrow-sized chunks, as Spark may; returns the emitted rows.
-        A row without an incarnation has incarnation 0, without a record time ``now_ms``."""
+        """Feeds ``rows`` as two Arrow-sized chunks, as Spark may (one where that would put a
+        partition's rows out of offset order across chunks, which Spark never does); returns
+        the emitted rows. A row without an incarnation has incarnation 0, without a record
+        time ``now_ms``."""
         defaults = (0, now_ms)
         full = [row + defaults[len(row) - 6 :] for row in rows]
         frame = pd.DataFrame(full, columns=COLUMNS)
-        chunks: Iterator[pd.DataFrame] = iter(
-            [frame.iloc[: len(rows) // 2], frame.iloc[len(rows) // 2 :]]
-        )
+        halves = [frame.iloc[: len(rows) // 2], frame.iloc[len(rows) // 2 :]]
+        chunks: Iterator[pd.DataFrame] = iter(halves if in_order(*halves) else [frame])
         function = PartitionDedup(
             batch,
             self.marks,
@@ -87,6 +60,14 @@ class Dedup:
     def stored(self, topic: str, partition: int, below: int = 1 << 62) -> dict[Any, ProducerMark]:
         loaded = self.marks.load(topic, partition, below)
         return decode_marks(loaded.text) if loaded.text else {}
+
+
+def in_order(first: pd.DataFrame, second: pd.DataFrame) -> bool:
+    """True if every partition's rows in ``second`` come after its rows in ``first``."""
+    last = first.groupby(["topic", "partition"])["offset"].max()
+    start = second.groupby(["topic", "partition"])["offset"].min()
+    both = last.index.intersection(start.index)
+    return bool((last[both] < start[both]).all())
 
 
 @pytest.fixture
