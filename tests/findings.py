@@ -8,6 +8,7 @@ from __future__ import annotations
 FINDINGS = {
     "H1": "no key: streaming connections send a frame's length and most of its body, never HELLO",
     "H2": "no key: large control-plane bodies, and a Content-Length of 1 GB, before any 401",
+    "H3": "one producer key: a burst of compressible 1 MiB messages, too big for the job's heap",
     "M1": "no key: idle connections without HELLO take every streaming session slot",
     "M3": "owner key: a PUT moving only endpoint.url carries the stored header values along",
     "L2": "anonymous /metrics names every project and topic",

@@ -113,6 +113,7 @@ class Watch:
         self.thread.join(5)
 
 
+@pytest.mark.finding("H3")
 def test_a_burst_of_large_compressible_messages_over_the_heap_goes_through(
     two_projects: tuple[IngestWorld, IngestWorld], tmp_path: Path
 ) -> None:
