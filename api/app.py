@@ -135,7 +135,8 @@ async def open_services(
     quotas = ProjectQuotas(
         load_project_quota,
         ProduceQuota(
-            settings.produce_quota_messages_per_second, settings.produce_quota_bytes_per_second
+            settings.produce_quota_messages_per_second,
+            settings.produce_quota_bytes_per_second or None,  # 0: no limit
         ),
     )
     return Services(

@@ -140,6 +140,8 @@ def start_api(
         "SETU_ADMIN_KEY": ADMIN_KEY,
         "SETU_SECRET_KEY": Sealer.new_key(),
         "SETU_AUTH_ENABLED": "true" if auth else "false",
+        # The API's own throughput is measured, not the default byte quota (bench/burst.py).
+        "SETU_PRODUCE_QUOTA_BYTES_PER_SECOND": "0",
     }
     env.pop("SETU_DATABASE_URL", None)
     if not (extra_env and "SETU_STREAM_PORT" in extra_env):

@@ -15,6 +15,9 @@ from setu.kafka_security import KafkaSecurity, SaslMechanism, SecurityProtocol
 from setu.limits import DEFAULT_HTTP_HEAD_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_BYTES
 
 MIB = 1024 * 1024
+# One producer's burst of highly compressible bytes once stopped ingest for every project; at
+# this rate it is admitted as fast as the job carries it (docs/security.md §6).
+DEFAULT_PRODUCE_BYTES_PER_SECOND = 8 * MIB
 
 
 class Settings(BaseSettings):
@@ -65,9 +68,10 @@ class Settings(BaseSettings):
     # machine of one's own (the API logs a warning at every start).
     auth_enabled: bool = True
     # Produce quota of a project that sets none of its own, over all API replicas
-    # (docs/security.md §6); unset: no limit.
+    # (docs/security.md §6). Messages: unset, no limit. Bytes: 8 MiB/s unless set, a rate one
+    # ingest job carries beside every other project's traffic (bench/burst.py); 0: no limit.
     produce_quota_messages_per_second: float | None = Field(default=None, ge=0.01)
-    produce_quota_bytes_per_second: float | None = Field(default=None, ge=1)
+    produce_quota_bytes_per_second: float = Field(default=DEFAULT_PRODUCE_BYTES_PER_SECOND, ge=0)
 
     # Streaming produce (docs/streaming.md): a TCP listener served by `setu api` beside HTTP.
     # Unset: no listener. `setu dev up` and the chart set it.

@@ -106,6 +106,35 @@ async def test_a_bytes_quota_lets_a_big_batch_through_then_makes_the_next_wait(a
         await drop_project(api.client, project)
 
 
+@pytest.mark.finding("H3")
+async def test_a_project_without_a_quota_may_send_8_mib_a_second_by_default(
+    kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Given an API with the default settings and a project that sets no quota (H3: one
+    # producer's unlimited burst once held up ingest for every project)
+    async with running_api(
+        tmp_path_factory.mktemp("defaults"), kafka_bootstrap=kafka_bootstrap, redis_url=redis_url
+    ) as api:
+        project = unique()
+        await api.client.post("/v1/projects", json={"name": project})
+        try:
+            await make_topic(api, project)
+            url = f"/v1/projects/{project}/topics/t/produce"
+            # When it sends 30 MB at once: a full bucket lets a batch over a second's worth
+            # pass, and leaves a debt of 2.6 s (far longer than writing the batch takes)
+            chunk = "y" * 1_000_000
+            body = {"messages": [{"message_id": f"b{n}", "body": chunk} for n in range(30)]}
+            sent = await api.client.post(url + "/batch", json=body)
+            assert sent.status_code == 200, sent.text
+            # Then the next message waits out the debt, told the default it met
+            refused = await api.client.post(url, content=b"z", headers={"X_MESSAGE_ID": "z1"})
+            assert_error(refused, 429, "rate_limited")
+            assert "8.38861e+06 bytes/s" in refused.json()["error"]["message"]
+            assert int(refused.headers["Retry-After"]) >= 1
+        finally:
+            await drop_project(api.client, project)
+
+
 async def test_only_an_admin_sets_a_quota_and_replicas_share_it(
     api: Api, kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
