@@ -85,7 +85,7 @@ class ApiMetrics:
         )
         self.stream_session_ends = Counter(
             "setu_api_stream_session_ends",
-            "Streaming produce sessions ended, by how (closed, error, refused, restart).",
+            "Streaming produce sessions ended, by how (closed, error, idle, refused, restart).",
             ["how"],
             registry=self.registry,
         )

@@ -73,6 +73,7 @@ from setu.errors import (
 )
 from setu.settings import Settings
 from setu.stream import frames
+from setu.stream.tcp import keep_alive
 from state.producer_marks import MarksUnavailable
 from state.stream_sessions import StreamKey, StreamSessions
 
@@ -149,6 +150,7 @@ class ConnectionLimits:
     """What one caller may hold of the listener (docs/streaming.md, "What a caller may hold")."""
 
     hello_timeout_s: float
+    idle_timeout_s: float
     max_pending: int
     max_sessions: int
     max_sessions_per_key: int
@@ -161,6 +163,7 @@ def connection_limits(settings: Settings, max_sessions: int) -> ConnectionLimits
     per_key = settings.stream_max_sessions_per_key
     return ConnectionLimits(
         hello_timeout_s=settings.stream_hello_timeout_ms / 1000,
+        idle_timeout_s=settings.stream_idle_timeout_ms / 1000,
         max_pending=settings.stream_max_pending,
         max_sessions=max_sessions,
         max_sessions_per_key=per_key if per_key is not None else max(1, max_sessions // 4),
@@ -472,10 +475,15 @@ class Session:
         self.wake = asyncio.Event()
         self.error: str | None = None
         self.restarting = False
+        self.timed_out = False
         self.ending = False
         self.task: asyncio.Task[None] | None = None
         self.written = 0
         self.duplicates = 0
+        self.clock = asyncio.get_running_loop().time
+        # When the client last sent a frame, or last got credits back: a session idle longer
+        # than the listener's idle timeout is ended (see _keep_forever).
+        self.heard_at = self.clock()
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -499,8 +507,8 @@ class Session:
         except (ConnectionError, asyncio.IncompleteReadError):
             how = "closed"
         except asyncio.CancelledError:
-            # Stopped from outside: shutdown (RESTART) or a failure already reported.
-            how = "restart" if self.restarting else "error"
+            # Stopped from outside: shutdown (RESTART), idle, or a failure already reported.
+            how = "restart" if self.restarting else "idle" if self.timed_out else "error"
         except Exception:
             log.exception("streaming session %s failed", self.peer)
             how = "error"
@@ -525,6 +533,7 @@ class Session:
         pairs = (
             (b"max_frame_bytes", str(self.server.config.max_frame_bytes).encode()),
             (b"max_message_bytes", str(self.s.settings.max_message_bytes).encode()),
+            (b"idle_timeout_ms", str(round(self.server.limits.idle_timeout_s * 1000)).encode()),
         )
         self._send(frames.Ok(self.available, (), pairs))
         log.info(
@@ -543,6 +552,7 @@ class Session:
             data = await self.reader.read(_READ_BYTES)
             if not data:
                 return
+            self.heard_at = self.clock()
             await self._handle_all(self.frames.feed(data))
 
     async def _end(self, helpers: list[asyncio.Task[None]]) -> None:
@@ -867,11 +877,20 @@ class Session:
         self._send(frames.Ack(0, ((stream.stream_id, stream.tracker.point),)))
 
     async def _keep_forever(self) -> None:
-        """Renews the leases, records the points and checks the key, every second."""
+        """Renews the leases, records the points and checks the key, every second; ends the
+        session once it is idle for too long."""
         sessions = self.server.sessions_store
-        every = min(_KEEP_EVERY_S, sessions.lease_ms / 3000)
+        idle_s = self.server.limits.idle_timeout_s
+        every = min(_KEEP_EVERY_S, sessions.lease_ms / 3000, idle_s / 4)
         while True:
             await asyncio.sleep(every)
+            if self._idle_for() > idle_s:
+                self.timed_out = True
+                self._fail(
+                    f"request_timeout: nothing from the client in {idle_s:g} s; an idle client "
+                    'sends a BOUNDARY MESSAGE (docs/streaming.md, "Idle sessions")'
+                )
+                return
             try:
                 who = await self.s.auth.principal(f"Bearer {self.cookie}")
                 streams = list(self.streams.values())
@@ -888,6 +907,14 @@ class Session:
                 self._fail(f"dependency_unavailable: Redis: {exc}")
             if self.error is not None:
                 return
+
+    def _idle_for(self) -> float:
+        """Seconds the client has been silent while it could have sent something: it held
+        credits and no write of its waited for Kafka (0 otherwise)."""
+        if self.available <= 0 or any(stream.written for stream in self.streams.values()):
+            self.heard_at = self.clock()
+            return 0.0
+        return self.clock() - self.heard_at
 
     async def _record_points(self, streams: list[_Stream] | None = None) -> None:
         """Raises the stream points in Redis (state/stream_sessions.py) where they moved."""
@@ -995,6 +1022,7 @@ class StreamServer:
                 log.error("streaming listener could not accept a connection: %s", exc)
                 await asyncio.sleep(1.0)
                 continue
+            keep_alive(sock, self.limits.idle_timeout_s)
             greeting = Greeting(sock)
             greeting.task = asyncio.create_task(self._serve(greeting))
             self.connections[greeting] = greeting.task

@@ -94,6 +94,11 @@ class Settings(BaseSettings):
     # that has waited longest is closed. A connection gets this long to send its HELLO.
     stream_max_pending: int = Field(default=256, ge=1)
     stream_hello_timeout_ms: int = Field(default=3_000, ge=100, le=60_000)
+    # A session that sends nothing this long, while it holds credits and has no write waiting
+    # for Kafka, is ended (ERROR request_timeout) and its streams are free: a client that went
+    # silent or half-open holds nothing for longer. Clients send a BOUNDARY MESSAGE when idle
+    # (setu.client every third of it); OK tells them the value.
+    stream_idle_timeout_ms: int = Field(default=30_000, ge=500)
     # How long a dead API replica keeps its streams from other sessions (one writer each).
     stream_lease_ms: int = Field(default=10_000, ge=1_000)
 

@@ -34,12 +34,15 @@ from typing import Any, TypeVar
 
 from setu.client.errors import StreamError
 from setu.stream import frames
+from setu.stream.tcp import keep_alive
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-RETRYABLE = frozenset({"dependency_unavailable", "internal", "rate_limited"})
+RETRYABLE = frozenset({"dependency_unavailable", "internal", "rate_limited", "request_timeout"})
+# The server's idle timeout when its OK does not say (docs/streaming.md, "Idle sessions").
+_IDLE_TIMEOUT_S = 30.0
 _READ_BYTES = 256 * 1024
 # Gathered frames are written at once past this many, and the transport drained.
 _OUTBOX_FRAMES = 256
@@ -138,6 +141,9 @@ class AsyncStreamProducer:
         self._eos_sent = False
         self._eos_acked = False
         self._writer: asyncio.StreamWriter | None = None
+        self._idle_s = _IDLE_TIMEOUT_S
+        self._sent = 0  # writes to the connection (a batch of frames counts once)
+        self._heard = 0  # frames received on this connection
         self._runner: asyncio.Task[None] | None = None
         self._started: asyncio.Future[None] | None = None
         self.reconnects = 0
@@ -215,6 +221,7 @@ class AsyncStreamProducer:
         self._outbox = []
         if writer is not None and writer is self._writer:
             writer.write(b"".join(outbox))
+            self._sent += 1
 
     async def flush(self) -> None:
         """Returns when Kafka holds every message sent so far."""
@@ -309,9 +316,13 @@ class AsyncStreamProducer:
         self._writer = writer
         source = _FrameSource(reader, frames.FrameReader(self._max_frame_bytes))
         writer.write(frames.encode(self._hello))
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            keep_alive(sock, _IDLE_TIMEOUT_S)
         ok = await asyncio.wait_for(source.next(), self._connect_timeout_s)
         if not isinstance(ok, frames.Ok):
             raise _unexpected(ok, "OK")
+        self._idle_s = _idle_timeout(ok)
         self._credits = ok.initial_credits - 1
         name = self.stream_name.encode()
         writer.write(frames.encode(frames.Notify(self.stream_id, name, self._durable)))
@@ -353,10 +364,45 @@ class AsyncStreamProducer:
             self._kept.popleft()
 
     async def _read(self, source: _FrameSource) -> None:
+        assert self._writer is not None
+        keeper = asyncio.create_task(self._keep_alive(self._writer))
+        try:
+            while True:
+                self._on_frame(await source.next())
+        finally:
+            keeper.cancel()
+
+    async def _keep_alive(self, writer: asyncio.StreamWriter) -> None:
+        """Keeps an idle session from the server's idle timeout with a BOUNDARY MESSAGE every
+        third of it when nothing else went out; ends a connection on which the server has said
+        nothing for the idle timeout (twice that while messages wait for Kafka): a server
+        that stopped (SIGSTOP, a host that froze) then holds the stream no longer than its
+        lease, and this producer moves on."""
+        every = self._idle_s / 3
+        boundary = frames.encode(frames.Message(self.stream_id, frames.EPHEMERAL | frames.BOUNDARY))
+        loop = asyncio.get_running_loop()
+        sent, heard, heard_at = self._sent, self._heard, loop.time()
         while True:
-            self._on_frame(await source.next())
+            await asyncio.sleep(every)
+            if self._heard != heard:
+                heard, heard_at = self._heard, loop.time()
+            silence = self._idle_s * (2 if self._kept else 1)
+            if loop.time() - heard_at > silence:
+                log.warning(
+                    "stream %s: the server said nothing for %.0f s; reconnecting",
+                    self.stream_name,
+                    loop.time() - heard_at,
+                )
+                writer.transport.abort()
+                return
+            if self._sent == sent and self._ready and self._credits > 0 and not self._closing:
+                self._credits -= 1
+                writer.write(boundary)
+                self._sent += 1
+            sent = self._sent
 
     def _on_frame(self, frame: frames.Frame) -> None:
+        self._heard += 1
         if isinstance(frame, frames.Ack):
             self._credits += frame.credits
             for stream_id, point in frame.acks:
@@ -379,6 +425,14 @@ class AsyncStreamProducer:
             raise StreamError(code, message or code)
         else:
             raise _unexpected(frame, "ACK")
+
+
+def _idle_timeout(ok: frames.Ok) -> float:
+    """The server's idle timeout, from OK's ``idle_timeout_ms`` pair."""
+    for name, value in ok.pairs:
+        if name == b"idle_timeout_ms" and value.isdigit() and int(value) > 0:
+            return int(value) / 1000
+    return _IDLE_TIMEOUT_S
 
 
 class _FrameSource:

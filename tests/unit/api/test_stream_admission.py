@@ -22,6 +22,7 @@ def limits(
 ) -> ConnectionLimits:
     return ConnectionLimits(
         hello_timeout_s=3.0,
+        idle_timeout_s=30.0,
         max_pending=max_pending,
         max_sessions=max_sessions,
         max_sessions_per_key=max_sessions_per_key,
