@@ -93,6 +93,10 @@ _TOO_MANY_WAITING = "too many streaming connections are waiting to say HELLO; re
 _TOO_MANY_WAITING_ERROR = f"dependency_unavailable: {_TOO_MANY_WAITING}".encode()
 # Leases are renewed, points recorded and the key checked again this often (at most).
 _KEEP_EVERY_S = 1.0
+# How long a NOTIFY waits for a session of this replica to release the stream (Session._open).
+_HANDOVER_S = 2.0
+# How long an ending session waits for its helper tasks to stop.
+_HELPERS_STOP_S = 1.0
 # A message's id is a sequence id: 0..2^63-1 (docs/design.md §2).
 _MAX_SEQUENCE = 2**63 - 1
 # Room for a MESSAGE's fields and key besides its payload, in the default frame limit.
@@ -377,6 +381,7 @@ class _Stream(Reports):
         self.incarnation = incarnation_for(self.producer, entry.topic.created_at_ms)
         self.written: dict[int, tuple[int, float]] = {}  # sequence -> (bytes, perf_counter)
         self.closing = False
+        self.released = asyncio.Event()
         self.ok = 0  # writes Kafka acknowledged, not yet added to the metrics
         self.start_at(0)
 
@@ -481,9 +486,10 @@ class Session:
         self.written = 0
         self.duplicates = 0
         self.clock = asyncio.get_running_loop().time
-        # When the client last sent a frame, or last got credits back: a session idle longer
-        # than the listener's idle timeout is ended (see _keep_forever).
+        # Since when the session has been waiting for the client's next bytes (while
+        # ``reading``): idle longer than the listener's idle timeout, it is ended (_keep_forever).
         self.heard_at = self.clock()
+        self.reading = False
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -549,10 +555,11 @@ class Session:
         while self.error is None:
             if server.buffered >= server.config.buffer_bytes:
                 await server.room.wait()
+            self.heard_at, self.reading = self.clock(), True
             data = await self.reader.read(_READ_BYTES)
+            self.reading = False
             if not data:
                 return
-            self.heard_at = self.clock()
             await self._handle_all(self.frames.feed(data))
 
     async def _end(self, helpers: list[asyncio.Task[None]]) -> None:
@@ -568,9 +575,12 @@ class Session:
                 await asyncio.wait_for(self.wake.wait(), 0.05)
         for task in helpers:
             task.cancel()
-        for task in helpers:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # Cancelled, and told by ``ending`` too: a cancellation can be lost inside a library
+        # call. A keeper cancelled during its Redis calls was seen to carry on, renewing the
+        # leases for 30 s while this waited for it (the stream stayed locked).
+        _, stuck = await asyncio.wait(helpers, timeout=_HELPERS_STOP_S)
+        if stuck:
+            log.warning("streaming session %s: %d helper(s) did not stop", self.peer, len(stuck))
         if self.error is None and not self.writer.is_closing():
             self._ack()
             if self.restarting:
@@ -672,12 +682,21 @@ class Session:
         try:
             # Shielded: a lease taken must be recorded, or it would be held until its TTL.
             taken = await asyncio.shield(sessions.acquire(key, self.token))
+            holder = self.server.holders.get(key)
+            if not taken and holder is not None:
+                # Held by a session of this replica: most often the producer's own last
+                # connection, dropped and not yet ended (its writes still in flight). Its
+                # release is awaited rather than refused, so the reconnect needs no retry.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(holder.released.wait(), _HANDOVER_S)
+                taken = await asyncio.shield(sessions.acquire(key, self.token))
             if not taken:
                 self._send(frames.NotifyAck(False, frame.stream_id, 0))
                 log.info("stream %s is written by another session", "/".join(key))
                 return
             stream = _Stream(self, frame.stream_id, key, entry)
             self.streams[frame.stream_id] = stream  # from here on, _end releases the lease
+            self.server.holders[key] = stream
             stream.start_at(await sessions.resume_point(key, stream.incarnation))
         except (RedisError, OSError) as exc:
             raise Refused("dependency_unavailable", f"Redis: {exc}") from None
@@ -860,7 +879,7 @@ class Session:
         while True:
             await self.wake.wait()
             self.wake.clear()
-            if self.error is not None:
+            if self.error is not None or self.ending:
                 return
             self._ack()
             for stream in [s for s in self.streams.values() if s.closing and not s.written]:
@@ -871,9 +890,12 @@ class Session:
         """EOS: every write is acknowledged; the stream is free for its next session. The last
         ACK goes out after the lease is released, so a client that waits for it may hand the
         stream on at once."""
-        del self.streams[stream.stream_id]
+        # Forgotten only once released: a session that ends meanwhile (the client closed the
+        # connection right after EOS) releases it itself, where a lease half-released here
+        # stayed held for its whole TTL.
         await self._record_points([stream])
         await self._release(stream)
+        del self.streams[stream.stream_id]
         self._send(frames.Ack(0, ((stream.stream_id, stream.tracker.point),)))
 
     async def _keep_forever(self) -> None:
@@ -884,6 +906,8 @@ class Session:
         every = min(_KEEP_EVERY_S, sessions.lease_ms / 3000, idle_s / 4)
         while True:
             await asyncio.sleep(every)
+            if self.ending:
+                return
             if self._idle_for() > idle_s:
                 self.timed_out = True
                 self._fail(
@@ -897,7 +921,8 @@ class Session:
                 for stream in streams:
                     check(who, Permission.PRODUCE, stream.project, stream.topic)
                 held = await sessions.renew([s.key for s in streams], self.token)
-                lost = [s for s, h in zip(streams, held, strict=True) if not h]
+                # (a stream that EOS closed meanwhile was released, not lost)
+                lost = [s for s, h in zip(streams, held, strict=True) if not (h or s.closing)]
                 if lost:
                     raise DependencyUnavailable(f"the lease of stream {lost[0].stream_id} was lost")
                 await self._record_points()
@@ -909,9 +934,14 @@ class Session:
                 return
 
     def _idle_for(self) -> float:
-        """Seconds the client has been silent while it could have sent something: it held
-        credits and no write of its waited for Kafka (0 otherwise)."""
-        if self.available <= 0 or any(stream.written for stream in self.streams.values()):
+        """Seconds the session has waited for the client's bytes while the client could have
+        sent something: it held credits and no write of its waited for Kafka (0 otherwise).
+        Time the server spends on the client's frames, or holding it back, never counts."""
+        if (
+            not self.reading
+            or self.available <= 0
+            or any(stream.written for stream in self.streams.values())
+        ):
             self.heard_at = self.clock()
             return 0.0
         return self.clock() - self.heard_at
@@ -943,6 +973,10 @@ class Session:
                 "/".join(stream.key),
                 exc,
             )
+        finally:
+            if self.server.holders.get(stream.key) is stream:
+                del self.server.holders[stream.key]
+            stream.released.set()
 
 
 class StreamServer:
@@ -957,6 +991,9 @@ class StreamServer:
         self.refusals = RefusalLog()
         self.connections: dict[Greeting, asyncio.Task[None]] = {}  # sessions or not yet
         self.sessions: set[Session] = set()
+        # The streams this replica's sessions hold, by name: a NOTIFY of one of them waits for
+        # its release (see Session._open).
+        self.holders: dict[StreamKey, _Stream] = {}
         self.buffered = 0
         self.room = asyncio.Event()
         self.room.set()

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import random
 import socket
+import struct
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RETRYABLE = frozenset({"dependency_unavailable", "internal", "rate_limited", "request_timeout"})
+# SO_LINGER on, 0 s: close() sends a RST.
+_LINGER_ZERO = struct.pack("ii", 1, 0)
 # The server's idle timeout when its OK does not say (docs/streaming.md, "Idle sessions").
 _IDLE_TIMEOUT_S = 30.0
 _READ_BYTES = 256 * 1024
@@ -161,6 +164,11 @@ class AsyncStreamProducer:
         return self._durable
 
     @property
+    def connected(self) -> bool:
+        """Whether the stream is open on a connection now (False while reconnecting)."""
+        return self._ready
+
+    @property
     def pending(self) -> int:
         """Messages sent and not yet acknowledged."""
         return len(self._kept)
@@ -256,6 +264,22 @@ class AsyncStreamProducer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
             self._runner = None
+
+    def reconnect(self, *, reset: bool = False) -> None:
+        """Drops the connection (with a RST when ``reset``, else a FIN) and opens another, as
+        after a lost one: to move to another replica behind a load balancer, or to test that
+        a dropped connection loses nothing. Kept messages go again from the new point."""
+        writer = self._writer
+        if writer is None:
+            return
+        if reset:
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
+            writer.transport.abort()
+        else:
+            writer.close()
 
     # -- the connection ---------------------------------------------------------------------
 
