@@ -79,10 +79,18 @@ def setu_executable() -> str:
     return found
 
 
+# The checkout this harness runs from: its children (and Spark's Python workers, which they
+# start) import Setu from here first, whatever else an environment has installed. A long run
+# once had its Spark workers import an editable install of another checkout.
+_CHECKOUT = Path(__file__).resolve().parents[2]
+
+
 def base_env() -> dict[str, str]:
-    """This process's environment without any ``SETU_*`` variable, so nothing leaks in."""
+    """This process's environment without any ``SETU_*`` variable, so nothing leaks in, and
+    with this checkout first on ``PYTHONPATH``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SETU_")}
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_CHECKOUT), env.get("PYTHONPATH")) if p)
     return env
 
 
