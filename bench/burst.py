@@ -29,12 +29,9 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -47,6 +44,7 @@ from bench.latency import (
     Stack,
     run_load,
     stack_arguments,
+    stack_running,
     stats_ms,
     warm_up,
     webhook_get,
@@ -277,26 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     quiet_client_logs()
     run_id = uuid.uuid4().hex[:8]
     steady, burster = f"bu{run_id}-steady", f"bu{run_id}-bulk"
-    workdir = Path(tempfile.mkdtemp(prefix="setu-burst-"))
-    stack = Stack(workdir, args.bootstrap, args.redis, steady)
-    stack.extra_env = {
-        "SETU_SPARK_INGEST_PATTERN": f"^setu\\.bu{run_id}-[a-z]+\\.[a-z0-9-]+\\.ingest$",
-        **dict(item.split("=", 1) for item in args.env),
-    }
-    try:
-        stack.start()
+    pattern = {"SETU_SPARK_INGEST_PATTERN": f"^setu\\.bu{run_id}-[a-z]+\\.[a-z0-9-]+\\.ingest$"}
+    with stack_running(args, steady, pattern, prefix="setu-burst-") as stack:
         ids = make_projects(stack, burster)
         base = f"http://127.0.0.1:{stack.api_port}"
         auth = {"Authorization": ids["auth"]}
         with httpx.Client(base_url=base, headers=auth, timeout=30) as client:
             warm_up(stack, client, f"/v1/projects/{ids['p']}/topics/{ids['t']}/produce", 180.0)
         figures = asyncio.run(run(args, stack, ids, burster))
-    finally:
-        stack.stop()
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            print(f"logs kept in {workdir}")
     result = {
         "machine": machine(),
         "settings": stack.extra_env,

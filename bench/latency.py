@@ -566,10 +566,18 @@ def report(phases: dict[str, dict[str, Any]], checks: dict[str, Any]) -> None:
 
 
 @contextmanager
-def stack_running(args: argparse.Namespace) -> Iterator[Stack]:
-    workdir = Path(tempfile.mkdtemp(prefix="setu-latency-"))
-    stack = Stack(workdir, args.bootstrap, args.redis, f"lat{uuid.uuid4().hex[:8]}")
-    stack.extra_env = dict(item.split("=", 1) for item in args.env)
+def stack_running(
+    args: argparse.Namespace,
+    project: str | None = None,
+    env: dict[str, str] | None = None,
+    prefix: str = "setu-latency-",
+) -> Iterator[Stack]:
+    """A started stack for ``project`` (default: a new name) in a new work folder, with the
+    ``--env`` settings over ``env``; stopped, and its folder removed unless ``--keep``."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    project = project or f"lat{uuid.uuid4().hex[:8]}"
+    stack = Stack(workdir, args.bootstrap, args.redis, project)
+    stack.extra_env = {**(env or {}), **dict(item.split("=", 1) for item in args.env)}
     try:
         stack.start()
         yield stack
