@@ -3,6 +3,9 @@ project on the shared broker, and a reader of its main logs."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -15,6 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from cli.processes import ChildSpec
 from setu import names
 from setu.envelope import Envelope
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
@@ -33,6 +37,26 @@ from tests import waiting
 def wait_for(what: str, condition: Callable[[], object], timeout_s: float = 90.0) -> None:
     """:func:`tests.waiting.wait_for` with the patience a Spark batch needs on two cores."""
     waiting.wait_for(what, condition, timeout_s, every_s=0.2)
+
+
+def ingest_child(
+    world: IngestWorld, tmp_path: Path, *, master: str, pattern: str, conf: Mapping[str, str]
+) -> ChildSpec:
+    """``setu ingest`` as a process of its own on ``world``'s broker and Redis, reading the
+    ingest topics ``pattern`` matches, on the Spark ``master`` with ``conf``."""
+    env = {
+        **os.environ,
+        "SETU_KAFKA_BOOTSTRAP": world.bootstrap,
+        "SETU_REDIS_URL": world.redis_url,
+        "SETU_DATA_DIR": str(tmp_path / "data"),
+        "SETU_SPARK_MASTER": master,
+        "SETU_SPARK_CHECKPOINT_DIR": str(tmp_path / "checkpoint"),
+        "SETU_SPARK_INGEST_PATTERN": pattern,
+        "SETU_SPARK_TRIGGER_MS": "200",
+        "SETU_SPARK_CONF": json.dumps(dict(conf)),
+    }
+    argv = (sys.executable, "-m", "cli.main", "ingest")
+    return ChildSpec("ingest", argv, tmp_path / "logs" / "ingest.log", env=env)
 
 
 @dataclass

@@ -3,10 +3,8 @@ PySpark distribution), with a worker killed and the job itself killed mid-stream
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -20,7 +18,7 @@ from cli.ports import any_free_port
 from cli.processes import Child, ChildSpec
 from cli.spark_local import LocalSparkCluster
 from spark import job
-from tests.integration.spark.support import IngestWorld, MainLog, wait_for
+from tests.integration.spark.support import IngestWorld, MainLog, ingest_child, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -74,23 +72,11 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def ingest_spec(world: IngestWorld, cluster: Cluster, tmp_path: Path) -> ChildSpec:
-    env = {
-        **os.environ,
-        "SETU_KAFKA_BOOTSTRAP": world.bootstrap,
-        "SETU_REDIS_URL": world.redis_url,
-        "SETU_DATA_DIR": str(tmp_path / "data"),
-        "SETU_SPARK_MASTER": cluster.spec.master_url,
-        # The checkpoint on storage every executor reaches (a local folder stands in for a
-        # shared file system here: the workers run on this machine).
-        "SETU_SPARK_CHECKPOINT_DIR": str(tmp_path / "checkpoint"),
-        "SETU_SPARK_INGEST_PATTERN": job.project_pattern(world.project),
-        "SETU_SPARK_TRIGGER_MS": "200",
-        "SETU_SPARK_CONF": json.dumps(
-            {"spark.executor.memory": "512m", "spark.executor.cores": "1"}
-        ),
-    }
-    argv = (sys.executable, "-m", "cli.main", "ingest")
-    return ChildSpec("ingest", argv, tmp_path / "logs" / "ingest.log", env=env)
+    # The checkpoint (in tmp_path) stands in for storage every executor reaches, a shared
+    # file system: the workers run on this machine.
+    conf = {"spark.executor.memory": "512m", "spark.executor.cores": "1"}
+    pattern = job.project_pattern(world.project)
+    return ingest_child(world, tmp_path, master=cluster.spec.master_url, pattern=pattern, conf=conf)
 
 
 @dataclass

@@ -5,9 +5,7 @@ the shared job crash-looped on that batch with ``OutOfMemoryError: Java heap spa
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import threading
 import time
 import uuid
@@ -22,7 +20,7 @@ from pyspark.sql import SparkSession
 from cli.processes import Child, ChildSpec
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
 from state.kafka_admin import topic_config
-from tests.integration.spark.support import IngestWorld, wait_for
+from tests.integration.spark.support import IngestWorld, ingest_child, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -58,20 +56,9 @@ def two_projects(
 
 
 def ingest_spec(pattern: str, world: IngestWorld, tmp_path: Path) -> ChildSpec:
-    env = {
-        **os.environ,
-        "SETU_KAFKA_BOOTSTRAP": world.bootstrap,
-        "SETU_REDIS_URL": world.redis_url,
-        "SETU_DATA_DIR": str(tmp_path / "data"),
-        "SETU_SPARK_MASTER": "local[2]",
-        "SETU_SPARK_CHECKPOINT_DIR": str(tmp_path / "checkpoint"),
-        "SETU_SPARK_INGEST_PATTERN": pattern,
-        "SETU_SPARK_TRIGGER_MS": "200",
-        # In local mode the tasks run in the driver's JVM: its heap is the job's heap.
-        "SETU_SPARK_CONF": json.dumps({"spark.driver.memory": HEAP}),
-    }
-    argv = (sys.executable, "-m", "cli.main", "ingest")
-    return ChildSpec("ingest", argv, tmp_path / "logs" / "ingest.log", env=env)
+    # In local mode the tasks run in the driver's JVM: its heap is the job's heap.
+    conf = {"spark.driver.memory": HEAP}
+    return ingest_child(world, tmp_path, master="local[2]", pattern=pattern, conf=conf)
 
 
 class Watch:
