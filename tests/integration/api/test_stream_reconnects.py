@@ -11,7 +11,6 @@ import random
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -24,6 +23,7 @@ import pytest
 import pytest_asyncio
 
 from cli.ports import any_free_port
+from cli.processes import Child, ChildSpec
 from setu.client import AsyncStreamProducer
 from setu.envelope import H_SEQUENCE_ID
 from setu.names import ingest_topic
@@ -59,8 +59,11 @@ class ApiProcess:
     base_url: str
     stream_port: int
     kafka_bootstrap: str
-    process: subprocess.Popen[bytes]
-    log: Path
+    child: Child
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.child.pid is not None
+        os.kill(self.child.pid, sig)
 
     def client(self) -> httpx.AsyncClient:
         auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -86,31 +89,24 @@ def api_process(
         "SETU_SECRET_KEY": SECRET_KEY,
         **{f"SETU_{name.upper()}": value for name, value in settings.items()},
     }
-    data_dir.mkdir(parents=True, exist_ok=True)
-    log = data_dir / "api.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "api"], env=env, stdout=out, stderr=out
-        )
+    argv = (sys.executable, "-m", "cli.main", "api")
+    child = Child(ChildSpec("api", argv, data_dir / "api.log", env=env, stop_timeout_s=15))
+    child.start()
     base_url = f"http://127.0.0.1:{http_port}"
 
     def healthy() -> bool:
-        assert process.poll() is None, log.read_text()[-3000:]
+        assert child.running, child.log_tail(30)
         with contextlib.suppress(httpx.HTTPError):
             return httpx.get(f"{base_url}/v1/health").status_code == 200
         return False
 
     try:
         wait_for("the API process serving", healthy, timeout_s=60)
-        yield ApiProcess(base_url, stream_port, kafka_bootstrap, process, log)
+        yield ApiProcess(base_url, stream_port, kafka_bootstrap, child)
     finally:
-        process.send_signal(signal.SIGCONT)
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if child.pid is not None and child.running:
+            os.kill(child.pid, signal.SIGCONT)  # a stopped replica must run to stop
+        child.stop()
 
 
 def migrated(data_dir: Path) -> str:
@@ -279,7 +275,7 @@ async def test_a_stream_on_a_replica_that_stops_or_dies_opens_on_another_within_
         await acked_to(old, 10)
         old.send(*[message(n, group=f"g{n % 3}") for n in range(10, 15)])
         # When the first replica is stopped (SIGSTOP) or killed (SIGKILL)
-        first.process.send_signal(fate)
+        first.signal(fate)
         # Then a session on the second gets the stream within the lease
         raw, point, waited = await reopen(second.stream_port, name, LEASE_S + 10)
         assert waited <= LEASE_S + 1.0, f"{waited:.1f} s"
@@ -293,7 +289,7 @@ async def test_a_stream_on_a_replica_that_stops_or_dies_opens_on_another_within_
         raw.close()
         if fate == signal.SIGSTOP:
             # And the stopped replica, once it runs again, ends its old session: its lease is gone
-            first.process.send_signal(signal.SIGCONT)
+            first.signal(signal.SIGCONT)
             assert await old.closed()
             errors = [f for f in old.seen if isinstance(f, frames.Error)]
             assert errors and b"lease" in errors[0].reason, old.seen
