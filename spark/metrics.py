@@ -81,6 +81,14 @@ def no_waits() -> WaitCounts:
     return [0] * (len(LATENCY_BUCKETS) + 1), 0.0
 
 
+def add_waits(into: WaitCounts, other: WaitCounts) -> WaitCounts:
+    """``other`` added to ``into`` (whose counts change in place)."""
+    counts, total = into
+    for i, n in enumerate(other[0]):
+        counts[i] += n
+    return counts, total + other[1]
+
+
 class WaitsParam(AccumulatorParam[WaitCounts]):
     """A Spark accumulator of :data:`WaitCounts` (a sum)."""
 
@@ -90,10 +98,7 @@ class WaitsParam(AccumulatorParam[WaitCounts]):
     def addInPlace(  # noqa: N802 (Spark's name)
         self, value1: WaitCounts, value2: WaitCounts
     ) -> WaitCounts:
-        counts, total = value1
-        for i, n in enumerate(value2[0]):
-            counts[i] += n
-        return counts, total + value2[1]
+        return add_waits(value1, value2)
 
 
 class TracesParam(AccumulatorParam[list[str]]):

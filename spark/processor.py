@@ -51,7 +51,7 @@ from spark.dedup import (
 from spark.dedup_state import PartitionMarks
 from spark.dedup_stream import PartitionStream
 from spark.marks import ProducerHighs
-from spark.metrics import TopicCounts, WaitCounts, add_counts, wait_counts
+from spark.metrics import TopicCounts, WaitCounts, add_counts, add_waits, wait_counts
 
 __all__ = [
     "INCARNATION",
@@ -205,11 +205,7 @@ class TaskProgress:
         self.offsets[key] = int(offsets[-1])
 
     def add_waits(self, waits: WaitCounts) -> None:
-        if self.waited is None:
-            self.waited = waits
-            return
-        counts, total = self.waited
-        self.waited = [a + b for a, b in zip(counts, waits[0], strict=True)], total + waits[1]
+        self.waited = waits if self.waited is None else add_waits(self.waited, waits)
 
     def add_traces(self, frame: pd.DataFrame) -> None:
         traced = frame[frame[TRACEPARENT].notna()].head(MAX_LINKS)
