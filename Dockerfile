@@ -1,6 +1,6 @@
 # The image the Helm chart runs: `setu` with its PostgreSQL and Spark extras, Java 17 for the
-# Spark ingest job, and Spark's Kafka connector jars in SETU_CACHE_DIR (fetched with Maven at
-# build time, so pods never download anything).
+# Spark ingest job, and Spark's Kafka connector jars and the job's own operator in SETU_CACHE_DIR
+# (fetched with Maven and built at build time, so pods never download or compile anything).
 #
 #   docker build -t setu:0.1.0 .
 #
@@ -8,8 +8,9 @@
 # matches the chart's podSecurityContext.
 
 FROM python:3.11-slim-bookworm AS build
+# The JDK builds the ingest job's de-duplication operator (`setu fetch`, cli/jvm.py).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends openjdk-17-jre-headless maven \
+ && apt-get install -y --no-install-recommends openjdk-17-jdk-headless maven \
  && rm -rf /var/lib/apt/lists/*
 ENV VIRTUAL_ENV=/opt/setu/venv \
     PATH=/opt/setu/venv/bin:$PATH \

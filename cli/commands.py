@@ -147,7 +147,7 @@ def check_migrate(settings: Settings) -> int:
 
 def fetch_jars(settings: Settings, *, kafka: bool = True) -> int:
     """Downloads the Spark connector's jars, and unless ``kafka`` is False the broker's, into
-    the cache dir."""
+    the cache dir, and builds the ingest job's de-duplication operator (cli/jvm.py)."""
     from cli.jars import resolve_kafka_jars, resolve_spark_jars
 
     if kafka:
@@ -155,6 +155,9 @@ def fetch_jars(settings: Settings, *, kafka: bool = True) -> int:
         print(f"Kafka {settings.kafka_version}: {len(broker)} jars in {broker[0].parent}")
     spark = resolve_spark_jars(settings)
     print(f"Spark {settings.spark_version} Kafka connector: {', '.join(p.name for p in spark)}")
+    from cli.jvm import ingest_jar
+
+    print(f"ingest operator: {ingest_jar(settings)}")
     return 0
 
 

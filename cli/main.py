@@ -7,7 +7,8 @@
     setu redrive P T          copy topic T's set-aside ingest records to its main log
     setu dev up [--brokers 1|3] [--spark-workers N]
                               Kafka, Redis, SQLite, ingest, API and a worker on this machine
-    setu fetch [--spark-only] download the Kafka and Spark connector jars into the cache
+    setu fetch [--spark-only] download the Kafka and Spark connector jars into the cache and
+                              build the ingest job's de-duplication operator
     setu services run -- CMD  run CMD with throwaway Kafka/Redis/PostgreSQL (SETU_TEST_*)
     setu services up          the same services, until Ctrl-C
 
@@ -24,6 +25,7 @@ from pathlib import Path
 from cli import admin, commands
 from cli.commands import NotInstalled
 from cli.dev_settings import KAFKA_BROKER_COUNTS, DevSettings
+from cli.jvm import BuildFailed
 from cli.maven import FetchFailed
 from cli.processes import EXIT_NOT_AVAILABLE
 from setu.settings import Settings
@@ -175,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NotInstalled as error:
         print(f"setu {args.command}: {error}", file=sys.stderr)
         return EXIT_NOT_AVAILABLE
-    except FetchFailed as error:
+    except (FetchFailed, BuildFailed) as error:
         print(f"setu {args.command}: {error}", file=sys.stderr)
         return 1
 

@@ -155,10 +155,11 @@ def current_marks(
 
 
 def least_recently_seen(marks: Mapping[K, ProducerMark], keep: int) -> list[K]:
-    """The producers to forget so that at most ``keep`` remain: those seen longest ago."""
+    """The producers to forget so that at most ``keep`` remain: those seen longest ago (of
+    those seen at the same time, the smaller first)."""
     if len(marks) <= keep:
         return []
-    oldest_first = sorted(marks, key=lambda p: (marks[p].last_seen_ms, str(p)))
+    oldest_first = sorted(marks, key=lambda p: (marks[p].last_seen_ms, p))
     return oldest_first[: len(marks) - keep]
 
 

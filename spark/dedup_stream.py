@@ -30,8 +30,11 @@ import pandas as pd
 from spark.dedup import (
     INCARNATION,
     NO_SEQUENCE,
+    OFFSET,
+    PARTITION,
     PRODUCER,
     SEQUENCE,
+    TOPIC,
     ProducerKey,
     ProducerMark,
     copy_mark,
@@ -175,3 +178,76 @@ class PartitionStream:
         sequence), as the producer marks in Redis are raised (:mod:`spark.marks`)."""
         _, _, incarnation = self._current()
         return {owner: (incarnation, high) for owner, high in self.kept.items()}
+
+
+class RecordRule:
+    """The rule of :class:`PartitionStream` with every record judged as a batch of its own, and
+    a partition clock that never goes back: the reference for the ingest job's JVM operator
+    (``spark/jvm/src/main/java/setu/ingest/PartitionRule.java``), which
+    ``tests/unit/spark/test_jvm_rule.py`` holds to the same decisions on random histories.
+
+    Records without a producer id are judged by message id within their topic's window: a copy
+    kept less than ``window_ms`` of partition clock ago, under the same or a newer incarnation,
+    is a duplicate. At most ``max_ids`` ids are kept; beyond that those whose window ends first
+    (then the smaller id) are forgotten."""
+
+    def __init__(
+        self, topic: str, partition: int, ttl_ms: int, max_marks: int, max_ids: int
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.ttl_ms = ttl_ms
+        self.max_marks = max_marks
+        self.max_ids = max_ids
+        self.clock_ms = NO_TIME
+        self.marks: dict[ProducerKey, ProducerMark] = {}
+        self.ids: dict[str, tuple[int, int]] = {}
+        """Message id -> (clock at which its window ends, incarnation)."""
+
+    def admit(
+        self,
+        producer: str | None,
+        sequence: int,
+        incarnation: int,
+        record_ms: int,
+        message_id: str | None,
+        window_ms: int,
+    ) -> bool:
+        """True if the record is new (then it is remembered); records in offset order."""
+        self.clock_ms = max(self.clock_ms, record_ms)
+        if producer is None:
+            return self._admit_id(message_id, incarnation, window_ms)
+        stream = PartitionStream(self.topic, self.partition, self.ttl_ms, lambda: self.marks)
+        stream.now_ms = self.clock_ms
+        row = pd.DataFrame(
+            {
+                TOPIC: [self.topic],
+                PRODUCER: [producer],
+                PARTITION: [self.partition],
+                OFFSET: [0],
+                SEQUENCE: [sequence],
+                INCARNATION: [incarnation],
+            }
+        )
+        keep = bool(stream.decide(row, np.array([record_ms], dtype=np.int64))[0])
+        self.marks = stream.marks(self.max_marks)
+        return keep
+
+    def _admit_id(self, message_id: str | None, incarnation: int, window_ms: int) -> bool:
+        if window_ms <= 0 or message_id is None:
+            return True
+        seen = self.ids.get(message_id)
+        if seen is not None and seen[0] > self.clock_ms and seen[1] >= incarnation:
+            return False
+        self.ids[message_id] = (self.clock_ms + window_ms, incarnation)
+        live = {i: s for i, s in self.ids.items() if s[0] > self.clock_ms}
+        for forgotten in sorted(live, key=lambda i: (live[i][0], i))[
+            : max(0, len(live) - self.max_ids)
+        ]:
+            del live[forgotten]
+        self.ids = live
+        return True
+
+    def judging(self) -> dict[ProducerKey, ProducerMark]:
+        """The marks that judge at the partition clock."""
+        return live_marks(self.marks, self.clock_ms, self.ttl_ms)

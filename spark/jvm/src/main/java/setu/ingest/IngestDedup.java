@@ -1,0 +1,302 @@
+package setu.ingest;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.Map;
+import java.util.NoSuchElementException;
+import org.apache.spark.api.java.function.MapFunction;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.KeyValueGroupedDataset;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.streaming.MapState;
+import org.apache.spark.sql.streaming.OutputMode;
+import org.apache.spark.sql.streaming.StatefulProcessorWithInitialState;
+import org.apache.spark.sql.streaming.TTLConfig;
+import org.apache.spark.sql.streaming.TimeMode;
+import org.apache.spark.sql.streaming.TimerValues;
+import org.apache.spark.sql.streaming.ValueState;
+import scala.jdk.javaapi.CollectionConverters;
+
+/**
+ * The ingest job's de-duplication as a Spark stateful operator (docs/ingest.md,
+ * "De-duplication"; decision 0008). Records are grouped by ingest (topic, partition), so each
+ * partition's records reach one operator task in offset order, and {@link PartitionRule} decides
+ * them one at a time against the partition's state in Spark's state store. Kept records leave
+ * in the order they came, as soon as they are decided: the operator runs in Spark's real-time
+ * mode, where a record must not wait for the end of a batch.
+ *
+ * <p>The input rows need the columns {@code topic} (string), {@code partition} (int), {@code
+ * producer} (string, null without a producer id), {@code seq}, {@code incarnation}, {@code
+ * record_ms}, {@code window_ms} (long) and {@code message_id} (string); every column passes
+ * through unchanged. The PySpark job applies it with {@link #apply}.
+ */
+public final class IngestDedup extends StatefulProcessorWithInitialState<String, Row, Row, String> {
+  private static final long serialVersionUID = 1L;
+  private static final ObjectMapper JSON = new ObjectMapper();
+
+  private final long ttlMs;
+  private final long maxMarks;
+  private final long maxIds;
+  private transient SparkState state;
+  private transient Map<String, PartitionRule> rules;
+  private transient Columns columns;
+
+  public IngestDedup(long ttlMs, long maxMarks, long maxIds) {
+    this.ttlMs = ttlMs;
+    this.maxMarks = maxMarks;
+    this.maxIds = maxIds;
+  }
+
+  /**
+   * {@code rows} de-duplicated, each ingest partition's kept rows in their order. {@code
+   * initial}, when not null, seeds partitions that have no state yet: rows of {@code topic},
+   * {@code partition} and {@code marks} (a partition's marks as the micro-batch job stored them,
+   * {@code spark.dedup.encode_marks}).
+   */
+  public static Dataset<Row> apply(
+      Dataset<Row> rows, Dataset<Row> initial, long ttlMs, long maxMarks, long maxIds) {
+    KeyValueGroupedDataset<String, Row> grouped =
+        rows.groupByKey((MapFunction<Row, String>) IngestDedup::keyOf, Encoders.STRING());
+    IngestDedup processor = new IngestDedup(ttlMs, maxMarks, maxIds);
+    if (initial == null) {
+      return grouped.transformWithState(
+          processor, TimeMode.None(), OutputMode.Update(), Encoders.row(rows.schema()));
+    }
+    KeyValueGroupedDataset<String, String> seeds =
+        initial
+            .groupByKey((MapFunction<Row, String>) IngestDedup::keyOf, Encoders.STRING())
+            .mapValues((MapFunction<Row, String>) r -> r.getAs("marks"), Encoders.STRING());
+    return grouped.transformWithState(
+        processor,
+        TimeMode.None(),
+        OutputMode.Update(),
+        seeds,
+        Encoders.row(rows.schema()),
+        Encoders.STRING());
+  }
+
+  static String keyOf(Row row) {
+    return row.<String>getAs("topic") + ":" + row.<Integer>getAs("partition");
+  }
+
+  @Override
+  public void init(OutputMode outputMode, TimeMode timeMode) {
+    ValueState<Clock> clock =
+        getHandle().getValueState("clock", Encoders.bean(Clock.class), TTLConfig.NONE());
+    MapState<String, Mark> marks =
+        getHandle()
+            .getMapState("marks", Encoders.STRING(), Encoders.bean(Mark.class), TTLConfig.NONE());
+    MapState<String, SeenId> ids =
+        getHandle()
+            .getMapState("ids", Encoders.STRING(), Encoders.bean(SeenId.class), TTLConfig.NONE());
+    state = new SparkState(clock, marks, ids);
+    rules = new HashMap<>();
+  }
+
+  @Override
+  public scala.collection.Iterator<Row> handleInputRows(
+      String key, scala.collection.Iterator<Row> rows, TimerValues timerValues) {
+    PartitionRule rule = rules.computeIfAbsent(key, k -> new PartitionRule(ttlMs, maxMarks, maxIds));
+    Iterator<Row> input = CollectionConverters.asJava(rows);
+    return CollectionConverters.asScala(new Kept(input, rule));
+  }
+
+  @Override
+  public void handleInitialState(String key, String marks, TimerValues timerValues) {
+    if (state.clock().getNowMs() != PartitionRule.NO_TIME) {
+      return; // the partition has state of its own already
+    }
+    seed(state, marks);
+  }
+
+  /**
+   * Seeds an empty partition state with marks as the micro-batch job stored them: the marks of
+   * the newest incarnation, and a clock at the newest of their last sights.
+   */
+  static void seed(PartitionState state, String encoded) {
+    JsonNode items;
+    try {
+      items = JSON.readTree(encoded);
+    } catch (IOException e) {
+      throw new UncheckedIOException("unreadable de-duplication marks", e);
+    }
+    long incarnation = PartitionRule.NO_INCARNATION;
+    for (JsonNode item : items) {
+      incarnation = Math.max(incarnation, item.size() > 4 ? item.get(4).asLong() : 0);
+    }
+    long now = PartitionRule.NO_TIME;
+    long count = 0;
+    for (JsonNode item : items) {
+      long markIncarnation = item.size() > 4 ? item.get(4).asLong() : 0;
+      JsonNode partitions = item.get(3);
+      if (markIncarnation != incarnation || partitions.isEmpty()) {
+        continue;
+      }
+      now = Math.max(now, item.get(2).asLong());
+      long high = PartitionRule.NO_SEQUENCE;
+      for (JsonNode pair : partitions) {
+        high = Math.max(high, pair.get(1).asLong());
+      }
+      state.putMark(item.get(1).asText(), new Mark(high, item.get(2).asLong(), incarnation));
+      count++;
+    }
+    state.clock(new Clock(now, incarnation, count, 0));
+  }
+
+  /** The rows {@code rule} keeps, decided one at a time as they are pulled. */
+  private final class Kept implements Iterator<Row> {
+    private final Iterator<Row> input;
+    private final PartitionRule rule;
+    private Row next;
+
+    Kept(Iterator<Row> input, PartitionRule rule) {
+      this.input = input;
+      this.rule = rule;
+    }
+
+    @Override
+    public boolean hasNext() {
+      while (next == null && input.hasNext()) {
+        Row row = input.next();
+        if (columns == null) {
+          columns = new Columns(row);
+        }
+        if (rule.admit(state, columns.incoming(row))) {
+          next = row;
+        }
+      }
+      return next != null;
+    }
+
+    @Override
+    public Row next() {
+      if (!hasNext()) {
+        throw new NoSuchElementException();
+      }
+      Row out = next;
+      next = null;
+      return out;
+    }
+  }
+
+  /** Where the fields the rule reads sit in the input rows. */
+  private static final class Columns {
+    private final int producer;
+    private final int sequence;
+    private final int incarnation;
+    private final int recordMs;
+    private final int messageId;
+    private final int windowMs;
+
+    Columns(Row row) {
+      producer = row.fieldIndex("producer");
+      sequence = row.fieldIndex("seq");
+      incarnation = row.fieldIndex("incarnation");
+      recordMs = row.fieldIndex("record_ms");
+      messageId = row.fieldIndex("message_id");
+      windowMs = row.fieldIndex("window_ms");
+    }
+
+    Incoming incoming(Row row) {
+      boolean hasProducer = !row.isNullAt(producer);
+      return new Incoming(
+          hasProducer ? row.getString(producer) : null,
+          hasProducer && !row.isNullAt(sequence) ? row.getLong(sequence) : 0,
+          row.isNullAt(incarnation) ? 0 : row.getLong(incarnation),
+          row.getLong(recordMs),
+          row.isNullAt(messageId) ? null : row.getString(messageId),
+          row.isNullAt(windowMs) ? 0 : row.getLong(windowMs));
+    }
+  }
+
+  /** {@link PartitionState} in the operator's state variables (keyed by the current group). */
+  private static final class SparkState implements PartitionState {
+    private final ValueState<Clock> clock;
+    private final MapState<String, Mark> marks;
+    private final MapState<String, SeenId> ids;
+
+    SparkState(ValueState<Clock> clock, MapState<String, Mark> marks, MapState<String, SeenId> ids) {
+      this.clock = clock;
+      this.marks = marks;
+      this.ids = ids;
+    }
+
+    @Override
+    public Clock clock() {
+      return clock.exists() ? clock.get() : new Clock();
+    }
+
+    @Override
+    public void clock(Clock value) {
+      clock.update(value);
+    }
+
+    @Override
+    public Mark mark(String producer) {
+      return marks.containsKey(producer) ? marks.getValue(producer) : null;
+    }
+
+    @Override
+    public void putMark(String producer, Mark mark) {
+      marks.updateValue(producer, mark);
+    }
+
+    @Override
+    public void removeMark(String producer) {
+      marks.removeKey(producer);
+    }
+
+    @Override
+    public Iterable<Map.Entry<String, Mark>> marks() {
+      return () -> entries(marks.iterator());
+    }
+
+    @Override
+    public SeenId seenId(String messageId) {
+      return ids.containsKey(messageId) ? ids.getValue(messageId) : null;
+    }
+
+    @Override
+    public void putSeenId(String messageId, SeenId seen) {
+      ids.updateValue(messageId, seen);
+    }
+
+    @Override
+    public void removeSeenId(String messageId) {
+      ids.removeKey(messageId);
+    }
+
+    @Override
+    public Iterable<Map.Entry<String, SeenId>> seenIds() {
+      return () -> entries(ids.iterator());
+    }
+
+    @Override
+    public void clearMarks() {
+      marks.clear();
+    }
+
+
+    private static <V> Iterator<Map.Entry<String, V>> entries(
+        scala.collection.Iterator<scala.Tuple2<String, V>> pairs) {
+      Iterator<scala.Tuple2<String, V>> each = CollectionConverters.asJava(pairs);
+      return new Iterator<>() {
+        @Override
+        public boolean hasNext() {
+          return each.hasNext();
+        }
+
+        @Override
+        public Map.Entry<String, V> next() {
+          scala.Tuple2<String, V> pair = each.next();
+          return Map.entry(pair._1(), pair._2());
+        }
+      };
+    }
+  }
+}
