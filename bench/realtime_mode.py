@@ -1,7 +1,8 @@
 """What Spark's real-time mode gives a Kafka-to-Kafka copy, and what one Python step does to it.
 
     python -m bench.realtime_mode --bootstrap 127.0.0.1:9092
-                                  [--mode k2k|pandas|udf|foreach|fbatch] [--allow-python]
+                                  [--mode k2k|pandas|udf|foreach|fbatch|dedup]
+                                  [--allow-python] [--trigger realtime|micro] [--resend 0.05]
                                   [--rate 200] [--seconds 30] [--partitions 2]
                                   [--master local[2]] [--label X]
 
@@ -15,6 +16,12 @@ send time. ``--mode`` chooses what sits between the source and the output topic:
   row with the time the Python function saw it.
 * ``foreach``: a Python ``foreach`` sink that stamps each row and sends it to the output topic.
 * ``fbatch``: a ``foreachBatch`` function that stamps each batch and writes it there.
+* ``dedup``: the ingest job's de-duplication operator (``setu.ingest.IngestDedup``, a JVM
+  ``transformWithState`` grouped by source partition; cli/jvm.py builds it), every record
+  under one producer with its id as sequence and ``--resend`` of them sent twice.
+
+``--trigger micro`` runs the same query in micro-batches (trigger 0) instead, for the
+comparison.
 
 Spark refuses Python operators (at the query's first batch) and ``foreachBatch`` (at
 ``start()``) in real-time mode while its allowlist check is on; ``--allow-python`` sets
@@ -34,6 +41,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import random
 import re
 import statistics
 import tempfile
@@ -58,9 +66,10 @@ from bench.http_load import percentile
 from bench.ingest import create_topics
 from bench.machine import quiet_client_logs, quiet_kafka_config, service_arguments, write_result
 from cli.jars import resolve_spark_jars
+from cli.jvm import ingest_jar
 from setu.settings import Settings
 
-MODES = ("k2k", "pandas", "udf", "foreach", "fbatch")
+MODES = ("k2k", "pandas", "udf", "foreach", "fbatch", "dedup")
 REAL_TIME_S = 5
 ALLOWLIST_CHECK = "spark.sql.streaming.realTimeMode.allowlistCheck"
 LOOPBACK = "127.0.0.1"
@@ -247,6 +256,8 @@ def output_frame(spark: SparkSession, bootstrap: str, topic: str, mode: str) -> 
         .option("startingOffsets", "earliest")
         .load()
     )
+    if mode == "dedup":
+        return deduplicated(spark, source)
     rows = source.selectExpr("CAST(key AS STRING) key", "CAST(value AS STRING) value")
     if mode == "pandas":
         stamped = rows.mapInPandas(stamp_frames, "key string, value string, seen double")
@@ -257,14 +268,38 @@ def output_frame(spark: SparkSession, bootstrap: str, topic: str, mode: str) -> 
     return rows
 
 
+def deduplicated(spark: SparkSession, source: DataFrame) -> DataFrame:
+    """The source records through the ingest job's JVM de-duplication operator, as key and
+    value strings: one producer, sequence = the record's id (a resend repeats it)."""
+    value = fn.col("value").cast("string")
+    rows = source.select(
+        "topic",
+        "partition",
+        fn.lit("bench").alias("producer"),
+        fn.get_json_object(value, "$.id").cast("bigint").alias("seq"),
+        fn.lit(0).cast("bigint").alias("incarnation"),
+        fn.unix_millis("timestamp").alias("record_ms"),
+        fn.col("key").cast("string").alias("message_id"),
+        fn.lit(0).cast("bigint").alias("window_ms"),
+        fn.col("key").cast("string").alias("key"),
+        value.alias("value"),
+    )
+    operator = spark._jvm.setu.ingest.IngestDedup  # type: ignore[union-attr]
+    kept = DataFrame(operator.apply(rows._jdf, None, 3_600_000, 100_000, 100_000), spark)
+    return kept.select("key", "value")
+
+
 def start_query(
-    frame: DataFrame, mode: str, bootstrap: str, topic: str, checkpoint: str
+    frame: DataFrame, mode: str, bootstrap: str, topic: str, checkpoint: str, micro: bool = False
 ) -> StreamingQuery:
-    """Starts the real-time query. Raises PySparkException when Spark refuses its sink."""
+    """Starts the real-time query (``micro``: micro-batches, trigger 0 instead). Raises
+    PySparkException when Spark refuses its sink."""
     updates = frame.writeStream.outputMode("update").option("checkpointLocation", checkpoint)
     # pyspark 4.2's typed overloads of trigger() leave out realTime, which it takes.
     interval = f"{REAL_TIME_S} seconds"
-    writer: DataStreamWriter = updates.trigger(realTime=interval)  # type: ignore[call-overload]
+    writer: DataStreamWriter = (
+        updates.trigger(processingTime="0 seconds") if micro else updates.trigger(realTime=interval)  # type: ignore[call-overload]
+    )
     if mode == "foreach":
         return writer.foreach(StampingWriter(bootstrap, topic)).start()
     if mode == "fbatch":
@@ -317,13 +352,20 @@ def output_consumer(bootstrap: str, group: str) -> Consumer:
     )
 
 
-def feed(producer: Producer, topic: str, partitions: int, rate: float, seconds: float) -> int:
-    """Sends ``rate * seconds`` records ``{"id", "ts"}`` evenly over the partitions; returns
-    how many the broker acknowledged."""
+def feed(
+    producer: Producer,
+    topic: str,
+    partitions: int,
+    rate: float,
+    seconds: float,
+    resend: float = 0.0,
+) -> int:
+    """Sends ``rate * seconds`` records ``{"id", "ts"}`` evenly over the partitions, a
+    ``resend`` fraction of them twice; returns how many the broker acknowledged (about)."""
     total = round(rate * seconds)
     start = time.monotonic()
     deadline = start + seconds + FEED_GRACE_S
-    sent = 0
+    sent = resent = 0
     for n in range(total):
         delay = start + n / rate - time.monotonic()
         if delay > 0:
@@ -332,9 +374,12 @@ def feed(producer: Producer, topic: str, partitions: int, rate: float, seconds: 
             break
         record = json.dumps({"id": n, "ts": time.time()})
         producer.produce(topic, key=str(n), value=record, partition=n % partitions)
+        if resend and random.random() < resend:
+            producer.produce(topic, key=str(n), value=record, partition=n % partitions)
+            resent += 1
         producer.poll(0)
         sent += 1
-    return sent - producer.flush(30)
+    return sent - max(0, producer.flush(30) - resent)
 
 
 def wait_warm(query: StreamingQuery) -> None:
@@ -368,7 +413,7 @@ def measure(args: argparse.Namespace, query: StreamingQuery, topics: Topics) -> 
         if refused:
             return {"query_error": refused}
         producer = Producer({"bootstrap.servers": args.bootstrap, "linger.ms": 0})
-        sent = feed(producer, topics.source, args.partitions, args.rate, args.seconds)
+        sent = feed(producer, topics.source, args.partitions, args.rate, args.seconds, args.resend)
         wait_delivered(reader, sent, query)
         return {
             "query_error": query_error(query, "run"),
@@ -381,14 +426,17 @@ def measure(args: argparse.Namespace, query: StreamingQuery, topics: Topics) -> 
 
 def probe(args: argparse.Namespace, topics: Topics, name: str) -> dict[str, Any]:
     """Runs the mode's query in its own session and checkpoint; both are gone on return."""
-    jars = ",".join(map(str, resolve_spark_jars(Settings(kafka_bootstrap=args.bootstrap))))
+    settings = Settings(kafka_bootstrap=args.bootstrap)
+    jars = ",".join(map(str, [*resolve_spark_jars(settings), ingest_jar(settings)]))
     with tempfile.TemporaryDirectory(prefix="setu-realtime-") as work:
         spark = build_session(session_config(args.master, jars, args.allow_python, name))
         try:
             spark.sparkContext.setLogLevel("ERROR")
             frame = output_frame(spark, args.bootstrap, topics.source, args.mode)
             try:
-                query = start_query(frame, args.mode, args.bootstrap, topics.output, work)
+                query = start_query(
+                    frame, args.mode, args.bootstrap, topics.output, work, args.trigger == "micro"
+                )
             except PySparkException as error:
                 return {"query_error": {"at": "start", "message": spark_message(str(error))}}
             try:
@@ -413,7 +461,7 @@ def delete_topics(admin: AdminClient, topics: Topics) -> None:
 def print_figures(figures: dict[str, Any]) -> None:
     s = figures["settings"]
     check = "off" if s["allow_python"] else "on"
-    print(f"mode {s['mode']}, allowlist check {check}, ", end="")
+    print(f"mode {s['mode']} ({s['trigger']}), allowlist check {check}, ", end="")
     print(f"{s['partitions']} source partitions, {s['master']}, ", end="")
     print(f"{s['rate']:g}/s for {s['seconds']:g} s")
     error = figures.get("query_error")
@@ -441,6 +489,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--trigger", choices=("realtime", "micro"), default="realtime")
+    parser.add_argument("--resend", type=float, default=0.0, help="fraction of records sent twice")
     args = parser.parse_args(argv)
     if not is_loopback(args.bootstrap):
         parser.error(f"--bootstrap {args.bootstrap}: only loopback brokers")
@@ -469,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": args.seconds,
         "partitions": args.partitions,
         "master": args.master,
+        "trigger": args.trigger,
+        "resend": args.resend,
     }
     figures = {"settings": settings, **measured}
     print_figures(figures)
