@@ -22,6 +22,7 @@ from api.validation import check_header
 from setu import headers as rules
 from setu.envelope import (
     H_CONTENT_TYPE,
+    H_DEDUP_WINDOW,
     H_GROUP_ID,
     H_MESSAGE_ID,
     H_PRODUCED_AT,
@@ -72,10 +73,11 @@ def ingest_headers(
     produced_at_ms: int,
     topic_incarnation: int = 0,
     content_type: str | None = None,
+    dedup_window_ms: int = 0,
 ) -> KafkaHeaders:
     """Exactly ``Envelope(...).kafka_headers()`` of a message just produced (no audit fields);
-    ``topic_incarnation`` is stamped on messages with a producer id only (see
-    :func:`incarnation_for`)."""
+    ``topic_incarnation`` and ``dedup_window_ms`` as :func:`incarnation_for` and
+    :func:`dedup_window_for` give them."""
     out: KafkaHeaders = [(name, value.encode()) for name, value in extra]
     out.append((H_MESSAGE_ID, message_id.encode()))
     if group_id is not None:
@@ -86,17 +88,26 @@ def ingest_headers(
         out.append((H_SEQUENCE_ID, str(sequence_id).encode()))
     if produced_at_ms:
         out.append((H_PRODUCED_AT, str(produced_at_ms).encode()))
-    if topic_incarnation and producer_id is not None:
+    if topic_incarnation:
         out.append((H_TOPIC_INCARNATION, str(topic_incarnation).encode()))
+    if dedup_window_ms:
+        out.append((H_DEDUP_WINDOW, str(dedup_window_ms).encode()))
     if content_type is not None:
         out.append((H_CONTENT_TYPE, content_type.encode()))
     return out
 
 
-def incarnation_for(producer_id: str | None, topic_created_at_ms: int) -> int:
-    """The topic incarnation a message carries: only a message with a producer id needs one,
-    for its de-duplication (docs/ingest.md, "A topic created again")."""
-    return topic_created_at_ms if producer_id is not None else 0
+def incarnation_for(producer_id: str | None, topic_created_at_ms: int, window_ms: int = 0) -> int:
+    """The topic incarnation a message carries: only a message that is de-duplicated needs
+    one, by producer id or by message id within ``window_ms`` (docs/ingest.md, "A topic
+    created again")."""
+    return topic_created_at_ms if producer_id is not None or window_ms else 0
+
+
+def dedup_window_for(producer_id: str | None, window_seconds: int) -> int:
+    """The window (ms) a message is de-duplicated by message id in: its topic's, unless it has
+    a producer id, which de-duplicates it by sequence instead (docs/ingest.md)."""
+    return 0 if producer_id is not None else window_seconds * 1000
 
 
 def decode_header_value(raw: bytes) -> str:
@@ -176,10 +187,12 @@ def single_envelope(
     produced_at_ms: int,
     topic_created_at_ms: int = 0,
     content_type: str | None = None,
+    dedup_window_seconds: int = 0,
 ) -> Envelope:
     """The envelope of a single produce; raises InvalidInput or PayloadTooLarge."""
     parsed = rules.parse_produce_headers(x_headers, grouped=grouped)
     check_forwarded_size(parsed.extra)
+    window_ms = dedup_window_for(parsed.producer_id, dedup_window_seconds)
     return Envelope(
         message_id=parsed.message_id,
         body=body,
@@ -188,7 +201,8 @@ def single_envelope(
         sequence_id=parsed.sequence_id,
         headers=parsed.extra,
         produced_at_ms=produced_at_ms,
-        topic_incarnation=incarnation_for(parsed.producer_id, topic_created_at_ms),
+        topic_incarnation=incarnation_for(parsed.producer_id, topic_created_at_ms, window_ms),
+        dedup_window_ms=window_ms,
         content_type=check_content_type(content_type),
     )
 
@@ -201,6 +215,7 @@ def parse_batch(
     max_message_bytes: int,
     max_messages: int,
     topic_created_at_ms: int = 0,
+    dedup_window_seconds: int = 0,
 ) -> list[IngestRecord]:
     """Every message of a batch body as its record; raises on the first bad message."""
     try:
@@ -222,7 +237,12 @@ def parse_batch(
         try:
             out.append(
                 _batch_message(
-                    message, grouped, produced_at_ms, max_message_bytes, topic_created_at_ms
+                    message,
+                    grouped,
+                    produced_at_ms,
+                    max_message_bytes,
+                    topic_created_at_ms,
+                    dedup_window_seconds,
                 )
             )
         except SetuError as exc:
@@ -236,6 +256,7 @@ def _batch_message(
     produced_at_ms: int,
     max_message_bytes: int,
     topic_created_at_ms: int,
+    dedup_window_seconds: int = 0,
 ) -> IngestRecord:
     # Runs once per message of every batch: checks are inlined where a call would cost more.
     if not isinstance(message, dict):
@@ -265,6 +286,7 @@ def _batch_message(
     if len(body) > max_message_bytes:
         check_body_size(len(body), max_message_bytes)
     key = kafka_key(message_id, group_id)
+    window_ms = dedup_window_for(producer_id, dedup_window_seconds)
     headers = ingest_headers(
         message_id,
         group_id,
@@ -272,8 +294,9 @@ def _batch_message(
         sequence_id,
         extra,
         produced_at_ms,
-        incarnation_for(producer_id, topic_created_at_ms),
+        incarnation_for(producer_id, topic_created_at_ms, window_ms),
         check_content_type(_text(get("content_type"), "content_type")),
+        window_ms,
     )
     return IngestRecord(message_id, key, body, headers)
 

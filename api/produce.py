@@ -124,6 +124,7 @@ async def produce_one(
             produced_at_ms=now_ms(),
             topic_created_at_ms=entry.topic.created_at_ms,
             content_type=scanned.content_type,
+            dedup_window_seconds=entry.topic.dedup_window_seconds,
         )
     except SetuError:
         s.metrics.count_produced(project, topic, "rejected")
@@ -195,6 +196,7 @@ async def produce_many(
             max_message_bytes=s.settings.max_message_bytes,
             max_messages=s.settings.max_batch_messages,
             topic_created_at_ms=entry.topic.created_at_ms,
+            dedup_window_seconds=entry.topic.dedup_window_seconds,
         )
     except SetuError:
         s.metrics.count_produced(project, topic, "rejected")

@@ -16,7 +16,15 @@ from setu import names
 from setu.access import ApiKey
 from setu.clock import now_ms
 from setu.errors import InvalidInput
-from setu.model import DEFAULT_RETRY_DELAYS_MS, ProduceQuota, Project, Subscription, Topic
+from setu.model import (
+    DEFAULT_DEDUP_WINDOW_SECONDS,
+    DEFAULT_RETRY_DELAYS_MS,
+    MAX_DEDUP_WINDOW_SECONDS,
+    ProduceQuota,
+    Project,
+    Subscription,
+    Topic,
+)
 from setu.policies import (
     DEFAULT_AUTO_PAUSE_AFTER_S,
     BreakerPolicy,
@@ -91,6 +99,13 @@ class TopicCreate(Body):
     grouped: bool = False
     partitions: int = Field(6, ge=1, le=MAX_PARTITIONS)
     retention_hours: int = Field(168, ge=1, le=MAX_RETENTION_HOURS)
+    dedup_window_seconds: int = Field(
+        DEFAULT_DEDUP_WINDOW_SECONDS,
+        ge=0,
+        le=MAX_DEDUP_WINDOW_SECONDS,
+        description="A message without a producer id whose message id was accepted this long "
+        "before is dropped as a duplicate; 0 turns it off.",
+    )
 
 
 class EndpointBody(Body):
@@ -232,6 +247,7 @@ def topic_view(topic: Topic) -> dict[str, Any]:
         "grouped": topic.grouped,
         "partitions": topic.partitions,
         "retention_hours": topic.retention_hours,
+        "dedup_window_seconds": topic.dedup_window_seconds,
         "created_at_ms": topic.created_at_ms,
         "kafka": {
             "ingest_topic": names.ingest_topic(topic.project, topic.name),
@@ -332,6 +348,7 @@ class TopicOut(Out):
     grouped: bool
     partitions: int
     retention_hours: int
+    dedup_window_seconds: int
     created_at_ms: int
     kafka: KafkaTopicsOut
     # Only on GET of one topic: records the ingest job set aside (README: rejected records)

@@ -52,6 +52,7 @@ async def create_topic(request: Request, project: str, body: TopicCreate) -> Res
         grouped=body.grouped,
         partitions=body.partitions,
         retention_hours=body.retention_hours,
+        dedup_window_seconds=body.dedup_window_seconds,
     )
     stored, created = await control.create_topic(services(request), topic)
     return reply(TopicOut, topic_view(stored), 201 if created else 200)

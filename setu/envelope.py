@@ -30,6 +30,10 @@ H_CONTENT_TYPE = "setu-content-type"
 # time. De-duplication state and producer marks of a deleted topic never judge or answer for
 # a topic created again under the same name (docs/ingest.md, "A topic created again").
 H_TOPIC_INCARNATION = "setu-topic-incarnation"
+# On a message without a producer id: its topic's window for de-duplication by message id, in ms
+# (docs/ingest.md, "De-duplication by message id"). The topic's setting travels with each
+# message, so the ingest job needs no lookup.
+H_DEDUP_WINDOW = "setu-dedup-window-ms"
 # W3C Trace Context of the message (setu/tracing.py), under the names OpenTelemetry's Kafka
 # instrumentations read: not Setu-prefixed, and never forwarded as a producer header.
 H_TRACEPARENT = "traceparent"
@@ -60,6 +64,7 @@ class Envelope:
     headers: tuple[tuple[str, str], ...] = ()
     produced_at_ms: int = 0
     topic_incarnation: int = 0
+    dedup_window_ms: int = 0
     content_type: str | None = None
     ingest_partition: int | None = None
     ingest_offset: int | None = None
@@ -94,6 +99,8 @@ class Envelope:
             out.append((H_PRODUCED_AT, str(self.produced_at_ms).encode()))
         if self.topic_incarnation:
             out.append((H_TOPIC_INCARNATION, str(self.topic_incarnation).encode()))
+        if self.dedup_window_ms:
+            out.append((H_DEDUP_WINDOW, str(self.dedup_window_ms).encode()))
         if self.content_type is not None:
             out.append((H_CONTENT_TYPE, self.content_type.encode()))
         if self.traceparent is not None:
@@ -142,6 +149,7 @@ class Envelope:
             headers=tuple(extra),
             produced_at_ms=num(H_PRODUCED_AT) or 0,
             topic_incarnation=num(H_TOPIC_INCARNATION) or 0,
+            dedup_window_ms=num(H_DEDUP_WINDOW) or 0,
             content_type=own.get(H_CONTENT_TYPE),
             ingest_partition=num(H_INGEST_PARTITION),
             ingest_offset=num(H_INGEST_OFFSET),

@@ -62,6 +62,10 @@ class Project:
     quota: ProduceQuota = field(default_factory=ProduceQuota)
 
 
+DEFAULT_DEDUP_WINDOW_SECONDS = 300
+MAX_DEDUP_WINDOW_SECONDS = 24 * 3600
+
+
 @dataclass(frozen=True, slots=True)
 class Topic:
     project: str
@@ -70,6 +74,9 @@ class Topic:
     partitions: int = 6
     retention_hours: int = 168
     created_at_ms: int = 0
+    dedup_window_seconds: int = DEFAULT_DEDUP_WINDOW_SECONDS
+    """A message without a producer id is a duplicate of one with its message id accepted this
+    long before (0: never); docs/ingest.md, "De-duplication by message id"."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,7 @@ def _topic(row: Row[Any]) -> Topic:
         partitions=row.partitions,
         retention_hours=row.retention_hours,
         created_at_ms=row.created_at_ms,
+        dedup_window_seconds=row.dedup_window_seconds,
     )
 
 

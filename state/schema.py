@@ -48,6 +48,7 @@ topics = sa.Table(
     sa.Column("grouped", sa.Boolean, nullable=False),
     sa.Column("partitions", sa.Integer, nullable=False),
     sa.Column("retention_hours", sa.Integer, nullable=False),
+    sa.Column("dedup_window_seconds", sa.Integer, nullable=False, server_default="300"),
     # True between the start of a DELETE and the removal of the row (Kafka topics go first).
     sa.Column("deleting", sa.Boolean, nullable=False),
     sa.Column("created_at_ms", sa.BigInteger, nullable=False),

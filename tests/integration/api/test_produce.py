@@ -82,6 +82,29 @@ async def test_message_lands_on_its_groups_murmur2_partition_with_headers(
     assert "content-type" not in got
 
 
+async def test_a_message_without_a_producer_id_carries_its_topics_window(
+    api: Api, project: str
+) -> None:
+    created = await api.client.post(
+        f"/v1/projects/{project}/topics",
+        json={"name": "w", "partitions": 1, "dedup_window_seconds": 60},
+    )
+    assert created.status_code == 201, created.text
+    url = f"/v1/projects/{project}/topics/w/produce"
+    plain = {"X-Message-Id": "m-1"}
+    sequenced = {"X-Message-Id": "m-2", "X-Producer-Id": "p", "X-Sequence-Id": "1"}
+    for headers in (plain, sequenced):
+        assert (await api.client.post(url, content=b"x", headers=headers)).status_code == 200
+    first, second = await records(api, project, 2, topic="w")
+    # The ingest job de-duplicates the first by message id within 60 s, in the topic's life
+    assert headers_of(first)["setu-dedup-window-ms"] == b"60000"
+    assert (
+        headers_of(first)["setu-topic-incarnation"] == str(created.json()["created_at_ms"]).encode()
+    )
+    # and the second by its producer's sequence, with no window
+    assert "setu-dedup-window-ms" not in headers_of(second)
+
+
 async def test_every_message_of_a_group_shares_one_partition(api: Api, project: str) -> None:
     url = await make_topic(api, project)
     groups = [f"g{i}" for i in range(12)]

@@ -109,9 +109,30 @@ async def test_topic_create_is_idempotent_and_conflicts_on_a_difference(
     )
 
 
+async def test_a_topics_message_id_window_is_part_of_its_configuration(
+    api: Api, project: str
+) -> None:
+    url = f"/v1/projects/{project}/topics"
+    # A topic takes the 5 minute window unless its body says otherwise
+    default = await api.client.post(url, json={"name": "a", "partitions": 1})
+    assert default.json()["dedup_window_seconds"] == 300
+    off = {"name": "b", "partitions": 1, "dedup_window_seconds": 0}
+    created = await api.client.post(url, json=off)
+    assert created.status_code == 201, created.text
+    assert created.json()["dedup_window_seconds"] == 0
+    # The same body again is the same topic; another window is a different one
+    assert (await api.client.post(url, json=off)).status_code == 200
+    changed = {**off, "dedup_window_seconds": 60}
+    assert_error(await api.client.post(url, json=changed), 409, "conflict")
+    assert (await api.client.get(f"{url}/b")).json()["dedup_window_seconds"] == 0
+
+
 @pytest.mark.parametrize(
     "body",
     [
+        {"name": "t", "dedup_window_seconds": -1},
+        {"name": "t", "dedup_window_seconds": 86_401},
+        {"name": "t", "dedup_window_seconds": "300"},
         {"name": "Bad"},
         {"name": "t", "partitions": 0},
         {"name": "t", "partitions": "6"},

@@ -16,6 +16,7 @@ from api.messages import (
     batch_results,
     batch_status,
     decode_header_value,
+    dedup_window_for,
     incarnation_for,
     ingest_headers,
     parse_batch,
@@ -24,7 +25,7 @@ from api.messages import (
     streamed_headers,
     trace_headers,
 )
-from setu.envelope import H_TOPIC_INCARNATION, Envelope
+from setu.envelope import H_DEDUP_WINDOW, H_TOPIC_INCARNATION, Envelope
 from setu.errors import InvalidInput, PayloadTooLarge
 
 
@@ -246,6 +247,7 @@ ids = st.text(min_size=1, max_size=100)
     extra=st.lists(st.tuples(st.from_regex(r"X-[A-Za-z]{1,8}", fullmatch=True), st.text())),
     produced_at_ms=st.integers(0, 2**45),
     created_at_ms=st.integers(0, 2**45),
+    window_seconds=st.sampled_from([0, 300, 86_400]),
 )
 def test_ingest_headers_are_exactly_the_envelopes(
     message_id: str,
@@ -254,9 +256,11 @@ def test_ingest_headers_are_exactly_the_envelopes(
     extra: list[tuple[str, str]],
     produced_at_ms: int,
     created_at_ms: int,
+    window_seconds: int,
 ) -> None:
     producer_id, sequence_id = producer or (None, None)
-    incarnation = incarnation_for(producer_id, created_at_ms)
+    window_ms = dedup_window_for(producer_id, window_seconds)
+    incarnation = incarnation_for(producer_id, created_at_ms, window_ms)
     envelope = Envelope(
         message_id,
         b"",
@@ -266,9 +270,17 @@ def test_ingest_headers_are_exactly_the_envelopes(
         headers=tuple(extra),
         produced_at_ms=produced_at_ms,
         topic_incarnation=incarnation,
+        dedup_window_ms=window_ms,
     )
     built = ingest_headers(
-        message_id, group_id, producer_id, sequence_id, extra, produced_at_ms, incarnation
+        message_id,
+        group_id,
+        producer_id,
+        sequence_id,
+        extra,
+        produced_at_ms,
+        incarnation,
+        dedup_window_ms=window_ms,
     )
     assert built == envelope.kafka_headers()
     assert Envelope.from_kafka(built, b"") == envelope
@@ -296,6 +308,40 @@ def test_only_a_message_with_a_producer_id_carries_its_topics_incarnation() -> N
         max_messages=10,
         topic_created_at_ms=7,
     )
+    assert (H_TOPIC_INCARNATION, b"7") in record.headers
+
+
+def test_a_message_without_a_producer_id_carries_its_topics_message_id_window() -> None:
+    def produced(window_seconds: int, *x_headers: tuple[str, str]) -> Envelope:
+        return single_envelope(
+            [("x-message-id", "m1"), *x_headers],
+            b"",
+            grouped=False,
+            produced_at_ms=1,
+            topic_created_at_ms=1_700_000_000_000,
+            dedup_window_seconds=window_seconds,
+        )
+
+    # Judged by message id: the window and the topic's life, to tell a topic created again
+    plain = produced(300)
+    assert (H_DEDUP_WINDOW, b"300000") in plain.kafka_headers()
+    assert plain.topic_incarnation == 1_700_000_000_000
+    # Judged by sequence: no window
+    sequenced = produced(300, ("x-producer-id", "p"), ("x-sequence-id", "3"))
+    assert sequenced.dedup_window_ms == 0
+    assert all(name != H_DEDUP_WINDOW for name, _ in sequenced.kafka_headers())
+    # A topic without a window: neither
+    assert (produced(0).dedup_window_ms, produced(0).topic_incarnation) == (0, 0)
+    [record] = parse_batch(
+        b'{"messages":[{"message_id":"m","body":""}]}',
+        grouped=False,
+        produced_at_ms=1,
+        max_message_bytes=10,
+        max_messages=10,
+        topic_created_at_ms=7,
+        dedup_window_seconds=60,
+    )
+    assert (H_DEDUP_WINDOW, b"60000") in record.headers
     assert (H_TOPIC_INCARNATION, b"7") in record.headers
 
 
