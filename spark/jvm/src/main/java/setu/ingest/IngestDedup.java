@@ -4,6 +4,7 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.util.ArrayDeque;
 import java.util.HashMap;
 import java.util.Iterator;
 import java.util.Map;
@@ -13,6 +14,7 @@ import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.KeyValueGroupedDataset;
 import org.apache.spark.sql.Row;
+import org.apache.spark.sql.catalyst.expressions.GenericRowWithSchema;
 import org.apache.spark.sql.streaming.MapState;
 import org.apache.spark.sql.streaming.OutputMode;
 import org.apache.spark.sql.streaming.StatefulProcessorWithInitialState;
@@ -34,6 +36,11 @@ import scala.jdk.javaapi.CollectionConverters;
  * producer} (string, null without a producer id), {@code seq}, {@code incarnation}, {@code
  * record_ms}, {@code window_ms} (long) and {@code message_id} (string); every column passes
  * through unchanged. The PySpark job applies it with {@link #apply}.
+ *
+ * <p><b>Marks.</b> When the rows have a boolean column {@code mark} (false on every input row),
+ * each kept record with a producer id is followed by a copy of it with {@code mark} true and a
+ * null {@code value}: the producer's new mark in that partition, for the job to write to the
+ * producer marks changelog as the record is written to its main log.
  */
 public final class IngestDedup extends StatefulProcessorWithInitialState<String, Row, Row, String> {
   private static final long serialVersionUID = 1L;
@@ -44,7 +51,6 @@ public final class IngestDedup extends StatefulProcessorWithInitialState<String,
   private final long maxIds;
   private transient SparkState state;
   private transient Map<String, PartitionRule> rules;
-  private transient Columns columns;
 
   public IngestDedup(long ttlMs, long maxMarks, long maxIds) {
     this.ttlMs = ttlMs;
@@ -102,8 +108,12 @@ public final class IngestDedup extends StatefulProcessorWithInitialState<String,
   public scala.collection.Iterator<Row> handleInputRows(
       String key, scala.collection.Iterator<Row> rows, TimerValues timerValues) {
     PartitionRule rule = rules.computeIfAbsent(key, k -> new PartitionRule(ttlMs, maxMarks, maxIds));
-    Iterator<Row> input = CollectionConverters.asJava(rows);
-    return CollectionConverters.asScala(new Kept(input, rule));
+    return CollectionConverters.asScala(kept(CollectionConverters.asJava(rows), rule, state));
+  }
+
+  /** The rows of one partition that {@code rule} keeps (with their marks), decided lazily. */
+  static Iterator<Row> kept(Iterator<Row> rows, PartitionRule rule, PartitionState state) {
+    return new Kept(rows, rule, state);
   }
 
   @Override
@@ -149,28 +159,35 @@ public final class IngestDedup extends StatefulProcessorWithInitialState<String,
   }
 
   /** The rows {@code rule} keeps, decided one at a time as they are pulled. */
-  private final class Kept implements Iterator<Row> {
+  private static final class Kept implements Iterator<Row> {
     private final Iterator<Row> input;
     private final PartitionRule rule;
-    private Row next;
+    private final PartitionState state;
+    private final ArrayDeque<Row> ready = new ArrayDeque<>(2);
+    private Columns columns;
 
-    Kept(Iterator<Row> input, PartitionRule rule) {
+    Kept(Iterator<Row> input, PartitionRule rule, PartitionState state) {
       this.input = input;
       this.rule = rule;
+      this.state = state;
     }
 
     @Override
     public boolean hasNext() {
-      while (next == null && input.hasNext()) {
+      while (ready.isEmpty() && input.hasNext()) {
         Row row = input.next();
         if (columns == null) {
           columns = new Columns(row);
         }
-        if (rule.admit(state, columns.incoming(row))) {
-          next = row;
+        Incoming incoming = columns.incoming(row);
+        if (rule.admit(state, incoming)) {
+          ready.add(row);
+          if (incoming.producer() != null && columns.mark >= 0) {
+            ready.add(columns.markOf(row));
+          }
         }
       }
-      return next != null;
+      return !ready.isEmpty();
     }
 
     @Override
@@ -178,9 +195,7 @@ public final class IngestDedup extends StatefulProcessorWithInitialState<String,
       if (!hasNext()) {
         throw new NoSuchElementException();
       }
-      Row out = next;
-      next = null;
-      return out;
+      return ready.poll();
     }
   }
 
@@ -192,6 +207,8 @@ public final class IngestDedup extends StatefulProcessorWithInitialState<String,
     private final int recordMs;
     private final int messageId;
     private final int windowMs;
+    private final int mark;
+    private final int value;
 
     Columns(Row row) {
       producer = row.fieldIndex("producer");
@@ -200,6 +217,26 @@ public final class IngestDedup extends StatefulProcessorWithInitialState<String,
       recordMs = row.fieldIndex("record_ms");
       messageId = row.fieldIndex("message_id");
       windowMs = row.fieldIndex("window_ms");
+      mark = optional(row, "mark");
+      value = optional(row, "value");
+    }
+
+    private static int optional(Row row, String name) {
+      try {
+        return row.fieldIndex(name);
+      } catch (IllegalArgumentException absent) {
+        return -1;
+      }
+    }
+
+    /** The mark row that follows a kept record: the record without its value, marked. */
+    Row markOf(Row row) {
+      Object[] values = new Object[row.length()];
+      for (int i = 0; i < values.length; i++) {
+        values[i] = i == value ? null : row.get(i);
+      }
+      values[mark] = Boolean.TRUE;
+      return new GenericRowWithSchema(values, row.schema());
     }
 
     Incoming incoming(Row row) {
