@@ -141,6 +141,9 @@ class Settings(BaseSettings):
     spark_ingest_pattern: str | None = None
     dedup_ttl_seconds: int = 24 * 3600
     dedup_max_producers: int = 100_000
+    # Message ids remembered for de-duplication by message id (docs/ingest.md): as with the
+    # producer marks, each ingest partition keeps 1/32 of them.
+    dedup_max_message_ids: int = 3_200_000
     # Whether the API's GET /metrics (which needs no key) names projects and topics in its
     # labels; only where nobody but the scraper reaches it (docs/security.md §2).
     metrics_tenant_labels: bool = False

@@ -126,6 +126,7 @@ HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 # Anchored: the Kafka source matches the pattern anywhere in a topic name.
 SUBSCRIBE_PATTERN = f"^{INGEST_PATTERN}$"
 RAW_HEADERS, KEY, VALUE = "headers", "key", "value"
+ROCKSDB_STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 LOCAL_CHECKPOINT_FILE_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 )
@@ -208,6 +209,9 @@ def session_config(settings: Settings) -> dict[str, str]:
         # by default, i.e. 10 GB of records at the message limit): the step hands each chunk's
         # kept rows back before it reads the next, so neither side holds a batch at once.
         "spark.sql.execution.arrow.maxBytesPerBatch": str(ARROW_MAX_BATCH_BYTES),
+        # The de-duplication operator (spark/stream.py) keeps its state in RocksDB, the only
+        # store Spark's transformWithState runs on.
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_STATE_STORE,
     }
     if is_local_path(settings.resolved_checkpoint_dir()):
         # Hadoop's FileContext rename on the local file system forks a `readlink` process per

@@ -14,6 +14,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from cli.jars import resolve_spark_jars
+from cli.jvm import ingest_jar
 from setu.settings import Settings
 from spark import job
 from tests.integration.spark.support import IngestWorld
@@ -21,7 +22,7 @@ from tests.integration.spark.support import IngestWorld
 
 @pytest.fixture(scope="session")
 def spark_session(kafka_bootstrap: str, redis_url: str) -> Iterator[SparkSession]:
-    jars = resolve_spark_jars(Settings())
+    jars = [*resolve_spark_jars(Settings()), ingest_jar(Settings())]
     settings = Settings(
         kafka_bootstrap=kafka_bootstrap,
         redis_url=redis_url,

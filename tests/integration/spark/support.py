@@ -150,9 +150,11 @@ class IngestWorld:
         timestamp_ms: int = 0,
         body: bytes | None = None,
         incarnation: int = 0,
+        dedup_window_ms: int = 0,
     ) -> None:
         """Produce like the API does; ``timestamp_ms`` (0 = now) is the record's CreateTime,
-        ``incarnation`` the topic's creation time the API stamps."""
+        ``incarnation`` the topic's creation time and ``dedup_window_ms`` its message id
+        window, as the API stamps them."""
         envelope = Envelope(
             message_id=message_id,
             body=f"body of {message_id}".encode() if body is None else body,
@@ -161,6 +163,7 @@ class IngestWorld:
             sequence_id=sequence_id,
             headers=(("X_TRACE", message_id),),
             topic_incarnation=incarnation,
+            dedup_window_ms=dedup_window_ms,
         )
         self.producer.produce(
             names.ingest_topic(self.project, topic),

@@ -1,0 +1,191 @@
+"""The ingest query through the JVM de-duplication operator (decision 0008), for real-time mode.
+
+    ingest topics --Kafka source--> operator columns --IngestDedup (JVM, per ingest partition)-->
+        kept records --> main logs (or reject topics)
+        their marks  --> the producer marks changelog (``MARKS_TOPIC``)
+
+No ``foreachBatch``: real-time mode refuses it, and a record must not wait for a batch's end.
+Everything the batch function did is either a column expression here (routing to the main log
+or its reject topic, the ingest headers) or is done beside the query by the driver: retired
+topics are filtered out when the query starts, and the producer marks reach Redis from the
+changelog the query writes (:mod:`spark.marks_changelog`).
+
+The same query runs in micro-batches when real-time mode is off (``trigger``), with the same
+operator, so the rule has one home whichever way the job runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Collection, Mapping
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as fn
+from pyspark.sql.streaming.query import StreamingQuery
+
+from setu.envelope import (
+    H_DEDUP_WINDOW,
+    H_GROUP_ID,
+    H_INGEST_OFFSET,
+    H_INGEST_PARTITION,
+    H_MESSAGE_ID,
+    H_PRODUCER_ID,
+    H_SEQUENCE_ID,
+    H_TOPIC_INCARNATION,
+)
+from setu.limits import MessageLimits
+from setu.names import INGEST_SUFFIX
+from setu.settings import Settings
+from spark.processor import partition_cap
+from spark.rejects import routed_columns
+
+MARKS_TOPIC = "setu.producer-marks"
+"""The compacted changelog of producer marks: key ``{ingest topic}/{partition}/{producer}``,
+value ``{incarnation}:{sequence}``. No Setu topic's Kafka topic has two dots only."""
+
+# The columns the operator reads (spark/jvm/.../IngestDedup.java), besides those passed on.
+TOPIC, PARTITION, OFFSET, KEY, VALUE, HEADERS = (
+    "topic",
+    "partition",
+    "offset",
+    "key",
+    "value",
+    "headers",
+)
+PRODUCER, SEQUENCE, INCARNATION, RECORD_MS = "producer", "seq", "incarnation", "record_ms"
+MESSAGE_ID, WINDOW_MS, MARK = "message_id", "window_ms", "mark"
+
+
+def _long(header: Column) -> Column:
+    return header.cast("string").try_cast("bigint")
+
+
+def operator_rows(raw: DataFrame) -> DataFrame:
+    """Kafka source rows as the operator reads them. The producer is null unless both producer
+    id and a valid sequence are present; incarnation and window are 0 where a record carries
+    none; ``mark`` is false (the operator's mark rows have it true)."""
+    header = fn.map_from_entries(fn.col(HEADERS))
+    sequence = _long(header[H_SEQUENCE_ID])
+    return raw.select(
+        fn.col(TOPIC),
+        fn.col(PARTITION),
+        fn.col(OFFSET),
+        fn.col(VALUE),
+        fn.col(HEADERS),
+        # setu.envelope.kafka_key as a column; a record without Setu's headers keeps its key.
+        fn.coalesce(header[H_GROUP_ID], header[H_MESSAGE_ID], fn.col(KEY)).alias(KEY),
+        fn.when(sequence.isNotNull(), header[H_PRODUCER_ID].cast("string")).alias(PRODUCER),
+        fn.coalesce(sequence, fn.lit(-1).cast("bigint")).alias(SEQUENCE),
+        fn.coalesce(_long(header[H_TOPIC_INCARNATION]), fn.lit(0).cast("bigint")).alias(
+            INCARNATION
+        ),
+        fn.unix_millis(fn.col("timestamp")).alias(RECORD_MS),
+        header[H_MESSAGE_ID].cast("string").alias(MESSAGE_ID),
+        fn.coalesce(_long(header[H_DEDUP_WINDOW]), fn.lit(0).cast("bigint")).alias(WINDOW_MS),
+        fn.lit(False).alias(MARK),
+    )
+
+
+def deduplicated(
+    spark: SparkSession,
+    rows: DataFrame,
+    ttl_ms: int,
+    max_marks: int,
+    max_ids: int,
+    initial: DataFrame | None = None,
+) -> DataFrame:
+    """``rows`` (:func:`operator_rows`) through the JVM operator: each ingest partition's kept
+    records in order, each record with a producer id followed by its mark row. ``initial``
+    (topic, partition, marks) seeds partitions without state (decision 0008, "Migration")."""
+    operator = spark._jvm.setu.ingest.IngestDedup  # type: ignore[union-attr]
+    seeds = initial._jdf if initial is not None else None
+    return DataFrame(operator.apply(rows._jdf, seeds, ttl_ms, max_marks, max_ids), spark)
+
+
+def sink_columns() -> list[Column]:
+    """Kept rows as Kafka sink rows (topic, key, value, headers): a record to its main log with
+    its ingest partition and offset as headers, a mark row to :data:`MARKS_TOPIC`."""
+    ingest_headers = fn.array(
+        fn.struct(
+            fn.lit(H_INGEST_PARTITION).alias("key"),
+            fn.col(PARTITION).cast("string").cast("binary").alias("value"),
+        ),
+        fn.struct(
+            fn.lit(H_INGEST_OFFSET).alias("key"),
+            fn.col(OFFSET).cast("string").cast("binary").alias("value"),
+        ),
+    )
+    mark = fn.col(MARK)
+    mark_key = fn.concat_ws("/", fn.col(TOPIC), fn.col(PARTITION).cast("string"), fn.col(PRODUCER))
+    mark_value = fn.concat_ws(
+        ":", fn.col(INCARNATION).cast("string"), fn.col(SEQUENCE).cast("string")
+    )
+    main = fn.regexp_replace(fn.col(TOPIC), re.escape(INGEST_SUFFIX) + "$", "")
+    return [
+        fn.when(mark, fn.lit(MARKS_TOPIC)).otherwise(main).alias("topic"),
+        fn.when(mark, mark_key.cast("binary")).otherwise(fn.col(KEY).cast("binary")).alias("key"),
+        fn.when(mark, mark_value.cast("binary")).otherwise(fn.col(VALUE)).alias("value"),
+        fn.when(mark, fn.filter(fn.col(HEADERS), lambda h: fn.lit(False)))
+        .otherwise(fn.concat(fn.col(HEADERS), ingest_headers))
+        .alias("headers"),
+    ]
+
+
+def sink_rows(kept: DataFrame, limits: Mapping[str, int], default_limit: int) -> DataFrame:
+    """The operator's output as the Kafka sink writes it, a record its main topic cannot take
+    routed to its reject topic (:func:`spark.rejects.routed_columns`)."""
+    return kept.select(*sink_columns()).select(*routed_columns(limits, default_limit))
+
+
+def without_retired(rows: DataFrame, retired: Collection[str]) -> DataFrame:
+    """``rows`` but those of ``retired`` ingest topics (topics deleted through the API)."""
+    return rows.where(~fn.col(TOPIC).isin(*sorted(retired))) if retired else rows
+
+
+REAL_TIME_BATCH_S = 30
+"""How long a real-time batch runs: how often the query checkpoints (decision 0008)."""
+
+
+def start(
+    spark: SparkSession,
+    settings: Settings,
+    pattern: str,
+    *,
+    realtime: bool,
+    limits: Callable[[], Mapping[str, int]] = dict,
+    retired: Callable[[], Collection[str]] = frozenset,
+    initial: DataFrame | None = None,
+) -> StreamingQuery:
+    """Starts the query over the ingest topics ``pattern`` matches, in real-time mode or in
+    micro-batches; it resumes from the checkpoint if one exists. ``limits`` and ``retired`` are
+    read once, here: a change to either takes a new start of the query."""
+    from spark.job import QUERY_NAME, sink_options, source_options
+
+    options = source_options(settings, pattern)
+    if realtime:
+        # Real-time mode reads each partition as it comes; it refuses a per-batch bound.
+        options.pop("maxOffsetsPerTrigger")
+    raw = spark.readStream.format("kafka").options(**options).load()
+    rows = without_retired(operator_rows(raw), retired())
+    kept = deduplicated(
+        spark,
+        rows,
+        settings.dedup_ttl_seconds * 1000,
+        partition_cap(settings.dedup_max_producers),
+        partition_cap(settings.dedup_max_message_ids),
+        initial,
+    )
+    default_limit = MessageLimits(settings.max_message_bytes).topic_bytes
+    writer = (
+        sink_rows(kept, limits(), default_limit)
+        .writeStream.queryName(QUERY_NAME)
+        .format("kafka")
+        .options(**sink_options(settings))
+        .option("checkpointLocation", settings.resolved_checkpoint_dir())
+        .outputMode("update")
+    )
+    if realtime:
+        writer = writer.trigger(realTime=f"{REAL_TIME_BATCH_S} seconds")  # type: ignore[call-overload]
+    else:
+        writer = writer.trigger(processingTime=f"{settings.spark_trigger_ms} milliseconds")
+    return writer.start()

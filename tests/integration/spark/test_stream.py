@@ -1,0 +1,111 @@
+"""The ingest query through the JVM de-duplication operator (spark/stream.py, decision 0008),
+against the real broker and Spark, in micro-batches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import NewTopic
+from pyspark.sql.streaming.query import StreamingQuery
+
+from setu.settings import Settings
+from spark import job, stream
+from tests.integration.spark.support import IngestWorld, wait_for
+
+
+@contextmanager
+def running(world: IngestWorld, settings: Settings) -> Iterator[StreamingQuery]:
+    query = stream.start(world.spark, settings, job.project_pattern(world.project), realtime=False)
+    try:
+        yield query
+    finally:
+        job.stop_between_batches(query)
+
+
+def marks_topic(world: IngestWorld) -> None:
+    """The producer marks changelog, as the job makes it (compacted)."""
+    listed = world.admin.list_topics(timeout=10).topics
+    if stream.MARKS_TOPIC not in listed:
+        created = world.admin.create_topics(
+            [NewTopic(stream.MARKS_TOPIC, 1, 1, config={"cleanup.policy": "compact"})]
+        )
+        for future in created.values():
+            with suppress(KafkaException):  # another test made it meanwhile
+                future.result(timeout=30)
+
+
+def marks_of(world: IngestWorld) -> dict[bytes, list[bytes]]:
+    """Every mark the changelog holds for ``world``'s project: key -> values in order."""
+    consumer = Consumer({"bootstrap.servers": world.bootstrap, "group.id": "marks-reader"})
+    try:
+        consumer.assign([TopicPartition(stream.MARKS_TOPIC, 0, 0)])
+        _, end = consumer.get_watermark_offsets(TopicPartition(stream.MARKS_TOPIC, 0), timeout=10)
+        found: dict[bytes, list[bytes]] = {}
+        mine = f"setu.{world.project}.".encode()
+        position = 0
+        while position < end:
+            for message in consumer.consume(500, timeout=1):
+                if message.error() is None:
+                    position = message.offset() + 1
+                    key = message.key() or b""
+                    if key.startswith(mine):
+                        found.setdefault(key, []).append(message.value() or b"")
+        return found
+    finally:
+        consumer.close()
+
+
+def test_resends_are_dropped_by_sequence_and_by_message_id_and_order_and_marks_hold(
+    world: IngestWorld,
+) -> None:
+    # Given a topic of one partition, and a resend of each kind among new messages
+    marks_topic(world)
+    world.create_topic("t", partitions=1)
+    world.send("t", "a1", producer_id="p", sequence_id=1)
+    world.send("t", "a1", producer_id="p", sequence_id=1)
+    world.send("t", "a2", producer_id="p", sequence_id=2)
+    world.send("t", "m1", dedup_window_ms=60_000)
+    world.send("t", "m1", dedup_window_ms=60_000)
+    world.send("t", "m2")
+    world.send("t", "m2")
+    world.flush()
+    log = world.main_log("t")
+    with running(world, world.settings()):
+        # Then each message is in its main log once, in produce order: a resent sequence is
+        # dropped, a resent message id within its topic's window too, and a topic without a
+        # window keeps every copy
+        log.wait_for_ids({"a1", "a2", "m1", "m2"})
+        wait_for("the second copy of m2", lambda: log.poll() or len(log.ids()) >= 5)
+    assert log.ids() == ["a1", "a2", "m1", "m2", "m2"]
+    # And every main record carries its ingest position
+    assert [(e.ingest_partition, e.ingest_offset) for _, _, e in log.records] == [
+        (0, 0),
+        (0, 2),
+        (0, 3),
+        (0, 5),
+        (0, 6),
+    ]
+    # And the producer's mark followed each record it kept
+    ingest = f"setu.{world.project}.t.ingest"
+    assert marks_of(world) == {f"{ingest}/0/p".encode(): [b"0:1", b"0:2"]}
+
+
+def test_a_query_started_again_remembers_what_it_kept(world: IngestWorld) -> None:
+    marks_topic(world)
+    world.create_topic("t", partitions=1)
+    world.send("t", "a1", producer_id="p", sequence_id=1)
+    world.flush()
+    log = world.main_log("t")
+    settings = world.settings()
+    with running(world, settings):
+        log.wait_for_ids({"a1"})
+    # When the producer resends after the query was stopped and started again
+    world.send("t", "a1", producer_id="p", sequence_id=1)
+    world.send("t", "a2", producer_id="p", sequence_id=2)
+    world.flush()
+    with running(world, settings):
+        log.wait_for_ids({"a2"})
+    # Then the resend was dropped: the operator's state came back from the checkpoint
+    assert log.ids() == ["a1", "a2"]
