@@ -285,7 +285,7 @@ def deduplicated(spark: SparkSession, source: DataFrame) -> DataFrame:
         value.alias("value"),
     )
     operator = spark._jvm.setu.ingest.IngestDedup  # type: ignore[union-attr]
-    kept = DataFrame(operator.apply(rows._jdf, None, 3_600_000, 100_000, 100_000), spark)
+    kept = DataFrame(operator.apply(rows._jdf, None, 3_600_000, 100_000, 100_000, None), spark)
     return kept.select("key", "value")
 
 

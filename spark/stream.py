@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as fn
@@ -93,13 +94,26 @@ def deduplicated(
     max_marks: int,
     max_ids: int,
     initial: DataFrame | None = None,
+    counts: Any = None,
 ) -> DataFrame:
     """``rows`` (:func:`operator_rows`) through the JVM operator: each ingest partition's kept
     records in order, each record with a producer id followed by its mark row. ``initial``
-    (topic, partition, marks) seeds partitions without state (decision 0008, "Migration")."""
+    (topic, partition, marks) seeds partitions without state (decision 0008, "Migration");
+    ``counts`` (:func:`topic_counts`) counts each topic's records kept and dropped."""
     operator = spark._jvm.setu.ingest.IngestDedup  # type: ignore[union-attr]
     seeds = initial._jdf if initial is not None else None
-    return DataFrame(operator.apply(rows._jdf, seeds, ttl_ms, max_marks, max_ids), spark)
+    return DataFrame(operator.apply(rows._jdf, seeds, ttl_ms, max_marks, max_ids, counts), spark)
+
+
+def topic_counts(spark: SparkSession) -> Any:
+    """A new accumulator of the operator's decisions (``setu.ingest.TopicCounts``), registered
+    on the driver; :func:`read_counts` reads it."""
+    return spark._jvm.setu.ingest.TopicCounts.registered(spark._jsc.sc())  # type: ignore[union-attr]
+
+
+def read_counts(counts: Any) -> dict[str, tuple[int, int]]:
+    """Ingest topic -> (records kept, dropped as duplicates) so far."""
+    return {str(topic): (int(n[0]), int(n[1])) for topic, n in counts.value().items()}
 
 
 def sink_columns() -> list[Column]:
@@ -155,10 +169,12 @@ def start(
     limits: Callable[[], Mapping[str, int]] = dict,
     retired: Callable[[], Collection[str]] = frozenset,
     initial: DataFrame | None = None,
+    counts: Any = None,
 ) -> StreamingQuery:
     """Starts the query over the ingest topics ``pattern`` matches, in real-time mode or in
     micro-batches; it resumes from the checkpoint if one exists. ``limits`` and ``retired`` are
-    read once, here: a change to either takes a new start of the query."""
+    read once, here: a change to either takes a new start of the query. ``counts``
+    (:func:`topic_counts`) counts each topic's records kept and dropped."""
     from spark.job import QUERY_NAME, sink_options, source_options
 
     options = source_options(settings, pattern)
@@ -174,6 +190,7 @@ def start(
         partition_cap(settings.dedup_max_producers),
         partition_cap(settings.dedup_max_message_ids),
         initial,
+        counts,
     )
     default_limit = MessageLimits(settings.max_message_bytes).topic_bytes
     writer = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
@@ -16,8 +17,9 @@ from tests.integration.spark.support import IngestWorld, wait_for
 
 
 @contextmanager
-def running(world: IngestWorld, settings: Settings) -> Iterator[StreamingQuery]:
-    query = stream.start(world.spark, settings, job.project_pattern(world.project), realtime=False)
+def running(world: IngestWorld, settings: Settings, counts: Any = None) -> Iterator[StreamingQuery]:
+    pattern = job.project_pattern(world.project)
+    query = stream.start(world.spark, settings, pattern, realtime=False, counts=counts)
     try:
         yield query
     finally:
@@ -72,7 +74,8 @@ def test_resends_are_dropped_by_sequence_and_by_message_id_and_order_and_marks_h
     world.send("t", "m2")
     world.flush()
     log = world.main_log("t")
-    with running(world, world.settings()):
+    counts = stream.topic_counts(world.spark)
+    with running(world, world.settings(), counts):
         # Then each message is in its main log once, in produce order: a resent sequence is
         # dropped, a resent message id within its topic's window too, and a topic without a
         # window keeps every copy
@@ -90,6 +93,8 @@ def test_resends_are_dropped_by_sequence_and_by_message_id_and_order_and_marks_h
     # And the producer's mark followed each record it kept
     ingest = f"setu.{world.project}.t.ingest"
     assert marks_of(world) == {f"{ingest}/0/p".encode(): [b"0:1", b"0:2"]}
+    # And the decisions were counted for the metrics (Spark adds a task's counts as it ends)
+    wait_for("the counts", lambda: stream.read_counts(counts) == {ingest: (5, 2)})
 
 
 def test_a_query_started_again_remembers_what_it_kept(world: IngestWorld) -> None:

@@ -49,26 +49,35 @@ public final class IngestDedup extends StatefulProcessorWithInitialState<String,
   private final long ttlMs;
   private final long maxMarks;
   private final long maxIds;
+  private final TopicCounts counts;
   private transient SparkState state;
   private transient Map<String, PartitionRule> rules;
 
-  public IngestDedup(long ttlMs, long maxMarks, long maxIds) {
+  /** {@code counts}, when not null, counts each topic's records kept and dropped. */
+  public IngestDedup(long ttlMs, long maxMarks, long maxIds, TopicCounts counts) {
     this.ttlMs = ttlMs;
     this.maxMarks = maxMarks;
     this.maxIds = maxIds;
+    this.counts = counts;
   }
 
   /**
    * {@code rows} de-duplicated, each ingest partition's kept rows in their order. {@code
    * initial}, when not null, seeds partitions that have no state yet: rows of {@code topic},
    * {@code partition} and {@code marks} (a partition's marks as the micro-batch job stored them,
-   * {@code spark.dedup.encode_marks}).
+   * {@code spark.dedup.encode_marks}). {@code counts}, when not null, counts each topic's
+   * records kept and dropped ({@link TopicCounts#registered}).
    */
   public static Dataset<Row> apply(
-      Dataset<Row> rows, Dataset<Row> initial, long ttlMs, long maxMarks, long maxIds) {
+      Dataset<Row> rows,
+      Dataset<Row> initial,
+      long ttlMs,
+      long maxMarks,
+      long maxIds,
+      TopicCounts counts) {
     KeyValueGroupedDataset<String, Row> grouped =
         rows.groupByKey((MapFunction<Row, String>) IngestDedup::keyOf, Encoders.STRING());
-    IngestDedup processor = new IngestDedup(ttlMs, maxMarks, maxIds);
+    IngestDedup processor = new IngestDedup(ttlMs, maxMarks, maxIds, counts);
     if (initial == null) {
       return grouped.transformWithState(
           processor, TimeMode.None(), OutputMode.Update(), Encoders.row(rows.schema()));
@@ -108,12 +117,17 @@ public final class IngestDedup extends StatefulProcessorWithInitialState<String,
   public scala.collection.Iterator<Row> handleInputRows(
       String key, scala.collection.Iterator<Row> rows, TimerValues timerValues) {
     PartitionRule rule = rules.computeIfAbsent(key, k -> new PartitionRule(ttlMs, maxMarks, maxIds));
-    return CollectionConverters.asScala(kept(CollectionConverters.asJava(rows), rule, state));
+    return CollectionConverters.asScala(
+        kept(CollectionConverters.asJava(rows), rule, state, counts));
   }
 
-  /** The rows of one partition that {@code rule} keeps (with their marks), decided lazily. */
-  static Iterator<Row> kept(Iterator<Row> rows, PartitionRule rule, PartitionState state) {
-    return new Kept(rows, rule, state);
+  /**
+   * The rows of one partition that {@code rule} keeps (with their marks), decided lazily, each
+   * decision counted in {@code counts} unless it is null.
+   */
+  static Iterator<Row> kept(
+      Iterator<Row> rows, PartitionRule rule, PartitionState state, TopicCounts counts) {
+    return new Kept(rows, rule, state, counts);
   }
 
   @Override
@@ -163,13 +177,15 @@ public final class IngestDedup extends StatefulProcessorWithInitialState<String,
     private final Iterator<Row> input;
     private final PartitionRule rule;
     private final PartitionState state;
+    private final TopicCounts counts;
     private final ArrayDeque<Row> ready = new ArrayDeque<>(2);
     private Columns columns;
 
-    Kept(Iterator<Row> input, PartitionRule rule, PartitionState state) {
+    Kept(Iterator<Row> input, PartitionRule rule, PartitionState state, TopicCounts counts) {
       this.input = input;
       this.rule = rule;
       this.state = state;
+      this.counts = counts;
     }
 
     @Override
@@ -180,7 +196,11 @@ public final class IngestDedup extends StatefulProcessorWithInitialState<String,
           columns = new Columns(row);
         }
         Incoming incoming = columns.incoming(row);
-        if (rule.admit(state, incoming)) {
+        boolean keep = rule.admit(state, incoming);
+        if (counts != null) {
+          counts.add(new TopicCounts.Decided(row.getString(columns.topic), keep));
+        }
+        if (keep) {
           ready.add(row);
           if (incoming.producer() != null && columns.mark >= 0) {
             ready.add(columns.markOf(row));
@@ -201,6 +221,7 @@ public final class IngestDedup extends StatefulProcessorWithInitialState<String,
 
   /** Where the fields the rule reads sit in the input rows. */
   private static final class Columns {
+    private final int topic;
     private final int producer;
     private final int sequence;
     private final int incarnation;
@@ -211,6 +232,7 @@ public final class IngestDedup extends StatefulProcessorWithInitialState<String,
     private final int value;
 
     Columns(Row row) {
+      topic = row.fieldIndex("topic");
       producer = row.fieldIndex("producer");
       sequence = row.fieldIndex("seq");
       incarnation = row.fieldIndex("incarnation");

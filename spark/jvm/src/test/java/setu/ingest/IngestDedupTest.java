@@ -1,8 +1,10 @@
 package setu.ingest;
 
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.ArrayList;
 import java.util.Iterator;
@@ -38,10 +40,13 @@ class IngestDedupTest {
     return new GenericRowWithSchema(values.toArray(), schema);
   }
 
-  private static List<Row> kept(List<Row> rows) {
+  private final TopicCounts counts = new TopicCounts();
+
+  private List<Row> kept(List<Row> rows) {
     List<Row> out = new ArrayList<>();
     Iterator<Row> kept =
-        IngestDedup.kept(rows.iterator(), new PartitionRule(60_000, 100, 100), new MemoryState());
+        IngestDedup.kept(
+            rows.iterator(), new PartitionRule(60_000, 100, 100), new MemoryState(), counts);
     kept.forEachRemaining(out::add);
     return out;
   }
@@ -57,6 +62,22 @@ class IngestDedupTest {
             row(SCHEMA, null, 0, "m"));
     List<Row> out = kept(rows);
     assertEquals(List.of(rows.get(0), rows.get(2), rows.get(3)), out);
+    assertArrayEquals(new long[] {3, 2}, counts.value().get("setu.p.t.ingest"));
+  }
+
+  @Test
+  void countsMergeAcrossTasksAndCopiesDoNotShareThem() {
+    TopicCounts a = new TopicCounts();
+    a.add(new TopicCounts.Decided("x", true));
+    TopicCounts b = a.copy();
+    b.add(new TopicCounts.Decided("x", false));
+    b.add(new TopicCounts.Decided("y", true));
+    a.merge(b);
+    assertArrayEquals(new long[] {2, 1}, a.value().get("x"));
+    assertArrayEquals(new long[] {1, 0}, a.value().get("y"));
+    assertArrayEquals(new long[] {1, 1}, b.value().get("x"));
+    b.reset();
+    assertTrue(b.isZero());
   }
 
   @Test
