@@ -39,6 +39,15 @@ class Loaded:
     text: str | None
 
 
+def checkpoint_fs(checkpoint: str) -> tuple[Any, str]:
+    """The file system of a checkpoint URI (a local path, ``file:``, HDFS, an object store)
+    and the checkpoint's path on it."""
+    if "://" in checkpoint and not checkpoint.startswith("file:"):
+        fs, path = pafs.FileSystem.from_uri(checkpoint)
+        return fs, str(path)
+    return pafs.LocalFileSystem(), checkpoint.removeprefix("file://").removeprefix("file:")
+
+
 class PartitionMarks:
     """The versioned marks of every ingest partition under one checkpoint. Picklable: only the
     checkpoint's URI travels to the executors, which open the file system themselves."""
@@ -56,11 +65,7 @@ class PartitionMarks:
 
     def _open(self) -> tuple[Any, str]:
         if self._fs is None:
-            if "://" in self.checkpoint and not self.checkpoint.startswith("file:"):
-                self._fs, path = pafs.FileSystem.from_uri(self.checkpoint)
-            else:
-                path = self.checkpoint.removeprefix("file://").removeprefix("file:")
-                self._fs = pafs.LocalFileSystem()
+            self._fs, path = checkpoint_fs(self.checkpoint)
             self._root = f"{path}/{FOLDER}"
         return self._fs, self._root
 
@@ -93,6 +98,11 @@ class PartitionMarks:
         """The newest marks stored below ``batch`` of every partition of every ingest topic
         (encoded): everything committed batches decided, for publishing again when Redis
         forgot the producer marks (spark/marks.py)."""
+        return [text for _, _, text in self.partitions_below(batch)]
+
+    def partitions_below(self, batch: int) -> list[tuple[str, int, str]]:
+        """Per partition of every ingest topic with marks below ``batch``: (ingest topic,
+        partition, its newest marks below ``batch``, encoded)."""
         fs, root = self._open()
         found = []
         for topic in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
@@ -101,9 +111,10 @@ class PartitionMarks:
             selector = pafs.FileSelector(topic.path, allow_not_found=True)
             for partition in fs.get_file_info(selector):
                 if partition.type == pafs.FileType.Directory and partition.base_name.isdigit():
-                    loaded = self.load(topic.base_name, int(partition.base_name), batch)
+                    number = int(partition.base_name)
+                    loaded = self.load(topic.base_name, number, batch)
                     if loaded.text is not None:
-                        found.append(loaded.text)
+                        found.append((topic.base_name, number, loaded.text))
         return found
 
     def save(self, topic: str, partition: int, batch: int, text: str) -> None:

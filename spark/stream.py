@@ -105,6 +105,14 @@ def deduplicated(
     return DataFrame(operator.apply(rows._jdf, seeds, ttl_ms, max_marks, max_ids, counts), spark)
 
 
+def initial_state(spark: SparkSession, seeds: list[tuple[str, int, str]]) -> DataFrame | None:
+    """The operator's initial state from (ingest topic, partition, encoded marks) rows
+    (:func:`spark.migration.seed_marks`); None when there is nothing to seed."""
+    if not seeds:
+        return None
+    return spark.createDataFrame(seeds, "topic string, partition int, marks string")
+
+
 def topic_counts(spark: SparkSession) -> Any:
     """A new accumulator of the operator's decisions (``setu.ingest.TopicCounts``), registered
     on the driver; :func:`read_counts` reads it."""
