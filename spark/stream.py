@@ -178,14 +178,19 @@ def start(
     retired: Callable[[], Collection[str]] = frozenset,
     initial: DataFrame | None = None,
     counts: Any = None,
+    starting: str | None = None,
 ) -> StreamingQuery:
     """Starts the query over the ingest topics ``pattern`` matches, in real-time mode or in
     micro-batches; it resumes from the checkpoint if one exists. ``limits`` and ``retired`` are
     read once, here: a change to either takes a new start of the query. ``counts``
-    (:func:`topic_counts`) counts each topic's records kept and dropped."""
+    (:func:`topic_counts`) counts each topic's records kept and dropped. ``starting`` (JSON,
+    :func:`spark.migration.starting_offsets`) says where a new checkpoint starts reading,
+    instead of every partition's first offset."""
     from spark.job import QUERY_NAME, sink_options, source_options
 
     options = source_options(settings, pattern)
+    if starting is not None:
+        options["startingOffsets"] = starting
     if realtime:
         # Real-time mode reads each partition as it comes; it refuses a per-batch bound.
         options.pop("maxOffsetsPerTrigger")

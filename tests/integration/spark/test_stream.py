@@ -3,8 +3,10 @@ against the real broker and Spark, in micro-batches."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -13,6 +15,9 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from setu.settings import Settings
 from spark import job, stream
+from spark.dedup import ProducerMark, encode_marks
+from spark.dedup_state import PartitionMarks
+from spark.migration import last_committed, seed_marks, starting_offsets
 from tests.integration.spark.support import IngestWorld, wait_for
 
 
@@ -114,3 +119,46 @@ def test_a_query_started_again_remembers_what_it_kept(world: IngestWorld) -> Non
         log.wait_for_ids({"a2"})
     # Then the resend was dropped: the operator's state came back from the checkpoint
     assert log.ids() == ["a1", "a2"]
+
+
+def test_a_query_taking_over_from_the_micro_batch_job_loses_and_doubles_nothing(
+    world: IngestWorld,
+) -> None:
+    # Given the micro-batch job committed its batch 0, having read the ingest partition up to
+    # offset 1 and accepted sequence 5 of producer p
+    marks_topic(world)
+    world.create_topic("t", partitions=1)
+    ingest = f"setu.{world.project}.t.ingest"
+    settings = world.settings()
+    old = settings.resolved_checkpoint_dir()
+    seen_ms = int(time.time() * 1000)
+    PartitionMarks(old).save(
+        ingest, 0, 0, encode_marks({(ingest, "p"): ProducerMark({0: 5}, seen_ms, 0)})
+    )
+    (Path(old) / "offsets").mkdir(parents=True)
+    (Path(old) / "commits").mkdir()
+    (Path(old) / "offsets" / "0").write_text(f'v1\n{{}}\n{{"{ingest}":{{"0":1}}}}')
+    (Path(old) / "commits" / "0").write_text("v1\n{}")
+    world.send("t", "a5", producer_id="p", sequence_id=5)
+    world.send("t", "a5", producer_id="p", sequence_id=5)  # the producer's resend
+    world.send("t", "a6", producer_id="p", sequence_id=6)
+    world.flush()
+    # When the operator query starts on a checkpoint of its own, where the old one stopped
+    committed = last_committed(old)
+    seeds = stream.initial_state(world.spark, seed_marks(old, committed))
+    log = world.main_log("t")
+    query = stream.start(
+        world.spark,
+        world.settings(spark_checkpoint_dir=f"{old}/operator"),
+        job.project_pattern(world.project),
+        realtime=False,
+        initial=seeds,
+        starting=starting_offsets(committed, {ingest: 1}),
+    )
+    try:
+        log.wait_for_ids({"a6"})
+    finally:
+        job.stop_between_batches(query)
+    # Then it read on from offset 1 (the old job wrote a5), and the resend was a duplicate of
+    # what the old job accepted
+    assert log.ids() == ["a6"]
