@@ -153,10 +153,12 @@ def fetch_jars(settings: Settings, *, kafka: bool = True) -> int:
     if kafka:
         broker = resolve_kafka_jars(settings)
         print(f"Kafka {settings.kafka_version}: {len(broker)} jars in {broker[0].parent}")
-    spark = resolve_spark_jars(settings)
-    print(f"Spark {settings.spark_version} Kafka connector: {', '.join(p.name for p in spark)}")
-    from cli.jvm import ingest_jar
+    from cli.jvm import ingest_jar, pyspark_version
 
+    spark = resolve_spark_jars(settings)
+    connector = settings.spark_connector_version
+    print(f"Spark {pyspark_version()}, its Kafka connector {connector}: ", end="")
+    print(", ".join(p.name for p in spark))
     print(f"ingest operator: {ingest_jar(settings)}")
     return 0
 

@@ -26,9 +26,9 @@ def kafka_artifacts(version: str) -> list[Artifact]:
     ]
 
 
-def spark_kafka_artifacts(spark_version: str) -> list[Artifact]:
+def spark_kafka_artifacts(spark_connector_version: str) -> list[Artifact]:
     """Spark's Structured Streaming Kafka source and sink, for Scala 2.13."""
-    return [Artifact("org.apache.spark", "spark-sql-kafka-0-10_2.13", spark_version)]
+    return [Artifact("org.apache.spark", "spark-sql-kafka-0-10_2.13", spark_connector_version)]
 
 
 def kafka_libs_dir(settings: Settings) -> Path:
@@ -36,7 +36,7 @@ def kafka_libs_dir(settings: Settings) -> Path:
 
 
 def spark_jars_dir(settings: Settings) -> Path:
-    return settings.cache_dir.resolve() / f"spark-kafka-{settings.spark_version}"
+    return settings.cache_dir.resolve() / f"spark-kafka-{settings.spark_connector_version}"
 
 
 def resolve_kafka_jars(settings: Settings) -> list[Path]:
@@ -55,8 +55,8 @@ def resolve_spark_jars(settings: Settings) -> list[Path]:
     older than the ones Spark itself was built and tested with. Raises FetchFailed.
     """
     jars = fetch(
-        f"spark-kafka-{settings.spark_version}",
-        spark_kafka_artifacts(settings.spark_version),
+        f"spark-kafka-{settings.spark_connector_version}",
+        spark_kafka_artifacts(settings.spark_connector_version),
         spark_jars_dir(settings),
     )
     return jars_not_shipped(jars, pyspark_shipped_artifacts())

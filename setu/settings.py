@@ -124,7 +124,10 @@ class Settings(BaseSettings):
 
     # Ingest (Spark)
     spark_master: str = "local[2]"
-    spark_version: str = "4.2.0"
+    # Spark's Kafka connector (spark-sql-kafka-0-10) fetched from Maven Central: the newest
+    # served there for the installed pyspark's major version, which may trail pyspark's own
+    # (tests/unit/cli/test_jars.py holds it to that).
+    spark_connector_version: str = "4.2.0"
     spark_jars: str | None = None
     spark_checkpoint_dir: str | None = None
     # More Spark properties for the ingest job, as a JSON object (they win over Setu's own):

@@ -3,6 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from cli.jars import jars_not_shipped, kafka_artifacts, spark_kafka_artifacts
+from cli.jvm import pyspark_version
+from setu.settings import Settings
 
 
 def test_jars_pyspark_ships_are_left_out_whatever_their_version() -> None:
@@ -39,3 +41,12 @@ def test_the_spark_connector_matches_the_spark_version() -> None:
         "spark-sql-kafka-0-10_2.13",
         "4.2.0",
     )
+
+
+def test_the_connector_is_of_the_installed_sparks_major_version_and_not_newer() -> None:
+    # Maven Central may not serve the connector of the newest Spark yet (4.3.0 was not, while
+    # pyspark 4.3.0 was on PyPI): the newest served one of the same major version runs on it.
+    runtime = tuple(int(x) for x in pyspark_version().split(".")[:2])
+    connector = tuple(int(x) for x in Settings().spark_connector_version.split(".")[:2])
+    assert connector[0] == runtime[0]
+    assert connector <= runtime
