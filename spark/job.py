@@ -62,10 +62,6 @@ from pyspark.sql.types import StructType
 
 from setu import tracing
 from setu.envelope import (
-    H_GROUP_ID,
-    H_INGEST_OFFSET,
-    H_INGEST_PARTITION,
-    H_MESSAGE_ID,
     H_PRODUCER_ID,
     H_SEQUENCE_ID,
     H_TOPIC_INCARNATION,
@@ -114,6 +110,7 @@ from spark.processor import (
 )
 from spark.rejects import routed_columns
 from spark.status import StatusReporter
+from spark.stream import ingest_position_headers, key_column
 from spark.topics import MainTopicGuard
 from state.ingest_status import RedisIngestStatus
 from state.redis_clients import sync_redis
@@ -284,9 +281,7 @@ def with_identity(raw: DataFrame, traced: bool = False) -> DataFrame:
     sequence = header[H_SEQUENCE_ID].cast("string").try_cast("bigint")
     producer = fn.when(sequence.isNotNull(), header[H_PRODUCER_ID].cast("string"))
     incarnation = header[H_TOPIC_INCARNATION].cast("string").try_cast("bigint")
-    # setu.envelope.kafka_key as a column (tests/integration/spark/test_identity.py holds them
-    # equal); a record without Setu's headers keeps its own key.
-    key = fn.coalesce(header[H_GROUP_ID], header[H_MESSAGE_ID], fn.col(KEY))
+    key = key_column(header)
     rows = raw.select(
         fn.col(TOPIC),
         fn.col(PARTITION),
@@ -387,17 +382,8 @@ def new_dedup(spark: SparkSession, settings: Settings) -> Dedup:
 def main_log_columns() -> list[Column]:
     """Accepted rows as Kafka sink rows: a projection only, so each task keeps its row order.
     The columns hold no data frame, so one list serves every batch."""
-    ingest_headers = fn.array(
-        fn.struct(
-            fn.lit(H_INGEST_PARTITION).alias("key"),
-            fn.col(PARTITION).cast("string").cast("binary").alias("value"),
-        ),
-        fn.struct(
-            fn.lit(H_INGEST_OFFSET).alias("key"),
-            fn.col(OFFSET).cast("string").cast("binary").alias("value"),
-        ),
-    )
-    headers = fn.concat(fn.from_json(fn.col(RAW_HEADERS), HEADERS_TYPE), ingest_headers)
+    raw = fn.from_json(fn.col(RAW_HEADERS), HEADERS_TYPE)
+    headers = fn.concat(raw, ingest_position_headers())
     return [
         fn.regexp_replace(TOPIC, re.escape(INGEST_SUFFIX) + "$", "").alias("topic"),
         fn.col(KEY).alias("key"),

@@ -61,6 +61,28 @@ def _long(header: Column) -> Column:
     return header.cast("string").try_cast("bigint")
 
 
+def key_column(header: Column) -> Column:
+    """:func:`setu.envelope.kafka_key` as a column over a record's header map
+    (tests/integration/spark/test_identity.py holds them equal); a record without Setu's
+    headers keeps its own key."""
+    return fn.coalesce(header[H_GROUP_ID], header[H_MESSAGE_ID], fn.col(KEY))
+
+
+def ingest_position_headers() -> Column:
+    """The headers that tell where a main log record came from: its ingest partition and
+    offset (what delivery recognises a replay by, ``delivery/replays.py``)."""
+    return fn.array(
+        fn.struct(
+            fn.lit(H_INGEST_PARTITION).alias("key"),
+            fn.col(PARTITION).cast("string").cast("binary").alias("value"),
+        ),
+        fn.struct(
+            fn.lit(H_INGEST_OFFSET).alias("key"),
+            fn.col(OFFSET).cast("string").cast("binary").alias("value"),
+        ),
+    )
+
+
 def operator_rows(raw: DataFrame) -> DataFrame:
     """Kafka source rows as the operator reads them. The producer is null unless both producer
     id and a valid sequence are present; incarnation and window are 0 where a record carries
@@ -73,8 +95,7 @@ def operator_rows(raw: DataFrame) -> DataFrame:
         fn.col(OFFSET),
         fn.col(VALUE),
         fn.col(HEADERS),
-        # setu.envelope.kafka_key as a column; a record without Setu's headers keeps its key.
-        fn.coalesce(header[H_GROUP_ID], header[H_MESSAGE_ID], fn.col(KEY)).alias(KEY),
+        key_column(header).alias(KEY),
         fn.when(sequence.isNotNull(), header[H_PRODUCER_ID].cast("string")).alias(PRODUCER),
         fn.coalesce(sequence, fn.lit(-1).cast("bigint")).alias(SEQUENCE),
         fn.coalesce(_long(header[H_TOPIC_INCARNATION]), fn.lit(0).cast("bigint")).alias(
@@ -127,16 +148,6 @@ def read_counts(counts: Any) -> dict[str, tuple[int, int]]:
 def sink_columns() -> list[Column]:
     """Kept rows as Kafka sink rows (topic, key, value, headers): a record to its main log with
     its ingest partition and offset as headers, a mark row to :data:`MARKS_TOPIC`."""
-    ingest_headers = fn.array(
-        fn.struct(
-            fn.lit(H_INGEST_PARTITION).alias("key"),
-            fn.col(PARTITION).cast("string").cast("binary").alias("value"),
-        ),
-        fn.struct(
-            fn.lit(H_INGEST_OFFSET).alias("key"),
-            fn.col(OFFSET).cast("string").cast("binary").alias("value"),
-        ),
-    )
     mark = fn.col(MARK)
     mark_key = fn.concat_ws("/", fn.col(TOPIC), fn.col(PARTITION).cast("string"), fn.col(PRODUCER))
     mark_value = fn.concat_ws(
@@ -148,7 +159,7 @@ def sink_columns() -> list[Column]:
         fn.when(mark, mark_key.cast("binary")).otherwise(fn.col(KEY).cast("binary")).alias("key"),
         fn.when(mark, mark_value.cast("binary")).otherwise(fn.col(VALUE)).alias("value"),
         fn.when(mark, fn.filter(fn.col(HEADERS), lambda h: fn.lit(False)))
-        .otherwise(fn.concat(fn.col(HEADERS), ingest_headers))
+        .otherwise(fn.concat(fn.col(HEADERS), ingest_position_headers()))
         .alias("headers"),
     ]
 
