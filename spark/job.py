@@ -18,7 +18,9 @@ One Structured Streaming query, Spark's own Kafka source and sink, and no shuffl
    so its rows leave in ingest order.
 4. After the write returns (every record acknowledged), raise the producers' high marks in Redis
    (:mod:`spark.marks`) and count the batch (:mod:`spark.metrics`); the dedup step gathers the
-   marks and the per-topic counts in accumulators during the same pass.
+   marks and the per-topic counts in accumulators during the same pass. When Redis forgot the
+   marks, a thread of the driver publishes them all again from the checkpoint within a second,
+   batch or no batch (:class:`spark.marks.MarksKeeper`).
 
 Crash safety. Spark commits a batch (its source offsets) only after ``foreachBatch`` returns.
 A kill before that commit runs the batch again from the same offsets; each partition's task
@@ -45,7 +47,7 @@ import sys
 import threading
 import time
 import zipfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -83,6 +85,7 @@ from spark.dedup_state import PartitionMarks
 from spark.marks import (
     HighsParam,
     MarkPublisher,
+    MarksKeeper,
     ProducerHighs,
     TopicMarks,
     by_topic,
@@ -97,6 +100,7 @@ from spark.metrics import (
     WaitsParam,
     no_waits,
 )
+from spark.migration import last_committed
 from spark.processor import (
     INCARNATION,
     OFFSET,
@@ -312,6 +316,26 @@ def source_rows(
     return with_identity(raw, traced=tracing.current().enabled)
 
 
+def marks_below(marks: PartitionMarks, batch_id: int, retired: Collection[str]) -> TopicMarks:
+    """Every producer's mark as the batches before ``batch_id`` left them in the checkpoint,
+    but those of ``retired`` ingest topics."""
+    highs: ProducerHighs = {}
+    for text in marks.all_below(batch_id):
+        for (topic, producer), mark in decode_marks(text).items():
+            if topic not in retired and mark.high >= 0:
+                merge_highs(highs, {(topic, producer): (mark.incarnation, mark.high)})
+    return by_topic(highs.items())
+
+
+def committed_marks(checkpoint: str, retired: Collection[str]) -> TopicMarks:
+    """Every producer's mark as the job's committed batches left them (none before its first
+    commit), but those of ``retired`` ingest topics."""
+    committed = last_committed(checkpoint)
+    if committed is None:
+        return {}
+    return marks_below(PartitionMarks(checkpoint), committed.batch + 1, retired)
+
+
 @dataclass(frozen=True, slots=True)
 class Dedup:
     """What the batch writer needs to de-duplicate each batch (:class:`PartitionDedup`)."""
@@ -350,12 +374,7 @@ class Dedup:
     def everything(self, batch_id: int, retired: frozenset[str]) -> TopicMarks:
         """Every producer's mark as the batches before ``batch_id`` left them (the checkpoint
         holds them), but those of ``retired`` ingest topics: what Redis must hold."""
-        highs: ProducerHighs = {}
-        for text in self.marks.all_below(batch_id):
-            for (topic, producer), mark in decode_marks(text).items():
-                if topic not in retired and mark.high >= 0:
-                    merge_highs(highs, {(topic, producer): (mark.incarnation, mark.high)})
-        return by_topic(highs.items())
+        return marks_below(self.marks, batch_id, retired)
 
     def reset(self) -> None:
         """Empties the accumulators before a batch is computed (again)."""
@@ -689,13 +708,16 @@ def run(settings: Settings) -> None:
 
     previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     client = sync_redis(settings, settings.redis_url)
-    metrics, server, guard = IngestMetrics(), None, None
+    metrics = IngestMetrics()
+    # What runs beside the query, stopped in reverse order at the end.
+    helpers: list[Callable[[], None]] = []
     reporter = StatusReporter(RedisIngestStatus(client), metrics.last_batch_at).start()
     spark = build_session(settings)
     end_state = "stopped"
     try:
         if settings.ingest_metrics_port is not None:
             server = metrics.serve(settings.ingest_metrics_host, settings.ingest_metrics_port)
+            helpers.append(server.shutdown)
             log.info(
                 "metrics at http://%s:%d/metrics", settings.ingest_metrics_host, server.server_port
             )
@@ -707,8 +729,12 @@ def run(settings: Settings) -> None:
             on_recreated=metrics.main_topic_recreated,
             retired=retired,
         ).start()
+        helpers.append(guard.stop)
         metrics.watch_rejects(guard.rejects)
         publisher = MarkPublisher(client)
+        checkpoint = settings.resolved_checkpoint_dir()
+        keeper = MarksKeeper(publisher, lambda: committed_marks(checkpoint, retired())).start()
+        helpers.append(keeper.stop)
 
         def start_query() -> StreamingQuery:
             query = start(
@@ -732,10 +758,8 @@ def run(settings: Settings) -> None:
         log.warning("Spark went down with the stop signal; the next start resumes")
     finally:
         reporter.stop(end_state)
-        if guard is not None:
-            guard.stop()
-        if server is not None:
-            server.shutdown()
+        for stop in reversed(helpers):
+            stop()
         client.close()
         try:
             spark.stop()

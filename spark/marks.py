@@ -5,6 +5,7 @@ the main log (:mod:`state.producer_marks` holds the stored form and the max-guar
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -108,3 +109,44 @@ class MarkPublisher:
     def _publish(self, marks: Mapping[str, Mapping[str, Mark]]) -> None:
         for ingest_topic, producers in marks.items():
             self._marks.raise_marks(*parse_ingest_topic(ingest_topic), producers)
+
+
+class MarksKeeper:
+    """Publishes every producer mark again, on a thread of its own, as soon as Redis lost them.
+
+    The batch writer does it too, but only when a batch runs, and a batch runs only when
+    messages arrive. A producer that restarts asks ``GET .../producers/{id}`` where to resume
+    and gets 503 until the marks are back: if it is the only one sending, no message arrives,
+    no batch runs, and it waits for ever. So this looks every ``interval_s`` and, when Redis
+    lacks the marker of holding every mark, publishes ``everything`` (what the committed
+    batches left: :func:`spark.job.committed_marks`) and sets it."""
+
+    def __init__(
+        self,
+        publisher: MarkPublisher,
+        everything: Callable[[], Mapping[str, Mapping[str, Mark]]],
+        interval_s: float = 1.0,
+    ) -> None:
+        self._publisher = publisher
+        self._everything = everything
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="marks-keeper", daemon=True)
+
+    def start(self) -> MarksKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self._publisher.publish({}, self._everything)
+            except Exception:
+                # Redis away past the publisher's patience, or the checkpoint unreadable for a
+                # moment: the next look tries again.
+                log.exception("could not publish the producer marks again")

@@ -148,9 +148,9 @@ def producer_marks(project: str, topic: str) -> str:
 
 def producer_marks_loaded() -> str:
     """String present while Redis holds every producer mark the ingest job has: set by the job
-    once it published them all (at its first batch, and again whenever it finds this key
-    gone). Without it, ``GET …/producers/{id}`` and streaming NOTIFY answer 503 rather than a
-    point that Redis may have forgotten (docs/design.md §4)."""
+    once it published them all (at its start, and again within a second whenever it finds
+    this key gone). Without it, ``GET …/producers/{id}`` and streaming NOTIFY answer 503
+    rather than a point that Redis may have forgotten (docs/design.md §4)."""
     return f"{PREFIX}:producers:loaded"
 
 
