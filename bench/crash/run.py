@@ -438,7 +438,11 @@ class CrashRun:
         report["acked_via"] = dict(Counter(str(e["via"]) for e in produced if e["e"] == "ack"))
         if self.outage is not None:
             length = self.outage[1] - self.outage[0]
-            report["outage"] = outage_figures(length, calls, events)
+            # Each worker's breaker counts its own calls: judged once every worker could have
+            # seen its minimum.
+            per_worker = int((self.config.circuit_breaker or {}).get("min_calls", 1))
+            min_calls = per_worker * self.config.workers
+            report["outage"] = outage_figures(length, calls, events, min_calls)
             report["violations"] = report["violations"] + report["outage"]["violations"]
         kills = self.events.count("kill")
         names = sorted({e["component"] for e in self.events.events})

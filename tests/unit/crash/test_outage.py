@@ -67,3 +67,14 @@ def test_a_breaker_that_never_opens_in_an_outage_is_a_violation() -> None:
     assert figures["violations"] == ["breaker_never_opened"]
     assert figures["closed_after_outage_ms"] is None
     assert outage_figures(10_000, [], [])["violations"] == ["outage_never_started"]
+
+
+def test_an_outage_with_fewer_failed_calls_than_the_breaker_needs_does_not_judge_it() -> None:
+    # Chaos killed the workers all through the outage: one call failed, the breaker needs five
+    started = [{"type": "outage.started", "at_ms": 0}]
+    figures = outage_figures(10_000, [call(5, "a", 1, 503)], started, min_calls=5)
+    assert (figures["breaker_judged"], figures["violations"]) == (False, [])
+    many = [call(t, f"m{t}", 1, 503) for t in range(5)]
+    assert outage_figures(10_000, many, started, min_calls=5)["violations"] == [
+        "breaker_never_opened"
+    ]
