@@ -297,7 +297,8 @@ public final class IngestDedup extends StatefulProcessorWithInitialState<String,
 
     @Override
     public Mark mark(String producer) {
-      return marks.containsKey(producer) ? marks.getValue(producer) : null;
+      // One state store read: getValue is null for an absent key.
+      return marks.getValue(producer);
     }
 
     @Override
@@ -317,7 +318,7 @@ public final class IngestDedup extends StatefulProcessorWithInitialState<String,
 
     @Override
     public SeenId seenId(String messageId) {
-      return ids.containsKey(messageId) ? ids.getValue(messageId) : null;
+      return ids.getValue(messageId);
     }
 
     @Override
