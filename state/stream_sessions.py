@@ -13,9 +13,12 @@ good holds its streams until the leases' TTL runs out.
 session sent below it were acknowledged by Kafka in the ingest topic, stored as
 ``"<topic incarnation>:<sequence>"`` and raised with the producer marks' own script
 (state/producer_marks.py), so it never goes backwards and a deleted topic's point does not
-count for the topic created again. The point a new session resumes from is one more than the
-higher of this and the producer mark that ingest keeps: ingest may lag the writes, and the mark
-alone would make a producer resend what is already in the ingest topic.
+count for the topic created again. The point a new session resumes from is one more than this
+point. Only a stream never written by a session (or whose point Redis lost) resumes from the
+producer mark that ingest keeps instead: that mark is the highest sequence ingest accepted from
+any partition, and a replica that died with writes in flight to several partitions can leave a
+later sequence in Kafka and an earlier one lost, so the mark is no point below which everything
+is durable (docs/streaming.md, "Points of reference").
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from redis.asyncio import Redis
 from state import keys
 from state.producer_marks import (
     MARKS_UNAVAILABLE,
+    NO_SEQUENCE,
     RAISE_MARKS,
     MarksUnavailable,
     last_sequence,
@@ -123,7 +127,10 @@ class StreamSessions:
             mark, point, loaded = await pipe.execute()
         if not loaded:
             raise MarksUnavailable(MARKS_UNAVAILABLE)
-        return max(last_sequence(mark, incarnation), last_sequence(point, incarnation)) + 1
+        durable = last_sequence(point, incarnation)
+        if durable == NO_SEQUENCE:
+            durable = last_sequence(mark, incarnation)
+        return durable + 1
 
     async def record(
         self, project: str, topic: str, durable: Mapping[str, tuple[int, int]]

@@ -382,7 +382,7 @@ class AsyncStreamProducer:
                 point,
                 self._next,
             )
-        self._durable = point
+        self._durable = max(self._durable, point)
         self._next = max(self._next, point)
         while self._kept and self._kept[0][0] < point:
             self._kept.popleft()

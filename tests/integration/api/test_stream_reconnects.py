@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 import pytest_asyncio
+import redis
 
 from cli.ports import any_free_port
 from cli.processes import Child, ChildSpec
@@ -29,7 +30,8 @@ from setu.envelope import H_SEQUENCE_ID
 from setu.names import ingest_topic
 from setu.settings import Settings
 from setu.stream import frames
-from state import migrate
+from state import keys, migrate
+from state.producer_marks import ProducerMarks, parse_mark
 from tests.integration.api.streams import Raw, message
 from tests.integration.api.support import (
     ADMIN_KEY,
@@ -342,3 +344,41 @@ async def test_a_producer_whose_connection_keeps_dropping_reopens_at_once_and_lo
     assert await asyncio.to_thread(record_count, api.kafka_bootstrap, topic) == sent
     records = await asyncio.to_thread(read_records, api.kafka_bootstrap, topic, sent)
     assert sorted(int(headers_of(r)[H_SEQUENCE_ID]) for r in records) == list(range(sent))
+
+
+async def test_a_stream_resumes_below_a_write_lost_with_its_replica_though_a_later_one_was_ingested(
+    api: ApiProcess, project: str, redis_url: str
+) -> None:
+    # Given a stream whose session made 0..139 durable, and a replica that then died with 140
+    # and 150 in flight to two partitions: 150 reached Kafka and ingest (which raised the
+    # producer mark to 150), 140 never did
+    name = f"{project}/t/gappy".encode()
+    raw, point, _ = await reopen(api.stream_port, name, 5.0)
+    assert point == 0
+    raw.send(*[message(n, group=f"g{n % 3}") for n in range(140)])
+    raw.send(frames.EosMessage(1, 139))
+    await acked_to(raw, 140)
+    raw.close()
+    client = redis.Redis.from_url(redis_url)
+    try:
+        points = keys.stream_points(project, "t")
+        wait_for("the stream point recorded", lambda: client.hget(points, "gappy") is not None)
+        recorded = client.hget(points, "gappy")
+        assert recorded is not None
+        incarnation, sequence = parse_mark(recorded)
+        assert sequence == 139
+        ProducerMarks(client).raise_marks(project, "t", {"gappy": (incarnation, 150)})
+    finally:
+        client.close()
+    # When the producer, which numbers its messages from its own source, opens the stream again
+    producer = AsyncStreamProducer(f"127.0.0.1:{api.stream_port}", ADMIN_KEY, project, "t", "gappy")
+    # Then it is told to resume at 140, the first message not known to be durable
+    assert await producer.start() == 140
+    # And what it sends from there reaches the ingest topic: 140 is not lost
+    for sequence in range(140, 151):
+        await producer.send(b"x", group_id=f"g{sequence % 3}", sequence_id=sequence)
+    await producer.close()
+    topic = ingest_topic(project, "t")
+    count = await asyncio.to_thread(record_count, api.kafka_bootstrap, topic)
+    records = await asyncio.to_thread(read_records, api.kafka_bootstrap, topic, count)
+    assert {int(headers_of(r)[H_SEQUENCE_ID]) for r in records} == set(range(151))
