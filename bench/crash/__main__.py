@@ -49,6 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--groups", type=int, default=1000)
     parser.add_argument("--lanes", type=int, default=20, help="producer ids publishing at once")
     parser.add_argument("--rate", type=float, default=40.0, help="messages per second")
+    parser.add_argument(
+        "--stream-lanes",
+        type=int,
+        default=0,
+        help="of the lanes, how many stream (docs/streaming.md)",
+    )
+    parser.add_argument(
+        "--stream-drop",
+        type=parse_duration,
+        default=parse_duration("0s"),
+        help="each streaming lane drops its connection about this often (0s: never)",
+    )
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--chaos-interval", type=parse_range, default=(4.0, 10.0))
@@ -107,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         duration_s=args.duration,
         groups=args.groups,
         lanes=args.lanes,
+        stream_lanes=args.stream_lanes,
+        stream_drop_s=args.stream_drop,
         rate_per_second=args.rate,
         partitions=args.partitions,
         workers=args.workers,

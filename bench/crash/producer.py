@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import sys
 import time
@@ -72,6 +73,9 @@ class ProducerConfig:
     # The last ``stream_lanes`` lanes stream to ``stream`` (host:port) instead of HTTP.
     stream_lanes: int = 0
     stream: str = ""
+    # Each streaming lane drops its connection (FIN or RST, at random) every this many seconds
+    # on average, as a producer restart or a load balancer would (0: never); journalled "drop".
+    stream_drop_s: float = 0.0
     request_timeout_s: float = 5.0
     # First and longest pause between attempts; pauses double up to the longest.
     backoff_s: tuple[float, float] = (0.05, 1.0)
@@ -233,6 +237,11 @@ class Producer:
             backoff=Backoff(initial_s=backoff, max_s=longest),
         )
         finished = False
+        dropping = (
+            asyncio.create_task(self._drop_forever(stream, producer_id))
+            if self.config.stream_drop_s > 0
+            else None
+        )
         try:
             point = await self._until_stopped(stream.start())
             if point is None:
@@ -266,11 +275,27 @@ class Producer:
             print(f"stream {producer_id}: {exc}", file=sys.stderr)
             return False
         finally:
+            if dropping is not None:
+                dropping.cancel()
             if finished:
                 await stream.close()
             else:
                 with contextlib.suppress(StreamError):
                     await asyncio.wait_for(stream.close(), 5.0)
+
+    async def _drop_forever(self, stream: AsyncStreamProducer, producer_id: str) -> None:
+        """Drops the lane's connection now and then, with messages in flight or not; the
+        producer reconnects and resends what no ACK covered (docs/streaming.md,
+        "Reconnecting")."""
+        mean = self.config.stream_drop_s
+        while True:
+            await asyncio.sleep(random.uniform(0.5 * mean, 1.5 * mean))
+            if not stream.connected:
+                continue
+            how = random.choice(("close", "reset"))
+            stream.reconnect(reset=how == "reset")
+            entry = {"e": "drop", "pid": producer_id, "how": how, "t": int(time.time() * 1000)}
+            await self.journal.append(entry)
 
     async def _journal_acks(self, lane: int, journalled: int, durable: int) -> int:
         """Journals ``ack`` for every sequence from ``journalled`` up to ``durable``."""
@@ -378,6 +403,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--large-body-bytes", type=int, default=0, help="the API's size limit")
     parser.add_argument("--stream-lanes", type=int, default=0, help="lanes that stream")
     parser.add_argument("--stream", default="", help="host:port of streaming produce")
+    parser.add_argument(
+        "--stream-drop-s", type=float, default=0.0, help="mean seconds between dropped connections"
+    )
     args = parser.parse_args(argv)
     config = ProducerConfig(
         api=args.api,
@@ -391,6 +419,7 @@ def main(argv: list[str] | None = None) -> None:
         large_body_bytes=args.large_body_bytes,
         stream_lanes=args.stream_lanes,
         stream=args.stream,
+        stream_drop_s=args.stream_drop_s,
     )
     finished = asyncio.run(produce(config, args.journal))
     # Exit 0 only when every record was acknowledged; a stopped producer exits 3.

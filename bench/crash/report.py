@@ -50,6 +50,10 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         lines.append(
             f"       {'acknowledged via (http, stream, server)':<48} {report['acked_via']}"
         )
+    if report.get("stream_drops"):
+        lines.append(
+            f"       {'streaming connections dropped (close, reset)':<48} {report['stream_drops']}"
+        )
     chaos = report.get("chaos")
     if chaos:
         lines.append(f"       {'kills by component':<48} {chaos['kills_by_component']}")

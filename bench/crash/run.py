@@ -74,6 +74,8 @@ class RunConfig:
     lanes: int = 20
     # The last lanes produce over streaming produce (docs/streaming.md) instead of HTTP.
     stream_lanes: int = 0
+    # Each streaming lane drops its connection about this often (s; 0: never).
+    stream_drop_s: float = 0.0
     rate_per_second: float = 40.0
     partitions: int = 6
     workers: int = 2
@@ -333,6 +335,7 @@ class CrashRun:
             rate_per_second=config.rate_per_second,
             large_body_bytes=DEFAULT_MAX_MESSAGE_BYTES,  # the API's limit in the run
             stream_lanes=config.stream_lanes,
+            stream_drop_s=config.stream_drop_s,
         )
         self._start(producer_spec(layout, shape, chaos=config.kill_producer))
         self._log(f"producing {per_lane * config.lanes} records over {config.groups} groups")
@@ -436,6 +439,7 @@ class CrashRun:
         report["events"] = dict(Counter(str(e["type"]) for e in events))
         # How the producer learned each acknowledgement: http, stream, or server (on resume)
         report["acked_via"] = dict(Counter(str(e["via"]) for e in produced if e["e"] == "ack"))
+        report["stream_drops"] = dict(Counter(str(e["how"]) for e in produced if e["e"] == "drop"))
         if self.outage is not None:
             length = self.outage[1] - self.outage[0]
             # Each worker's breaker counts its own calls: judged once every worker could have

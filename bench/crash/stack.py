@@ -176,6 +176,7 @@ class ProduceShape:
     rate_per_second: float
     large_body_bytes: int = 0
     stream_lanes: int = 0
+    stream_drop_s: float = 0.0
 
 
 def producer_spec(layout: StackLayout, shape: ProduceShape, *, chaos: bool) -> ComponentSpec:
@@ -208,6 +209,8 @@ def producer_spec(layout: StackLayout, shape: ProduceShape, *, chaos: bool) -> C
         str(shape.stream_lanes),
         "--stream",
         f"127.0.0.1:{layout.stream_port}",
+        "--stream-drop-s",
+        str(shape.stream_drop_s),
     ]
     return ComponentSpec(
         name="producer",

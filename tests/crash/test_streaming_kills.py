@@ -1,7 +1,8 @@
 """Streaming produce through kills of the API: 100,000 messages streamed over 1,000 groups by 20
 producers (docs/streaming.md) while the API, which serves the streams, is SIGKILLed and
-restarted every few seconds. Each producer reconnects, resumes from its NOTIFY_ACK and resends
-what was not acknowledged; the webhook must see every message once by id, each group in order.
+restarted every few seconds, and each producer drops its own connection (FIN or RST) every few
+seconds besides. Each producer reconnects, resumes from its NOTIFY_ACK and resends what was not
+acknowledged; the webhook must see every message once by id, each group in order.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def test_streamed_messages_survive_api_kills_once_each_and_in_order(
         groups=1_000,
         lanes=lanes,
         stream_lanes=lanes,
+        stream_drop_s=4.0,
         rate_per_second=MESSAGES / duration_s,
         chaos_only=("api",),
         kill_producer=False,
@@ -43,7 +45,7 @@ def test_streamed_messages_survive_api_kills_once_each_and_in_order(
         producer_grace_s=180.0,
         drain_timeout_s=300.0,
     )
-    # When the API is killed and restarted while they stream
+    # When the API is killed and restarted while they stream, and they drop their connections
     report = run_crash_test(config)
     write_report(report, tmp_path / "report.json")
     summary = "\n".join(summary_lines(report))
@@ -61,3 +63,5 @@ def test_streamed_messages_survive_api_kills_once_each_and_in_order(
     assert sum(kills.values()) == kills["api"]
     assert set(report["acked_via"]) <= {"stream", "server"}
     assert report["acked_via"]["stream"] > MESSAGES / 2
+    # And every producer dropped its connection both ways along the way
+    assert min(report["stream_drops"].get(how, 0) for how in ("close", "reset")) >= lanes
