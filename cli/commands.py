@@ -83,6 +83,10 @@ def run_ingest(settings: Settings) -> int:
         from cli.jars import resolve_spark_jars
 
         jars = resolve_spark_jars(settings)
+        if settings.ingest_mode != "python":
+            from cli.jvm import ingest_jar
+
+            jars.append(ingest_jar(settings))
         settings = settings.model_copy(update={"spark_jars": ",".join(map(str, jars))})
     run(settings)
     return 0

@@ -7,6 +7,7 @@ values it needs as arguments.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -123,6 +124,13 @@ class Settings(BaseSettings):
     kafka_ssl_endpoint_identification: bool = True
 
     # Ingest (Spark)
+    # How the ingest job runs (docs/ingest.md, "Modes"): "python", micro-batches with the
+    # de-duplication rule in Python; "micro-batch" and "real-time", one query through the JVM
+    # operator (decision 0008), in micro-batches or in Spark's real-time mode (PySpark 4.3+).
+    ingest_mode: Literal["python", "micro-batch", "real-time"] = "python"
+    # Task slots of a local Spark master in real-time mode, where every ingest partition read
+    # and every shuffle partition holds one all the time (docs/ingest.md, "Modes").
+    spark_realtime_slots: int = 64
     spark_master: str = "local[2]"
     # Spark's Kafka connector (spark-sql-kafka-0-10) fetched from Maven Central: the newest
     # served there for the installed pyspark's major version, which may trail pyspark's own

@@ -80,6 +80,7 @@ from setu.names import (
     parse_main_topic,
 )
 from setu.settings import Settings, is_local_master
+from spark import operator_job
 from spark.dedup import decode_marks
 from spark.dedup_state import PartitionMarks
 from spark.marks import (
@@ -227,6 +228,7 @@ def session_config(settings: Settings) -> dict[str, str]:
         # Executors run the Python of their machine; the same interpreter path is the usual
         # case (one image for driver and executors), and SETU_SPARK_CONF can say otherwise.
         conf["spark.pyspark.python"] = sys.executable
+    conf.update(operator_job.session_overrides(settings))
     conf.update(settings.spark_conf)
     return conf
 
@@ -660,9 +662,12 @@ def keep_running(
     reporter: StatusReporter,
     batches: Callable[[], int],
     backoff: Callable[[int], float] = lambda failures: min(2.0**failures, 30.0),
+    stale: Callable[[], bool] = lambda: False,
+    stop_patience_s: float = 30.0,
 ) -> None:
     """Runs the query until ``stopping`` is set, starting it again after a failure (see
-    :func:`run`); raises the failure once it stood ``QUERY_RESTARTS`` starts in a row."""
+    :func:`run`), and when ``stale`` says that what it read at its start changed; raises the
+    failure once it stood ``QUERY_RESTARTS`` starts in a row."""
     failures = 0
     while True:
         query = start_query()
@@ -672,7 +677,15 @@ def keep_running(
         try:
             while not stopping.is_set() and query.isActive:
                 query.awaitTermination(1)
-            stop_between_batches(query)
+                if stale():
+                    break
+            stop_between_batches(query, stop_patience_s)
+            if stopping.is_set():
+                return
+            if query.exception() is None:
+                log.info("ingest query %s restarts: the topics it reads changed", query.id)
+                continue
+            query.awaitTermination()  # raises the failure
             return
         except Exception as exc:
             if stopping.is_set():
@@ -732,6 +745,21 @@ def run(settings: Settings) -> None:
         helpers.append(guard.stop)
         metrics.watch_rejects(guard.rejects)
         publisher = MarkPublisher(client)
+        if operator_job.uses_operator(settings):
+            pattern = ingest_pattern(settings)
+            running = operator_job.OperatorRun(
+                spark, settings, publisher, metrics, pattern, guard.limits, retired
+            )
+            helpers.append(running.stop)
+            keep_running(
+                running.start_query,
+                stopping,
+                reporter,
+                metrics.batches,
+                stale=running.changed,
+                stop_patience_s=0 if settings.ingest_mode == "real-time" else 30,
+            )
+            return
         checkpoint = settings.resolved_checkpoint_dir()
         keeper = MarksKeeper(publisher, lambda: committed_marks(checkpoint, retired())).start()
         helpers.append(keeper.stop)

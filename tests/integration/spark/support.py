@@ -40,10 +40,17 @@ def wait_for(what: str, condition: Callable[[], object], timeout_s: float = 90.0
 
 
 def ingest_child(
-    world: IngestWorld, tmp_path: Path, *, master: str, pattern: str, conf: Mapping[str, str]
+    world: IngestWorld,
+    tmp_path: Path,
+    *,
+    master: str,
+    pattern: str,
+    conf: Mapping[str, str],
+    mode: str = "python",
 ) -> ChildSpec:
     """``setu ingest`` as a process of its own on ``world``'s broker and Redis, reading the
-    ingest topics ``pattern`` matches, on the Spark ``master`` with ``conf``."""
+    ingest topics ``pattern`` matches, on the Spark ``master`` with ``conf``, in ``mode``
+    (``SETU_INGEST_MODE``)."""
     env = {
         **os.environ,
         "SETU_KAFKA_BOOTSTRAP": world.bootstrap,
@@ -54,6 +61,7 @@ def ingest_child(
         "SETU_SPARK_INGEST_PATTERN": pattern,
         "SETU_SPARK_TRIGGER_MS": "200",
         "SETU_SPARK_CONF": json.dumps(dict(conf)),
+        "SETU_INGEST_MODE": mode,
     }
     argv = (sys.executable, "-m", "cli.main", "ingest")
     return ChildSpec("ingest", argv, tmp_path / "logs" / "ingest.log", env=env)

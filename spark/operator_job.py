@@ -1,0 +1,304 @@
+"""``setu ingest`` in the modes ``micro-batch`` and ``real-time``: the query of :mod:`spark.stream`
+through the JVM de-duplication operator (decision 0008), and what the driver does beside it.
+
+- Its checkpoint is ``{checkpoint}/operator``. Its first start takes over from the checkpoint
+  the ``python`` mode left (:mod:`spark.migration`): it starts reading where that job's last
+  committed batch ended, with the operator's state seeded from the marks it kept, and those
+  marks are written to the changelog too, so Redis can be given them again.
+- The producer marks changelog (``MARKS_TOPIC``, compacted) is made before the query starts;
+  :class:`spark.marks_changelog.MarksFollower` raises its marks in Redis, and publishes them
+  all again when Redis forgot them.
+- At each batch's end :class:`CountsListener` adds the operator's per-topic counts to the
+  metrics (in real-time mode a batch is ``REAL_TIME_BATCH_S`` long).
+- The query reads the retired topics and the main topics' limits when it starts; when either
+  changes, and in real-time mode when an ingest topic or partition appears (each one needs a
+  task of its own), :class:`QueryInputs` tells ``job.keep_running`` to start it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.listener import (
+    QueryIdleEvent,
+    QueryProgressEvent,
+    QueryStartedEvent,
+    QueryTerminatedEvent,
+    StreamingQueryListener,
+)
+from pyspark.sql.streaming.query import StreamingQuery
+
+from setu.settings import Settings, is_local_master
+from spark import stream
+from spark.dedup import decode_marks
+from spark.dedup_state import checkpoint_fs
+from spark.marks import MarkPublisher
+from spark.marks_changelog import MarksFollower
+from spark.metrics import IngestMetrics, no_waits
+from spark.migration import last_committed, seed_marks, starting_offsets
+
+log = logging.getLogger(__name__)
+
+OPERATOR_FOLDER = "operator"
+# Latency over batching: a shuffle block leaves after at most this long (real-time mode).
+NETWORK_BUFFER_WAIT_MS = "5"
+# How often the ingest topics are listed for new partitions (real-time mode).
+TOPICS_EVERY_S = 1.0
+
+
+def uses_operator(settings: Settings) -> bool:
+    return settings.ingest_mode != "python"
+
+
+def session_overrides(settings: Settings) -> dict[str, str]:
+    """Spark properties of the operator's modes, besides ``job.session_config``'s."""
+    if settings.ingest_mode != "real-time":
+        return {}
+    conf = {"spark.shuffle.streaming.networkBufferMaxWaitTimeMs": NETWORK_BUFFER_WAIT_MS}
+    if is_local_master(settings.spark_master):
+        # Every source and shuffle partition holds a task slot for the whole batch.
+        conf["spark.master"] = f"local[{settings.spark_realtime_slots}]"
+    return conf
+
+
+class CountsListener(StreamingQueryListener):
+    """Adds the operator's per-topic counts (:func:`spark.stream.topic_counts`) to the ingest
+    metrics at each batch's end, with the batch's duration."""
+
+    def __init__(self, counts: Any, metrics: IngestMetrics) -> None:
+        self._counts = counts
+        self._metrics = metrics
+        self._seen: dict[str, tuple[int, int]] = {}
+
+    def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802 (Spark's name)
+        pass
+
+    def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802
+        now = stream.read_counts(self._counts)
+        added = {}
+        for topic, (kept, dropped) in now.items():
+            kept_before, dropped_before = self._seen.get(topic, (0, 0))
+            added[topic] = (kept - kept_before, dropped - dropped_before)
+        self._seen = now
+        seconds = event.progress.durationMs.get("triggerExecution", 0) / 1000
+        self._metrics.batch_written(added, seconds, no_waits())
+
+    def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802
+        pass
+
+    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:  # noqa: N802
+        pass
+
+
+def ensure_marks_topic(
+    bootstrap: str, client_config: Mapping[str, str], replication_factor: int
+) -> None:
+    """Makes the producer marks changelog (compacted) unless it exists."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, **client_config})
+    config = {
+        "cleanup.policy": "compact",
+        "min.insync.replicas": "2" if replication_factor >= 3 else "1",
+    }
+    new = NewTopic(stream.MARKS_TOPIC, 1, replication_factor, config=config)
+    for future in admin.create_topics([new]).values():
+        try:
+            future.result(timeout=30)
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+
+
+def ingest_partitions(
+    bootstrap: str, pattern: str, client_config: Mapping[str, str]
+) -> dict[str, int]:
+    """The ingest topics ``pattern`` matches now, with their partition counts."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, **client_config})
+    matcher = re.compile(pattern)
+    return {
+        name: len(meta.partitions)
+        for name, meta in admin.list_topics(timeout=30).topics.items()
+        if matcher.fullmatch(name)
+    }
+
+
+def started(checkpoint: str) -> bool:
+    """Whether a query already wrote to ``checkpoint`` (then it resumes from it)."""
+    from pyarrow import fs as pafs
+
+    fs, root = checkpoint_fs(checkpoint.rstrip("/"))
+    return bool(fs.get_file_info(f"{root}/offsets").type == pafs.FileType.Directory)
+
+
+def write_seeds(
+    bootstrap: str, client_config: Mapping[str, str], seeds: list[tuple[str, int, str]]
+) -> int:
+    """Writes the seeded marks to the changelog, as the operator writes a mark; returns how
+    many. Without them Redis, once it forgot its marks, would not get these back."""
+    producer = Producer({"bootstrap.servers": bootstrap, **client_config, "acks": "all"})
+    written = 0
+    for topic, partition, text in seeds:
+        for (_, producer_id), mark in decode_marks(text).items():
+            sequence = mark.partitions.get(partition)
+            if sequence is None or sequence < 0:
+                continue
+            key = f"{topic}/{partition}/{producer_id}"
+            producer.produce(stream.MARKS_TOPIC, f"{mark.incarnation}:{sequence}", key)
+            written += 1
+    if producer.flush(30) > 0:
+        raise RuntimeError("the seeded producer marks were not all written to the changelog")
+    return written
+
+
+def operator_checkpoint(settings: Settings) -> str:
+    return f"{settings.resolved_checkpoint_dir().rstrip('/')}/{OPERATOR_FOLDER}"
+
+
+def start_query(
+    spark: SparkSession,
+    settings: Settings,
+    pattern: str,
+    *,
+    limits: Callable[[], Mapping[str, int]],
+    retired: Callable[[], Collection[str]],
+    counts: Any,
+) -> StreamingQuery:
+    """Starts the operator's query, taking over from the ``python`` mode's checkpoint on its
+    first start (see the module doc)."""
+    base = settings.resolved_checkpoint_dir().rstrip("/")
+    own = operator_checkpoint(settings)
+    bootstrap = settings.kafka_bootstrap or ""
+    starting, initial = None, None
+    if not started(own):
+        committed = last_committed(base)
+        if committed is not None:
+            partitions = ingest_partitions(bootstrap, pattern, settings.kafka_client_config())
+            starting = starting_offsets(committed, partitions)
+            seeds = seed_marks(base, committed)
+            initial = stream.initial_state(spark, seeds)
+            written = write_seeds(bootstrap, settings.kafka_client_config(), seeds)
+            log.info(
+                "ingest takes over from the micro-batch checkpoint at batch %d (%d marks)",
+                committed.batch,
+                written,
+            )
+    return stream.start(
+        spark,
+        settings.model_copy(update={"spark_checkpoint_dir": own}),
+        pattern,
+        realtime=settings.ingest_mode == "real-time",
+        limits=limits,
+        retired=retired,
+        initial=initial,
+        counts=counts,
+        starting=starting,
+    )
+
+
+class QueryInputs:
+    """What the running query read when it started (:meth:`take`): the retired topics, the
+    main topics' limits and, in real-time mode, the ingest topics' partitions.
+    :meth:`changed` is True once any of them is no longer so: the query must start again."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pattern: str,
+        limits: Callable[[], Mapping[str, int]],
+        retired: Callable[[], Collection[str]],
+    ) -> None:
+        self._realtime = settings.ingest_mode == "real-time"
+        self._bootstrap = settings.kafka_bootstrap or ""
+        self._client_config = settings.kafka_client_config()
+        self._pattern = pattern
+        self._limits = limits
+        self._retired = retired
+        self._partitions: dict[str, int] = {}
+        self._listed_at = float("-inf")
+        self._at_start: tuple[Any, ...] = ()
+
+    def take(self) -> None:
+        self._listed_at = float("-inf")
+        self._at_start = self._picture()
+
+    def changed(self) -> bool:
+        return self._picture() != self._at_start
+
+    def _picture(self) -> tuple[Any, ...]:
+        if self._realtime and time.monotonic() - self._listed_at >= TOPICS_EVERY_S:
+            try:
+                self._partitions = ingest_partitions(
+                    self._bootstrap, self._pattern, self._client_config
+                )
+            except KafkaException as exc:  # Kafka away: the query says so itself
+                log.warning("could not list the ingest topics: %s", exc)
+            self._listed_at = time.monotonic()
+        return (
+            frozenset(self._retired()),
+            tuple(sorted(self._limits().items())),
+            tuple(sorted(self._partitions.items())),
+        )
+
+
+class OperatorRun:
+    """The driver's side of the operator's modes, for ``job.run``: makes the changelog, starts
+    the marks follower and the counts listener; :meth:`start_query` starts the query (again),
+    :meth:`changed` says when it must, :meth:`stop` ends the helpers."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        settings: Settings,
+        publisher: MarkPublisher,
+        metrics: IngestMetrics,
+        pattern: str,
+        limits: Callable[[], Mapping[str, int]],
+        retired: Callable[[], Collection[str]],
+    ) -> None:
+        self._spark = spark
+        self._settings = settings
+        self._metrics = metrics
+        self._pattern = pattern
+        self._limits = limits
+        self._retired = retired
+        bootstrap = settings.kafka_bootstrap or ""
+        client_config = settings.kafka_client_config()
+        ensure_marks_topic(bootstrap, client_config, settings.kafka_replication_factor)
+        self._follower = MarksFollower(bootstrap, publisher, client_config, retired).start()
+        self._counts = stream.topic_counts(spark)
+        self._listener = CountsListener(self._counts, metrics)
+        spark.streams.addListener(self._listener)
+        self._inputs = QueryInputs(settings, pattern, limits, retired)
+
+    def start_query(self) -> StreamingQuery:
+        self._inputs.take()
+        query = start_query(
+            self._spark,
+            self._settings,
+            self._pattern,
+            limits=self._limits,
+            retired=self._retired,
+            counts=self._counts,
+        )
+        self._metrics.watch(lambda: (query.isActive, query.lastProgress))
+        log.info(
+            "ingest query %s started in %s mode (%s)",
+            query.id,
+            self._settings.ingest_mode,
+            operator_checkpoint(self._settings),
+        )
+        return query
+
+    def changed(self) -> bool:
+        return self._inputs.changed()
+
+    def stop(self) -> None:
+        self._spark.streams.removeListener(self._listener)
+        self._follower.stop()

@@ -1,0 +1,77 @@
+"""``setu ingest`` in the operator's modes (spark/operator_job.py, decision 0008), as a process of
+its own: it takes over from the checkpoint the ``python`` mode left with nothing lost or doubled,
+and the producer marks reach Redis, and come back when Redis forgets them, from the changelog."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+import pytest
+from pyspark.sql import SparkSession
+
+from cli.processes import Child
+from state import keys
+from state.producer_marks import ProducerMarks
+from tests.integration.spark.support import IngestWorld, ingest_child, wait_for
+
+pytestmark = [pytest.mark.spark]
+
+
+@pytest.fixture
+def world(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> Iterator[IngestWorld]:
+    # The job runs as `setu ingest`, a process of its own: no session in this one.
+    world = IngestWorld(cast(SparkSession, None), kafka_bootstrap, redis_url, tmp_path)
+    yield world
+    world.redis.set(keys.producer_marks_loaded(), "1")
+    world.close()
+
+
+def run_ingest(world: IngestWorld, tmp_path: Path, mode: str) -> Child:
+    pattern = f"^setu\\.{world.project}\\.t\\.ingest$"
+    child = Child(
+        ingest_child(world, tmp_path, master="local[2]", pattern=pattern, conf={}, mode=mode)
+    )
+    child.start()
+    return child
+
+
+def test_the_micro_batch_mode_takes_over_from_the_python_mode_with_nothing_lost_or_doubled(
+    world: IngestWorld, tmp_path: Path
+) -> None:
+    # Given the python mode accepted p's sequences 1..3 and q's 1, over two partitions
+    world.create_topic("t", partitions=2)
+    for sequence in (1, 2, 3):
+        world.send("t", f"p{sequence}", producer_id="p", sequence_id=sequence, group_id="g1")
+    world.send("t", "q1", producer_id="q", sequence_id=1, group_id="g2")
+    world.flush()
+    log = world.main_log("t")
+    python = run_ingest(world, tmp_path, "python")
+    try:
+        log.wait_for_ids({"p1", "p2", "p3", "q1"}, 180)
+        wait_for("p's mark", lambda: world.mark("t", "p") == 3, 60)
+    finally:
+        python.stop()
+    # When p resends 3 and sends 4 while no job runs, and the job starts in the micro-batch mode
+    world.send("t", "p3", producer_id="p", sequence_id=3, group_id="g1")
+    world.send("t", "p4", producer_id="p", sequence_id=4, group_id="g1")
+    world.flush()
+    operator = run_ingest(world, tmp_path, "micro-batch")
+    try:
+        # Then p4 reaches the main log, and the resend of p3 does not (the seeded state)
+        log.wait_for_ids({"p4"}, 180)
+        wait_for("p's mark", lambda: world.mark("t", "p") == 4, 60)
+        world.send("t", "p5", producer_id="p", sequence_id=5, group_id="g1")
+        world.flush()
+        log.wait_for_ids({"p5"}, 60)  # the sentinel: anything before it was read too
+        assert sorted(log.ids()) == ["p1", "p2", "p3", "p4", "p5", "q1"]
+        # And when Redis forgets every mark, they come back: q's too, which the operator never
+        # saw a message of (the take-over wrote the seeded marks to the changelog)
+        world.redis.delete(keys.producer_marks(world.project, "t"), keys.producer_marks_loaded())
+        wait_for("the marker", lambda: ProducerMarks(world.redis).all_loaded(), 60)
+        assert world.mark("t", "p") == 5
+        assert world.mark("t", "q") == 1
+        assert operator.running(), operator.log_tail()
+    finally:
+        operator.stop()
