@@ -38,6 +38,7 @@ be resumed: :func:`check_checkpoint` says so before Spark starts.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
@@ -54,6 +55,7 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlparse
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from opentelemetry.trace import SpanKind
 from pyspark.accumulators import Accumulator
@@ -746,6 +748,9 @@ def run(settings: Settings) -> None:
         metrics.watch_rejects(guard.rejects)
         publisher = MarkPublisher(client)
         if operator_job.uses_operator(settings):
+            # The query reads the limits once, at its start: known before it, not 5 s later.
+            with contextlib.suppress(KafkaException):
+                guard.check()
             pattern = ingest_pattern(settings)
             running = operator_job.OperatorRun(
                 spark, settings, publisher, metrics, pattern, guard.limits, retired

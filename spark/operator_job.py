@@ -26,6 +26,7 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+from pyarrow import fs as pafs
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import (
     QueryIdleEvent,
@@ -129,12 +130,17 @@ def ingest_partitions(
     }
 
 
-def started(checkpoint: str) -> bool:
-    """Whether a query already wrote to ``checkpoint`` (then it resumes from it)."""
-    from pyarrow import fs as pafs
-
+def has_committed(checkpoint: str) -> bool:
+    """Whether the query of ``checkpoint`` committed a batch (then it resumes from it). One
+    that started and committed nothing is removed, and the take-over starts again: a query
+    resuming a checkpoint reads neither the starting offsets nor the initial state again."""
     fs, root = checkpoint_fs(checkpoint.rstrip("/"))
-    return bool(fs.get_file_info(f"{root}/offsets").type == pafs.FileType.Directory)
+    if last_committed(checkpoint) is not None:
+        return True
+    if fs.get_file_info(root).type != pafs.FileType.NotFound:
+        log.info("removing %s: its query committed no batch", checkpoint)
+        fs.delete_dir(root)
+    return False
 
 
 def write_seeds(
@@ -176,7 +182,7 @@ def start_query(
     own = operator_checkpoint(settings)
     bootstrap = settings.kafka_bootstrap or ""
     starting, initial = None, None
-    if not started(own):
+    if not has_committed(own):
         committed = last_committed(base)
         if committed is not None:
             partitions = ingest_partitions(bootstrap, pattern, settings.kafka_client_config())
