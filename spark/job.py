@@ -677,17 +677,16 @@ def keep_running(
         reporter.watch(_progress_of(query))
         before = batches()
         try:
+            restart = False
             while not stopping.is_set() and query.isActive:
                 query.awaitTermination(1)
                 if stale():
+                    restart = True
                     break
             stop_between_batches(query, stop_patience_s)
-            if stopping.is_set():
-                return
-            if query.exception() is None:
-                log.info("ingest query %s restarts: the topics it reads changed", query.id)
+            if restart and not stopping.is_set():
+                log.info("ingest query %s starts again: the topics it reads changed", query.id)
                 continue
-            query.awaitTermination()  # raises the failure
             return
         except Exception as exc:
             if stopping.is_set():

@@ -214,3 +214,29 @@ def test_a_query_that_keeps_failing_without_a_batch_ends_the_job() -> None:
             start_query, threading.Event(), Reporter(), lambda: 0, backoff=lambda n: 0.0
         )
     assert len(starts) == job.QUERY_RESTARTS + 1
+
+
+def test_a_query_whose_topics_changed_is_stopped_and_started_again() -> None:
+    # Given a running query, and the topics it read at its start changing once
+    stopping = threading.Event()
+    started: list[FakeQuery] = []
+    changes = [False, True, False]
+
+    def start_query() -> FakeQuery:
+        query = FakeQuery(False, [])
+        started.append(query)
+        return query
+
+    def stale() -> bool:
+        changed = changes.pop(0) if changes else False
+        if not changes:
+            stopping.set()  # the job is asked to stop once the restart was seen
+        return changed
+
+    # When the job runs it
+    job.keep_running(  # type: ignore[arg-type]
+        start_query, stopping, Reporter(), lambda: 0, backoff=lambda n: 0.0, stale=stale
+    )
+    # Then the first query was stopped and a second started, with no failure reported
+    assert len(started) == 2
+    assert not started[0].isActive

@@ -1,0 +1,65 @@
+"""The driver's side of the operator's modes (spark/operator_job.py): when a take-over starts
+again, when the query must start again, and the Spark properties of real-time mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from setu.settings import Settings
+from spark.operator_job import QueryInputs, has_committed, session_overrides
+
+
+def batch(checkpoint: Path, number: int, committed: bool) -> None:
+    (checkpoint / "offsets").mkdir(parents=True, exist_ok=True)
+    (checkpoint / "commits").mkdir(exist_ok=True)
+    (checkpoint / "offsets" / str(number)).write_text('v1\n{}\n{"t":{"0":5}}')
+    if committed:
+        (checkpoint / "commits" / str(number)).write_text("v1\n{}")
+
+
+def test_a_checkpoint_that_committed_a_batch_is_resumed(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "operator"
+    batch(checkpoint, 0, committed=True)
+    batch(checkpoint, 1, committed=False)
+    assert has_committed(str(checkpoint))
+    assert (checkpoint / "offsets" / "1").exists()
+
+
+def test_a_checkpoint_that_committed_nothing_is_removed_for_a_new_take_over(
+    tmp_path: Path,
+) -> None:
+    # Given a query that started (its first batch planned) and was stopped before its commit
+    checkpoint = tmp_path / "operator"
+    batch(checkpoint, 0, committed=False)
+    # Then the take-over starts again, from nothing
+    assert not has_committed(str(checkpoint))
+    assert not checkpoint.exists()
+    # And a checkpoint never made is no committed one either
+    assert not has_committed(str(tmp_path / "never"))
+
+
+def test_the_query_starts_again_when_retired_topics_or_limits_change() -> None:
+    retired: set[str] = set()
+    limits = {"setu.p.t": 1_000_000}
+    inputs = QueryInputs(
+        Settings(ingest_mode="micro-batch"), "x", lambda: dict(limits), lambda: set(retired)
+    )
+    inputs.take()
+    assert not inputs.changed()
+    limits["setu.p.t"] = 2_000_000
+    assert inputs.changed()
+    inputs.take()  # started again
+    assert not inputs.changed()
+    retired.add("setu.p.t.ingest")
+    assert inputs.changed()
+
+
+def test_real_time_mode_asks_a_local_master_for_its_slots_and_a_short_shuffle_wait() -> None:
+    realtime = Settings(ingest_mode="real-time", spark_realtime_slots=40)
+    conf = session_overrides(realtime)
+    assert conf["spark.master"] == "local[40]"
+    assert conf["spark.shuffle.streaming.networkBufferMaxWaitTimeMs"] == "5"
+    # (a cluster's master is the operator's to size)
+    on_cluster = Settings(ingest_mode="real-time", spark_master="spark://m:7077")
+    assert "spark.master" not in session_overrides(on_cluster)
+    assert session_overrides(Settings(ingest_mode="micro-batch")) == {}
