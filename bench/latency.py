@@ -2,6 +2,7 @@
 
     python -m bench.latency [--bootstrap 127.0.0.1:9092] [--redis redis://127.0.0.1:6379/0]
                             [--phases 50,200,1000,200dup] [--seconds 60] [--warmup 15]
+                            [--modes python,micro-batch,real-time]
 
 The stack is Setu's own processes as deployed (``setu api``, ``setu ingest`` with its default
 ``local[2]``, one ``setu deliver``) on free ports, with a data folder and Spark checkpoint of
@@ -30,7 +31,12 @@ The finer split comes from the services' own histograms, read before and after e
 worker), ``setu_delivery_dispatch_seconds`` (read -> call sent) and
 ``setu_delivery_call_duration_seconds``; a service without one reports it as missing.
 
-Each phase also reports how many cores each process (with its children) kept busy.
+Each phase also reports how many cores each process (with its children) kept busy. After the
+phases a topic is created and a message produced to it every 0.2 s until one is delivered: how
+soon a new topic's first message arrives, counted from the topic's creation.
+
+``--modes micro-batch,real-time`` measures the stack once per ingest mode (``SETU_INGEST_MODE``,
+docs/ingest.md), one after the other in the same run, and writes them side by side.
 
 Targets (docs/latency.md; 2-core machine, everything on it): p95 <= 400 ms at 200 msg/s,
 p99 <= 1 s at 1,000 msg/s. Figures are printed and written as JSON under bench/results/.
@@ -660,22 +666,52 @@ def wait_delivered(stack: Stack, expected: int, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    service_arguments(parser)
-    parser.add_argument("--phases", default="50,200,1000,200dup")
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--warmup", type=float, default=15.0)
-    stack_arguments(parser)
-    parser.add_argument("--webhook", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.webhook is not None:
-        serve_webhook(args.webhook)
-        return 0
-    quiet_client_logs()
-    phases = [Phase.parse(p) for p in args.phases.split(",")]
+def first_delivery_on_new_topic(stack: Stack, timeout_s: float) -> float:
+    """Seconds from a new topic's creation (its 201) to the first webhook call of a message
+    produced to it, one produced every 0.2 s meanwhile: how soon a new user sees a message
+    delivered. Only called with nothing else in flight."""
+    base = f"http://127.0.0.1:{stack.api_port}"
+    auth = {"Authorization": f"Bearer {stack.admin_key}"}
+    p, t = stack.project, f"fresh{secrets.token_hex(3)}"
+    with httpx.Client(base_url=base, headers=auth, timeout=30) as client:
+        created = client.post(f"/v1/projects/{p}/topics", json={"name": t, "grouped": True})
+        began = time.monotonic()
+        if created.status_code != 201:
+            raise SystemExit(f"new topic: {created.status_code} {created.text}")
+        subscribed = client.post(
+            f"/v1/projects/{p}/subscriptions",
+            json={
+                "name": f"{t}-hook",
+                "topic": t,
+                "grouped": True,
+                "endpoint": {"url": f"http://127.0.0.1:{stack.webhook_port}/hook"},
+            },
+        )
+        if subscribed.status_code != 201:
+            raise SystemExit(f"new subscription: {subscribed.status_code} {subscribed.text}")
+        before = int(webhook_get(stack.webhook_port, "count"))
+        n = 0
+        while int(webhook_get(stack.webhook_port, "count")) == before:
+            stack.check_alive()
+            if time.monotonic() - began > timeout_s:
+                raise SystemExit(f"nothing produced to a new topic arrived in {timeout_s:.0f} s")
+            client.post(
+                f"/v1/projects/{p}/topics/{t}/produce",
+                content=b"{}",
+                headers={"X_MESSAGE_ID": f"{t}-{n}", "X_GROUP_ID": "g"},
+            )
+            n += 1
+            time.sleep(0.2)
+        return round(time.monotonic() - began, 2)
+
+
+def measure(
+    args: argparse.Namespace, phases: list[Phase], env: dict[str, str] | None = None
+) -> tuple[dict[str, dict[str, Any]], float]:
+    """One stack (with ``env`` besides ``--env``) through every phase: each phase's figures,
+    and how soon a topic created afterwards had its first message delivered."""
     results: dict[str, dict[str, Any]] = {}
-    with stack_running(args) as stack:
+    with stack_running(args, env=env) as stack:
         headers = set_up(stack, timeout_s=180)
         expected = int(webhook_get(stack.webhook_port, "count"))
         runs = []
@@ -716,29 +752,63 @@ def main(argv: list[str] | None = None) -> int:
         arrivals = orjson.loads(webhook_get(stack.webhook_port, "dump"))
         ingest = record_times(args.bootstrap, names.ingest_topic(stack.project, "orders"))
         main_log = record_times(args.bootstrap, names.main_topic(stack.project, "orders"))
+        new_topic_s = first_delivery_on_new_topic(stack, timeout_s=120)
     for phase, sent, measured_from, stages, cpu in runs:
         figures = phase_figures(phase, sent, measured_from, arrivals, ingest, main_log)
         figures["cores_busy"] = cpu
         figures["stages"] = {k: v for k, v in stages.items() if "missing" not in v}
         figures["stages_missing"] = [k for k, v in stages.items() if "missing" in v]
         results[phase.name] = figures
-    checks = verdicts(results)
-    report(results, checks)
-    path = write_result(
-        "latency",
-        {
-            "settings": {
-                "env": args.env,
-                "seconds": args.seconds,
-                "warmup": args.warmup,
-                "groups": GROUPS,
-                "partitions": PARTITIONS,
-            },
+    return results, new_topic_s
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    service_arguments(parser)
+    parser.add_argument("--phases", default="50,200,1000,200dup")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--warmup", type=float, default=15.0)
+    parser.add_argument(
+        "--modes",
+        default="",
+        help="ingest modes to measure one after the other (SETU_INGEST_MODE), e.g. "
+        "micro-batch,real-time; unset: the stack's default",
+    )
+    stack_arguments(parser)
+    parser.add_argument("--webhook", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.webhook is not None:
+        serve_webhook(args.webhook)
+        return 0
+    quiet_client_logs()
+    phases = [Phase.parse(p) for p in args.phases.split(",")]
+    modes = [m for m in args.modes.split(",") if m] or [""]
+    by_mode: dict[str, Any] = {}
+    for mode in modes:
+        if mode:
+            print(f"ingest mode {mode}", flush=True)
+        env = {"SETU_INGEST_MODE": mode} if mode else None
+        results, new_topic_s = measure(args, phases, env)
+        checks = verdicts(results)
+        report(results, checks)
+        print(f"a new topic's first message delivered in {new_topic_s} s")
+        by_mode[mode or "default"] = {
             "phases": results,
             "verdicts": checks,
-        },
-        f"-{args.label}" if args.label else "",
-    )
+            "new_topic_first_delivery_s": new_topic_s,
+        }
+    settings = {
+        "env": args.env,
+        "seconds": args.seconds,
+        "warmup": args.warmup,
+        "groups": GROUPS,
+        "partitions": PARTITIONS,
+    }
+    if modes == [""]:
+        figures = {"settings": settings, **by_mode["default"]}
+    else:
+        figures = {"settings": settings, "modes": by_mode}
+    path = write_result("latency", figures, f"-{args.label}" if args.label else "")
     print(f"written to {path}")
     return 0
 
