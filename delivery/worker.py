@@ -35,6 +35,7 @@ from delivery.metrics import DeliveryMetrics, RunnerFigures
 from delivery.parts import RunnerConfig, RunnerParts
 from delivery.runner import SubscriptionRunner
 from delivery.webhook import WebhookSender
+from setu import logs
 from setu.limits import MessageLimits
 from setu.model import Notifications, Subscription, SubscriptionState
 from setu.settings import Settings
@@ -80,11 +81,7 @@ def run(settings: Settings) -> None:
     from state.metadata import MetadataStore
     from state.sealing import required_sealer
 
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=settings.log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+    logs.configure(settings.log_level)
     store = MetadataStore(settings.resolved_database_url(), required_sealer(settings.secret_key))
     try:
         _run_loop(serve(settings, store))

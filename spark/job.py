@@ -64,7 +64,7 @@ from pyspark.sql import functions as fn
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructType
 
-from setu import tracing
+from setu import logs, tracing
 from setu.envelope import (
     H_PRODUCER_ID,
     H_SEQUENCE_ID,
@@ -714,6 +714,7 @@ def run(settings: Settings) -> None:
     batch written in between, the job exits with the failure's root cause as its last line."""
     if not settings.redis_url:
         raise ValueError("SETU_REDIS_URL is required by the ingest job")
+    logs.configure(settings.log_level)
     check_checkpoint(settings.resolved_checkpoint_dir())  # before Spark takes its seconds
     stopping = threading.Event()
 
