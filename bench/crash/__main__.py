@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--kill-receiver", action="store_true", help="kill the webhook receiver too"
     )
+    parser.add_argument(
+        "--ingest-mode",
+        choices=("python", "micro-batch", "real-time"),
+        help="how the ingest job runs (SETU_INGEST_MODE, docs/ingest.md); default: Setu's",
+    )
     return parser
 
 
@@ -136,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         faults=tuple(f for f in args.faults.split(",") if f),
         kill_receiver=args.kill_receiver,
         kafka_nodes=args.kafka_nodes,
+        extra_env={"SETU_INGEST_MODE": args.ingest_mode} if args.ingest_mode else {},
     )
     if args.seed is not None:
         config = dataclasses.replace(config, seed=args.seed)
