@@ -117,11 +117,8 @@ def ensure_marks_topic(
                 raise
 
 
-def ingest_partitions(
-    bootstrap: str, pattern: str, client_config: Mapping[str, str]
-) -> dict[str, int]:
+def ingest_partitions(admin: AdminClient, pattern: str) -> dict[str, int]:
     """The ingest topics ``pattern`` matches now, with their partition counts."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, **client_config})
     matcher = re.compile(pattern)
     return {
         name: len(meta.partitions)
@@ -185,7 +182,8 @@ def start_query(
     if not has_committed(own):
         committed = last_committed(base)
         if committed is not None:
-            partitions = ingest_partitions(bootstrap, pattern, settings.kafka_client_config())
+            admin = AdminClient({"bootstrap.servers": bootstrap, **settings.kafka_client_config()})
+            partitions = ingest_partitions(admin, pattern)
             starting = starting_offsets(committed, partitions)
             seeds = seed_marks(base, committed)
             initial = stream.initial_state(spark, seeds)
@@ -221,8 +219,9 @@ class QueryInputs:
         retired: Callable[[], Collection[str]],
     ) -> None:
         self._realtime = settings.ingest_mode == "real-time"
-        self._bootstrap = settings.kafka_bootstrap or ""
-        self._client_config = settings.kafka_client_config()
+        self._admin = AdminClient(
+            {"bootstrap.servers": settings.kafka_bootstrap or "", **settings.kafka_client_config()}
+        )
         self._pattern = pattern
         self._limits = limits
         self._retired = retired
@@ -240,9 +239,7 @@ class QueryInputs:
     def _picture(self) -> tuple[Any, ...]:
         if self._realtime and time.monotonic() - self._listed_at >= TOPICS_EVERY_S:
             try:
-                self._partitions = ingest_partitions(
-                    self._bootstrap, self._pattern, self._client_config
-                )
+                self._partitions = ingest_partitions(self._admin, self._pattern)
             except KafkaException as exc:  # Kafka away: the query says so itself
                 log.warning("could not list the ingest topics: %s", exc)
             self._listed_at = time.monotonic()
