@@ -398,12 +398,29 @@ class SubscriptionRunner:
         indices = sorted({tp.partition for tp in partitions})
         ports = [self.ports[p] for p in indices if p in self.ports]
         await asyncio.gather(*(self._drain(port) for port in ports))
-        with contextlib.suppress(Exception):
+        try:
             await self.flush_delivered()
+            flushed = True
+        except Exception as exc:
+            # "Flush, then commit": an offset committed past records whose state changes were
+            # never written would leave the next owner a group state (rebuilt from the
+            # changelog) that still counts them, for records it never reads again. A long
+            # crash run saw a group stuck `retrying` so. Nothing is committed instead: the
+            # next owner reads them again, as after a crash.
+            log.warning(
+                "subscription %s/%s: state changes not written at revocation (%s); "
+                "committing nothing for partitions %s",
+                self.sub.project,
+                self.sub.name,
+                exc,
+                indices,
+            )
+            flushed = False
         offsets = []
         for port in ports:
-            for tier, offset in port.engine.committable().items():
-                offsets.append(self.commits.position(port, tier, offset))
+            if flushed:
+                for tier, offset in port.engine.committable().items():
+                    offsets.append(self.commits.position(port, tier, offset))
             port.alive = False
             self.ports.pop(port.partition, None)
             self.flow.forget(port.partition)

@@ -190,3 +190,32 @@ async def test_redis_away_at_the_start_neither_ends_the_runner_nor_leaves_its_co
     await asyncio.wait_for(running, 10)
     # Then it ran until stopped, and its consumer left the group
     assert stub.done.done()
+
+
+class DeliveredEngine(EngineStub):
+    """An engine that delivered rq.1 records up to offset 42 of its partition."""
+
+    def committable(self) -> dict[int, int]:
+        return {1: 42}
+
+
+async def test_a_revocation_whose_state_changes_were_not_written_commits_nothing() -> None:
+    # Given a partition whose engine delivered rq.1 records up to offset 42, and a state store
+    # that went away before their groups' state changes were written (Redis flushed or down)
+    runner, port, _ = runner_on(Consumer(refusals=0))
+    port.engine = DeliveredEngine()  # type: ignore[assignment]
+
+    async def gone() -> None:
+        raise ConnectionError("Error 111 connecting to Redis")
+
+    runner.writer.flush = gone  # type: ignore[method-assign]
+    # When the partition is revoked (the worker stopping on that error, or a rebalance)
+    offsets = await runner.revoked([TopicPartition("t", 0)])
+    # Then nothing is committed: the next owner reads those records again, with the group
+    # state the changelog holds, instead of starting past records that state still counts
+    assert offsets == []
+    # And with the state changes written, the same revocation commits what was delivered
+    runner, port, _ = runner_on(Consumer(refusals=0))
+    port.engine = DeliveredEngine()  # type: ignore[assignment]
+    offsets = await runner.revoked([TopicPartition("t", 0)])
+    assert [(tp.topic, tp.partition, tp.offset) for tp in offsets] == [(runner.topics[1], 0, 42)]
