@@ -64,6 +64,12 @@ def dlq_topic(project: str, subscription: str) -> str:
     return f"{PREFIX}.{project}.{subscription}.dlq"
 
 
+PRODUCER_MARKS_TOPIC = f"{PREFIX}.producer-marks"
+"""The ingest job's compacted changelog of producer marks (spark/stream.py): key
+``{ingest topic}/{partition}/{producer}``, value ``{incarnation}:{sequence}``. No Setu topic's
+Kafka topic has two dots only."""
+
+
 def state_topic(project: str, subscription: str) -> str:
     """The subscription's group-state changelog (compacted; state/changelog.py)."""
     return f"{PREFIX}.{project}.{subscription}.state"

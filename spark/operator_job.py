@@ -25,7 +25,6 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 from pyarrow import fs as pafs
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import (
@@ -45,6 +44,7 @@ from spark.marks import MarkPublisher
 from spark.marks_changelog import MarksFollower
 from spark.metrics import IngestMetrics, no_waits
 from spark.migration import last_committed, seed_marks, starting_offsets
+from state.kafka_admin import KafkaTopics
 
 log = logging.getLogger(__name__)
 
@@ -97,24 +97,6 @@ class CountsListener(StreamingQueryListener):
 
     def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:  # noqa: N802
         pass
-
-
-def ensure_marks_topic(
-    bootstrap: str, client_config: Mapping[str, str], replication_factor: int
-) -> None:
-    """Makes the producer marks changelog (compacted) unless it exists."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, **client_config})
-    config = {
-        "cleanup.policy": "compact",
-        "min.insync.replicas": "2" if replication_factor >= 3 else "1",
-    }
-    new = NewTopic(stream.MARKS_TOPIC, 1, replication_factor, config=config)
-    for future in admin.create_topics([new]).values():
-        try:
-            future.result(timeout=30)
-        except KafkaException as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
 
 
 def ingest_partitions(admin: AdminClient, pattern: str) -> dict[str, int]:
@@ -273,7 +255,11 @@ class OperatorRun:
         self._retired = retired
         bootstrap = settings.kafka_bootstrap or ""
         client_config = settings.kafka_client_config()
-        ensure_marks_topic(bootstrap, client_config, settings.kafka_replication_factor)
+        KafkaTopics(
+            bootstrap,
+            replication_factor=settings.kafka_replication_factor,
+            client_config=client_config,
+        ).ensure_producer_marks()
         self._follower = MarksFollower(bootstrap, publisher, client_config, retired).start()
         self._counts = stream.topic_counts(spark)
         self._listener = CountsListener(self._counts, metrics)

@@ -35,14 +35,13 @@ from setu.envelope import (
     H_TOPIC_INCARNATION,
 )
 from setu.limits import MessageLimits
-from setu.names import INGEST_SUFFIX
+from setu.names import INGEST_SUFFIX, PRODUCER_MARKS_TOPIC
 from setu.settings import Settings
 from spark.processor import partition_cap
 from spark.rejects import routed_columns
 
-MARKS_TOPIC = "setu.producer-marks"
-"""The compacted changelog of producer marks: key ``{ingest topic}/{partition}/{producer}``,
-value ``{incarnation}:{sequence}``. No Setu topic's Kafka topic has two dots only."""
+MARKS_TOPIC = PRODUCER_MARKS_TOPIC
+"""The compacted changelog of producer marks (:data:`setu.names.PRODUCER_MARKS_TOPIC`)."""
 
 # The columns the operator reads (spark/jvm/.../IngestDedup.java), besides those passed on.
 TOPIC, PARTITION, OFFSET, KEY, VALUE, HEADERS = (

@@ -135,6 +135,16 @@ def changelog_config(replication_factor: int, max_message_bytes: int) -> dict[st
     }
 
 
+def producer_marks_spec(replication_factor: int) -> TopicSpec:
+    """The ingest job's producer marks changelog: compacted, one partition (it holds one
+    record per producer and ingest partition)."""
+    config = {
+        "cleanup.policy": "compact",
+        "min.insync.replicas": "2" if replication_factor >= 3 else "1",
+    }
+    return TopicSpec(names.PRODUCER_MARKS_TOPIC, 1, config)
+
+
 def changelog_spec(
     project: str,
     subscription: str,
@@ -294,6 +304,11 @@ class KafkaTopics:
                 )
             ]
         )
+
+    def ensure_producer_marks(self) -> list[str]:
+        """Makes the ingest job's producer marks changelog if it is missing; returns what it
+        created."""
+        return self._ensure([producer_marks_spec(self._replication)])
 
     def retention_ms(self, kafka_topic: str) -> int | None:
         """The topic's ``retention.ms`` as the broker has it; None: kept for ever."""
