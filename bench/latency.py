@@ -595,54 +595,74 @@ def stack_running(
             print(f"logs kept in {workdir}")
 
 
-def set_up(stack: Stack, timeout_s: float) -> dict[str, str]:
-    base = f"http://127.0.0.1:{stack.api_port}"
+def api_client(stack: Stack) -> httpx.Client:
+    """A client of the stack's API, with its admin key."""
     auth = {"Authorization": f"Bearer {stack.admin_key}"}
+    return httpx.Client(base_url=f"http://127.0.0.1:{stack.api_port}", headers=auth, timeout=30)
+
+
+def create(client: httpx.Client, path: str, body: dict[str, Any]) -> None:
+    """POSTs ``body`` to ``path``; anything but a 2xx ends the run."""
+    response = client.post(path, json=body)
+    if response.status_code not in (200, 201):
+        raise SystemExit(f"POST {path}: {response.status_code} {response.text}")
+
+
+def subscribe(client: httpx.Client, stack: Stack, name: str, topic: str) -> None:
+    """A grouped subscription of ``topic`` to the stack's webhook."""
+    create(
+        client,
+        f"/v1/projects/{stack.project}/subscriptions",
+        {
+            "name": name,
+            "topic": topic,
+            "grouped": True,
+            "endpoint": {"url": f"http://127.0.0.1:{stack.webhook_port}/hook"},
+        },
+    )
+
+
+def set_up(stack: Stack, timeout_s: float) -> dict[str, str]:
     p = stack.project
-    with httpx.Client(base_url=base, headers=auth, timeout=30) as client:
-        for method, path, body in [
-            ("POST", "/v1/projects", {"name": p}),
-            (
-                "POST",
-                f"/v1/projects/{p}/topics",
-                {"name": "orders", "grouped": True, "partitions": PARTITIONS},
-            ),
-            (
-                "POST",
-                f"/v1/projects/{p}/subscriptions",
-                {
-                    "name": "hook",
-                    "topic": "orders",
-                    "grouped": True,
-                    "endpoint": {"url": f"http://127.0.0.1:{stack.webhook_port}/hook"},
-                },
-            ),
-        ]:
-            response = client.request(method, path, json=body)
-            if response.status_code not in (200, 201):
-                raise SystemExit(f"{method} {path}: {response.status_code} {response.text}")
+    with api_client(stack) as client:
+        create(client, "/v1/projects", {"name": p})
+        create(
+            client,
+            f"/v1/projects/{p}/topics",
+            {"name": "orders", "grouped": True, "partitions": PARTITIONS},
+        )
+        subscribe(client, stack, "hook", "orders")
         warm_up(stack, client, f"/v1/projects/{p}/topics/orders/produce", timeout_s)
-    return {"p": p, "t": "orders", "auth": auth["Authorization"]}
+        auth = str(client.headers["Authorization"])
+    return {"p": p, "t": "orders", "auth": auth}
 
 
-def warm_up(stack: Stack, client: httpx.Client, produce_path: str, timeout_s: float) -> None:
-    """Produces to ``produce_path`` once a second until a message reached the webhook: the
-    ingest job and the worker are then ready."""
+def warm_up(
+    stack: Stack,
+    client: httpx.Client,
+    produce_path: str,
+    timeout_s: float,
+    every_s: float = 1.0,
+    prefix: str = "warm",
+) -> None:
+    """Produces to ``produce_path`` every ``every_s`` until a message more reached the webhook
+    than when it began: the ingest job and the worker are then ready."""
     deadline = time.monotonic() + timeout_s
+    before = int(webhook_get(stack.webhook_port, "count"))
     n = 0
-    while int(webhook_get(stack.webhook_port, "count")) == 0:
+    while int(webhook_get(stack.webhook_port, "count")) == before:
         stack.check_alive()
         if time.monotonic() > deadline:
             raise SystemExit(f"no message reached the webhook within {timeout_s:.0f} s")
         response = client.post(
             produce_path,
             content=b"{}",
-            headers={"X_MESSAGE_ID": f"warm-{n}", "X_GROUP_ID": "warm"},
+            headers={"X_MESSAGE_ID": f"{prefix}-{n}", "X_GROUP_ID": "warm"},
         )
         if response.status_code // 100 != 2 and response.status_code != 503:
             raise SystemExit(f"produce: {response.status_code} {response.text}")
         n += 1
-        time.sleep(1)
+        time.sleep(every_s)
 
 
 def stack_arguments(parser: argparse.ArgumentParser) -> None:
@@ -670,38 +690,12 @@ def first_delivery_on_new_topic(stack: Stack, timeout_s: float) -> float:
     """Seconds from a new topic's creation (its 201) to the first webhook call of a message
     produced to it, one produced every 0.2 s meanwhile: how soon a new user sees a message
     delivered. Only called with nothing else in flight."""
-    base = f"http://127.0.0.1:{stack.api_port}"
-    auth = {"Authorization": f"Bearer {stack.admin_key}"}
     p, t = stack.project, f"fresh{secrets.token_hex(3)}"
-    with httpx.Client(base_url=base, headers=auth, timeout=30) as client:
-        created = client.post(f"/v1/projects/{p}/topics", json={"name": t, "grouped": True})
+    with api_client(stack) as client:
+        create(client, f"/v1/projects/{p}/topics", {"name": t, "grouped": True})
         began = time.monotonic()
-        if created.status_code != 201:
-            raise SystemExit(f"new topic: {created.status_code} {created.text}")
-        subscribed = client.post(
-            f"/v1/projects/{p}/subscriptions",
-            json={
-                "name": f"{t}-hook",
-                "topic": t,
-                "grouped": True,
-                "endpoint": {"url": f"http://127.0.0.1:{stack.webhook_port}/hook"},
-            },
-        )
-        if subscribed.status_code != 201:
-            raise SystemExit(f"new subscription: {subscribed.status_code} {subscribed.text}")
-        before = int(webhook_get(stack.webhook_port, "count"))
-        n = 0
-        while int(webhook_get(stack.webhook_port, "count")) == before:
-            stack.check_alive()
-            if time.monotonic() - began > timeout_s:
-                raise SystemExit(f"nothing produced to a new topic arrived in {timeout_s:.0f} s")
-            client.post(
-                f"/v1/projects/{p}/topics/{t}/produce",
-                content=b"{}",
-                headers={"X_MESSAGE_ID": f"{t}-{n}", "X_GROUP_ID": "g"},
-            )
-            n += 1
-            time.sleep(0.2)
+        subscribe(client, stack, f"{t}-hook", t)
+        warm_up(stack, client, f"/v1/projects/{p}/topics/{t}/produce", timeout_s, 0.2, t)
         return round(time.monotonic() - began, 2)
 
 
