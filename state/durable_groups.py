@@ -115,13 +115,16 @@ class DurableGroupStore:
 
     async def verify(self, partition: int) -> None:
         """Raises :class:`StateLost` when Redis no longer holds what this owner wrote."""
-        epoch = self._epochs.get(partition)
-        if epoch is None:
+        if partition not in self._epochs:
             return
         # Taken before Redis is read: a write that completes meanwhile is counted by Redis
         # first and by this owner after, so a count taken later could run ahead of the read.
         made = self._writes[partition]
-        held_epoch, held_writes = await self.redis.writes_since_claim(partition)
+        self._check(partition, made, await self.redis.writes_since_claim(partition))
+
+    def _check(self, partition: int, made: int, held: tuple[int, int]) -> None:
+        epoch = self._epochs[partition]
+        held_epoch, held_writes = held
         if held_epoch < epoch or (held_epoch == epoch and held_writes < made):
             raise StateLost(
                 [partition],
@@ -188,7 +191,15 @@ class DurableGroupStore:
     # Reads and housekeeping that need no changelog
 
     async def load(self, partition: int) -> PartitionSnapshot:
-        return await self.redis.load(partition)
+        """The partition as Redis holds it; on a partition this worker owns, only if the same
+        read found everything this owner wrote (else :class:`StateLost`): a snapshot read
+        from a Redis that forgot, or from another server than the rebuild wrote to, would show
+        failed groups as healthy and let their later messages overtake them."""
+        made = self._writes.get(partition, 0)
+        snapshot = await self.redis.load(partition)
+        if partition in self._epochs:
+            self._check(partition, made, snapshot.owner)
+        return snapshot
 
     async def fences(self, partition: int) -> dict[int, dict[int, int]]:
         return await self.redis.fences(partition)

@@ -29,6 +29,8 @@ from typing import Protocol
 
 import orjson
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import WatchError
 
 from setu.clock import now_ms
 from setu.ordering.groups import Standing, standing
@@ -431,42 +433,73 @@ class RedisGroupStore:
         p, s = self._project, self._sub
         loaded = keys.state_loaded(p, s)
         await self._redis.hdel(loaded, str(partition))
-        pipe = self._redis.pipeline(transaction=True)
+        failed = keys.partition_failed(p, s, partition)
+        items = sorted(states.items())
+        # One transaction, so one server holds all of it or none: a Redis that forgets, or a
+        # failover between two servers, midway cannot leave the epoch with half the groups
+        # (docs/decisions/0007-group-state-changelog.md, "Every takeover rebuilds").
+        async with self._redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(failed)
+                    known = {_text(m) for m in await pipe.smembers(failed)}
+                    pipe.multi()
+                    self._queue_restore(pipe, partition, epoch, known, items)
+                    self._queue_partition_sets(
+                        pipe, partition, release_requests, pending, redelivered, fences
+                    )
+                    pipe.hset(keys.seeks_applied(p, s), str(partition), str(seek_generation))
+                    pipe.hset(loaded, str(partition), str(epoch))
+                    await pipe.execute()
+                    return
+                except WatchError:
+                    continue  # another writer changed the partition's groups meanwhile
+
+    def _queue_restore(
+        self,
+        pipe: Pipeline[bytes],
+        partition: int,
+        epoch: int,
+        known: set[str],
+        items: Sequence[tuple[str, GroupState]],
+    ) -> None:
+        p, s = self._project, self._sub
         pipe.set(keys.owner_epoch(p, s, partition), epoch)
         pipe.set(keys.owner_writes(p, s, partition), 0)
-        await pipe.execute()
-        known = {
-            _text(m) for m in await self._redis.smembers(keys.partition_failed(p, s, partition))
-        }
-        gone = sorted(known - set(states))
-        items = sorted(states.items())
-        for start in range(0, max(len(gone), len(items)), 500):
-            pipe = self._redis.pipeline(transaction=False)
-            for group in gone[start : start + 500]:
-                pipe.delete(keys.group_state(p, s, group))
-                pipe.srem(keys.failed_groups(p, s), group)
-                pipe.srem(keys.partition_failed(p, s, partition), group)
-                for kind in Standing:
-                    pipe.zrem(keys.unhealthy(p, s, kind.value), group)
-            for group, state in items[start : start + 500]:
-                key = keys.group_state(p, s, group)
-                pipe.delete(key)
-                fields: dict[str | bytes, bytes | float | int | str] = {
-                    k: v for k, v in encode_state(state, partition).items()
-                }
-                pipe.hset(key, mapping=fields)
-                pipe.sadd(keys.failed_groups(p, s), group)
-                pipe.sadd(keys.partition_failed(p, s, partition), group)
-                now_in = standing(state)[0]
-                other = next(kind for kind in Standing if kind is not now_in)
-                pipe.zrem(keys.unhealthy(p, s, other.value), group)
-                pipe.zadd(
-                    keys.unhealthy(p, s, now_in.value),
-                    {group: state.failed_at_ms or now_ms()},
-                    nx=True,
-                )
-            await pipe.execute()
-        pipe = self._redis.pipeline(transaction=True)
+        for group in sorted(known - {g for g, _ in items}):
+            pipe.delete(keys.group_state(p, s, group))
+            pipe.srem(keys.failed_groups(p, s), group)
+            pipe.srem(keys.partition_failed(p, s, partition), group)
+            for kind in Standing:
+                pipe.zrem(keys.unhealthy(p, s, kind.value), group)
+        for group, state in items:
+            key = keys.group_state(p, s, group)
+            pipe.delete(key)
+            fields: dict[str | bytes, bytes | float | int | str] = {
+                k: v for k, v in encode_state(state, partition).items()
+            }
+            pipe.hset(key, mapping=fields)
+            pipe.sadd(keys.failed_groups(p, s), group)
+            pipe.sadd(keys.partition_failed(p, s, partition), group)
+            now_in = standing(state)[0]
+            other = next(kind for kind in Standing if kind is not now_in)
+            pipe.zrem(keys.unhealthy(p, s, other.value), group)
+            pipe.zadd(
+                keys.unhealthy(p, s, now_in.value),
+                {group: state.failed_at_ms or now_ms()},
+                nx=True,
+            )
+
+    def _queue_partition_sets(
+        self,
+        pipe: Pipeline[bytes],
+        partition: int,
+        release_requests: Iterable[str],
+        pending: Iterable[int],
+        redelivered: Iterable[int],
+        fences: Mapping[int, Mapping[int, int]],
+    ) -> None:
+        p, s = self._project, self._sub
         requests = keys.release_requests(p, s, partition)
         pipe.delete(requests)
         if release_requests := sorted(release_requests):
@@ -479,13 +512,10 @@ class RedisGroupStore:
             members: dict[str | bytes, bytes | float | int | str] = {str(o): o for o in offsets}
             if members:
                 pipe.zadd(key, members)
-        pipe.hset(keys.seeks_applied(p, s), str(partition), str(seek_generation))
         fence_key = keys.fences(p, s, partition)
         pipe.delete(fence_key)
         if fences:
             pipe.hset(fence_key, mapping={str(e): _encode_fence(f) for e, f in fences.items()})
-        pipe.hset(loaded, str(partition), str(epoch))
-        await pipe.execute()
 
     async def record_fences(
         self, partition: int, epoch: int, ends: Mapping[int, int], keep: int = 64
@@ -501,29 +531,41 @@ class RedisGroupStore:
         return {int(e): _decode_fence(_text(v)) for e, v in raw.items()}
 
     async def load(self, partition: int) -> PartitionSnapshot:
+        """The partition as one server holds it at one moment (a transaction), with the owner
+        epoch and write count it holds beside it (``PartitionSnapshot.owner``)."""
         p, s = self._project, self._sub
-        members = await self._redis.smembers(keys.partition_failed(p, s, partition))
-        groups = sorted(_text(m) for m in members)
+        failed = keys.partition_failed(p, s, partition)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(failed)
+                    groups = sorted(_text(m) for m in await pipe.smembers(failed))
+                    pipe.multi()
+                    for g in groups:
+                        pipe.hgetall(keys.group_state(p, s, g))
+                    pipe.zrange(keys.delivered(p, s, partition), 0, -1)
+                    pipe.zrange(keys.pending_releases(p, s, partition), 0, -1)
+                    pipe.smembers(keys.release_requests(p, s, partition))
+                    pipe.hget(keys.seeks_applied(p, s), str(partition))
+                    pipe.hgetall(keys.fences(p, s, partition))
+                    pipe.get(keys.owner_epoch(p, s, partition))
+                    pipe.get(keys.owner_writes(p, s, partition))
+                    replies = await pipe.execute()
+                    break
+                except WatchError:
+                    continue  # a group failed or healed meanwhile: read again
+        states, rest = replies[: len(groups)], replies[len(groups) :]
+        outcomes, pending, requests, seek, fences, epoch, writes = rest
         snap = PartitionSnapshot()
-        if groups:
-            pipe = self._redis.pipeline(transaction=False)
-            for g in groups:
-                pipe.hgetall(keys.group_state(p, s, g))
-            for g, raw in zip(groups, await pipe.execute(), strict=True):
-                if raw:
-                    snap.states[g] = decode_state({_text(k): _text(v) for k, v in raw.items()})
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.zrange(keys.delivered(p, s, partition), 0, -1)
-        pipe.zrange(keys.pending_releases(p, s, partition), 0, -1)
-        pipe.smembers(keys.release_requests(p, s, partition))
-        pipe.hget(keys.seeks_applied(p, s), str(partition))
-        pipe.hgetall(keys.fences(p, s, partition))
-        outcomes, pending, requests, seek, fences = await pipe.execute()
+        for g, raw in zip(groups, states, strict=True):
+            if raw:
+                snap.states[g] = decode_state({_text(k): _text(v) for k, v in raw.items()})
         snap.outcomes = {parse_outcome(m) for m in outcomes}
         snap.pending_releases = {int(m) for m in pending}
         snap.release_requests = {_text(m) for m in requests}
         snap.seek_generation = int(seek or 0)
         snap.fences = {int(e): _decode_fence(_text(v)) for e, v in fences.items()}
+        snap.owner = (int(epoch or 0), int(writes if writes is not None else -1))
         return snap
 
     async def apply(self, write: StateWrite, epoch: int | None = None) -> None:

@@ -115,6 +115,9 @@ class PartitionSnapshot:
     release_requests: set[str] = field(default_factory=set)
     seek_generation: int = 0
     fences: dict[int, dict[int, int]] = field(default_factory=dict)  # epoch -> tier -> offset
+    # The owner epoch and its writes since the claim, as the store held them when the rest was
+    # read ((0, -1): none recorded).
+    owner: tuple[int, int] = (0, -1)
 
 
 class ReleaseRequests(NamedTuple):

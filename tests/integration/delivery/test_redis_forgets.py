@@ -5,13 +5,16 @@ goes on within a minute."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
 
 from cli.ports import any_free_port
 from setu import names
+from setu.partitioner import partition_for
 from state import keys
+from state.groups import RedisGroupStore
 from tests.integration.delivery.support import (
     Receiver,
     ThreadWorker,
@@ -104,6 +107,49 @@ def test_a_parked_group_stays_parked_and_the_rest_flows_when_redis_comes_back_em
     }
     wait_for("G delivered", lambda: in_order(receiver, "G", g), 30)
     wait_for("G healthy", lambda: view(api, world, "G")["state"] == "healthy")
+
+
+def test_a_redis_that_forgets_just_after_a_takeover_rebuilt_it_keeps_a_parked_group_parked(
+    world: World,
+    receiver: Receiver,
+    start_worker: Callable[..., ThreadWorker],
+    api: httpx.Client,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given G parked behind its dead-lettered head, and its worker stopped
+    world.topic("t", partitions=2)
+    world.subscription(receiver.url, delays_ms=(300, 600))
+    receiver.answer("G", 400)
+    g = world.publish("t", "G", 2)
+    first = start_worker()
+    wait_for("G parked", lambda: view(api, world, "G")["parked"] == 2)
+    first.stop()
+    # And a later message of G waiting in the main log
+    g += world.publish("t", "G")
+
+    # When the next worker takes the partitions over and Redis forgets everything just after
+    # it rebuilt them from the changelog (a failover, a flush), before it read them back
+    restore = RedisGroupStore.restore
+    forgot: list[bool] = []
+
+    async def restore_then_forget(
+        self: RedisGroupStore, partition: int, *args: Any, **kwargs: Any
+    ) -> None:
+        await restore(self, partition, *args, **kwargs)
+        if partition == partition_for(b"G", 2) and not forgot:
+            forgot.append(True)
+            await self._redis.flushall()
+
+    monkeypatch.setattr(RedisGroupStore, "restore", restore_then_forget)
+    sentinel = world.publish("t", "S")
+    start_worker()
+
+    # Then G's new message waits behind its parked head: the worker acts only on a state read
+    # back with everything it wrote, and rebuilds again
+    wait_for("a sentinel delivered", lambda: sentinel[0] in receiver.delivered(), 60)
+    wait_for("G shown with three parked", lambda: view(api, world, "G")["parked"] == 3, 30)
+    assert forgot
+    assert [c.message_id for c in receiver.calls if c.group == "G"] == [g[0]]
 
 
 def test_a_redis_restored_from_an_older_snapshot_is_noticed_and_rebuilt(
