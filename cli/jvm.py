@@ -33,6 +33,34 @@ JUNIT = Artifact("org.junit.platform", "junit-platform-console-standalone", "1.1
 JAVAC_FLAGS = ("-Xlint:all,-path", "-Werror", "-proc:none", "--release", "17", "-encoding", "UTF-8")
 
 
+# What Spark's own launcher gives a JVM on Java 17 (its JavaModuleOptions), for the unit tests
+# that start a local Spark context.
+SPARK_JAVA_OPTIONS = (
+    "-XX:+IgnoreUnrecognizedVMOptions",
+    *(
+        f"--add-opens=java.base/{package}=ALL-UNNAMED"
+        for package in (
+            "java.lang",
+            "java.lang.invoke",
+            "java.lang.reflect",
+            "java.io",
+            "java.net",
+            "java.nio",
+            "java.util",
+            "java.util.concurrent",
+            "java.util.concurrent.atomic",
+            "jdk.internal.ref",
+            "sun.nio.ch",
+            "sun.nio.cs",
+            "sun.security.action",
+            "sun.util.calendar",
+        )
+    ),
+    "-Djdk.reflect.useDirectMethodHandle=false",
+    "-Dio.netty.tryReflectionSetAccessible=true",
+)
+
+
 class BuildFailed(Exception):
     """``javac`` is missing or refused the sources (its output is the message)."""
 
@@ -128,6 +156,7 @@ def run_unit_tests(settings: Settings, reports: Path) -> subprocess.CompletedPro
         return subprocess.run(
             [
                 java,
+                *SPARK_JAVA_OPTIONS,
                 "-jar",
                 str(junit),
                 "execute",

@@ -157,6 +157,11 @@ class IngestMetrics(Collector):
         totals.batch_seconds.observe(seconds)
         totals.last_batch_at = time.time()
 
+    def records_decided(self, counts: Mapping[str, tuple[int, int]]) -> None:
+        """Adds records kept and dropped per ingest topic, between batch ends (the operator's
+        modes, :class:`spark.operator_job.CountsFollower`)."""
+        add_counts(self._totals.counts, counts)
+
     def batches(self) -> int:
         """Batches this process wrote."""
         return self._totals.batches

@@ -8,8 +8,10 @@ through the JVM de-duplication operator (decision 0008), and what the driver doe
 - The producer marks changelog (``MARKS_TOPIC``, compacted) is made before the query starts;
   :class:`spark.marks_changelog.MarksFollower` raises its marks in Redis, and publishes them
   all again when Redis forgot them.
-- At each batch's end :class:`CountsListener` adds the operator's per-topic counts to the
-  metrics (in real-time mode a batch is ``REAL_TIME_BATCH_S`` long).
+- Every second :class:`CountsFollower` adds the operator's per-topic counts to the metrics as
+  they grow, tasks still running included (in real-time mode a task lasts the whole batch,
+  ``REAL_TIME_BATCH_S``, and Spark adds an accumulator's counts only as a task ends); at each
+  batch's end :class:`BatchListener` records the batch's duration.
 - The query reads the retired topics and the main topics' limits when it starts; when either
   changes, and in real-time mode when an ingest topic or partition appears (each one needs a
   task of its own), :class:`QueryInputs` tells ``job.keep_running`` to start it again.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -70,33 +73,65 @@ def session_overrides(settings: Settings) -> dict[str, str]:
     return conf
 
 
-class CountsListener(StreamingQueryListener):
-    """Adds the operator's per-topic counts (:func:`spark.stream.topic_counts`) to the ingest
-    metrics at each batch's end, with the batch's duration."""
+class BatchListener(StreamingQueryListener):
+    """Records each batch's end and duration in the ingest metrics."""
 
-    def __init__(self, counts: Any, metrics: IngestMetrics) -> None:
-        self._counts = counts
+    def __init__(self, metrics: IngestMetrics) -> None:
         self._metrics = metrics
-        self._seen: dict[str, tuple[int, int]] = {}
 
     def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802 (Spark's name)
         pass
 
     def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802
-        now = stream.read_counts(self._counts)
-        added = {}
-        for topic, (kept, dropped) in now.items():
-            kept_before, dropped_before = self._seen.get(topic, (0, 0))
-            added[topic] = (kept - kept_before, dropped - dropped_before)
-        self._seen = now
         seconds = event.progress.durationMs.get("triggerExecution", 0) / 1000
-        self._metrics.batch_written(added, seconds, no_waits())
+        self._metrics.batch_written({}, seconds, no_waits())
 
     def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802
         pass
 
     def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:  # noqa: N802
         pass
+
+
+class CountsFollower:
+    """Adds the operator's per-topic counts (:func:`spark.stream.live_counts`) to the ingest
+    metrics every ``every_s``. A failed task's counts leave the live totals (its records are
+    read again), so each topic's counts only ever rise to the highest seen."""
+
+    def __init__(self, live: Any, metrics: IngestMetrics, every_s: float = 1.0) -> None:
+        self._live = live
+        self._metrics = metrics
+        self._every_s = every_s
+        self._seen: dict[str, tuple[int, int]] = {}
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="ingest-counts", daemon=True)
+
+    def start(self) -> CountsFollower:
+        self._thread.start()
+        return self
+
+    def catch_up(self) -> None:
+        added = {}
+        for topic, (kept, dropped) in stream.read_counts(self._live).items():
+            kept_before, dropped_before = self._seen.get(topic, (0, 0))
+            now = (max(kept, kept_before), max(dropped, dropped_before))
+            if now != (kept_before, dropped_before):
+                added[topic] = (now[0] - kept_before, now[1] - dropped_before)
+                self._seen[topic] = now
+        if added:
+            self._metrics.records_decided(added)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(10)
+        self.catch_up()
+
+    def _main(self) -> None:
+        while not self._stopping.wait(self._every_s):
+            try:
+                self.catch_up()
+            except Exception:  # the JVM going away as the job stops
+                log.debug("could not read the operator's counts", exc_info=True)
 
 
 def ingest_partitions(admin: AdminClient, pattern: str) -> dict[str, int]:
@@ -234,8 +269,8 @@ class QueryInputs:
 
 class OperatorRun:
     """The driver's side of the operator's modes, for ``job.run``: makes the changelog, starts
-    the marks follower and the counts listener; :meth:`start_query` starts the query (again),
-    :meth:`changed` says when it must, :meth:`stop` ends the helpers."""
+    the marks follower, the counts follower and the batch listener; :meth:`start_query` starts
+    the query (again), :meth:`changed` says when it must, :meth:`stop` ends the helpers."""
 
     def __init__(
         self,
@@ -262,7 +297,8 @@ class OperatorRun:
         ).ensure_producer_marks()
         self._follower = MarksFollower(bootstrap, publisher, client_config, retired).start()
         self._counts = stream.topic_counts(spark)
-        self._listener = CountsListener(self._counts, metrics)
+        self._counter = CountsFollower(stream.live_counts(spark, self._counts), metrics).start()
+        self._listener = BatchListener(metrics)
         spark.streams.addListener(self._listener)
         self._inputs = QueryInputs(settings, pattern, limits, retired)
 
@@ -290,4 +326,5 @@ class OperatorRun:
 
     def stop(self) -> None:
         self._spark.streams.removeListener(self._listener)
+        self._counter.stop()
         self._follower.stop()

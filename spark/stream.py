@@ -139,8 +139,15 @@ def topic_counts(spark: SparkSession) -> Any:
     return spark._jvm.setu.ingest.TopicCounts.registered(spark._jsc.sc())  # type: ignore[union-attr]
 
 
+def live_counts(spark: SparkSession, counts: Any) -> Any:
+    """A driver listener (``setu.ingest.LiveCounts``) that reads ``counts`` while its tasks
+    still run, from the executors' heartbeats; :func:`read_counts` reads it too."""
+    return spark._jvm.setu.ingest.LiveCounts.listening(spark._jsc.sc(), counts)  # type: ignore[union-attr]
+
+
 def read_counts(counts: Any) -> dict[str, tuple[int, int]]:
-    """Ingest topic -> (records kept, dropped as duplicates) so far."""
+    """Ingest topic -> (records kept, dropped as duplicates) so far, of :func:`topic_counts`
+    or :func:`live_counts`."""
     return {str(topic): (int(n[0]), int(n[1])) for topic, n in counts.value().items()}
 
 

@@ -5,21 +5,8 @@ from __future__ import annotations
 import urllib.request
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from spark.metrics import CountsParam, IngestMetrics, offsets_behind
-
-
-def samples(metrics: IngestMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    out = {}
-    for family in text_string_to_metric_families(metrics.render().decode()):
-        for sample in family.samples:
-            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return out
-
-
-def labels(**values: str) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted(values.items()))
+from tests.unit.spark.scrapes import labels, samples
 
 
 def progress(*behind: str | None) -> dict[str, Any]:

@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from setu.settings import Settings
-from spark.operator_job import QueryInputs, has_committed, session_overrides
+from spark.metrics import IngestMetrics
+from spark.operator_job import CountsFollower, QueryInputs, has_committed, session_overrides
+from tests.unit.spark.scrapes import labels, samples
 
 
 def batch(checkpoint: Path, number: int, committed: bool) -> None:
@@ -63,3 +65,40 @@ def test_real_time_mode_asks_a_local_master_for_its_slots_and_a_short_shuffle_wa
     on_cluster = Settings(ingest_mode="real-time", spark_master="spark://m:7077")
     assert "spark.master" not in session_overrides(on_cluster)
     assert session_overrides(Settings(ingest_mode="micro-batch")) == {}
+
+
+class Live:
+    """What ``setu.ingest.LiveCounts.value()`` answers through py4j: topic -> [kept, dropped]."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, list[int]] = {}
+
+    def value(self) -> dict[str, list[int]]:
+        return self.counts
+
+
+def test_the_counts_follower_adds_what_grew_and_never_counts_down() -> None:
+    # Given the job's metrics and the operator's live counts
+    metrics = IngestMetrics()
+    live = Live()
+    follower = CountsFollower(live, metrics)
+    messages = "setu_ingest_messages_total"
+    orders = labels(project="shop", topic="orders", result="accepted")
+    dropped = labels(project="shop", topic="orders", result="duplicate")
+    # When a running task has decided 10 records, then 15 (a heartbeat each)
+    live.counts = {"setu.shop.orders.ingest": [10, 1]}
+    follower.catch_up()
+    live.counts = {"setu.shop.orders.ingest": [15, 1]}
+    follower.catch_up()
+    # Then the metrics count them as they come, each once
+    assert samples(metrics)[(messages, orders)] == 15
+    assert samples(metrics)[(messages, dropped)] == 1
+    # When the task fails (its counts leave the totals) and its records are decided again
+    live.counts = {"setu.shop.orders.ingest": [3, 0]}
+    follower.catch_up()
+    assert samples(metrics)[(messages, orders)] == 15
+    live.counts = {"setu.shop.orders.ingest": [18, 2]}
+    follower.catch_up()
+    # Then the counter never went down, and goes on from the highest seen
+    assert samples(metrics)[(messages, orders)] == 18
+    assert samples(metrics)[(messages, dropped)] == 2
