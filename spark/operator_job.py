@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 OPERATOR_FOLDER = "operator"
 # Latency over batching: a shuffle block leaves after at most this long (real-time mode).
 NETWORK_BUFFER_WAIT_MS = "5"
+# How often executors report their running tasks, and with them the operator's counts (real-time
+# mode, where a task runs for the whole batch: CountsFollower).
+HEARTBEAT_INTERVAL = "2s"
 # How often the ingest topics are listed for new partitions (real-time mode).
 TOPICS_EVERY_S = 1.0
 
@@ -66,7 +69,10 @@ def session_overrides(settings: Settings) -> dict[str, str]:
     """Spark properties of the operator's modes, besides ``job.session_config``'s."""
     if settings.ingest_mode != "real-time":
         return {}
-    conf = {"spark.shuffle.streaming.networkBufferMaxWaitTimeMs": NETWORK_BUFFER_WAIT_MS}
+    conf = {
+        "spark.shuffle.streaming.networkBufferMaxWaitTimeMs": NETWORK_BUFFER_WAIT_MS,
+        "spark.executor.heartbeatInterval": HEARTBEAT_INTERVAL,
+    }
     if is_local_master(settings.spark_master):
         # Every source and shuffle partition holds a task slot for the whole batch.
         conf["spark.master"] = f"local[{settings.spark_realtime_slots}]"

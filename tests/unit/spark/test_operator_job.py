@@ -61,6 +61,8 @@ def test_real_time_mode_asks_a_local_master_for_its_slots_and_a_short_shuffle_wa
     conf = session_overrides(realtime)
     assert conf["spark.master"] == "local[40]"
     assert conf["spark.shuffle.streaming.networkBufferMaxWaitTimeMs"] == "5"
+    # (the running tasks' counts reach the metrics with each heartbeat)
+    assert conf["spark.executor.heartbeatInterval"] == "2s"
     # (a cluster's master is the operator's to size)
     on_cluster = Settings(ingest_mode="real-time", spark_master="spark://m:7077")
     assert "spark.master" not in session_overrides(on_cluster)
