@@ -187,17 +187,33 @@ def load_file(path: str) -> Any:
 # The parser
 
 
+def add_global_options(parser: argparse.ArgumentParser) -> None:
+    """``--api-url``, ``--api-key`` and ``--json``. They are accepted at every level of a
+    command (``setu --json projects ls``, ``setu projects --json ls``, ``setu projects ls
+    --json``): a level that does not see one leaves what an outer level read (no default)."""
+    parser.add_argument(
+        "--api-url",
+        default=argparse.SUPPRESS,
+        help="the API (default: SETU_API_URL, else " + DEFAULT_URL + ")",
+    )
+    parser.add_argument(
+        "--api-key", default=argparse.SUPPRESS, help="an API key (default: SETU_API_KEY)"
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print the API's answers as JSON",
+    )
+
+
 def add_commands(sub: Any) -> None:
     """Adds the admin commands to the ``setu`` parser's sub-commands."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--api-url", help="the API (default: SETU_API_URL, else " + DEFAULT_URL + ")"
-    )
-    common.add_argument("--api-key", help="an API key (default: SETU_API_KEY)")
-    common.add_argument("--json", action="store_true", help="print the API's answers as JSON")
+    add_global_options(common)
 
     def group(name: str, text: str) -> Any:
-        parser = sub.add_parser(name, help=text)
+        parser = sub.add_parser(name, help=text, parents=[common])
         return parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     def action(parent: Any, name: str, text: str, *args: str) -> Any:
@@ -318,10 +334,10 @@ def add_commands(sub: Any) -> None:
 
 def run(args: argparse.Namespace, out_stream: TextIO | None = None) -> int:
     """Runs one admin command; prints errors to stderr with what to do, and exits 1 then."""
-    url = args.api_url or os.environ.get("SETU_API_URL") or DEFAULT_URL
-    key = args.api_key or os.environ.get("SETU_API_KEY")
+    url = getattr(args, "api_url", None) or os.environ.get("SETU_API_URL") or DEFAULT_URL
+    key = getattr(args, "api_key", None) or os.environ.get("SETU_API_KEY")
     api = Api(url, key)
-    out = Out(args.json, out_stream)
+    out = Out(getattr(args, "json", False), out_stream)
     try:
         _dispatch(args, api, out)
         return 0

@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="setu",
         description="Kafka-backed ordered webhook delivery. Settings come from SETU_* variables.",
     )
+    admin.add_global_options(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     api = sub.add_parser("api", help="serve the HTTP API")
