@@ -1,6 +1,6 @@
 """The chart's alert rules as Prometheus itself evaluates them (``promtool``, from Debian's
 ``prometheus`` package): the rules file loads, and each alert fires on its condition with the
-labels and text an operator reads, and stays quiet when healthy (tests/unit/helm/alerts_test.yaml)."""
+labels and text an operator reads, and stays quiet when healthy (alerts_test.yaml here)."""
 
 from __future__ import annotations
 
