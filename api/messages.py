@@ -273,6 +273,7 @@ def _batch_message(
         _text(get("producer_id"), "producer_id"),
         sequence,
         grouped=grouped,
+        names=rules.FIELD_NAMES,
     )
     extra: tuple[tuple[str, str], ...] = ()
     if get("headers") is not None:

@@ -13,9 +13,10 @@ import binascii
 import datetime as dt
 import json
 import os
+import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -187,6 +188,19 @@ def load_file(path: str) -> Any:
 # The parser
 
 
+PRODUCE_FORMAT = """\
+each line one JSON object, a message of the batch produce API:
+  message_id     required, 1..100 characters
+  group_id       required on a grouped topic
+  producer_id    with sequence_id (an integer): dropped if the producer sent it before
+  headers        an object of X_* headers, forwarded to the webhook
+  body           text, or body_base64 for bytes
+for example:
+  {"message_id": "m-1", "group_id": "order-7", "body": "{\\"total\\": 12}"}
+  {"message_id": "m-2", "group_id": "order-7", "headers": {"X_REGION": "eu"}, "body_base64": "AAEC"}
+"""
+
+
 def add_global_options(parser: argparse.ArgumentParser) -> None:
     """``--api-url``, ``--api-key`` and ``--json``. They are accepted at every level of a
     command (``setu --json projects ls``, ``setu projects --json ls``, ``setu projects ls
@@ -245,6 +259,16 @@ def add_commands(sub: Any) -> None:
     action(subs, "show", "one subscription", "project", "subscription")
     made = action(subs, "create", "from a YAML/JSON file (-f)", "project")
     made.add_argument("-f", "--file", required=True)
+    changed = action(
+        subs,
+        "update",
+        "replace a subscription's configuration from a YAML/JSON file (-f): the fields of "
+        "create, or what `show --json` printed, edited; its version guards against a change "
+        "made meanwhile (left out: the current one)",
+        "project",
+        "subscription",
+    )
+    changed.add_argument("-f", "--file", required=True)
     action(subs, "rm", "delete a subscription", "project", "subscription")
     for verb in ("start", "pause", "resume"):
         action(subs, verb, f"{verb} a subscription", "project", "subscription")
@@ -325,6 +349,8 @@ def add_commands(sub: Any) -> None:
         "produce",
         help="produce JSON lines (batch-produce messages) from a file or stdin",
         parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=PRODUCE_FORMAT,
     )
     produce.add_argument("project")
     produce.add_argument("topic")
@@ -449,6 +475,14 @@ def _subscriptions(a: argparse.Namespace, api: Api, out: Out) -> None:
     base = f"/v1/projects/{a.project}/subscriptions"
     if _crud(a, api, out, base, getattr(a, "subscription", None), "subscriptions", columns):
         return
+    if a.action == "update":
+        path = f"{base}/{a.subscription}"
+        given = load_file(a.file)
+        if not isinstance(given, dict):
+            raise Failed(f"{a.file} holds no subscription (a mapping of its fields)")
+        current = api.call("GET", path) if "version" not in given else None
+        out.record(api.call("PUT", path, json=update_body(given, current)))
+        return
     if a.action == "seek":
         body = {"timestamp_ms": parse_time(a.to)}
         out.record(api.call("POST", f"{base}/{a.subscription}/seek", json=body))
@@ -472,6 +506,26 @@ def _subscriptions(a: argparse.Namespace, api: Api, out: Out) -> None:
         return
     state = api.call("POST", f"{base}/{a.subscription}/{a.action}")
     out.record(state) if out.as_json else out.say(f"{a.subscription}: {state['state']}")
+
+
+# What a subscription's view shows and its configuration does not take (`show --json`).
+VIEW_ONLY = frozenset(
+    ("project", "has_signing_secret", "signing_secrets", "state", "paused_reason")
+    + ("created_at_ms", "kafka")
+)
+
+
+def update_body(given: Mapping[str, Any], current: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The PUT body of ``subscriptions update``: ``given`` without what only a view shows (its
+    endpoint's header names: headers left out keep the stored ones), with the current version
+    when ``given`` has none."""
+    body = {k: v for k, v in given.items() if k not in VIEW_ONLY}
+    endpoint = body.get("endpoint")
+    if isinstance(endpoint, dict):
+        body["endpoint"] = {k: v for k, v in endpoint.items() if k != "header_names"}
+    if "version" not in body and current is not None:
+        body["version"] = current["version"]
+    return body
 
 
 def _sub_path(a: argparse.Namespace) -> str:
@@ -711,9 +765,9 @@ def _produce(a: argparse.Namespace, api: Api, out: Out) -> None:
         transient=True,
     ) as progress:
         task = progress.add_task("produce", total=None)
-        batch: list[dict[str, Any]] = []
-        for _, message in read_lines(stream):
-            batch.append(message)
+        batch: list[tuple[int, dict[str, Any]]] = []
+        for numbered in read_lines(stream):
+            batch.append(numbered)
             if len(batch) == a.batch:
                 written += send_batch(api, path, batch)
                 sent += len(batch)
@@ -743,12 +797,13 @@ def _open(path: str) -> TextIO:
         raise Failed(f"cannot read {path}: {exc.strerror}") from None
 
 
-def send_batch(api: Api, path: str, batch: list[dict[str, Any]], tries: int = 5) -> int:
-    """Sends a batch; messages the API could not write (207) and 429/503 answers are sent
-    again, with the same ids, after a pause. Returns how many were written."""
+def send_batch(api: Api, path: str, batch: list[tuple[int, dict[str, Any]]], tries: int = 5) -> int:
+    """Sends a batch of (line number, message); messages the API could not write (207) and
+    429/503 answers are sent again, with the same ids, after a pause. Returns how many were
+    written. A refusal names the line of the message the API found wrong."""
     pending = batch
     for attempt in range(tries):
-        response = api.send("POST", path, json={"messages": pending})
+        response = api.send("POST", path, json={"messages": [m for _, m in pending]})
         if response.status_code in (200, 207):
             results = response.json()["results"]
             failed = [m for m, r in zip(pending, results, strict=True) if r["status"] != "ok"]
@@ -756,9 +811,20 @@ def send_batch(api: Api, path: str, batch: list[dict[str, Any]], tries: int = 5)
                 return len(batch)
             pending = failed
         elif response.status_code not in (429, 503):
-            raise Failed(explain(response))
+            lines = [number for number, _ in pending]
+            raise Failed(_BATCH_INDEX.sub(lambda m: _line_of(m, lines), explain(response)))
         time.sleep(float(response.headers.get("retry-after", 0.5 * 2**attempt)))
     raise Failed(
         f"{len(pending)} message(s) not written after {tries} tries "
-        f"(the first: {pending[0].get('message_id')!r}); send them again later"
+        f"(the first: {pending[0][1].get('message_id')!r}, line {pending[0][0]}); send them "
+        "again later"
     )
+
+
+# How the batch API names a message it refused.
+_BATCH_INDEX = re.compile(r"messages\[(\d+)\]")
+
+
+def _line_of(match: re.Match[str], lines: Sequence[int]) -> str:
+    index = int(match.group(1))
+    return f"line {lines[index]}" if index < len(lines) else match.group(0)

@@ -59,22 +59,29 @@ def check_id(kind: str, value: str | None, *, required: bool) -> str | None:
     return value
 
 
-def check_sequence(value: str | int | None) -> int | None:
-    """Return the sequence id as an int in 0..2^63-1, or raise InvalidInput."""
+def check_sequence(value: str | int | None, name: str = SEQUENCE_ID) -> int | None:
+    """Return the sequence id as an int in 0..2^63-1, or raise InvalidInput (naming ``name``)."""
     if value is None or value == "":
         return None
+    wrong = InvalidInput(f"{name} must be an integer 0..{MAX_SEQUENCE}")
     if isinstance(value, bool):
-        raise InvalidInput(f"{SEQUENCE_ID} must be an integer 0..{MAX_SEQUENCE}")
+        raise wrong
     # Plain ASCII digits only: int() also takes "1_000", " 7 " and non-ASCII digits.
     if isinstance(value, str) and not (value.isascii() and value.isdigit()):
-        raise InvalidInput(f"{SEQUENCE_ID} must be an integer 0..{MAX_SEQUENCE}")
+        raise wrong
     try:
         number = int(value)
     except ValueError:
-        raise InvalidInput(f"{SEQUENCE_ID} must be an integer 0..{MAX_SEQUENCE}") from None
+        raise wrong from None
     if not 0 <= number <= MAX_SEQUENCE:
-        raise InvalidInput(f"{SEQUENCE_ID} must be an integer 0..{MAX_SEQUENCE}")
+        raise wrong
     return number
+
+
+# How errors name the identity of a message: its headers (single produce), or the fields of a
+# batch message.
+HEADER_NAMES = (MESSAGE_ID, GROUP_ID, PRODUCER_ID, SEQUENCE_ID)
+FIELD_NAMES = ("message_id", "group_id", "producer_id", "sequence_id")
 
 
 def check_identity(
@@ -84,15 +91,18 @@ def check_identity(
     sequence_id: str | int | None,
     *,
     grouped: bool,
+    names: tuple[str, str, str, str] = HEADER_NAMES,
 ) -> tuple[str, str | None, str | None, int | None]:
-    """Validate the four identity fields of a message; used by single and batch produce."""
-    mid = check_id(MESSAGE_ID, message_id, required=True)
+    """Validate the four identity fields of a message; used by single and batch produce, whose
+    errors name them as ``names`` does."""
+    mid_name, gid_name, pid_name, seq_name = names
+    mid = check_id(mid_name, message_id, required=True)
     assert mid is not None
-    gid = check_id(GROUP_ID, group_id, required=grouped)
-    pid = check_id(PRODUCER_ID, producer_id, required=False)
-    seq = check_sequence(sequence_id)
+    gid = check_id(gid_name, group_id, required=grouped)
+    pid = check_id(pid_name, producer_id, required=False)
+    seq = check_sequence(sequence_id, seq_name)
     if (pid is None) != (seq is None):
-        raise InvalidInput(f"{PRODUCER_ID} and {SEQUENCE_ID} go together: give both or neither")
+        raise InvalidInput(f"{pid_name} and {seq_name} go together: give both or neither")
     return mid, gid, pid, seq
 
 

@@ -72,6 +72,26 @@ def test_resources_are_created_from_files_listed_shown_and_deleted(
     assert [s["name"] for s in json.loads(listed)["subscriptions"]] == ["billing"]
     code, shown, _ = run("projects", "show", project, "--json")
     assert json.loads(shown)["description"] == "made by the CLI"
+    # Updated from what `show --json` printed, edited
+    code, shown, _ = run("subscriptions", "show", project, "billing", "--json")
+    view = json.loads(shown)
+    view["max_in_flight"] = 7
+    edited = write(tmp_path / "edited.json", view)
+    code, updated, err = run("subscriptions", "update", project, "billing", "-f", edited, "--json")
+    assert code == 0, err
+    assert json.loads(updated)["max_in_flight"] == 7
+    assert json.loads(updated)["version"] == view["version"] + 1
+    # And from a file of create's fields, without a version (the current one is taken)
+    again = write(
+        tmp_path / "again.json",
+        {"endpoint": {"url": "https://hooks.example.com/b2"}, "max_in_flight": 9},
+    )
+    code, updated, err = run("subscriptions", "update", project, "billing", "-f", again, "--json")
+    assert code == 0, err
+    assert json.loads(updated)["endpoint"]["url"] == "https://hooks.example.com/b2"
+    # But the edited view, now stale, is refused, saying what to do
+    code, _, err = run("subscriptions", "update", project, "billing", "-f", edited)
+    assert code == 1 and "409" in err and "show" in err
     # Lifecycle, status and the (empty) unhealthy groups
     assert run("subscriptions", "pause", project, "billing")[1].strip() == "billing: paused"
     code, status, _ = run("status", project, "billing", "--json")
@@ -98,6 +118,13 @@ def test_produce_sends_json_lines_in_batches_and_reports(run: Any) -> None:
         # A line that is not JSON stops the command, naming the line
         code, _, err = run("produce", project, "t", stdin='{"message_id": "a"}\nnot json\n')
         assert code == 1 and "line 2 is not JSON" in err
+        # And a message the API refuses is named by its line and field (line 13: the third
+        # message of the second batch of 10), as the file and the help name them
+        bad = [json.dumps({"message_id": f"n{n}", "body": "x"}) for n in range(20)]
+        bad[12] = json.dumps({"body": "no id"})
+        code, _, err = run("produce", project, "t", "--batch", "10", stdin="\n".join(bad))
+        assert code == 1 and "line 13: message_id is required" in err, err
+        assert "X_MESSAGE_ID" not in err
     finally:
         run("topics", "rm", project, "t")
         run("projects", "rm", project)
