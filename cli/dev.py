@@ -22,7 +22,7 @@ from pathlib import Path
 import redis
 
 from cli.dev_settings import DevSettings
-from cli.ports import PortBook
+from cli.ports import PortBook, PortBusy, is_free
 from cli.probes import NotReady, StopRequested, http_ok, wait_until
 from cli.processes import EXIT_NOT_AVAILABLE, ChildSpec, tail
 from cli.services import (
@@ -158,7 +158,9 @@ def summary(
             f"  Redis     {url_without_password(env['SETU_REDIS_URL'])}",
             f"  Database  {url_without_password(env['SETU_DATABASE_URL'])}",
             f"  Logs      {logs}",
-            "The admin key (kept in the data folder; make narrower keys with POST /v1/keys):",
+            "For `setu` and curl in another shell: the API and the admin key (kept in the data",
+            "folder; make narrower keys with POST /v1/keys):",
+            f"  export SETU_API_URL={api_url}",
             f"  export SETU_API_KEY={env['SETU_ADMIN_KEY']}",
             "Ctrl-C stops everything.",
         ]
@@ -220,6 +222,33 @@ def dev_up(settings: Settings, dev: DevSettings, report: Report) -> int:
         report("setu dev up: stopped")
 
 
+# The variable that asks for each port of the stack.
+PORT_VARIABLES = {
+    "kafka": "SETU_DEV_KAFKA_PORT",
+    "kafka_controller": "SETU_DEV_KAFKA_CONTROLLER_PORT",
+    "redis": "SETU_DEV_REDIS_PORT",
+    "api": "SETU_API_PORT",
+    "stream": "SETU_STREAM_PORT",
+    "spark_master": "SETU_DEV_SPARK_MASTER_PORT",
+    "spark_ui": "SETU_DEV_SPARK_UI_PORT",
+}
+
+
+def refuse_busy_ports(explicit: Mapping[str, int]) -> None:
+    """Raises PortBusy, naming the variables, when a port asked for is taken: before anything
+    starts, rather than after Kafka and Redis did."""
+    busy = [
+        f"{PORT_VARIABLES.get(name, name)}={port}"
+        for name, port in sorted(explicit.items())
+        if not is_free(port)
+    ]
+    if busy:
+        raise PortBusy(
+            f"port(s) already in use: {', '.join(busy)}; free them, or unset the variable(s) "
+            "and dev up chooses free ports"
+        )
+
+
 def _start(
     settings: Settings, dev: DevSettings, stack: Stack, report: Report
 ) -> tuple[dict[str, str], str]:
@@ -242,6 +271,7 @@ def _start(
         for name, port in (("spark_master", dev.spark_master_port), ("spark_ui", dev.spark_ui_port))
         if port is not None
     )
+    refuse_busy_ports(explicit)
     defaults = {
         **DEFAULT_PORTS,
         **cluster_default_ports(dev.kafka_brokers),

@@ -83,9 +83,10 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
         kafka = stack.wait_for_line(r"Kafka\s+(\S+)", 5).group(1)
         redis_url = stack.wait_for_line(r"Redis\s+(\S+)", 5).group(1)
         key = stack.wait_for_line(r"export SETU_API_KEY=(\S+)", 5).group(1)
+        exported = stack.wait_for_line(r"export SETU_API_URL=(\S+)", 5).group(1)
 
         # Then the API, the broker and Redis answer where it says, on the ports asked for
-        assert api == f"http://127.0.0.1:{ports['api']}"
+        assert api == exported == f"http://127.0.0.1:{ports['api']}"
         assert kafka == f"127.0.0.1:{ports['kafka']}"
         health = await_health(f"{api}/v1/health")
         assert health["status"] == "ok"

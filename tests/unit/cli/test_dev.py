@@ -1,11 +1,19 @@
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from cli.dev import dev_admin_key, dev_secret_key, replication_env, stack_env, summary
+from cli.dev import (
+    dev_admin_key,
+    dev_secret_key,
+    dev_up,
+    replication_env,
+    stack_env,
+    summary,
+)
 from cli.dev_settings import DevSettings
 from cli.kafka_cluster import LocalKafkaCluster, NodePorts
 from cli.main import build_parser, dev_settings
@@ -58,6 +66,8 @@ def test_the_summary_says_where_the_api_is() -> None:
     assert "/d/logs" in text
     assert "Ingest    running" in text
     assert "  export SETU_API_KEY=setu_admin_k3y" in text
+    # (and where the API is, for `setu` on another port than its default 8080)
+    assert "  export SETU_API_URL=http://127.0.0.1:18080" in text
     waiting = summary("http://127.0.0.1:18080", True, env, Path("/d/logs"), ingest_up=False)
     assert "Ingest    not running yet: see /d/logs/ingest.log" in waiting
 
@@ -195,3 +205,23 @@ def test_only_one_or_three_brokers_are_offered(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("SETU_DEV_KAFKA_BROKERS", "2")
     with pytest.raises(ValidationError, match="must be one of"):
         DevSettings()
+
+
+def test_a_port_asked_for_and_taken_stops_dev_up_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given something already listening where SETU_API_PORT asks the API to
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("SETU_API_PORT", str(port))
+        monkeypatch.setenv("SETU_DATA_DIR", str(tmp_path))
+        said: list[str] = []
+        # When dev up starts
+        code = dev_up(Settings(), DevSettings(), said.append)
+    # Then it fails at once, naming the variable and the port, and started nothing
+    assert code == 1
+    assert any(f"SETU_API_PORT={port}" in line and "already in use" in line for line in said)
+    assert not any(line.startswith("starting") for line in said), said
+    assert not (tmp_path / "kafka").exists()
