@@ -137,7 +137,7 @@ class Out:
         table.add_column(style="bold")
         table.add_column()
         for key, value in data.items():
-            table.add_row(key, _cell(value))
+            table.add_row(key, _cell(readable(key, value)))
         self.console.print(table)
 
     def say(self, line: str) -> None:
@@ -151,6 +151,25 @@ def _cell(value: Any) -> str:
     if isinstance(value, dict | list):
         return json.dumps(value, separators=(",", ":"))
     return str(value)
+
+
+# Fields of the API's views that hold a moment in epoch milliseconds besides every *_at_ms.
+MOMENTS = frozenset(("since_ms", "oldest_undelivered_ms", "timestamp_ms"))
+
+
+def readable(key: str, value: Any) -> Any:
+    """``value`` of the view field ``key`` as a person reads it: moments (``*_at_ms``, ...)
+    as ISO 8601 times, ages (``*_age_ms``) in seconds; nested objects likewise."""
+    if isinstance(value, dict):
+        return {k: readable(k, v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [readable(key, v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        if key.endswith("_at_ms") or key in MOMENTS:
+            return at(value)
+        if key.endswith("_age_ms"):
+            return f"{value / 1000:.1f} s"
+    return value
 
 
 def at(ms: int | None) -> str:
@@ -537,9 +556,7 @@ def _status(a: argparse.Namespace, api: Api, out: Out) -> None:
     if out.as_json:
         out.json(data)
         return
-    age = data["oldest_undelivered_age_ms"]
     shown = {k: v for k, v in data.items() if k not in ("partitions", "ingest")}
-    shown["oldest_undelivered_age_ms"] = "-" if age is None else f"{age} ({age / 1000:.1f} s)"
     shown["ingest"] = {k: data["ingest"].get(k) for k in ("state", "ok", "lag")}
     out.record(shown, title=f"{a.project}/{a.subscription}")
     out.table(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,6 +73,12 @@ def test_resources_are_created_from_files_listed_shown_and_deleted(
     assert [s["name"] for s in json.loads(listed)["subscriptions"]] == ["billing"]
     code, shown, _ = run("projects", "show", project, "--json")
     assert json.loads(shown)["description"] == "made by the CLI"
+    # Views show times a person reads, never epoch milliseconds
+    for argv in (("subscriptions", "show", project, "billing"), ("status", project, "billing")):
+        code, view, err = run(*argv)
+        assert code == 0, err
+        assert not re.search(r"\b1\d{12}\b", view), view
+    assert re.search(r"created_at_ms\W+20\d\d-\d\d-\d\dT", run("projects", "show", project)[1])
     # Updated from what `show --json` printed, edited
     code, shown, _ = run("subscriptions", "show", project, "billing", "--json")
     view = json.loads(shown)
