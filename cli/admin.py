@@ -41,6 +41,7 @@ COMMANDS = (
     "notifications",
     "produce",
 )
+KEY_ROLES = ("admin", "owner", "operator", "producer", "viewer")
 # How many pages `dlq show` reads looking for one message.
 DLQ_SEARCH_PAGES = 50
 
@@ -337,8 +338,8 @@ def add_commands(sub: Any) -> None:
     listed.add_argument("--project")
     made = action(keys, "create", "a key, shown once")
     made.add_argument("--name", required=True)
-    made.add_argument("--role", required=True)
-    made.add_argument("--project")
+    made.add_argument("--role", required=True, choices=KEY_ROLES)
+    made.add_argument("--project", help="the key's project (every role but admin has one)")
     made.add_argument("--topic", action="append", dest="topics")
     made.add_argument("--expires", help="epoch ms or ISO 8601 time")
     gone = action(keys, "revoke", "revoke a key", "key_id")
@@ -457,7 +458,16 @@ def _projects(a: argparse.Namespace, api: Api, out: Out) -> None:
 def _notifications(a: argparse.Namespace, api: Api, out: Out) -> None:
     path = f"/v1/projects/{a.project}/notifications"
     if a.action == "show":
-        out.record(api.call("GET", path))
+        response = api.send("GET", path)
+        if response.status_code == 404 and "no notification endpoint" in response.text:
+            api.call("GET", f"/v1/projects/{a.project}")  # a project that is not: its error
+            raise Failed(
+                f"{a.project} sends its events nowhere yet\n  -> set where: setu notifications "
+                f"set {a.project} --url URL --event TYPE (--event again for more)"
+            )
+        if response.status_code >= 400:
+            raise Failed(explain(response))
+        out.record(response.json())
     elif a.action == "rm":
         api.call("DELETE", path)
         out.say(f"{a.project}: no notification endpoint")
@@ -730,6 +740,8 @@ def _keys(a: argparse.Namespace, api: Api, out: Out) -> None:
             ],
         )
     elif a.action == "create":
+        if a.role != "admin" and not a.project:
+            raise Failed(f"a key of role {a.role} belongs to a project: add --project PROJECT")
         body: dict[str, Any] = {"name": a.name, "role": a.role}
         if a.topics:
             body["topics"] = a.topics

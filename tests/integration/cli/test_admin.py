@@ -177,7 +177,9 @@ def test_notification_endpoints_are_set_shown_and_removed_with_the_secret_kept_o
         )
         assert code == 1 and "NOT_SET_ANYWHERE is not set" in err
         assert run("notifications", "rm", project)[0] == 0
-        assert run("notifications", "show", project)[0] == 1
+        # Shown when there is none: how to set one
+        code, _, err = run("notifications", "show", project)
+        assert code == 1 and f"setu notifications set {project} --url" in err, err
     finally:
         run("projects", "rm", project)
 
@@ -185,6 +187,9 @@ def test_notification_endpoints_are_set_shown_and_removed_with_the_secret_kept_o
 def test_errors_say_what_to_do(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     code, _, err = run("topics", "ls", "no-such-project")
     assert code == 1 and "404" in err and "setu projects ls" in err
+    # A project's key made without its project: the flag to add
+    code, _, err = run("keys", "create", "--name", "k", "--role", "producer")
+    assert code == 1 and "add --project PROJECT" in err
     monkeypatch.setenv("SETU_API_KEY", "setu_0123456789abcdef_wrong")
     code, _, err = run("projects", "ls")
     assert code == 1 and "401" in err and "SETU_API_KEY" in err
