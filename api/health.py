@@ -80,6 +80,7 @@ def _probes(s: Services) -> dict[str, Probe]:
     async def ingest() -> dict[str, Any]:
         view = await ingest_state(s)
         view.pop("topic_lags", None)  # per topic in each subscription's status
+        view.pop("reading_topics", None)
         return view
 
     return {"api": api, "kafka": kafka, "redis": redis, "database": database, "ingest": ingest}

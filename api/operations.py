@@ -80,6 +80,9 @@ class IngestOut(Out):
     offsets_behind: int | None = None
     last_batch_at_ms: int | None = None
     lag: int | None = None
+    # Whether the running job reads this topic's ingest topic yet (a new topic is picked up
+    # within seconds; until then its messages wait there); null when the job does not say.
+    reading_topic: bool | None = None
     error: str | None = None
 
 
@@ -273,8 +276,18 @@ async def status(request: Request, project: str, subscription: str) -> Response:
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
     topic_lags = ingest.pop("topic_lags", {})
+    reading = ingest.pop("reading_topics", None)
+    ingest_topic = names.ingest_topic(project, sub.topic)
     # Records of this topic the ingest job has still to read (known while it reports)
-    ingest["lag"] = topic_lags.get(names.ingest_topic(project, sub.topic))
+    ingest["lag"] = topic_lags.get(ingest_topic)
+    ingest["reading_topic"] = (
+        None if reading is None or not ingest["ok"] else ingest_topic in reading
+    )
+    if ingest["reading_topic"] is False:
+        ingest["error"] = (
+            "the ingest job has not picked up this topic yet (it does within seconds of its "
+            "creation); its messages wait in the topic's ingest log until then"
+        )
     return reply(
         StatusOut,
         {

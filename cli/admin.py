@@ -539,8 +539,8 @@ def _subscriptions(a: argparse.Namespace, api: Api, out: Out) -> None:
 
 # What a subscription's view shows and its configuration does not take (`show --json`).
 VIEW_ONLY = frozenset(
-    ("project", "has_signing_secret", "signing_secrets", "state", "paused_reason")
-    + ("created_at_ms", "kafka")
+    {"project", "has_signing_secret", "signing_secrets", "state", "paused_reason"}
+    | {"created_at_ms", "kafka"}
 )
 
 
@@ -840,8 +840,7 @@ def send_batch(api: Api, path: str, batch: list[tuple[int, dict[str, Any]]], tri
                 return len(batch)
             pending = failed
         elif response.status_code not in (429, 503):
-            lines = [number for number, _ in pending]
-            raise Failed(_BATCH_INDEX.sub(lambda m: _line_of(m, lines), explain(response)))
+            raise Failed(_named_by_lines(explain(response), [n for n, _ in pending]))
         time.sleep(float(response.headers.get("retry-after", 0.5 * 2**attempt)))
     raise Failed(
         f"{len(pending)} message(s) not written after {tries} tries "
@@ -854,6 +853,11 @@ def send_batch(api: Api, path: str, batch: list[tuple[int, dict[str, Any]]], tri
 _BATCH_INDEX = re.compile(r"messages\[(\d+)\]")
 
 
-def _line_of(match: re.Match[str], lines: Sequence[int]) -> str:
-    index = int(match.group(1))
-    return f"line {lines[index]}" if index < len(lines) else match.group(0)
+def _named_by_lines(text: str, lines: Sequence[int]) -> str:
+    """``text`` with each ``messages[i]`` of a batch named by its line in the file."""
+
+    def line_of(match: re.Match[str]) -> str:
+        index = int(match.group(1))
+        return f"line {lines[index]}" if index < len(lines) else match.group(0)
+
+    return _BATCH_INDEX.sub(line_of, text)

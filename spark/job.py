@@ -116,7 +116,7 @@ from spark.processor import (
     PartitionDedup,
 )
 from spark.rejects import routed_columns
-from spark.status import StatusReporter
+from spark.status import Reading, StatusReporter
 from spark.stream import ingest_position_headers, key_column
 from spark.topics import MainTopicGuard
 from state.ingest_status import RedisIngestStatus
@@ -666,15 +666,17 @@ def keep_running(
     backoff: Callable[[int], float] = lambda failures: min(2.0**failures, 30.0),
     stale: Callable[[], bool] = lambda: False,
     stop_patience_s: float = 30.0,
+    reading: Reading = lambda: None,
 ) -> None:
     """Runs the query until ``stopping`` is set, starting it again after a failure (see
     :func:`run`), and when ``stale`` says that what it read at its start changed; raises the
-    failure once it stood ``QUERY_RESTARTS`` starts in a row."""
+    failure once it stood ``QUERY_RESTARTS`` starts in a row. ``reading`` says which ingest
+    topics the running query reads, when its progress cannot (see ``StatusReporter.watch``)."""
     failures = 0
     while True:
         query = start_query()
         reporter.set_state("starting")
-        reporter.watch(_progress_of(query))
+        reporter.watch(_progress_of(query), reading)
         before = batches()
         try:
             restart = False
@@ -763,6 +765,7 @@ def run(settings: Settings) -> None:
                 metrics.batches,
                 stale=running.changed,
                 stop_patience_s=0 if settings.ingest_mode == "real-time" else 30,
+                reading=running.reading,
             )
             return
         checkpoint = settings.resolved_checkpoint_dir()

@@ -249,12 +249,19 @@ class QueryInputs:
         self._limits = limits
         self._retired = retired
         self._partitions: dict[str, int] = {}
+        self._reading: frozenset[str] | None = None
         self._listed_at = float("-inf")
         self._at_start: tuple[Any, ...] = ()
 
     def take(self) -> None:
         self._listed_at = float("-inf")
         self._at_start = self._picture()
+        self._reading = frozenset(self._partitions) if self._realtime else None
+
+    def reading(self) -> Collection[str] | None:
+        """In real-time mode, the ingest topics listed when the query started (it reads every
+        partition it was started with); None otherwise."""
+        return self._reading
 
     def changed(self) -> bool:
         return self._picture() != self._at_start
@@ -329,6 +336,11 @@ class OperatorRun:
 
     def changed(self) -> bool:
         return self._inputs.changed()
+
+    def reading(self) -> Collection[str] | None:
+        """The ingest topics the running query reads, in real-time mode (its progress comes
+        only at a batch's end); None in micro-batches, where each batch's progress says."""
+        return self._inputs.reading()
 
     def stop(self) -> None:
         self._spark.streams.removeListener(self._listener)

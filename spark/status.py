@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import redis
@@ -18,6 +18,7 @@ from state.ingest_status import IngestStatus
 log = logging.getLogger(__name__)
 
 Progress = Callable[[], "tuple[bool, Mapping[str, Any] | None]"]
+Reading = Callable[[], "Collection[str] | None"]
 
 
 def topic_lags(progress: Mapping[str, Any] | None) -> dict[str, int] | None:
@@ -57,6 +58,7 @@ class StatusReporter:
         self._last_batch_at = last_batch_at
         self._interval_s = interval_s
         self._progress: Progress = lambda: (False, None)
+        self._reading: Reading = lambda: None
         self._state = ""
         # Whether a failure may be shown (one from before this process too), and the last
         # batch time when it happened: a batch written after it clears it (see _run).
@@ -70,9 +72,11 @@ class StatusReporter:
         self._thread.start()
         return self
 
-    def watch(self, progress: Progress) -> None:
-        """The running query: its state and lag are reported from now on."""
+    def watch(self, progress: Progress, reading: Reading = lambda: None) -> None:
+        """The running query: its state, lag and the ingest topics it reads (``reading``, or
+        where that says None, the topics of its last progress) are reported from now on."""
         self._progress = progress
+        self._reading = reading
 
     def set_state(self, state: str, error: str | None = None) -> None:
         """Records ``state`` now (``error`` "" clears the last failure, None keeps it)."""
@@ -115,6 +119,11 @@ class StatusReporter:
         lags = topic_lags(progress)
         if lags is not None:
             fields["lags"] = json.dumps(lags, sort_keys=True)
+        reading = self._reading()
+        if reading is None:
+            reading = lags
+        if reading is not None and active:
+            fields["reading"] = json.dumps(sorted(reading))
         last = self._last_batch_at()
         if last is not None:
             fields["last_batch"] = int(last * 1000)

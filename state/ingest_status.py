@@ -5,8 +5,9 @@ The job writes one Redis hash (``state.keys.ingest_status``) every couple of sec
 each change: ``state`` (``starting``, ``running``, ``failed``, ``stopped``), ``at`` (its
 heartbeat, epoch ms), ``since`` (when that state began), ``behind`` (records the furthest-behind
 ingest partition had still to read after the last batch), ``last_batch`` (epoch ms) and
-``error`` (the root cause of the last failure, until a batch is written again) and ``lags``
-(JSON: per ingest topic, records still to read after the last batch).
+``error`` (the root cause of the last failure, until a batch is written again), ``lags``
+(JSON: per ingest topic, records still to read after the last batch) and ``reading`` (JSON: the
+ingest topics the running query reads).
 :func:`ingest_view` turns that into what readers show; a heartbeat older than
 :data:`STALE_MS` means the job is not running at all (killed, or crash-looping).
 
@@ -43,6 +44,7 @@ def ingest_view(fields: Mapping[str, str], now_ms: int) -> dict[str, Any]:
         "offsets_behind": int(fields["behind"]) if fields.get("behind") else None,
         "last_batch_at_ms": int(fields.get("last_batch") or 0) or None,
         "topic_lags": json.loads(fields["lags"]) if fields.get("lags") else {},
+        "reading_topics": json.loads(fields["reading"]) if fields.get("reading") else None,
     }
     if state != "stopped" and now_ms - at > STALE_MS:
         view["state"] = "down"

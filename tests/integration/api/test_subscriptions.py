@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
+from setu import names
+from setu.clock import now_ms
 from setu.names import dlq_topic, retry_topic
 from state import keys
+from state.ingest_status import RedisIngestStatus
 from tests.integration.api.support import Api, assert_error, drop_project, running_api, unique
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -537,3 +542,33 @@ async def test_status_read_right_after_a_create_is_answered(api: Api, project: s
         status = await api.client.get(f"/v1/projects/{project}/subscriptions/s{n}/status")
         assert status.status_code == 200, status.text
         assert status.json()["lag"] == 0
+
+
+async def test_status_says_when_the_ingest_job_has_not_picked_up_the_topic_yet(
+    api: Api, project: str, redis_url: str
+) -> None:
+    # Given a subscription of a new topic, and an ingest job that runs but reads only an
+    # older topic so far
+    await make_topic(api, project)
+    created = await api.client.post(f"/v1/projects/{project}/subscriptions", json=body())
+    assert created.status_code == 201, created.text
+    status_path = f"/v1/projects/{project}/subscriptions/s/status"
+    older = names.ingest_topic(project, "older")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.delete(keys.ingest_status())
+        job = RedisIngestStatus(client)
+        job.write({"state": "running", "at": now_ms(), "reading": json.dumps([older])})
+        # Then the status says the job does not read this topic yet, and that messages wait
+        ingest = (await api.client.get(status_path)).json()["ingest"]
+        assert ingest["reading_topic"] is False
+        assert "has not picked up this topic yet" in ingest["error"]
+        # When the job picks it up, then the status says so, and nothing is wrong
+        mine = names.ingest_topic(project, "t")
+        job.write({"at": now_ms(), "reading": json.dumps([older, mine])})
+        ingest = (await api.client.get(status_path)).json()["ingest"]
+        assert ingest["reading_topic"] is True
+        assert ingest.get("error") is None
+    finally:
+        client.delete(keys.ingest_status())
+        client.close()

@@ -176,7 +176,7 @@ class Reporter:
     def set_state(self, state: str, error: str | None = None) -> None:
         self.states.append((state, error))
 
-    def watch(self, progress: object) -> None:
+    def watch(self, progress: object, reading: object = None) -> None:
         pass
 
 

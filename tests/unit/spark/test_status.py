@@ -37,3 +37,28 @@ def test_a_failure_from_before_this_process_is_cleared_by_its_first_batch() -> N
     last_batch[0] = 5.0
     reporter.beat()
     assert "error" not in store.read()
+
+
+def progress_of(*topics: str) -> dict[str, object]:
+    """A progress report whose source read ``topics`` (one partition each, 3 records behind)."""
+    latest = {t: {"0": 10} for t in topics}
+    ends = {t: {"0": 7} for t in topics}
+    return {"sources": [{"latestOffset": latest, "endOffset": ends}]}
+
+
+def test_the_topics_the_running_query_reads_are_reported() -> None:
+    # Given a running query whose last progress read topic a
+    store = StubIngestStatus()
+    reporter = StatusReporter(store, lambda: None)
+    reporter.set_state("starting")
+    reporter.watch(lambda: (True, progress_of("setu.p.a.ingest")))
+    reporter.beat()
+    # Then the report names it, beside its lag
+    assert store.read()["reading"] == '["setu.p.a.ingest"]'
+    assert store.read()["lags"] == '{"setu.p.a.ingest": 3}'
+    # When the job says what its query reads itself (real-time mode: progress comes only at a
+    # batch's end, and a query started again for topic b has none yet)
+    reporter.watch(lambda: (True, None), lambda: {"setu.p.b.ingest", "setu.p.a.ingest"})
+    reporter.beat()
+    # Then that is reported
+    assert store.read()["reading"] == '["setu.p.a.ingest", "setu.p.b.ingest"]'
