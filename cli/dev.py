@@ -386,7 +386,15 @@ def _start_processes(
     logs = Path(env["SETU_DATA_DIR"]) / "logs"
 
     def spec(name: str) -> ChildSpec:
-        return ChildSpec(name=name, argv=setu_argv(name), log_path=logs / f"{name}.log", env=env)
+        return ChildSpec(
+            name=name,
+            argv=setu_argv(name),
+            log_path=logs / f"{name}.log",
+            env=env,
+            # The ingest job stops its query and Spark's JVM itself; a JVM signalled with it
+            # dies under the stopping query (a traceback in the log for a clean stop).
+            signal_leader_only=name == "ingest",
+        )
 
     report("starting the API, the ingest job and a delivery worker")
     started_ms = now_ms()

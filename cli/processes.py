@@ -36,6 +36,10 @@ class ChildSpec:
     run_as: str | None = None
     stop_signal: signal.Signals = signal.SIGTERM
     stop_timeout_s: float = 20.0
+    # The stop signal to the child alone, not its process group: for a child that stops what
+    # it started itself (the ingest job stops Spark's JVM; signalled at once, the JVM would die
+    # under the job's feet). What is left of the group when the child ended is killed.
+    signal_leader_only: bool = False
 
 
 def _die_with_parent() -> None:
@@ -96,9 +100,14 @@ class Child:
         return time.monotonic() - self.started_at
 
     def signal_stop(self) -> None:
-        """Sends the spec's stop signal to the child's process group, without waiting."""
+        """Sends the spec's stop signal to the child's process group (or the child alone, see
+        ``ChildSpec.signal_leader_only``), without waiting."""
         process = self._process
-        if process is not None and process.poll() is None:
+        if process is None or process.poll() is not None:
+            return
+        if self.spec.signal_leader_only:
+            process.send_signal(self.spec.stop_signal)
+        else:
             _signal_group(process.pid, self.spec.stop_signal)
 
     def stop(self) -> int | None:

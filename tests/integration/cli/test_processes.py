@@ -71,6 +71,51 @@ def test_stopping_a_child_also_stops_what_it_started(tmp_path: Path) -> None:
     wait_for("the grandchild gone", lambda: not alive(grandchild), timeout_s=5)
 
 
+def test_a_child_signalled_alone_stops_what_it_started_itself_then_the_rest_is_killed(
+    tmp_path: Path,
+) -> None:
+    # Given a child that, when told to stop, first checks on a grandchild (as the ingest job
+    # stops Spark's JVM), and a grandchild that notes a SIGTERM of its own
+    noted = tmp_path / "grandchild-signalled"
+    seen = tmp_path / "seen-by-child"
+    pid_file = tmp_path / "grandchild.pid"
+    grandchild_code = (
+        "import signal, sys, time;"
+        f"signal.signal(signal.SIGTERM, lambda *a: (open({str(noted)!r}, 'w').close(), "
+        "sys.exit(0)));"
+        "time.sleep(60)"
+    )
+    child_code = "\n".join(
+        (
+            "import os, signal, subprocess, sys, time",
+            f"p = subprocess.Popen([sys.executable, '-c', {grandchild_code!r}])",
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid))",
+            "def stop(*a):",
+            "    time.sleep(0.5)",
+            f"    ran = 'signalled' if os.path.exists({str(noted)!r}) else 'running'",
+            f"    open({str(seen)!r}, 'w').write(ran)",
+            "    sys.exit(0)",
+            "signal.signal(signal.SIGTERM, stop)",
+            "time.sleep(60)",
+        )
+    )
+    child = python_child(
+        tmp_path,
+        child_code,
+        stop_timeout_s=3.0,
+        signal_leader_only=True,
+    )
+    child.start()
+    wait_for("the pid file", lambda: pid_file.exists() and pid_file.read_text() != "")
+    grandchild = int(pid_file.read_text())
+    # When the child is stopped
+    child.stop()
+    # Then only the child got the stop signal: the grandchild still ran while it stopped
+    assert seen.read_text() == "running"
+    # And what it left behind is gone once it ended
+    wait_for("the grandchild gone", lambda: not alive(grandchild), timeout_s=5)
+
+
 def test_the_output_of_a_child_goes_to_its_log(tmp_path: Path) -> None:
     child = python_child(tmp_path, "import sys; print('out'); print('err', file=sys.stderr)")
     child.start()
