@@ -27,11 +27,12 @@ FILES = Path(__file__).resolve().parents[2] / "helm" / "setu" / "files"
 
 
 class Hook(BaseHTTPRequestHandler):
-    """A webhook that refuses (400) a body saying "fail" and takes everything else."""
+    """A webhook that refuses (400) a body saying "fail", is unavailable (503) to one saying
+    "retry", and takes everything else."""
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
-        self.send_response(400 if body == b"fail" else 200)
+        self.send_response({b"fail": 400, b"retry": 503}.get(body, 200))
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -163,9 +164,11 @@ def test_prometheus_fires_the_parked_alert_and_every_dashboard_query_has_data(
                 headers = {"X_MESSAGE_ID": message_id, "X_GROUP_ID": group}
                 assert api.post(produce, headers=headers, content=body).status_code == 200
 
-            # When its head fails for good (400) and traffic flows for the rates
+            # When one group's head fails for good (400), another's keeps being retried (503),
+            # and traffic flows for the rates
             send("g-1", "G", b"fail")
             send("g-2", "G", b"waits behind g-1")
+            send("r-1", "R", b"retry")
             for n in range(40):
                 send(f"m-{n}", f"h-{n % 7}", b"ok")
                 time.sleep(0.25)
