@@ -82,8 +82,8 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
         assert stack.wait_for_line(r"Ingest\s+(\S+)", 5).group(1) == "running"
         kafka = stack.wait_for_line(r"Kafka\s+(\S+)", 5).group(1)
         redis_url = stack.wait_for_line(r"Redis\s+(\S+)", 5).group(1)
-        key = stack.wait_for_line(r"export SETU_API_KEY=(\S+)", 5).group(1)
         exported = stack.wait_for_line(r"export SETU_API_URL=(\S+)", 5).group(1)
+        key = stack.wait_for_line(r"export SETU_API_KEY=(\S+)", 5).group(1)
 
         # Then the API, the broker and Redis answer where it says, on the ports asked for
         assert api == exported == f"http://127.0.0.1:{ports['api']}"
@@ -135,3 +135,7 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
     assert processes_mentioning(str(data_dir)) == []
     logs = {p.name for p in (data_dir / "logs").iterdir()}
     assert {"kafka.log", "redis.log", "api.log", "migrate.log", "spark-worker-0.log"} <= logs
+    # And stopping by Ctrl-C left no traceback in any log: each process stopped as asked
+    for log in (data_dir / "logs").iterdir():
+        text = log.read_text(errors="replace")
+        assert "Traceback" not in text, f"{log.name}:\n{text[max(0, text.index('Traceback') - 2000) :]}"
