@@ -138,4 +138,6 @@ def test_dev_up_runs_the_stack_and_stops_it_all_on_ctrl_c(tmp_path: Path) -> Non
     # And stopping by Ctrl-C left no traceback in any log: each process stopped as asked
     for log in (data_dir / "logs").iterdir():
         text = log.read_text(errors="replace")
-        assert "Traceback" not in text, f"{log.name}:\n{text[max(0, text.index('Traceback') - 2000) :]}"
+        assert "Traceback" not in text, (
+            f"{log.name}:\n{text[max(0, text.index('Traceback') - 2000) :]}"
+        )
