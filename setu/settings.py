@@ -131,6 +131,9 @@ class Settings(BaseSettings):
     # Task slots of a local Spark master in real-time mode, where every ingest partition read
     # and every shuffle partition holds one all the time (docs/ingest.md, "Modes").
     spark_realtime_slots: int = 64
+    # Seconds a real-time mode batch lasts: how often the query checkpoints, so at most how much
+    # a crash replays (delivery skips it); records go on as they come all the same.
+    spark_realtime_batch_s: int = Field(30, ge=1)
     spark_master: str = "local[2]"
     # Spark's Kafka connector (spark-sql-kafka-0-10) fetched from Maven Central: the newest
     # served there for the installed pyspark's major version, which may trail pyspark's own

@@ -10,7 +10,7 @@ through the JVM de-duplication operator (decision 0008), and what the driver doe
   all again when Redis forgot them.
 - Every second :class:`CountsFollower` adds the operator's per-topic counts to the metrics as
   they grow, tasks still running included (in real-time mode a task lasts the whole batch,
-  ``REAL_TIME_BATCH_S``, and Spark adds an accumulator's counts only as a task ends); at each
+  ``SETU_SPARK_REALTIME_BATCH_S``, and Spark adds an accumulator's counts only as a task ends); at each
   batch's end :class:`BatchListener` records the batch's duration.
 - The query reads the retired topics and the main topics' limits when it starts; when either
   changes, and in real-time mode when an ingest topic or partition appears (each one needs a

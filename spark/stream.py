@@ -181,10 +181,6 @@ def without_retired(rows: DataFrame, retired: Collection[str]) -> DataFrame:
     return rows.where(~fn.col(TOPIC).isin(*sorted(retired))) if retired else rows
 
 
-REAL_TIME_BATCH_S = 30
-"""How long a real-time batch runs: how often the query checkpoints (decision 0008)."""
-
-
 def start(
     spark: SparkSession,
     settings: Settings,
@@ -232,7 +228,8 @@ def start(
         .outputMode("update")
     )
     if realtime:
-        writer = writer.trigger(realTime=f"{REAL_TIME_BATCH_S} seconds")  # type: ignore[call-overload]
+        batch = f"{settings.spark_realtime_batch_s} seconds"
+        writer = writer.trigger(realTime=batch)  # type: ignore[call-overload]
     else:
         writer = writer.trigger(processingTime=f"{settings.spark_trigger_ms} milliseconds")
     return writer.start()
