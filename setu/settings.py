@@ -133,7 +133,7 @@ class Settings(BaseSettings):
     spark_realtime_slots: int = 64
     # Seconds a real-time mode batch lasts: how often the query checkpoints, so at most how much
     # a crash replays (delivery skips it); records go on as they come all the same.
-    spark_realtime_batch_s: int = Field(30, ge=1)
+    spark_realtime_batch_s: int = Field(default=30, ge=1)
     spark_master: str = "local[2]"
     # Spark's Kafka connector (spark-sql-kafka-0-10) fetched from Maven Central: the newest
     # served there for the installed pyspark's major version, which may trail pyspark's own

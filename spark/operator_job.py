@@ -10,8 +10,8 @@ through the JVM de-duplication operator (decision 0008), and what the driver doe
   all again when Redis forgot them.
 - Every second :class:`CountsFollower` adds the operator's per-topic counts to the metrics as
   they grow, tasks still running included (in real-time mode a task lasts the whole batch,
-  ``SETU_SPARK_REALTIME_BATCH_S``, and Spark adds an accumulator's counts only as a task ends); at each
-  batch's end :class:`BatchListener` records the batch's duration.
+  ``SETU_SPARK_REALTIME_BATCH_S``, and Spark adds an accumulator's counts only as a task
+  ends); at each batch's end :class:`BatchListener` records the batch's duration.
 - The query reads the retired topics and the main topics' limits when it starts; when either
   changes, and in real-time mode when an ingest topic or partition appears (each one needs a
   task of its own), :class:`QueryInputs` tells ``job.keep_running`` to start it again.
