@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import yaml
 
 from cli.ports import any_free_port
 from tests.integration.support_dev_up import START_TIMEOUT_S, dev_up, stack_ports
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -92,17 +93,11 @@ def prometheus(work: Path, targets: dict[str, str], port: int) -> subprocess.Pop
     )
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            found = check()
-        except httpx.HTTPError:
-            found = None
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).is_success
+    except httpx.HTTPError:
+        return False
 
 
 def firing(prom: str, alert: str, **labels: str) -> bool:
@@ -148,7 +143,7 @@ def test_prometheus_fires_the_parked_alert_and_every_dashboard_query_has_data(
         server = prometheus(tmp_path, targets, prom_port)
         prom = f"http://127.0.0.1:{prom_port}"
         try:
-            wait_for("Prometheus ready", lambda: httpx.get(f"{prom}/-/ready").is_success, 60)
+            wait_for("Prometheus ready", lambda: ready(f"{prom}/-/ready"), 60)
             api = httpx.Client(
                 base_url=api_url, headers={"Authorization": f"Bearer {key}"}, timeout=30
             )
@@ -182,7 +177,7 @@ def test_prometheus_fires_the_parked_alert_and_every_dashboard_query_has_data(
             empty = [
                 f"{title}: {expr}"
                 for title, expr in dashboard_queries()
-                if not wait_for_data(prom, expr)
+                if not has_data(prom, expr)
             ]
             assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
             # And no component is down
@@ -193,8 +188,11 @@ def test_prometheus_fires_the_parked_alert_and_every_dashboard_query_has_data(
         assert stack.stop() == 0
 
 
-def wait_for_data(prom: str, expr: str, timeout_s: float = 30) -> bool:
-    try:
-        return bool(wait_for(expr, lambda: query(prom, expr), timeout_s))
-    except AssertionError:
-        return False
+def has_data(prom: str, expr: str, timeout_s: float = 30) -> bool:
+    """Whether ``expr`` returns a series within ``timeout_s`` (rates need two scrapes)."""
+    deadline = time.monotonic() + timeout_s
+    while not query(prom, expr):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
