@@ -46,8 +46,7 @@ def run_ingest(world: IngestWorld, tmp_path: Path, mode: str) -> Child:
     return child
 
 
-# The same test passes in the "real-time" mode on PySpark 4.3 (this project still pins 4.2).
-@pytest.mark.parametrize("mode", ["micro-batch"])
+@pytest.mark.parametrize("mode", ["micro-batch", "real-time"])
 def test_the_operator_takes_over_from_the_python_mode_with_nothing_lost_or_doubled(
     world: IngestWorld, tmp_path: Path, mode: str
 ) -> None:
