@@ -47,10 +47,11 @@ def ingest_child(
     pattern: str,
     conf: Mapping[str, str],
     mode: str = "python",
+    metrics_port: int | None = None,
 ) -> ChildSpec:
     """``setu ingest`` as a process of its own on ``world``'s broker and Redis, reading the
     ingest topics ``pattern`` matches, on the Spark ``master`` with ``conf``, in ``mode``
-    (``SETU_INGEST_MODE``)."""
+    (``SETU_INGEST_MODE``), serving its metrics on ``metrics_port`` if given."""
     env = {
         **os.environ,
         "SETU_KAFKA_BOOTSTRAP": world.bootstrap,
@@ -63,6 +64,8 @@ def ingest_child(
         "SETU_SPARK_CONF": json.dumps(dict(conf)),
         "SETU_INGEST_MODE": mode,
     }
+    if metrics_port is not None:
+        env["SETU_INGEST_METRICS_PORT"] = str(metrics_port)
     argv = (sys.executable, "-m", "cli.main", "ingest")
     return ChildSpec("ingest", argv, tmp_path / "logs" / "ingest.log", env=env)
 

@@ -8,9 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import SparkSession
 
+from cli.ports import any_free_port
 from cli.processes import Child
 from spark.migration import last_committed
 from state import keys
@@ -37,13 +40,49 @@ def committed_records(checkpoint: str) -> int:
     return sum(offset for parts in committed.offsets.values() for offset in parts.values())
 
 
-def run_ingest(world: IngestWorld, tmp_path: Path, mode: str) -> Child:
+def run_ingest(
+    world: IngestWorld, tmp_path: Path, mode: str, metrics_port: int | None = None
+) -> Child:
     pattern = f"^setu\\.{world.project}\\.t\\.ingest$"
-    child = Child(
-        ingest_child(world, tmp_path, master="local[2]", pattern=pattern, conf={}, mode=mode)
+    spec = ingest_child(
+        world,
+        tmp_path,
+        master="local[2]",
+        pattern=pattern,
+        conf={},
+        mode=mode,
+        metrics_port=metrics_port,
     )
+    child = Child(spec)
     child.start()
     return child
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def decided(port: int) -> tuple[float, float] | None:
+    """The ingest job's (accepted, duplicate) count of topic t, None while it does not serve."""
+    try:
+        got = scrape(port)
+    except httpx.HTTPError:
+        return None
+    counts = [
+        value
+        for (name, labels), value in sorted(got.items())
+        if name == "setu_ingest_messages_total" and ("topic", "t") in labels
+    ]
+    return (counts[0], counts[1]) if len(counts) == 2 else None
+
+
+def batches(port: int) -> float:
+    return scrape(port).get(("setu_ingest_batches_total", ()), 0.0)
 
 
 @pytest.mark.parametrize("mode", ["micro-batch", "real-time"])
@@ -71,11 +110,17 @@ def test_the_operator_takes_over_from_the_python_mode_with_nothing_lost_or_doubl
     world.send("t", "p3", producer_id="p", sequence_id=3, group_id="g1")
     world.send("t", "p4", producer_id="p", sequence_id=4, group_id="g1")
     world.flush()
-    operator = run_ingest(world, tmp_path, mode)
+    port = any_free_port()
+    operator = run_ingest(world, tmp_path, mode, metrics_port=port)
     try:
         # Then p4 reaches the main log, and the resend of p3 does not (the seeded state)
         log.wait_for_ids({"p4"}, 180)
         wait_for("p's mark", lambda: world.mark("t", "p") == 4, 60)
+        # And the metrics count both within seconds, in real-time mode before the batch that
+        # decided them ends (it lasts 30 s)
+        wait_for("the counts", lambda: decided(port) == (1, 1), 20)
+        if mode == "real-time":
+            assert batches(port) == 0
         world.send("t", "p5", producer_id="p", sequence_id=5, group_id="g1")
         world.flush()
         log.wait_for_ids({"p5"}, 60)  # the sentinel: anything before it was read too
