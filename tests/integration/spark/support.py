@@ -48,11 +48,13 @@ def ingest_child(
     conf: Mapping[str, str],
     mode: str = "python",
     metrics_port: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> ChildSpec:
     """``setu ingest`` as a process of its own on ``world``'s broker and Redis, reading the
     ingest topics ``pattern`` matches, on the Spark ``master`` with ``conf``, in ``mode``
-    (``SETU_INGEST_MODE``), serving its metrics on ``metrics_port`` if given."""
-    env = {
+    (``SETU_INGEST_MODE``), serving its metrics on ``metrics_port`` if given, with more
+    ``env``."""
+    variables = {
         **os.environ,
         "SETU_KAFKA_BOOTSTRAP": world.bootstrap,
         "SETU_REDIS_URL": world.redis_url,
@@ -65,9 +67,10 @@ def ingest_child(
         "SETU_INGEST_MODE": mode,
     }
     if metrics_port is not None:
-        env["SETU_INGEST_METRICS_PORT"] = str(metrics_port)
+        variables["SETU_INGEST_METRICS_PORT"] = str(metrics_port)
+    variables.update(env or {})
     argv = (sys.executable, "-m", "cli.main", "ingest")
-    return ChildSpec("ingest", argv, tmp_path / "logs" / "ingest.log", env=env)
+    return ChildSpec("ingest", argv, tmp_path / "logs" / "ingest.log", env=variables)
 
 
 @dataclass

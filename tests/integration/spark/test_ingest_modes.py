@@ -52,6 +52,7 @@ def run_ingest(
         conf={},
         mode=mode,
         metrics_port=metrics_port,
+        env={"SETU_SPARK_REALTIME_BATCH_S": "300"},
     )
     child = Child(spec)
     child.start()
@@ -116,14 +117,18 @@ def test_the_operator_takes_over_from_the_python_mode_with_nothing_lost_or_doubl
         # Then p4 reaches the main log, and the resend of p3 does not (the seeded state)
         log.wait_for_ids({"p4"}, 180)
         wait_for("p's mark", lambda: world.mark("t", "p") == 4, 60)
-        # And the metrics count both within seconds, in real-time mode before the batch that
-        # decided them ends (it lasts 30 s)
+        # And the metrics count both within seconds
         wait_for("the counts", lambda: decided(port) == (1, 1), 20)
-        if mode == "real-time":
-            assert batches(port) == 0
+        # When p sends 5
+        ended = batches(port)
         world.send("t", "p5", producer_id="p", sequence_id=5, group_id="g1")
         world.flush()
         log.wait_for_ids({"p5"}, 60)  # the sentinel: anything before it was read too
+        # Then the metrics count it within seconds too: in real-time mode while the batch that
+        # decided it still runs (a batch lasts SETU_SPARK_REALTIME_BATCH_S, 300 s here)
+        wait_for("p5 counted", lambda: decided(port) == (2, 1), 20)
+        if mode == "real-time":
+            assert batches(port) == ended
         assert sorted(log.ids()) == ["p1", "p2", "p3", "p4", "p5", "q1"]
         # And when Redis forgets every mark, they come back: q's too, which the operator never
         # saw a message of (the take-over wrote the seeded marks to the changelog)
