@@ -2,14 +2,16 @@
 
     python -m bench.ingest [--bootstrap 127.0.0.1:9092] [--redis redis://127.0.0.1:6379/0]
                            [--messages 1000000] [--partitions 6] [--rate 1000] [--seconds 30]
+                           [--mode real-time|micro-batch]
 
 1. ``--messages`` records (10% of them retries of an earlier record: same ids, same sequence)
    from 100 producers over 10,000 groups are written to one ingest topic before any query runs.
-2. The ingest job (this repo's query, local[2], default settings) reads them all; rate =
-   input records / (end of the last batch - start of the first). Its main log must then hold
-   exactly the 90% unique messages.
-3. A plain Spark Kafka-to-Kafka copy (same source and sink options, same trigger and batch
-   size, no dedup, no ordering) reads the same records: the limit on this machine.
+2. The ingest job (``spark.job.serve``, default settings, in ``--mode``) reads them all; rate =
+   records in the main log / (time its last record appeared - time its first did), by its end
+   offsets. Its main log must then hold exactly the 90% unique messages.
+3. Before it, a plain Spark Kafka-to-Kafka copy in micro-batches (same source and sink options,
+   no dedup, no ordering) reads the same records, its rate measured the same way: the limit on
+   this machine.
 4. With the job still running, a steady ``--rate`` messages/s for ``--seconds`` go to a second
    topic; added latency = main-log append time - ingest append time (both topics use
    LogAppendTime, so both come from the broker's clock).
@@ -39,12 +41,12 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from bench.machine import quiet_client_logs, quiet_kafka_config, service_arguments, write_result
 from cli.jars import resolve_spark_jars
+from cli.jvm import ingest_jar
 from setu import names
 from setu.envelope import Envelope
 from setu.producer_settings import durable_producer
 from setu.settings import Settings
 from spark import job
-from spark.marks import MarkPublisher
 from state import keys
 
 PRODUCERS = 100
@@ -125,44 +127,28 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> int:
     return total
 
 
-def rate_of(query: StreamingQuery, expected_rows: int, timeout_s: float = 900) -> dict[str, Any]:
-    """Waits until ``expected_rows`` were read; rate over the batches that carried data."""
+def rate_of(
+    bootstrap: str, topic: str, partitions: int, expected: int, timeout_s: float = 900
+) -> dict[str, Any]:
+    """Waits until ``topic`` holds ``expected`` records; the rate is measured from its first
+    record to its last, both seen by polling its end offsets every 0.2 s (the same for the job,
+    whatever its mode, and for the plain copy)."""
     deadline = time.monotonic() + timeout_s
-    progress: dict[str, dict[str, Any]] = {}
+    first: float | None = None
+    held = 0
     while time.monotonic() < deadline:
-        for p in query.recentProgress:
-            if p["numInputRows"] > 0:
-                progress[p["batchId"]] = p
-        if sum(p["numInputRows"] for p in progress.values()) >= expected_rows:
+        held = end_offsets(bootstrap, topic, partitions)
+        now = time.monotonic()
+        if held and first is None:
+            first = now
+        if held >= expected:
             break
-        if query.exception() is not None:
-            raise RuntimeError(str(query.exception()))
-        time.sleep(0.5)
+        time.sleep(0.2)
     else:
-        raise TimeoutError(f"query {query.name} did not read {expected_rows} rows")
-    batches = [progress[k] for k in sorted(progress)]
-    rows = sum(b["numInputRows"] for b in batches)
-    start = _epoch(batches[0]["timestamp"])
-    end = _epoch(batches[-1]["timestamp"]) + batches[-1]["durationMs"]["triggerExecution"] / 1000
-    steady = batches[1:] or batches
-    steady_s = sum(b["durationMs"]["triggerExecution"] for b in steady) / 1000
-    return {
-        "rows": rows,
-        "batches": len(batches),
-        "seconds": round(end - start, 2),
-        "messages_per_s": round(rows / (end - start)),
-        "steady_messages_per_s": round(sum(b["numInputRows"] for b in steady) / steady_s),
-        "batch_rows_ms": [
-            (b["numInputRows"], b["durationMs"]["triggerExecution"]) for b in batches
-        ],
-        "first_batch_ms": batches[0]["durationMs"],
-    }
-
-
-def _epoch(iso: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+        raise TimeoutError(f"{topic} holds {held} records, not {expected}")
+    assert first is not None
+    seconds = max(now - first, 0.2)
+    return {"records": held, "seconds": round(seconds, 2), "messages_per_s": round(held / seconds)}
 
 
 def plain_copy(spark: SparkSession, settings: Settings, source: str, target: str) -> StreamingQuery:
@@ -256,6 +242,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--seconds", type=int, default=30)
+    parser.add_argument(
+        "--mode", choices=("real-time", "micro-batch"), default="real-time", help="SETU_INGEST_MODE"
+    )
     args = parser.parse_args()
     quiet_client_logs()
 
@@ -276,33 +265,35 @@ def main() -> None:
         base = Settings(kafka_bootstrap=args.bootstrap, redis_url=args.redis)
         settings = base.model_copy(
             update={
-                "spark_jars": ",".join(map(str, resolve_spark_jars(base))),
+                "spark_jars": ",".join(map(str, [*resolve_spark_jars(base), ingest_jar(base)])),
                 "spark_checkpoint_dir": str(work / "checkpoint"),
+                "spark_ingest_pattern": job.project_pattern(project),
+                "ingest_mode": args.mode,
             }
         )
         spark = job.build_session(settings)
         spark.sparkContext.setLogLevel("ERROR")
 
         copy = plain_copy(spark, settings, names.ingest_topic(project, "load"), f"{project}-copy")
-        copied = rate_of(copy, args.messages)
+        copied = rate_of(args.bootstrap, f"{project}-copy", args.partitions, args.messages)
         job.stop_between_batches(copy)
         print(f"plain copy: {copied}")
 
-        query = job.start(spark, settings, MarkPublisher(client), job.project_pattern(project))
-        ingested = rate_of(query, args.messages)
-        main_count = end_offsets(args.bootstrap, names.main_topic(project, "load"), args.partitions)
-        print(f"ingest job: {ingested}; main log holds {main_count} (want {unique})")
-
-        latency = steady_latency(
-            args.bootstrap, project, "steady", args.partitions, args.rate, args.seconds
-        )
-        job.stop_between_batches(query)
+        main_load = names.main_topic(project, "load")
+        with job.serving(spark, settings, client):
+            ingested = rate_of(args.bootstrap, main_load, args.partitions, unique)
+            main_count = end_offsets(args.bootstrap, main_load, args.partitions)
+            print(f"ingest job: {ingested}; main log holds {main_count} (want {unique})")
+            latency = steady_latency(
+                args.bootstrap, project, "steady", args.partitions, args.rate, args.seconds
+            )
         spark.stop()
         print(f"added latency at {args.rate}/s: {latency}")
 
         result = {
             "benchmark": "ingest",
             "settings": {
+                "mode": args.mode,
                 "trigger_ms": settings.spark_trigger_ms,
                 "max_offsets_per_trigger": settings.spark_max_offsets_per_trigger,
                 "partitions": args.partitions,

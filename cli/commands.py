@@ -77,7 +77,7 @@ def run_deliver(settings: Settings) -> int:
 
 def run_ingest(settings: Settings) -> int:
     """Runs the Spark job, with the Kafka connector jars from the cache unless SETU_SPARK_JARS,
-    and in the operator's modes with the operator's jar (built on first use) either way."""
+    and with the de-duplication operator's jar (built on first use) either way."""
     with installed("spark.job"):
         from spark.job import run
     jars: list[str] = settings.spark_jars.split(",") if settings.spark_jars else []
@@ -85,10 +85,9 @@ def run_ingest(settings: Settings) -> int:
         from cli.jars import resolve_spark_jars
 
         jars = [str(jar) for jar in resolve_spark_jars(settings)]
-    if settings.ingest_mode != "python":
-        from cli.jvm import ingest_jar
+    from cli.jvm import ingest_jar
 
-        jars.append(str(ingest_jar(settings)))
+    jars.append(str(ingest_jar(settings)))
     run(settings.model_copy(update={"spark_jars": ",".join(jars)}))
     return 0
 

@@ -58,7 +58,10 @@ class LocalSparkCluster:
     port: int
     ui_port: int
     workers: int = 2
-    cores: int = 1
+    # Task slots each worker offers, not processor cores: in real-time mode every ingest
+    # partition and every shuffle partition holds a slot for the whole batch, a task that mostly
+    # waits on Kafka (docs/ingest.md, "Slots").
+    cores: int = 16
     memory: str = "1g"
     host: str = LOOPBACK
 

@@ -124,10 +124,10 @@ class Settings(BaseSettings):
     kafka_ssl_endpoint_identification: bool = True
 
     # Ingest (Spark)
-    # How the ingest job runs (docs/ingest.md, "Modes"): "python", micro-batches with the
-    # de-duplication rule in Python; "micro-batch" and "real-time", one query through the JVM
-    # operator (decision 0008), in micro-batches or in Spark's real-time mode (PySpark 4.3+).
-    ingest_mode: Literal["python", "micro-batch", "real-time"] = "python"
+    # How the ingest query runs (docs/ingest.md, "Modes"): "real-time", Spark's real-time mode
+    # (each record goes on as it arrives), or "micro-batch"; the same query and the same JVM
+    # de-duplication operator either way (decisions 0008, 0009).
+    ingest_mode: Literal["micro-batch", "real-time"] = "real-time"
     # Task slots of a local Spark master in real-time mode, where every ingest partition read
     # and every shuffle partition holds one all the time (docs/ingest.md, "Modes").
     spark_realtime_slots: int = 64
@@ -147,8 +147,6 @@ class Settings(BaseSettings):
     spark_trigger_ms: int = 250
     spark_max_offsets_per_trigger: int = 200_000
     spark_shuffle_partitions: int = 2
-    # Tasks that de-duplicate a batch; 0: as many as Spark has cores (docs/latency.md).
-    spark_dedup_tasks: int = 0
     spark_topic_refresh_ms: int = 5_000
     # Regex of the ingest topics the job reads; unset = every ``setu.*.ingest`` topic. Lets
     # tests and stacks that share one broker keep to their own projects.

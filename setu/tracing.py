@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 TRACEPARENT = "traceparent"
@@ -36,7 +36,6 @@ TRACESTATE = "tracestate"
 # W3C Trace Context, version 00: version-traceid-parentid-flags, ids not all zero.
 _TRACEPARENT_RE = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 MAX_TRACESTATE_CHARS = 512  # the W3C limit
-MAX_LINKS = 32  # per ingest batch span
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -160,7 +159,6 @@ def span(
     kind: SpanKind,
     parent: Context | None = None,
     attributes: Mapping[str, Any] | None = None,
-    links: Sequence[Link] = (),
     start_ns: int | None = None,
 ) -> Iterator[trace.Span]:
     """A span of ``tracing`` (which must be enabled); an exception marks it failed."""
@@ -170,22 +168,11 @@ def span(
         context=parent,
         kind=kind,
         attributes=dict(attributes or {}),
-        links=links,
         start_time=start_ns,
         record_exception=True,
         set_status_on_exception=True,
     ) as made:
         yield made
-
-
-def links_to(traceparents: Sequence[str]) -> list[Link]:
-    """Links to the spans the traceparents name (at most ``MAX_LINKS``)."""
-    links = []
-    for value in traceparents[:MAX_LINKS]:
-        context = trace.get_current_span(context_of(value)).get_span_context()
-        if context.is_valid:
-            links.append(Link(context))
-    return links
 
 
 def failed(made: trace.Span, description: str) -> None:

@@ -39,6 +39,17 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+SHARES = 32
+"""Each ingest partition keeps at most ``ceil(max / SHARES)`` producer marks (and message ids)
+of a ``SETU_DEDUP_MAX_PRODUCERS`` (``SETU_DEDUP_MAX_MESSAGE_IDS``) of ``max``: a producer writing
+to k partitions counts k times."""
+
+
+def partition_cap(maximum: int) -> int:
+    """Marks (or message ids) one ingest partition keeps of ``maximum``."""
+    return max(1, -(-maximum // SHARES))
+
+
 NO_SEQUENCE = -1
 K = TypeVar("K", bound=Hashable)
 """A producer's identity; the job uses (ingest topic, producer id)."""

@@ -1,20 +1,15 @@
-"""The de-duplication marks of each ingest partition, versioned by batch, in the checkpoint.
+"""The de-duplication marks of each ingest partition, versioned by batch, as the Python
+micro-batch job of earlier versions kept them in its checkpoint: read when the JVM operator takes
+over from that checkpoint (:mod:`spark.migration`, decision 0008 "Migration").
 
 One folder per ingest partition, ``{checkpoint}/dedup/{ingest topic}/{partition}/``, holding
 one file per batch that changed its marks: ``{batch id}.json`` (:func:`spark.dedup.encode_marks`).
-The task that de-duplicates a partition in batch N reads the newest version *below* N and
-writes version N, so a batch that runs again (a crash before Spark committed it, or a write
-tried again) starts from exactly the marks its first run started from and decides exactly as
-it did: the replay guarantee of docs/ingest.md. A version at or above N is what an earlier run
-of this batch (or of one that was never committed) left, and is never read as the base.
+The task that de-duplicated a partition in batch N read the newest version *below* N and wrote
+version N, so the marks of the committed batches are the newest version at or below the last
+committed batch. A version above it is what a batch that was never committed left.
 
-Writes go to a temporary name first and are renamed into place, so a reader sees a whole
-version or none. The files live wherever the checkpoint does: ``pyarrow.fs`` reaches a local
-folder as well as HDFS or an object store, from any executor.
-
-Only the task of the partition's batch writes the partition's folder: the Kafka source gives
-each ingest partition's offset range of a batch to exactly one task (the job never sets the
-source's ``minPartitions``), and two attempts of that task write the same bytes.
+The files live wherever the checkpoint does: ``pyarrow.fs`` reaches a local folder as well as
+HDFS or an object store.
 """
 
 from __future__ import annotations

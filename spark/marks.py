@@ -1,16 +1,14 @@
-"""Producer marks from the ingest job: each batch gathers its producers' highest accepted
-sequences (an accumulator), and :class:`MarkPublisher` raises them in Redis once the batch is in
-the main log (:mod:`state.producer_marks` holds the stored form and the max-guarded raise)."""
+"""Producer marks from the ingest job: :class:`MarkPublisher` raises the producers' highest
+accepted sequences in Redis as :mod:`spark.marks_changelog` reads them from the changelog the
+query writes (:mod:`state.producer_marks` holds the stored form and the max-guarded raise)."""
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
 import redis
-from pyspark.accumulators import AccumulatorParam
 
 from setu.names import parse_ingest_topic
 from state.producer_marks import Mark, ProducerMarks
@@ -41,18 +39,6 @@ def merge_highs(into: ProducerHighs, other: Mapping[tuple[str, str], Mark]) -> P
         if mark > into.get(producer, (-1, -1)):
             into[producer] = mark
     return into
-
-
-class HighsParam(AccumulatorParam[ProducerHighs]):
-    """A Spark accumulator of :data:`ProducerHighs`; a retried task adding twice is harmless."""
-
-    def zero(self, value: ProducerHighs) -> ProducerHighs:
-        return {}
-
-    def addInPlace(  # noqa: N802 (Spark's name)
-        self, value1: ProducerHighs, value2: ProducerHighs
-    ) -> ProducerHighs:
-        return merge_highs(value1, value2)
 
 
 class MarkPublisher:
@@ -109,44 +95,3 @@ class MarkPublisher:
     def _publish(self, marks: Mapping[str, Mapping[str, Mark]]) -> None:
         for ingest_topic, producers in marks.items():
             self._marks.raise_marks(*parse_ingest_topic(ingest_topic), producers)
-
-
-class MarksKeeper:
-    """Publishes every producer mark again, on a thread of its own, as soon as Redis lost them.
-
-    The batch writer does it too, but only when a batch runs, and a batch runs only when
-    messages arrive. A producer that restarts asks ``GET .../producers/{id}`` where to resume
-    and gets 503 until the marks are back: if it is the only one sending, no message arrives,
-    no batch runs, and it waits for ever. So this looks every ``interval_s`` and, when Redis
-    lacks the marker of holding every mark, publishes ``everything`` (what the committed
-    batches left: :func:`spark.job.committed_marks`) and sets it."""
-
-    def __init__(
-        self,
-        publisher: MarkPublisher,
-        everything: Callable[[], Mapping[str, Mapping[str, Mark]]],
-        interval_s: float = 1.0,
-    ) -> None:
-        self._publisher = publisher
-        self._everything = everything
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="marks-keeper", daemon=True)
-
-    def start(self) -> MarksKeeper:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            try:
-                self._publisher.publish({}, self._everything)
-            except Exception:
-                # Redis away past the publisher's patience, or the checkpoint unreadable for a
-                # moment: the next look tries again.
-                log.exception("could not publish the producer marks again")

@@ -1,14 +1,16 @@
 """Prometheus metrics of the ingest job, in a registry of its own, served by ``setu ingest`` on
 ``SETU_INGEST_METRICS_PORT`` (off when unset).
 
-Counted once a batch is in the main log (a batch replayed after a crash counts again):
+Counted as the operator decides (read from the executors every second,
+:class:`spark.operator_job.CountsFollower`; a stretch replayed after a crash counts again):
 
 - ``setu_ingest_messages_total{project, topic, result}``: messages the de-duplication step
   kept (``accepted``) or dropped (``duplicate``).
-- ``setu_ingest_batches_total``: batches written, and ``setu_ingest_batch_seconds``: how long
-  each took to de-duplicate and write (a histogram).
-- ``setu_ingest_wait_seconds``: per message, from its ingest record's timestamp (the API's
-  produce) to the start of the write of the batch that took it: the wait for a batch.
+
+Counted as each batch ends (in real-time mode a batch is a checkpoint interval, not a wait):
+
+- ``setu_ingest_batches_total``: batches committed, and ``setu_ingest_batch_seconds``: how long
+  each took (a histogram).
 - ``setu_ingest_last_batch_timestamp_seconds``: when the last batch was written.
 - ``setu_ingest_main_topics_recreated_total``: main topics found missing and created again
   (:mod:`spark.topics`).
@@ -28,17 +30,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
-from pyspark.accumulators import AccumulatorParam
 
 from setu.metrics import LATENCY_BUCKETS, Buckets, serve
 from setu.names import parse_ingest_topic
-from setu.tracing import MAX_LINKS
 
 BATCH_BUCKETS = LATENCY_BUCKETS
 
@@ -54,66 +52,6 @@ def add_counts(into: TopicCounts, other: Mapping[str, tuple[int, int]]) -> Topic
     return into
 
 
-class CountsParam(AccumulatorParam[TopicCounts]):
-    """A Spark accumulator of :data:`TopicCounts` (a sum)."""
-
-    def zero(self, value: TopicCounts) -> TopicCounts:
-        return {}
-
-    def addInPlace(  # noqa: N802 (Spark's name)
-        self, value1: TopicCounts, value2: TopicCounts
-    ) -> TopicCounts:
-        return add_counts(value1, value2)
-
-
-WaitCounts = tuple[list[int], float]
-"""Messages per bound of ``LATENCY_BUCKETS`` (+Inf last), and the sum of their waits (s)."""
-
-
-def wait_counts(waits_s: npt.NDArray[np.float64]) -> WaitCounts:
-    """``waits_s`` as a histogram's counts (the bounds of ``Buckets.observe``)."""
-    at = np.searchsorted(np.asarray(LATENCY_BUCKETS), waits_s, side="left")
-    counts = np.bincount(at, minlength=len(LATENCY_BUCKETS) + 1)
-    return [int(n) for n in counts], float(waits_s.sum())
-
-
-def no_waits() -> WaitCounts:
-    return [0] * (len(LATENCY_BUCKETS) + 1), 0.0
-
-
-def add_waits(into: WaitCounts, other: WaitCounts) -> WaitCounts:
-    """``other`` added to ``into`` (whose counts change in place)."""
-    counts, total = into
-    for i, n in enumerate(other[0]):
-        counts[i] += n
-    return counts, total + other[1]
-
-
-class WaitsParam(AccumulatorParam[WaitCounts]):
-    """A Spark accumulator of :data:`WaitCounts` (a sum)."""
-
-    def zero(self, value: WaitCounts) -> WaitCounts:
-        return no_waits()
-
-    def addInPlace(  # noqa: N802 (Spark's name)
-        self, value1: WaitCounts, value2: WaitCounts
-    ) -> WaitCounts:
-        return add_waits(value1, value2)
-
-
-class TracesParam(AccumulatorParam[list[str]]):
-    """A Spark accumulator of a batch's first traceparents (at most ``MAX_LINKS``)."""
-
-    def zero(self, value: list[str]) -> list[str]:
-        return []
-
-    def addInPlace(  # noqa: N802 (Spark's name)
-        self, value1: list[str], value2: list[str]
-    ) -> list[str]:
-        value1.extend(value2[: max(0, MAX_LINKS - len(value1))])
-        return value1
-
-
 Progress = Callable[[], "tuple[bool, Mapping[str, Any] | None]"]
 """Whether the query is active, and its last progress report (None before the first)."""
 
@@ -123,7 +61,6 @@ class _Totals:
     counts: TopicCounts = field(default_factory=dict)
     batches: int = 0
     batch_seconds: Buckets = field(default_factory=lambda: Buckets(BATCH_BUCKETS))
-    wait_seconds: Buckets = field(default_factory=lambda: Buckets(LATENCY_BUCKETS))
     last_batch_at: float | None = None
     recreated: int = 0
 
@@ -143,16 +80,9 @@ class IngestMetrics(Collector):
         """Where the scrape-time gauges come from (the running query)."""
         self._progress = progress
 
-    def batch_written(
-        self,
-        counts: Mapping[str, tuple[int, int]],
-        seconds: float,
-        waits: WaitCounts | None = None,
-    ) -> None:
+    def batch_written(self, counts: Mapping[str, tuple[int, int]], seconds: float) -> None:
         totals = self._totals
         add_counts(totals.counts, counts)
-        if waits is not None:
-            totals.wait_seconds.merge(*waits)
         totals.batches += 1
         totals.batch_seconds.observe(seconds)
         totals.last_batch_at = time.time()
@@ -204,12 +134,6 @@ class IngestMetrics(Collector):
             "Time to de-duplicate and write one batch",
             buckets=totals.batch_seconds.cumulative(),
             sum_value=totals.batch_seconds.sum,
-        )
-        yield HistogramMetricFamily(
-            "setu_ingest_wait_seconds",
-            "From a message's ingest record to the start of its batch's write",
-            buckets=totals.wait_seconds.cumulative(),
-            sum_value=totals.wait_seconds.sum,
         )
         yield CounterMetricFamily(
             "setu_ingest_main_topics_recreated",

@@ -1,8 +1,9 @@
-"""``setu ingest`` in the modes ``micro-batch`` and ``real-time``: the query of :mod:`spark.stream`
+"""``setu ingest``, in real-time mode or in micro-batches: the query of :mod:`spark.stream`
 through the JVM de-duplication operator (decision 0008), and what the driver does beside it.
 
 - Its checkpoint is ``{checkpoint}/operator``. Its first start takes over from the checkpoint
-  the ``python`` mode left (:mod:`spark.migration`): it starts reading where that job's last
+  an earlier version's Python micro-batch job left in ``{checkpoint}`` (its ``python`` mode,
+  :mod:`spark.migration`): it starts reading where that job's last
   committed batch ended, with the operator's state seeded from the marks it kept, and those
   marks are written to the changelog too, so Redis can be given them again.
 - The producer marks changelog (``MARKS_TOPIC``, compacted) is made before the query starts;
@@ -45,7 +46,7 @@ from spark.dedup import decode_marks
 from spark.dedup_state import checkpoint_fs
 from spark.marks import MarkPublisher
 from spark.marks_changelog import MarksFollower
-from spark.metrics import IngestMetrics, no_waits
+from spark.metrics import IngestMetrics
 from spark.migration import last_committed, seed_marks, starting_offsets
 from state.kafka_admin import KafkaTopics
 
@@ -61,12 +62,30 @@ HEARTBEAT_INTERVAL = "2s"
 TOPICS_EVERY_S = 1.0
 
 
-def uses_operator(settings: Settings) -> bool:
-    return settings.ingest_mode != "python"
+def slots_needed(settings: Settings, partitions: int) -> int:
+    """Task slots the real-time query holds for the whole batch: one per ingest partition it
+    reads and one per shuffle partition."""
+    return partitions + settings.spark_shuffle_partitions
 
 
-def session_overrides(settings: Settings) -> dict[str, str]:
-    """Spark properties of the operator's modes, besides ``job.session_config``'s."""
+def local_slots(settings: Settings, partitions: int) -> int:
+    """Threads a local master gets in real-time mode: ``SETU_SPARK_REALTIME_SLOTS``, or twice
+    what ``partitions`` need if that is more (room for topics to come before a resize)."""
+    return max(settings.spark_realtime_slots, 2 * slots_needed(settings, partitions))
+
+
+class SlotsShort(Exception):
+    """The real-time query needs more task slots than the local master has: the session must
+    be built again with :func:`local_slots` of ``partitions``."""
+
+    def __init__(self, partitions: int, needed: int, slots: int) -> None:
+        super().__init__(f"real-time mode needs {needed} task slots, the local master has {slots}")
+        self.partitions = partitions
+
+
+def session_overrides(settings: Settings, partitions: int = 0) -> dict[str, str]:
+    """Spark properties of real-time mode, besides ``job.session_config``'s; a local master
+    gets :func:`local_slots` for ``partitions`` ingest partitions."""
     if settings.ingest_mode != "real-time":
         return {}
     conf = {
@@ -75,7 +94,7 @@ def session_overrides(settings: Settings) -> dict[str, str]:
     }
     if is_local_master(settings.spark_master):
         # Every source and shuffle partition holds a task slot for the whole batch.
-        conf["spark.master"] = f"local[{settings.spark_realtime_slots}]"
+        conf["spark.master"] = f"local[{local_slots(settings, partitions)}]"
     return conf
 
 
@@ -90,7 +109,7 @@ class BatchListener(StreamingQueryListener):
 
     def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802
         seconds = event.progress.durationMs.get("triggerExecution", 0) / 1000
-        self._metrics.batch_written({}, seconds, no_waits())
+        self._metrics.batch_written({}, seconds)
 
     def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802
         pass
@@ -196,7 +215,7 @@ def start_query(
     retired: Callable[[], Collection[str]],
     counts: Any,
 ) -> StreamingQuery:
-    """Starts the operator's query, taking over from the ``python`` mode's checkpoint on its
+    """Starts the operator's query, taking over from the Python job's checkpoint on its
     first start (see the module doc)."""
     base = settings.resolved_checkpoint_dir().rstrip("/")
     own = operator_checkpoint(settings)
@@ -258,6 +277,10 @@ class QueryInputs:
         self._at_start = self._picture()
         self._reading = frozenset(self._partitions) if self._realtime else None
 
+    def partitions(self) -> int:
+        """The ingest partitions listed when the query started (real-time mode; else 0)."""
+        return sum(self._partitions.values())
+
     def reading(self) -> Collection[str] | None:
         """In real-time mode, the ingest topics listed when the query started (it reads every
         partition it was started with); None otherwise."""
@@ -317,6 +340,8 @@ class OperatorRun:
 
     def start_query(self) -> StreamingQuery:
         self._inputs.take()
+        if self._settings.ingest_mode == "real-time":
+            self._check_slots(self._inputs.partitions())
         query = start_query(
             self._spark,
             self._settings,
@@ -336,6 +361,22 @@ class OperatorRun:
 
     def changed(self) -> bool:
         return self._inputs.changed()
+
+    def _check_slots(self, partitions: int) -> None:
+        """Raises when the real-time query could not get its slots: :class:`SlotsShort` on a
+        local master (the session is built again, larger), a clear failure on a cluster."""
+        needed = slots_needed(self._settings, partitions)
+        slots = self._spark.sparkContext.defaultParallelism
+        if needed <= slots:
+            return
+        if is_local_master(self._settings.spark_master):
+            raise SlotsShort(partitions, needed, slots)
+        raise RuntimeError(
+            f"real-time mode needs {needed} task slots ({partitions} ingest partitions and "
+            f"{self._settings.spark_shuffle_partitions} shuffle partitions), and the cluster's "
+            f"executors have {slots} cores: give them more cores, or set "
+            f"SETU_INGEST_MODE=micro-batch"
+        )
 
     def reading(self) -> Collection[str] | None:
         """The ingest topics the running query reads, in real-time mode (its progress comes

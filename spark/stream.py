@@ -37,8 +37,12 @@ from setu.envelope import (
 from setu.limits import MessageLimits
 from setu.names import INGEST_SUFFIX, PRODUCER_MARKS_TOPIC
 from setu.settings import Settings
-from spark.processor import partition_cap
+from spark.dedup import partition_cap
 from spark.rejects import routed_columns
+
+# How long the broker may park a real-time task's fetch on a partition with nothing new (Kafka's
+# default).
+REALTIME_FETCH_WAIT_MS = 500
 
 MARKS_TOPIC = PRODUCER_MARKS_TOPIC
 """The compacted changelog of producer marks (:data:`setu.names.PRODUCER_MARKS_TOPIC`)."""
@@ -207,6 +211,10 @@ def start(
     if realtime:
         # Real-time mode reads each partition as it comes; it refuses a per-batch bound.
         options.pop("maxOffsetsPerTrigger")
+        # Its tasks poll all the time: a fetch the broker parks on a quiet partition returns as
+        # soon as a record arrives, so a long park costs no latency, and a short one had every
+        # idle partition's consumer ask the broker 100 times a second.
+        options["kafka.fetch.max.wait.ms"] = str(REALTIME_FETCH_WAIT_MS)
     raw = spark.readStream.format("kafka").options(**options).load()
     rows = without_retired(operator_rows(raw), retired())
     kept = deduplicated(

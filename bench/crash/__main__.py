@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--ingest-mode",
-        choices=("python", "micro-batch", "real-time"),
+        choices=("micro-batch", "real-time"),
         help="how the ingest job runs (SETU_INGEST_MODE, docs/ingest.md); default: Setu's",
     )
     return parser

@@ -26,7 +26,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # killed broker takes everything down with it for its restart (~20 s), so it dies less often.
 MIN_UPTIME_S = {"api": 2.0, "ingest": 25.0, "deliver": 3.0, "producer": 2.0, "spark": 30.0}
 # Each executor of the cluster mode: one core, a small heap (the state is small).
-SPARK_EXECUTOR_CONF = {"spark.executor.memory": "512m", "spark.executor.cores": "1"}
+# One executor per worker, with all its slots (LocalSparkCluster.cores).
+SPARK_EXECUTOR_CONF = {"spark.executor.memory": "512m"}
 BROKER_MIN_UPTIME_S = {"kafka": 120.0, "redis": 45.0}
 
 

@@ -16,7 +16,6 @@ import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming.query import StreamingQuery
 
 from cli.processes import ChildSpec
 from setu import names
@@ -25,12 +24,12 @@ from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
 from setu.model import Topic
 from setu.settings import Settings
 from spark import job
-from spark.marks import MarkPublisher
+from spark.dedup import ProducerMark, encode_marks
+from spark.dedup_state import PartitionMarks
 from spark.metrics import IngestMetrics
 from state import keys
 from state.kafka_admin import KafkaTopics
 from state.producer_marks import parse_mark
-from state.retired_topics import RetiredTopics
 from tests import waiting
 
 
@@ -46,7 +45,7 @@ def ingest_child(
     master: str,
     pattern: str,
     conf: Mapping[str, str],
-    mode: str = "python",
+    mode: str = "real-time",
     metrics_port: int | None = None,
     env: Mapping[str, str] | None = None,
 ) -> ChildSpec:
@@ -250,22 +249,14 @@ class IngestWorld:
         self.redis.srem(keys.retired_ingest_topics(), ingest)
 
     @contextmanager
-    def running_job(
-        self, settings: Settings, limits: Callable[[], Mapping[str, int]] = dict
-    ) -> Iterator[StreamingQuery]:
-        query = self.start_job(settings, limits)
-        try:
-            yield query
-        finally:
-            job.stop_between_batches(query)
-
-    def start_job(
-        self, settings: Settings, limits: Callable[[], Mapping[str, int]] = dict
-    ) -> StreamingQuery:
-        publisher = MarkPublisher(self.redis)
-        pattern = job.project_pattern(self.project)
-        retired = RetiredTopics(self.redis)
-        return job.start(self.spark, settings, publisher, pattern, self.metrics, limits, retired)
+    def running_job(self, settings: Settings) -> Iterator[None]:
+        """``setu ingest``'s query and its helpers (:func:`spark.job.serve`) on the shared
+        session, reading this project's ingest topics only, until the block ends."""
+        settings = settings.model_copy(
+            update={"spark_ingest_pattern": job.project_pattern(self.project)}
+        )
+        with job.serving(self.spark, settings, self.redis, self.metrics):
+            yield
 
     def close(self) -> None:
         for consumer in self.consumers:
@@ -280,3 +271,29 @@ class IngestWorld:
             if retired.decode().startswith(f"setu.{self.project}."):
                 self.redis.srem(keys.retired_ingest_topics(), retired)
         self.redis.close()
+
+
+def earlier_checkpoint(
+    checkpoint: str,
+    ingest: str,
+    ends: Mapping[int, int],
+    marks: Mapping[str, Mapping[int, int]],
+    seen_ms: int,
+) -> None:
+    """Writes the checkpoint the Python micro-batch job of earlier versions left at
+    ``checkpoint`` (:mod:`spark.dedup_state`, :mod:`spark.migration`): its batch 0 committed,
+    having read ``ingest``'s partitions up to ``ends`` (partition -> next offset) and accepted
+    ``marks`` (producer -> partition -> highest sequence) at ``seen_ms``."""
+    by_partition: dict[int, dict[tuple[str, str], ProducerMark]] = {}
+    for producer, partitions in marks.items():
+        for partition, sequence in partitions.items():
+            mark = ProducerMark({partition: sequence}, seen_ms, 0)
+            by_partition.setdefault(partition, {})[(ingest, producer)] = mark
+    for partition, held in by_partition.items():
+        PartitionMarks(checkpoint).save(ingest, partition, 0, encode_marks(held))
+    root = Path(checkpoint)
+    (root / "offsets").mkdir(parents=True)
+    (root / "commits").mkdir()
+    offsets = json.dumps({ingest: {str(p): end for p, end in ends.items()}})
+    (root / "offsets" / "0").write_text(f"v1\n{{}}\n{offsets}")
+    (root / "commits" / "0").write_text("v1\n{}")

@@ -74,7 +74,8 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 def ingest_spec(world: IngestWorld, cluster: Cluster, tmp_path: Path) -> ChildSpec:
     # The checkpoint (in tmp_path) stands in for storage every executor reaches, a shared
     # file system: the workers run on this machine.
-    conf = {"spark.executor.memory": "512m", "spark.executor.cores": "1"}
+    # One executor per worker, with all its slots: real-time mode holds one per partition.
+    conf = {"spark.executor.memory": "512m"}
     pattern = job.project_pattern(world.project)
     return ingest_child(world, tmp_path, master=cluster.spec.master_url, pattern=pattern, conf=conf)
 

@@ -1,24 +1,20 @@
-"""The ingest job end to end: ingest topic -> Spark -> main log (+ producer marks in Redis)."""
+"""The ingest job end to end (``spark.job.serve`` in real-time mode, Setu's default): ingest topic
+-> Spark -> main log (+ producer marks in Redis)."""
 
 from __future__ import annotations
 
-import base64
 import itertools
-import json
 import threading
 import time
 from collections import defaultdict
 
 import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
-from pyspark.sql import DataFrame
 
 from setu import names
-from setu.envelope import H_INGEST_OFFSET, H_INGEST_PARTITION, Envelope
+from setu.envelope import H_INGEST_OFFSET, H_INGEST_PARTITION
 from spark import job
-from spark.marks import MarkPublisher
-from spark.metrics import IngestMetrics
-from spark.processor import SHARES
+from spark.dedup import SHARES
 from spark.rejects import REASON_HEADER
 from spark.topics import MainTopicGuard
 from state.kafka_admin import topic_config
@@ -89,8 +85,8 @@ def test_each_group_keeps_ingest_order_with_many_interleaved_producers(
     world.flush()
     log = world.main_log("orders")
 
-    # When the job reads them in many small batches
-    with world.running_job(world.settings(spark_max_offsets_per_trigger=300)):
+    # When the job reads them
+    with world.running_job(world.settings()):
         log.wait_for_ids({m for ids in expected.values() for m in ids})
 
     # Then every group is in the main log exactly once per message, in produce order
@@ -115,17 +111,17 @@ def test_restarted_query_loses_nothing_and_replays_exactly(world: IngestWorld) -
         world.flush()
 
     log = world.main_log("k")
-    settings = world.settings(spark_max_offsets_per_trigger=150)
+    settings = world.settings()
     writer = threading.Thread(target=produce)
-    query = world.start_job(settings)
-    writer.start()
+    with world.running_job(settings):
+        writer.start()
 
-    def some_written() -> bool:
-        log.poll()
-        return len(log.records) >= 300
+        def some_written() -> bool:
+            log.poll()
+            return len(log.records) >= 300
 
-    wait_for("a first part of the stream", some_written)
-    query.stop()  # interrupts the running batch: it is replayed after the restart
+        wait_for("a first part of the stream", some_written)
+    # (the stop ends the running batch uncommitted: what it wrote is replayed after the restart)
 
     # When the job restarts from its checkpoint
     with world.running_job(settings):
@@ -181,16 +177,20 @@ def test_idle_producers_expire_and_the_tracked_number_is_bounded(world: IngestWo
 
 
 def test_topic_created_while_the_job_runs_is_picked_up(world: IngestWorld) -> None:
-    # Given a job running before the project has any topic
+    # Given a job running, seen to write the project's first topic
+    world.create_topic("first")
+    first = world.main_log("first")
     settings = world.settings(spark_topic_refresh_ms=1000)
-    with world.running_job(settings) as query:
-        wait_for("the first trigger", lambda: query.lastProgress is not None)
+    with world.running_job(settings):
+        world.send("first", "f1")
+        world.flush()
+        first.wait_for_ids({"f1"})
         # When a topic is created and written to
         world.create_topic("late")
         log = world.main_log("late")
         world.send("late", "x1", "g", "p", 0)
         world.flush()
-        # Then its messages reach the main log without a restart
+        # Then its messages reach the main log without a restart of the job
         log.wait_for_ids({"x1"})
         wait_for("mark 0", lambda: world.mark("late", "p") == 0)
 
@@ -237,7 +237,7 @@ def test_a_record_its_main_topic_cannot_take_is_set_aside_and_ingest_goes_on(
         rejects = world.log_of(rejects_topic)
         # When a producer sends a small message, one of 10 KB and another small one to t, and
         # one to u
-        with world.running_job(settings, guard.limits):
+        with world.running_job(settings):
             world.send("t", "s1", "g", "p", 0)
             world.send("t", "big", "g", "p", 1, body=b"b" * 10_000)
             world.send("t", "s2", "g", "p", 2)
@@ -263,48 +263,26 @@ def ingest_of(topic: str, world: IngestWorld) -> str:
     return names.ingest_topic(world.project, topic)
 
 
-def batch_of(world: IngestWorld, messages: list[tuple[str, str]]) -> DataFrame:
-    """A micro-batch as the source hands it to the writer (:func:`spark.job.with_identity`):
-    (Setu topic, message id), no producer ids."""
-    rows = []
-    for offset, (topic, message_id) in enumerate(messages):
-        envelope = Envelope(message_id, message_id.encode(), group_id="g")
-        headers = [
-            {"key": name, "value": base64.b64encode(value or b"").decode()}
-            for name, value in envelope.kafka_headers()
-        ]
-        ingest = names.ingest_topic(world.project, topic)
-        row = (ingest, 0, offset, envelope.body, json.dumps(headers), envelope.key)
-        rows.append((*row, None, -1, 0, int(time.time() * 1000)))
-    schema = (
-        "topic string, partition int, offset long, value binary, headers string, key binary, "
-        "producer string, seq long, incarnation long, record_ms long"
-    )
-    return world.spark.createDataFrame(rows, schema)
-
-
 def test_a_hot_topics_backlog_does_not_hold_a_quiet_topic_back(world: IngestWorld) -> None:
-    # Given a hot topic with a backlog of 12 batches (1,000 records a batch)
+    # Given a hot topic with a backlog of 100,000 records
     world.create_topic("hot")
     world.create_topic("quiet")
-    for n in range(12_000):
+    backlog = 100_000
+    for n in range(backlog):
         world.send("hot", f"h{n}", f"g{n % 50}")
     world.flush()
     hot = world.main_log("hot")
     quiet = world.main_log("quiet")
-    with world.running_job(world.settings(spark_max_offsets_per_trigger=1_000)):
+    with world.running_job(world.settings()):
         hot.wait_for_ids({"h0"})
         # When a quiet topic gets one message while the backlog drains
         world.send("quiet", "q1", "g1")
         world.flush()
-        written = world.main_size("hot")
         quiet.wait_for_ids({"q1"})
-        # Then it is written with the batch in progress or the next one (each partition with
-        # records waiting gets a share of every batch), not after the backlog. Seeing it takes
-        # a poll, in which a loaded machine may write part of one batch more: hence 3,000.
-        assert world.main_size("hot") - written <= 3_000
-        assert world.main_size("hot") < 12_000
-        hot.wait_for_ids({f"h{n}" for n in range(12_000)})
+        # Then it is written while the backlog is still being written: each ingest partition is
+        # read by a task of its own, and no bound of a batch shares them out
+        assert world.main_size("hot") < backlog
+        hot.wait_for_ids({f"h{n}" for n in range(backlog)}, 300)
 
 
 def test_a_topic_deleted_and_created_again_starts_without_its_old_producers(
@@ -357,28 +335,3 @@ def test_messages_reaching_a_deleted_topics_kept_ingest_log_are_skipped(
     listed = world.admin.list_topics(timeout=10).topics
     assert names.main_topic(world.project, "a") not in listed
     assert a.ids() == ["a1"]
-
-
-def test_a_batch_holding_messages_of_a_topic_deleted_meanwhile_is_written_without_them(
-    world: IngestWorld,
-) -> None:
-    # Given topic b, and topic a deleted through the API (its ingest and main topics) after
-    # the batch read a message of it
-    world.create_topic("a")
-    world.create_topic("b")
-    gone = [names.ingest_topic(world.project, "a"), names.main_topic(world.project, "a")]
-    for future in world.admin.delete_topics(gone).values():
-        future.result(timeout=30)
-    wait_for("a to go", lambda: not set(gone) & set(world.admin.list_topics(timeout=10).topics))
-    batch = batch_of(world, [("b", "b1"), ("a", "a1"), ("b", "b2")])
-    settings = world.settings()
-    writer = job.BatchWriter(
-        settings,
-        job.new_dedup(world.spark, settings),
-        MarkPublisher(world.redis),
-        IngestMetrics(),
-    )
-    # When the batch is written
-    writer(batch, 1)
-    # Then b's messages are in its main log (the batch once failed the query for every topic)
-    world.main_log("b").wait_for_ids({"b1", "b2"})

@@ -1,9 +1,11 @@
-"""``setu ingest`` in the operator's modes (spark/operator_job.py, decision 0008), as a process of
-its own: it takes over from the checkpoint the ``python`` mode left with nothing lost or doubled,
-and the producer marks reach Redis, and come back when Redis forgets them, from the changelog."""
+"""``setu ingest`` in both its modes (spark/operator_job.py, decisions 0008 and 0009), as a process
+of its own: it takes over from the checkpoint the Python micro-batch job of earlier versions left
+with nothing lost or doubled, and the producer marks reach Redis, and come back when Redis
+forgets them, from the changelog."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -15,10 +17,11 @@ from pyspark.sql import SparkSession
 
 from cli.ports import any_free_port
 from cli.processes import Child
-from spark.migration import last_committed
+from setu import names
+from setu.partitioner import partition_for
 from state import keys
 from state.producer_marks import ProducerMarks
-from tests.integration.spark.support import IngestWorld, ingest_child, wait_for
+from tests.integration.spark.support import IngestWorld, earlier_checkpoint, ingest_child, wait_for
 
 pytestmark = [pytest.mark.spark]
 
@@ -30,14 +33,6 @@ def world(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> Iterator[Inge
     yield world
     world.redis.set(keys.producer_marks_loaded(), "1")
     world.close()
-
-
-def committed_records(checkpoint: str) -> int:
-    """How many ingest records the python mode's committed batches read."""
-    committed = last_committed(checkpoint)
-    if committed is None:
-        return 0
-    return sum(offset for parts in committed.offsets.values() for offset in parts.values())
 
 
 def run_ingest(
@@ -87,34 +82,32 @@ def batches(port: int) -> float:
 
 
 @pytest.mark.parametrize("mode", ["micro-batch", "real-time"])
-def test_the_operator_takes_over_from_the_python_mode_with_nothing_lost_or_doubled(
+def test_the_job_takes_over_an_earlier_versions_checkpoint_with_nothing_lost_or_doubled(
     world: IngestWorld, tmp_path: Path, mode: str
 ) -> None:
-    # Given the python mode accepted p's sequences 1..3 and q's 1, over two partitions
+    # Given an earlier version's job accepted p's sequences 1..3 (group g1) and q's 1 (g2), on
+    # the two partitions of topic t, and committed that batch
     world.create_topic("t", partitions=2)
     for sequence in (1, 2, 3):
         world.send("t", f"p{sequence}", producer_id="p", sequence_id=sequence, group_id="g1")
     world.send("t", "q1", producer_id="q", sequence_id=1, group_id="g2")
     world.flush()
-    log = world.main_log("t")
-    python = run_ingest(world, tmp_path, "python")
-    try:
-        log.wait_for_ids({"p1", "p2", "p3", "q1"}, 180)
-        wait_for("p's mark", lambda: world.mark("t", "p") == 3, 60)
-        # (stopped once its batch is committed: an uncommitted one is read again, and its
-        # records reach the main log twice, for delivery to skip as a replay)
-        checkpoint = str(tmp_path / "checkpoint")
-        wait_for("the batch committed", lambda: committed_records(checkpoint) == 4, 60)
-    finally:
-        python.stop()
-    # When p resends 3 and sends 4 while no job runs, and the job starts in the operator's mode
+    ingest = names.ingest_topic(world.project, "t")
+    p_at, q_at = (partition_for(group.encode(), 2) for group in ("g1", "g2"))
+    assert p_at != q_at
+    ends = {p_at: 3, q_at: 1}
+    marks = {"p": {p_at: 3}, "q": {q_at: 1}}
+    earlier_checkpoint(str(tmp_path / "checkpoint"), ingest, ends, marks, int(time.time() * 1000))
+    # When p resends 3 and sends 4 while no job runs, and this version's job starts
     world.send("t", "p3", producer_id="p", sequence_id=3, group_id="g1")
     world.send("t", "p4", producer_id="p", sequence_id=4, group_id="g1")
     world.flush()
+    log = world.main_log("t")
     port = any_free_port()
-    operator = run_ingest(world, tmp_path, mode, metrics_port=port)
+    job = run_ingest(world, tmp_path, mode, metrics_port=port)
     try:
-        # Then p4 reaches the main log, and the resend of p3 does not (the seeded state)
+        # Then p4 reaches the main log, and neither what the earlier job read nor the resend of
+        # p3 does (the state seeded from its marks)
         log.wait_for_ids({"p4"}, 180)
         wait_for("p's mark", lambda: world.mark("t", "p") == 4, 60)
         # And the metrics count both within seconds
@@ -129,13 +122,43 @@ def test_the_operator_takes_over_from_the_python_mode_with_nothing_lost_or_doubl
         wait_for("p5 counted", lambda: decided(port) == (2, 1), 20)
         if mode == "real-time":
             assert batches(port) == ended
-        assert sorted(log.ids()) == ["p1", "p2", "p3", "p4", "p5", "q1"]
-        # And when Redis forgets every mark, they come back: q's too, which the operator never
-        # saw a message of (the take-over wrote the seeded marks to the changelog)
+        assert log.ids() == ["p4", "p5"]
+        # And when Redis forgets every mark, they come back: q's too, which this job never saw
+        # a message of (the take-over wrote the seeded marks to the changelog)
         world.redis.delete(keys.producer_marks(world.project, "t"), keys.producer_marks_loaded())
         wait_for("the marker", lambda: ProducerMarks(world.redis).all_loaded(), 60)
         assert world.mark("t", "p") == 5
         assert world.mark("t", "q") == 1
-        assert operator.running(), operator.log_tail()
+        assert job.running(), job.log_tail()
     finally:
-        operator.stop()
+        job.stop()
+
+
+def test_a_topic_that_takes_the_job_past_its_task_slots_is_read_once_it_has_more(
+    world: IngestWorld, tmp_path: Path
+) -> None:
+    # Given the job in real-time mode on a local master of 4 threads, and no topic yet
+    spec = ingest_child(
+        world,
+        tmp_path,
+        master="local[2]",
+        pattern=f"^setu\\.{world.project}\\.[a-z0-9-]+\\.ingest$",
+        conf={},
+        env={"SETU_SPARK_REALTIME_SLOTS": "4"},
+    )
+    job = Child(spec)
+    job.start()
+    try:
+        # When a topic of 4 partitions is created (4 partitions and 2 shuffle partitions: 6
+        # slots) and written to
+        world.create_topic("wide", partitions=4)
+        log = world.main_log("wide")
+        for n in range(8):
+            world.send("wide", f"w{n}", group_id=f"g{n}")
+        world.flush()
+        # Then the job starts Spark again with more threads, and every message gets through
+        log.wait_for_ids({f"w{n}" for n in range(8)}, 180)
+        assert "starting Spark again with more" in job.log_tail(400)
+        assert job.running(), job.log_tail()
+    finally:
+        job.stop()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -15,10 +14,8 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from setu.settings import Settings
 from spark import job, stream
-from spark.dedup import ProducerMark, encode_marks
-from spark.dedup_state import PartitionMarks
 from spark.migration import last_committed, seed_marks, starting_offsets
-from tests.integration.spark.support import IngestWorld, wait_for
+from tests.integration.spark.support import IngestWorld, earlier_checkpoint, wait_for
 
 
 @contextmanager
@@ -131,14 +128,7 @@ def test_a_query_taking_over_from_the_micro_batch_job_loses_and_doubles_nothing(
     ingest = f"setu.{world.project}.t.ingest"
     settings = world.settings()
     old = settings.resolved_checkpoint_dir()
-    seen_ms = int(time.time() * 1000)
-    PartitionMarks(old).save(
-        ingest, 0, 0, encode_marks({(ingest, "p"): ProducerMark({0: 5}, seen_ms, 0)})
-    )
-    (Path(old) / "offsets").mkdir(parents=True)
-    (Path(old) / "commits").mkdir()
-    (Path(old) / "offsets" / "0").write_text(f'v1\n{{}}\n{{"{ingest}":{{"0":1}}}}')
-    (Path(old) / "commits" / "0").write_text("v1\n{}")
+    earlier_checkpoint(old, ingest, {0: 1}, {"p": {0: 5}}, int(time.time() * 1000))
     world.send("t", "a5", producer_id="p", sequence_id=5)
     world.send("t", "a5", producer_id="p", sequence_id=5)  # the producer's resend
     world.send("t", "a6", producer_id="p", sequence_id=6)

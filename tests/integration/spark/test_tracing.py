@@ -1,6 +1,6 @@
 """One message's trace through the real pieces: the API (in process, real Kafka), the ingest
-job (real Spark) and a webhook call (real HTTP), its spans read from the SDK's in-memory
-exporter (setu/tracing.py, docs/latency.md "Tracing")."""
+job (real Spark, which carries the trace context through) and a webhook call (real HTTP), its
+spans read from the SDK's in-memory exporter (setu/tracing.py, docs/latency.md "Tracing")."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from setu.envelope import Envelope
 from setu.model import Endpoint, Subscription
 from setu.outcome import Verdict
 from tests.integration.api.support import drop_project, running_api
-from tests.integration.spark.support import IngestWorld, wait_for
+from tests.integration.spark.support import IngestWorld
 
 # The producer's own trace: its span id becomes the parent of Setu's produce span.
 USER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -105,10 +105,6 @@ def test_one_message_is_one_trace_from_the_producer_to_the_webhook(
         log = world.main_log("t")
         with world.running_job(world.settings()):
             log.wait_for_ids({"m1"})
-            wait_for(
-                "the batch's span",
-                lambda: "ingest batch" in [s.name for s in spans.get_finished_spans()],
-            )
         envelope = log.records[0][2]
         verdict, call = asyncio.run(call_webhook(envelope, world.project))
     finally:
@@ -126,10 +122,6 @@ def test_one_message_is_one_trace_from_the_producer_to_the_webhook(
     produce_context = f"00-{USER_TRACE}-{produced.context.span_id:016x}-01"
     assert envelope.traceparent == produce_context
     assert all(name != "traceparent" for name, _ in envelope.headers)
-    # And the ingest batch's span links to it
-    batch = one(finished, "ingest batch")
-    assert [link.context.span_id for link in batch.links] == [produced.context.span_id]
-    assert batch.attributes is not None and batch.attributes["setu.ingest.accepted"] == 1
     # And the webhook call is a child of the produce span, and the webhook saw the call's own
     # span as its parent: the endpoint's spans join the producer's trace
     delivered = one(finished, "deliver hook")

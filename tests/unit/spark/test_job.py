@@ -11,7 +11,6 @@ import pytest
 from setu.settings import Settings
 from spark import job
 from spark.job import (
-    ARROW_MAX_BATCH_BYTES,
     LOCAL_CHECKPOINT_FILE_MANAGER,
     CheckpointLayoutError,
     check_checkpoint,
@@ -52,28 +51,17 @@ def test_a_remote_checkpoint_keeps_spark_default_file_manager() -> None:
     assert MANAGER not in conf
 
 
-def test_on_a_cluster_the_executors_run_this_python_and_spark_conf_has_the_last_word() -> None:
-    import sys
-
+def test_on_a_cluster_spark_conf_has_the_last_word_and_no_python_is_shipped() -> None:
     conf = session_config(
         Settings(
             spark_master="spark://master:7077",
             spark_conf={"spark.executor.memory": "4g", "spark.sql.shuffle.partitions": "8"},
         )
     )
-    assert conf["spark.pyspark.python"] == sys.executable
     assert conf["spark.executor.memory"] == "4g"
     assert conf["spark.sql.shuffle.partitions"] == "8"
-    assert "spark.pyspark.python" not in session_config(Settings(spark_master="local[2]"))
-
-
-def test_a_chunk_into_the_dedup_step_is_bounded_in_bytes_and_spark_conf_can_change_it() -> None:
-    # Given the default settings, then a chunk holds at most a few tens of MiB, whatever the
-    # number of records in it
-    key = "spark.sql.execution.arrow.maxBytesPerBatch"
-    assert int(session_config(Settings())[key]) == ARROW_MAX_BATCH_BYTES <= 64 * 1024 * 1024
-    # And an operator can set another bound
-    assert session_config(Settings(spark_conf={key: "8388608"}))[key] == "8388608"
+    # (every step of the query runs on the JVM: the executors need no Python)
+    assert "spark.pyspark.python" not in conf
 
 
 @pytest.mark.parametrize(("max_message_bytes", "records"), [(1024 * 1024, 30), (1024, 500)])
@@ -86,26 +74,6 @@ def test_a_poll_of_the_source_holds_a_bounded_number_of_bytes(
         Settings(kafka_bootstrap="k:9092", max_message_bytes=max_message_bytes)
     )
     assert int(options["kafka.max.poll.records"]) == records == poll_records(max_message_bytes)
-
-
-def test_the_code_shipped_to_executors_holds_every_module_they_import(tmp_path: Path) -> None:
-    import zipfile
-
-    class Context:
-        added: list[str] = []
-
-        def addPyFile(self, path: str) -> None:  # noqa: N802 (Spark's name)
-            self.added.append(path)
-
-    class Session:
-        sparkContext = Context()  # noqa: N815 (Spark's name)
-
-    archive = job.ship_code(Session(), tmp_path)  # type: ignore[arg-type]
-    assert Session.sparkContext.added == [str(archive)]
-    names = set(zipfile.ZipFile(archive).namelist())
-    # The dedup function and the accumulators' types, and what they import
-    assert {"spark/processor.py", "spark/dedup.py", "spark/marks.py", "spark/metrics.py"} <= names
-    assert {"setu/names.py", "setu/metrics.py", "state/keys.py", "setu/__init__.py"} <= names
 
 
 def state_metadata(checkpoint: Path, operator: str, version: int = 1) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from spark.marks import HighsParam, MarkPublisher, by_topic, merge_highs
+from spark.marks import MarkPublisher, by_topic, merge_highs
 
 
 def test_merge_keeps_the_highest_sequence_per_producer() -> None:
@@ -23,15 +23,6 @@ def test_a_newer_topic_incarnation_wins_over_a_higher_sequence() -> None:
     assert into == {("t", "a"): (2, 3)}
     merge_highs(into, {("t", "a"): (1, 60)})
     assert into == {("t", "a"): (2, 3)}
-
-
-def test_accumulator_is_indifferent_to_retried_tasks() -> None:
-    # Given a task's highs added twice (a retried task), in either order
-    param = HighsParam()
-    task = {("t", "a"): (1, 7)}
-    once = param.addInPlace(param.zero({}), task)
-    twice = param.addInPlace(param.addInPlace(param.zero({}), task), dict(task))
-    assert once == twice == {("t", "a"): (1, 7)}
 
 
 def test_highs_are_grouped_by_ingest_topic() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import urllib.request
 from typing import Any
 
-from spark.metrics import CountsParam, IngestMetrics, offsets_behind
+from spark.metrics import IngestMetrics, offsets_behind
 from tests.unit.spark.scrapes import labels, samples
 
 
@@ -67,14 +67,6 @@ def test_lag_is_the_largest_over_sources_that_report_it() -> None:
     assert offsets_behind(progress(None, "3", "9.0")) == 9
     assert offsets_behind(progress(None)) is None
     assert offsets_behind({}) is None
-
-
-def test_counts_accumulate_as_a_sum_per_topic() -> None:
-    param = CountsParam()
-    total = param.zero({})
-    total = param.addInPlace(total, {"a": (1, 2)})
-    total = param.addInPlace(total, {"a": (3, 0), "b": (0, 1)})
-    assert total == {"a": (4, 2), "b": (0, 1)}
 
 
 def test_metrics_are_served_over_http() -> None:

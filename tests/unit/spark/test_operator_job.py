@@ -60,6 +60,9 @@ def test_real_time_mode_asks_a_local_master_for_its_slots_and_a_short_shuffle_wa
     realtime = Settings(ingest_mode="real-time", spark_realtime_slots=40)
     conf = session_overrides(realtime)
     assert conf["spark.master"] == "local[40]"
+    # (and twice what the ingest partitions there are need, when that is more: 30 partitions
+    # and 2 shuffle partitions)
+    assert session_overrides(realtime, partitions=30)["spark.master"] == "local[64]"
     assert conf["spark.shuffle.streaming.networkBufferMaxWaitTimeMs"] == "5"
     # (the running tasks' counts reach the metrics with each heartbeat)
     assert conf["spark.executor.heartbeatInterval"] == "2s"
