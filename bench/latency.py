@@ -39,7 +39,8 @@ docs/ingest.md), one after the other in the same run, and writes them side by si
 
 Targets (docs/latency.md; 2-core machine, everything on it): end to end p95 <= 100 ms and
 p99 <= 400 ms at 200 msg/s, p99 <= 500 ms at 1,000 msg/s; the ingest job's cores <= 0.4 at
-200 msg/s; a new topic's first message delivered within 10 s of its creation. Figures are printed and written as JSON under bench/results/.
+200 msg/s; a new topic's first message delivered within 10 s of its creation.
+Figures are printed and written as JSON under bench/results/.
 """
 
 from __future__ import annotations

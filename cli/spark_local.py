@@ -61,7 +61,7 @@ class LocalSparkCluster:
     # Task slots each worker offers, not processor cores: in real-time mode every ingest
     # partition and every shuffle partition holds a slot for the whole batch, a task that mostly
     # waits on Kafka (docs/ingest.md, "Slots").
-    cores: int = 16
+    cores: int = 64
     memory: str = "1g"
     host: str = LOOPBACK
 

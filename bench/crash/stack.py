@@ -133,8 +133,10 @@ def setu_specs(layout: StackLayout) -> list[ComponentSpec]:
 
     default_checkpoint = str(layout.data_dir / "spark" / "checkpoint")
     checkpoint = env.get("SETU_SPARK_CHECKPOINT_DIR") or default_checkpoint
-    # The ingest job is killed again only after it committed a batch since its restart.
-    ingest = replace(spec("ingest", "ingest", "ingest"), progress_dir=Path(checkpoint) / "commits")
+    # The ingest job is killed again only after it committed a batch since its restart (its
+    # query's checkpoint is the "operator" folder: spark.operator_job.OPERATOR_FOLDER).
+    commits = Path(checkpoint) / "operator" / "commits"
+    ingest = replace(spec("ingest", "ingest", "ingest"), progress_dir=commits)
     specs = [spec("api", "api", "api"), ingest]
     for n in range(1, layout.workers + 1):
         specs.append(spec(f"deliver-{n}", "deliver", "deliver", SETU_WORKER_ID=f"deliver-{n}"))

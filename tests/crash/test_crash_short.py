@@ -45,6 +45,9 @@ def test_nothing_accepted_is_lost_reordered_corrupted_or_duplicated_under_kills(
         # Redis forgets everything now and then, and the webhook receiver dies too
         faults=("redis-flush",),
         kill_receiver=True,
+        # The ingest job is killed only after it committed a batch since it started: batches
+        # of 10 s (30 by default) let the run kill it a few times, always mid-batch
+        extra_env={"SETU_SPARK_REALTIME_BATCH_S": "10"},
     )
     if os.environ.get("SETU_CRASH_SEED"):
         # Replays a failed run's choices (its seed is in the report).
@@ -61,6 +64,7 @@ def test_nothing_accepted_is_lost_reordered_corrupted_or_duplicated_under_kills(
     kills = report["chaos"]["kills_by_component"]
     for kind in ("api", "ingest", "deliver", "producer", "receiver"):
         assert sum(n for name, n in kills.items() if name.startswith(kind)) >= 1, kind
+    assert kills["ingest"] >= 2
     assert report["faults_by_kind"]["redis-flush"] >= 1
     assert report["accepted"] >= 2_500
     # And three lanes streamed (docs/streaming.md) through the API's kills
