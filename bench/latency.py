@@ -26,9 +26,10 @@ Per message, from clocks of this one machine:
 
 The finer split comes from the services' own histograms, read before and after each phase
 (quantiles interpolated within buckets, as Prometheus's ``histogram_quantile``):
-``setu_delivery_main_wait_seconds`` (main-log record -> read by the
-worker), ``setu_delivery_dispatch_seconds`` (read -> call sent) and
-``setu_delivery_call_duration_seconds``; a service without one reports it as missing.
+``setu_ingest_batch_seconds`` (a real-time batch: the checkpoint interval),
+``setu_delivery_ingest_seconds`` (produce -> main-log record), ``setu_delivery_main_wait_seconds``
+(main-log record -> read by the worker), ``setu_delivery_dispatch_seconds`` (read -> call sent)
+and ``setu_delivery_call_duration_seconds``; a service without one reports it as missing.
 
 Each phase also reports how many cores each process (with its children) kept busy. After the
 phases a topic is created and a message produced to it every 0.2 s until one is delivered: how
@@ -100,6 +101,7 @@ NEW_TOPIC_S = 10.0
 HISTOGRAMS = {
     "ingest": [("setu_ingest_batch_seconds", "ingest_batch")],
     "deliver": [
+        ("setu_delivery_ingest_seconds", "ingest_at_worker"),
         ("setu_delivery_main_wait_seconds", "main_wait"),
         ("setu_delivery_dispatch_seconds", "dispatch"),
         ("setu_delivery_call_duration_seconds", "webhook_call"),

@@ -6,8 +6,10 @@ and label value below):
 
 - ``setu_delivery_calls_total{result}``: webhook calls by verdict (``delivered``, ``retry``,
   ``dead_letter``), and ``setu_delivery_call_duration_seconds``: how long they took.
-- Latency histograms (docs/latency.md): ``setu_delivery_main_wait_seconds`` (a main-log
-  record's timestamp to the worker reading it), ``setu_delivery_dispatch_seconds`` (read to its
+- Latency histograms (docs/latency.md): ``setu_delivery_ingest_seconds`` (produced, as the
+  API stamped it, to its main-log record's timestamp: the ingest job's part; a record the
+  job wrote again after a restart counts again, late), ``setu_delivery_main_wait_seconds`` (a
+  main-log record's timestamp to the worker reading it), ``setu_delivery_dispatch_seconds`` (read to its
   first call sent: the wait behind its group and for a free call slot) and
   ``setu_delivery_end_to_end_seconds`` (produced, as the API stamped it, to the 2xx).
 - ``setu_delivery_moves_total{tier, kind}``: copies written to a retry tier or the DLQ, by
@@ -99,6 +101,7 @@ class SubscriptionMetrics:
         self.labels = [project, subscription]
         self.calls = {"delivered": 0, "retry": 0, "dead_letter": 0}
         self.call_seconds = Buckets(CALL_BUCKETS)
+        self.ingest_seconds = Buckets(LATENCY_BUCKETS)
         self.main_wait_seconds = Buckets(LATENCY_BUCKETS)
         self.dispatch_seconds = Buckets(LATENCY_BUCKETS)
         self.end_to_end_seconds = Buckets(LATENCY_BUCKETS)
@@ -180,6 +183,11 @@ class _Totals(Collector):
         )
         latencies = [
             HistogramMetricFamily(
+                "setu_delivery_ingest_seconds",
+                "From a message's produce to its main-log record's timestamp (the ingest job).",
+                labels=labels,
+            ),
+            HistogramMetricFamily(
                 "setu_delivery_main_wait_seconds",
                 "From a main-log record's timestamp to the worker reading it.",
                 labels=labels,
@@ -251,7 +259,12 @@ class _Totals(Collector):
             for verdict, n in list(sub.calls.items()):
                 calls.add_metric([*key, verdict], n)
             seconds.add_metric(key, sub.call_seconds.cumulative(), sub.call_seconds.sum)
-            timings = (sub.main_wait_seconds, sub.dispatch_seconds, sub.end_to_end_seconds)
+            timings = (
+                sub.ingest_seconds,
+                sub.main_wait_seconds,
+                sub.dispatch_seconds,
+                sub.end_to_end_seconds,
+            )
             for family, buckets in zip(latencies, timings, strict=True):
                 family.add_metric(key, buckets.cumulative(), buckets.sum)
             for (tier, kind), n in list(sub.moves.items()):

@@ -318,7 +318,7 @@ class SubscriptionRunner:
         tiers, ports = self.tiers, self.ports
         skipped = self.reporting.skipped_copies(ports)
         read_ms = now_ms()
-        waits = self.metrics.main_wait_seconds
+        waits, ingest = self.metrics.main_wait_seconds, self.metrics.ingest_seconds
         for msg in messages:
             if msg.error() is not None:
                 log.warning("consume error: %s", msg.error())
@@ -335,6 +335,9 @@ class SubscriptionRunner:
                 log.warning("skipping a record without a message id at %s", msg.offset())
                 port.engine.skip(tier, msg.offset() or 0)
                 continue
+            produced = rec.envelope.produced_at_ms
+            if tier == MAIN and produced:
+                ingest.observe(max(0, msg.timestamp()[1] - produced) / 1000)
             port.engine.on_record(rec)
         self.reporting.skipped_since(skipped, ports)
         self.flow.regulate()

@@ -8,7 +8,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from setu.envelope import Envelope, kafka_key
-from spark.job import KEY, with_identity
+from spark.stream import KEY, operator_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -39,5 +39,5 @@ def test_the_jobs_key_column_is_the_kafka_key_rule(spark_session: SparkSession) 
         "topic string, partition int, offset long, value binary, key binary, "
         "timestamp timestamp, headers array<struct<key:string,value:binary>>",
     )
-    keys = [bytes(row[KEY]) for row in with_identity(raw).orderBy("offset").collect()]
+    keys = [bytes(row[KEY]) for row in operator_rows(raw).orderBy("offset").collect()]
     assert keys == [kafka_key(m, g) for m, g in CASES]
