@@ -8,9 +8,9 @@ and label value below):
   ``dead_letter``), and ``setu_delivery_call_duration_seconds``: how long they took.
 - Latency histograms (docs/latency.md): ``setu_delivery_ingest_seconds`` (produced, as the
   API stamped it, to its main-log record's timestamp: the ingest job's part; a record the
-  job wrote again after a restart counts again, late), ``setu_delivery_main_wait_seconds`` (a
-  main-log record's timestamp to the worker reading it), ``setu_delivery_dispatch_seconds`` (read to its
-  first call sent: the wait behind its group and for a free call slot) and
+  job wrote again after a restart counts again, late), ``setu_delivery_main_wait_seconds``
+  (a main-log record's timestamp to the worker reading it), ``setu_delivery_dispatch_seconds``
+  (read to its first call sent: the wait behind its group and for a free call slot) and
   ``setu_delivery_end_to_end_seconds`` (produced, as the API stamped it, to the 2xx).
 - ``setu_delivery_moves_total{tier, kind}``: copies written to a retry tier or the DLQ, by
   why (``head``, ``park``, ``forward``, ``skip``, ``retry``, ``dead``, ``lap``).
