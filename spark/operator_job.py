@@ -40,6 +40,7 @@ from pyspark.sql.streaming.listener import (
 )
 from pyspark.sql.streaming.query import StreamingQuery
 
+from setu.limits import MessageLimits
 from setu.settings import Settings, is_local_master
 from spark import stream
 from spark.dedup import decode_marks
@@ -90,6 +91,14 @@ def session_overrides(settings: Settings, partitions: int = 0) -> dict[str, str]
         return {}
     conf = {
         "spark.shuffle.streaming.networkBufferMaxWaitTimeMs": NETWORK_BUFFER_WAIT_MS,
+        # The streaming shuffle bounds what is in flight (writerMaxMemory, readerMaxMemory) by
+        # counting network buffers, and a record larger than one buffer goes out in one of its
+        # own: with the default 32 KiB buffers a burst of 1 MiB records held 500 MiB of direct
+        # memory and killed the executor (test_memory_per_batch). A buffer that holds the
+        # largest record keeps the bound; it is flushed after NETWORK_BUFFER_WAIT_MS anyway.
+        "spark.shuffle.streaming.networkBufferSize": str(
+            MessageLimits(settings.max_message_bytes).record_bytes
+        ),
         "spark.executor.heartbeatInterval": HEARTBEAT_INTERVAL,
     }
     if is_local_master(settings.spark_master):

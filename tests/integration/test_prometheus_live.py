@@ -29,10 +29,15 @@ FILES = Path(__file__).resolve().parents[2] / "helm" / "setu" / "files"
 
 class Hook(BaseHTTPRequestHandler):
     """A webhook that refuses (400) a body saying "fail", is unavailable (503) to one saying
-    "retry", and takes everything else."""
+    "retry", answers one saying "hang" only when the test ends (``released``), and takes
+    everything else."""
+
+    released = threading.Event()
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        if body == b"hang":
+            self.released.wait(150)
         self.send_response({b"fail": 400, b"retry": 503}.get(body, 200))
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -45,7 +50,9 @@ class Hook(BaseHTTPRequestHandler):
 def hook() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    Hook.released.clear()
     yield f"http://127.0.0.1:{server.server_address[1]}/hook"
+    Hook.released.set()
     server.shutdown()
     server.server_close()
 
@@ -151,7 +158,8 @@ def test_prometheus_fires_the_parked_alert_and_every_dashboard_query_has_data(
             assert api.post("/v1/projects", json={"name": "obs"}).status_code == 201
             topic = {"name": "t", "grouped": True, "partitions": 2}
             assert api.post("/v1/projects/obs/topics", json=topic).status_code == 201
-            sub = {"name": "s", "topic": "t", "endpoint": {"url": hook}}
+            # (calls may take up to 2 minutes: one stays unanswered, below)
+            sub = {"name": "s", "topic": "t", "endpoint": {"url": hook, "timeout_ms": 120_000}}
             assert api.post("/v1/projects/obs/subscriptions", json=sub).status_code == 201
             produce = "/v1/projects/obs/topics/t/produce"
 
@@ -160,7 +168,8 @@ def test_prometheus_fires_the_parked_alert_and_every_dashboard_query_has_data(
                 assert api.post(produce, headers=headers, content=body).status_code == 200
 
             # When one group's head fails for good (400), another's keeps being retried (503),
-            # and traffic flows for the rates
+            # a third's call goes unanswered (a message held), and traffic flows for the rates
+            send("w-1", "W", b"hang")
             send("g-1", "G", b"fail")
             send("g-2", "G", b"waits behind g-1")
             send("r-1", "R", b"retry")
@@ -183,6 +192,7 @@ def test_prometheus_fires_the_parked_alert_and_every_dashboard_query_has_data(
             # And no component is down
             assert not firing(prom, "SetuComponentDown")
         finally:
+            Hook.released.set()  # the unanswered call ends, so the worker stops at once
             server.terminate()
             server.wait(30)
         assert stack.stop() == 0

@@ -149,6 +149,7 @@ def test_a_topic_that_takes_the_job_past_its_task_slots_is_read_once_it_has_more
     job = Child(spec)
     job.start()
     try:
+        wait_for("the query", lambda: "started in real-time mode" in job.log_tail(400), 120)
         # When a topic of 4 partitions is created (4 partitions and 2 shuffle partitions: 6
         # slots) and written to
         world.create_topic("wide", partitions=4)
