@@ -71,7 +71,9 @@ def slots_needed(settings: Settings, partitions: int) -> int:
 
 def local_slots(settings: Settings, partitions: int) -> int:
     """Threads a local master gets in real-time mode: ``SETU_SPARK_REALTIME_SLOTS``, or twice
-    what ``partitions`` need if that is more (room for topics to come before a resize)."""
+    what ``partitions`` need if that is more (room for topics to come before a resize), up to
+    what ``SETU_SPARK_REALTIME_MAX_PARTITIONS`` need (past it the query runs in micro-batches)."""
+    partitions = min(partitions, settings.spark_realtime_max_partitions)
     return max(settings.spark_realtime_slots, 2 * slots_needed(settings, partitions))
 
 
@@ -223,9 +225,10 @@ def start_query(
     limits: Callable[[], Mapping[str, int]],
     retired: Callable[[], Collection[str]],
     counts: Any,
+    realtime: bool,
 ) -> StreamingQuery:
-    """Starts the operator's query, taking over from the Python job's checkpoint on its
-    first start (see the module doc)."""
+    """Starts the operator's query, in real-time mode or in micro-batches, taking over from
+    the Python job's checkpoint on its first start (see the module doc)."""
     base = settings.resolved_checkpoint_dir().rstrip("/")
     own = operator_checkpoint(settings)
     bootstrap = settings.kafka_bootstrap or ""
@@ -248,7 +251,7 @@ def start_query(
         spark,
         settings.model_copy(update={"spark_checkpoint_dir": own}),
         pattern,
-        realtime=settings.ingest_mode == "real-time",
+        realtime=realtime,
         limits=limits,
         retired=retired,
         initial=initial,
@@ -349,8 +352,20 @@ class OperatorRun:
 
     def start_query(self) -> StreamingQuery:
         self._inputs.take()
-        if self._settings.ingest_mode == "real-time":
-            self._check_slots(self._inputs.partitions())
+        realtime = self._settings.ingest_mode == "real-time"
+        partitions = self._inputs.partitions()
+        if realtime and partitions > self._settings.spark_realtime_max_partitions:
+            # A task and a Kafka consumer per partition, all the time: past this many, the
+            # job would spend its cores on them (docs/ingest.md, "Many topics").
+            log.warning(
+                "the ingest topics have %d partitions, more than SETU_SPARK_REALTIME_MAX_"
+                "PARTITIONS (%d): the query runs in micro-batches until they are fewer",
+                partitions,
+                self._settings.spark_realtime_max_partitions,
+            )
+            realtime = False
+        if realtime:
+            self._check_slots(partitions)
         query = start_query(
             self._spark,
             self._settings,
@@ -358,12 +373,13 @@ class OperatorRun:
             limits=self._limits,
             retired=self._retired,
             counts=self._counts,
+            realtime=realtime,
         )
         self._metrics.watch(lambda: (query.isActive, query.lastProgress))
         log.info(
             "ingest query %s started in %s mode (%s)",
             query.id,
-            self._settings.ingest_mode,
+            "real-time" if realtime else "micro-batch",
             operator_checkpoint(self._settings),
         )
         return query

@@ -163,3 +163,45 @@ def test_a_topic_that_takes_the_job_past_its_task_slots_is_read_once_it_has_more
         assert job.running(), job.log_tail()
     finally:
         job.stop()
+
+
+def test_past_its_partition_limit_the_job_goes_on_in_micro_batches(
+    world: IngestWorld, tmp_path: Path
+) -> None:
+    # Given the job in real-time mode allowed 3 ingest partitions, reading topic a (2)
+    world.create_topic("a", partitions=2)
+    a = world.main_log("a")
+    spec = ingest_child(
+        world,
+        tmp_path,
+        master="local[2]",
+        pattern=f"^setu\\.{world.project}\\.[a-z0-9-]+\\.ingest$",
+        conf={},
+        env={"SETU_SPARK_REALTIME_MAX_PARTITIONS": "3"},
+    )
+    job = Child(spec)
+    job.start()
+    try:
+        world.send("a", "a1", producer_id="p", sequence_id=1, group_id="g")
+        world.flush()
+        a.wait_for_ids({"a1"}, 180)
+        assert "started in real-time mode" in job.log_tail(400)
+        # When topic b (2 more) takes the job past its limit, and both get messages, p's
+        # resend of 1 among them
+        world.create_topic("b", partitions=2)
+        b = world.main_log("b")
+        wait_for("micro-batches", lambda: "started in micro-batch mode" in job.log_tail(400), 120)
+        world.send("a", "a1", producer_id="p", sequence_id=1, group_id="g")
+        world.send("a", "a2", producer_id="p", sequence_id=2, group_id="g")
+        world.send("b", "b1", group_id="g")
+        world.flush()
+        # Then the query goes on in micro-batches from the same checkpoint: nothing lost, and
+        # the resend dropped (what the stopped real-time batch wrote may be written again, at
+        # the same ingest offsets, for delivery to skip)
+        a.wait_for_ids({"a2"}, 120)
+        b.wait_for_ids({"b1"}, 120)
+        positions = [(e.ingest_partition, e.ingest_offset, e.message_id) for _, _, e in a.records]
+        assert [m for _, _, m in dict.fromkeys(positions)] == ["a1", "a2"]
+        assert job.running(), job.log_tail()
+    finally:
+        job.stop()
