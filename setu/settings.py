@@ -134,7 +134,7 @@ class Settings(BaseSettings):
     # Above this many ingest partitions the query runs in micro-batches instead: real-time mode
     # holds a task and a Kafka consumer per partition all the time (docs/ingest.md, "Many
     # topics").
-    spark_realtime_max_partitions: int = Field(default=240, ge=1)
+    spark_realtime_max_partitions: int = Field(default=60, ge=1)
     # Seconds a real-time mode batch lasts: how often the query checkpoints, so at most how much
     # a crash replays (delivery skips it); records go on as they come all the same.
     spark_realtime_batch_s: int = Field(default=30, ge=1)
