@@ -12,7 +12,6 @@ from typing import cast
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import SparkSession
 
 from cli.ports import any_free_port
@@ -21,6 +20,7 @@ from setu import names
 from setu.partitioner import partition_for
 from state import keys
 from state.producer_marks import ProducerMarks
+from tests.integration.delivery.support import scrape
 from tests.integration.spark.support import IngestWorld, earlier_checkpoint, ingest_child, wait_for
 
 pytestmark = [pytest.mark.spark]
@@ -36,31 +36,26 @@ def world(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> Iterator[Inge
 
 
 def run_ingest(
-    world: IngestWorld, tmp_path: Path, mode: str, metrics_port: int | None = None
+    world: IngestWorld,
+    tmp_path: Path,
+    mode: str = "real-time",
+    metrics_port: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> Child:
-    pattern = f"^setu\\.{world.project}\\.t\\.ingest$"
+    """``setu ingest`` started on the ingest topics of ``world``'s project."""
     spec = ingest_child(
         world,
         tmp_path,
         master="local[2]",
-        pattern=pattern,
+        pattern=f"^setu\\.{world.project}\\.[a-z0-9-]+\\.ingest$",
         conf={},
         mode=mode,
         metrics_port=metrics_port,
-        env={"SETU_SPARK_REALTIME_BATCH_S": "300"},
+        env=env,
     )
     child = Child(spec)
     child.start()
     return child
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def decided(port: int) -> tuple[float, float] | None:
@@ -104,7 +99,9 @@ def test_the_job_takes_over_an_earlier_versions_checkpoint_with_nothing_lost_or_
     world.flush()
     log = world.main_log("t")
     port = any_free_port()
-    job = run_ingest(world, tmp_path, mode, metrics_port=port)
+    job = run_ingest(
+        world, tmp_path, mode, metrics_port=port, env={"SETU_SPARK_REALTIME_BATCH_S": "300"}
+    )
     try:
         # Then p4 reaches the main log, and neither what the earlier job read nor the resend of
         # p3 does (the state seeded from its marks)
@@ -138,16 +135,7 @@ def test_a_topic_that_takes_the_job_past_its_task_slots_is_read_once_it_has_more
     world: IngestWorld, tmp_path: Path
 ) -> None:
     # Given the job in real-time mode on a local master of 4 threads, and no topic yet
-    spec = ingest_child(
-        world,
-        tmp_path,
-        master="local[2]",
-        pattern=f"^setu\\.{world.project}\\.[a-z0-9-]+\\.ingest$",
-        conf={},
-        env={"SETU_SPARK_REALTIME_SLOTS": "4"},
-    )
-    job = Child(spec)
-    job.start()
+    job = run_ingest(world, tmp_path, env={"SETU_SPARK_REALTIME_SLOTS": "4"})
     try:
         wait_for("the query", lambda: "started in real-time mode" in job.log_tail(400), 120)
         # When a topic of 4 partitions is created (4 partitions and 2 shuffle partitions: 6
@@ -171,16 +159,7 @@ def test_past_its_partition_limit_the_job_goes_on_in_micro_batches(
     # Given the job in real-time mode allowed 3 ingest partitions, reading topic a (2)
     world.create_topic("a", partitions=2)
     a = world.main_log("a")
-    spec = ingest_child(
-        world,
-        tmp_path,
-        master="local[2]",
-        pattern=f"^setu\\.{world.project}\\.[a-z0-9-]+\\.ingest$",
-        conf={},
-        env={"SETU_SPARK_REALTIME_MAX_PARTITIONS": "3"},
-    )
-    job = Child(spec)
-    job.start()
+    job = run_ingest(world, tmp_path, env={"SETU_SPARK_REALTIME_MAX_PARTITIONS": "3"})
     try:
         world.send("a", "a1", producer_id="p", sequence_id=1, group_id="g")
         world.flush()
