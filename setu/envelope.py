@@ -48,7 +48,7 @@ KafkaHeaders = list[tuple[str, bytes]]
 def kafka_key(message_id: str, group_id: str | None) -> bytes:
     """The Kafka key of a message: its GroupId, else its MessageId (docs/design.md §1). The one
     home of the rule; the ingest job keeps a column-expression copy that a test holds equal
-    (``spark.job.with_identity``)."""
+    (``spark.stream.key_column``)."""
     return (group_id if group_id is not None else message_id).encode()
 
 
