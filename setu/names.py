@@ -64,6 +64,11 @@ def dlq_topic(project: str, subscription: str) -> str:
     return f"{PREFIX}.{project}.{subscription}.dlq"
 
 
+INGEST_QUERY_CHECKPOINT = "operator"
+"""The ingest query's own folder inside ``SETU_SPARK_CHECKPOINT_DIR`` (spark/operator_job.py);
+the checkpoint's top level is what the Python job of earlier versions left, taken over once."""
+
+
 PRODUCER_MARKS_TOPIC = f"{PREFIX}.producer-marks"
 """The ingest job's compacted changelog of producer marks (spark/stream.py): key
 ``{ingest topic}/{partition}/{producer}``, value ``{incarnation}:{sequence}``. No Setu topic's

@@ -401,8 +401,9 @@ def serving(
 def run(settings: Settings) -> None:
     """Run the job until SIGTERM/SIGINT (stops the query cleanly). A failed query is started
     again from its checkpoint in this process (the JVM stays warm, and a broker or Redis
-    restart does not stop the job); after ``QUERY_RESTARTS`` failures in a row without a
-    batch written in between, the job exits with the failure's root cause as its last line."""
+    restart does not stop the job); after ``QUERY_RESTARTS`` failures in a row, each within
+    ``STEADY_S`` of its start and with no batch committed in between, the job exits with the
+    failure's root cause as its last line."""
     if not settings.redis_url:
         raise ValueError("SETU_REDIS_URL is required by the ingest job")
     logs.configure(settings.log_level)

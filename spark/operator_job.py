@@ -41,6 +41,7 @@ from pyspark.sql.streaming.listener import (
 from pyspark.sql.streaming.query import StreamingQuery
 
 from setu.limits import MessageLimits
+from setu.names import INGEST_QUERY_CHECKPOINT
 from setu.settings import Settings, is_local_master
 from spark import stream
 from spark.dedup import decode_marks
@@ -53,7 +54,6 @@ from state.kafka_admin import KafkaTopics
 
 log = logging.getLogger(__name__)
 
-OPERATOR_FOLDER = "operator"
 # Latency over batching: a shuffle block leaves after at most this long (real-time mode).
 NETWORK_BUFFER_WAIT_MS = "5"
 # How often executors report their running tasks, and with them the operator's counts (real-time
@@ -214,7 +214,7 @@ def write_seeds(
 
 
 def operator_checkpoint(settings: Settings) -> str:
-    return f"{settings.resolved_checkpoint_dir().rstrip('/')}/{OPERATOR_FOLDER}"
+    return f"{settings.resolved_checkpoint_dir().rstrip('/')}/{INGEST_QUERY_CHECKPOINT}"
 
 
 def start_query(

@@ -19,6 +19,7 @@ from pathlib import Path
 from bench.crash.chaos import ComponentSpec
 from cli.processes import ChildSpec
 from cli.spark_local import LocalSparkCluster
+from setu.names import INGEST_QUERY_CHECKPOINT
 from state.sealing import Sealer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -133,9 +134,8 @@ def setu_specs(layout: StackLayout) -> list[ComponentSpec]:
 
     default_checkpoint = str(layout.data_dir / "spark" / "checkpoint")
     checkpoint = env.get("SETU_SPARK_CHECKPOINT_DIR") or default_checkpoint
-    # The ingest job is killed again only after it committed a batch since its restart (its
-    # query's checkpoint is the "operator" folder: spark.operator_job.OPERATOR_FOLDER).
-    commits = Path(checkpoint) / "operator" / "commits"
+    # The ingest job is killed again only after its query committed a batch since its restart.
+    commits = Path(checkpoint) / INGEST_QUERY_CHECKPOINT / "commits"
     ingest = replace(spec("ingest", "ingest", "ingest"), progress_dir=commits)
     specs = [spec("api", "api", "api"), ingest]
     for n in range(1, layout.workers + 1):
