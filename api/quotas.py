@@ -14,6 +14,7 @@ produce down with Redis), logged at most every 10 s and counted in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 LEASE_SHARE = 0.05
 LEASE_TTL_S = 1.0
 _WARN_EVERY_S = 10.0
+# A take's outcome when Redis did not answer (the request was admitted unchecked).
+_UNCHECKED = object()
 
 
 @dataclass(slots=True)
@@ -58,6 +61,10 @@ class QuotaGate:
         self._on_unchecked = on_unchecked
         self._clock = clock
         self._leases: dict[str, _Lease] = {}
+        # The Redis take in flight per project: requests that find the lease spent wait for it
+        # rather than each leasing a share of their own (concurrent takes drained the bucket
+        # and refused a project far under its quota).
+        self._taking: dict[str, asyncio.Future[object]] = {}
         self._warned_at = -math.inf
 
     async def admit(self, project: str, messages: int, nbytes: int) -> None:
@@ -67,16 +74,40 @@ class QuotaGate:
         by_count, by_size = quota.messages_per_second, quota.bytes_per_second
         if by_count is None and by_size is None:
             return
-        now = self._clock()
-        if self._spend_lease(project, quota, messages, nbytes, now):
+        if self._spend_lease(project, quota, messages, nbytes, self._clock()):
             return
+        while (taking := self._taking.get(project)) is not None:
+            shared = await asyncio.shield(taking)
+            if shared is _UNCHECKED:
+                return  # Redis did not answer the take just made: admitted the same way
+            if isinstance(shared, RateLimited):
+                raise RateLimited(str(shared), retry_after_s=shared.retry_after_s)
+            if self._spend_lease(project, quota, messages, nbytes, self._clock()):
+                return
+        done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._taking[project] = done
+        outcome: object = None
+        try:
+            if not await self._take(project, quota, messages, nbytes):
+                outcome = _UNCHECKED
+        except RateLimited as refused:
+            outcome = refused
+            raise
+        finally:
+            del self._taking[project]
+            done.set_result(outcome)
+
+    async def _take(self, project: str, quota: ProduceQuota, messages: int, nbytes: int) -> bool:
+        """Asks Redis for the request plus a lease (what is left of the current lease stays);
+        raises RateLimited when refused; False when Redis did not answer (admitted)."""
+        by_count, by_size = quota.messages_per_second, quota.bytes_per_second
         extra_m = int((by_count or 0) * LEASE_SHARE)
         extra_b = int((by_size or 0) * LEASE_SHARE)
         try:
             grant = await self._buckets.take(project, quota, messages, nbytes, extra_m, extra_b)
         except (RedisError, OSError) as exc:
             self._unchecked(project, exc)
-            return
+            return False
         if not grant.admitted:
             self._leases.pop(project, None)
             raise RateLimited(
@@ -84,7 +115,13 @@ class QuotaGate:
                 f"retry after {grant.wait_ms / 1000:.3g} s",
                 retry_after_s=max(1, math.ceil(grant.wait_ms / 1000)),
             )
-        self._leases[project] = _Lease(grant.extra_messages, grant.extra_bytes, now + LEASE_TTL_S)
+        now = self._clock()
+        lease = self._leases.get(project)
+        kept_m, kept_b = (lease.messages, lease.nbytes) if lease and lease.until > now else (0, 0)
+        self._leases[project] = _Lease(
+            kept_m + grant.extra_messages, kept_b + grant.extra_bytes, now + LEASE_TTL_S
+        )
+        return True
 
     def admit_now(self, project: str, messages: int, nbytes: int) -> bool:
         """:meth:`admit` where it needs neither Redis nor the store: True when admitted; False

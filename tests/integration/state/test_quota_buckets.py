@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
+from api.quotas import QuotaGate
+from setu.errors import RateLimited
 from setu.model import ProduceQuota
 from state.quota_buckets import RedisQuotaBuckets
 
@@ -73,3 +75,28 @@ async def test_every_client_takes_from_the_same_bucket(redis_url: str) -> None:
             await c.aclose()  # type: ignore[attr-defined]
     # Three replicas asking three times each: six admitted in all, not six each
     assert answers.count(True) == 6
+
+
+async def test_a_burst_of_concurrent_requests_far_under_the_quota_is_all_admitted(
+    client: Redis[bytes],
+) -> None:
+    # Given a replica's gate on a quota of 1,000 messages/s
+    project, quota = f"q{uuid.uuid4().hex[:8]}", ProduceQuota(messages_per_second=1_000)
+
+    async def quota_of(_: str) -> ProduceQuota:
+        return quota
+
+    gate = QuotaGate(RedisQuotaBuckets(client), quota_of)
+
+    async def one() -> bool:
+        try:
+            await gate.admit(project, 1, 200)
+        except RateLimited:
+            return False
+        return True
+
+    # When 200 requests of one message arrive at once (a fifth of a second's quota)
+    answers = await asyncio.gather(*(one() for _ in range(200)))
+    # Then every one is admitted: concurrent requests share one lease rather than each taking
+    # a share of the bucket of its own (which refused most of them)
+    assert answers.count(True) == 200

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -26,6 +28,36 @@ class ScriptedBuckets:
         if isinstance(grant, Exception):
             raise grant
         return grant
+
+
+class SlowBuckets(ScriptedBuckets):
+    """A ScriptedBuckets whose answers wait for ``go``, so that requests pile up meanwhile."""
+
+    def __init__(self, *grants: Grant | Exception) -> None:
+        super().__init__(*grants)
+        self.go = asyncio.Event()
+
+    async def take(
+        self, project: str, quota: ProduceQuota, messages: int, nbytes: int, em: int, eb: int
+    ) -> Grant:
+        await self.go.wait()
+        return await super().take(project, quota, messages, nbytes, em, eb)
+
+
+async def outcomes(g: QuotaGate, buckets: SlowBuckets, count: int) -> list[str]:
+    """``count`` concurrent one-message requests, once they all wait: each one's outcome."""
+
+    async def one() -> str:
+        try:
+            await g.admit("p", 1, 1)
+        except RateLimited as refused:
+            return f"429 after {refused.retry_after_s}"
+        return "admitted"
+
+    tasks = [asyncio.create_task(one()) for _ in range(count)]
+    await asyncio.sleep(0)
+    buckets.go.set()
+    return list(await asyncio.gather(*tasks))
 
 
 class Clock:
@@ -120,3 +152,34 @@ async def test_admit_now_admits_a_project_without_a_quota() -> None:
         cached_quota_of=lambda _: ProduceQuota(),  # type: ignore[arg-type,return-value]
     )
     assert g.admit_now("p", 10_000, 10**9)
+
+
+async def test_concurrent_requests_wait_for_one_take_and_spend_its_lease() -> None:
+    buckets = SlowBuckets(Grant(True, extra_messages=50), Grant(True, extra_messages=50))
+    g = gate(buckets, ProduceQuota(messages_per_second=1_000))
+    assert await outcomes(g, buckets, 40) == ["admitted"] * 40
+    assert len(buckets.asked) == 1
+
+
+async def test_what_is_left_of_a_lease_is_kept_when_a_bigger_request_takes_again() -> None:
+    buckets = ScriptedBuckets(Grant(True, extra_messages=50), Grant(True, extra_messages=50))
+    g = gate(buckets, ProduceQuota(messages_per_second=1_000))
+    await g.admit("p", 1, 1)
+    await g.admit("p", 60, 1)  # more than the lease of 50: a take of its own
+    for _ in range(100):  # the first lease and the second's, both spent locally
+        await g.admit("p", 1, 1)
+    assert len(buckets.asked) == 2
+
+
+async def test_requests_waiting_on_a_refused_take_are_refused_with_it() -> None:
+    buckets = SlowBuckets(Grant(False, wait_ms=1_500))
+    g = gate(buckets, ProduceQuota(messages_per_second=5))
+    assert await outcomes(g, buckets, 10) == ["429 after 2"] * 10
+    assert len(buckets.asked) == 1
+
+
+async def test_requests_waiting_on_a_take_redis_did_not_answer_are_admitted_with_it() -> None:
+    buckets = SlowBuckets(RedisConnectionError("down"))
+    g = gate(buckets, ProduceQuota(messages_per_second=5))
+    assert await outcomes(g, buckets, 10) == ["admitted"] * 10
+    assert len(buckets.asked) == 1
