@@ -152,10 +152,11 @@ async def open_services(
             timeout_s=settings.produce_timeout_ms / 1000,
             client_config=kafka,
             dead_letter_retention_hours=settings.dead_letter_retention_hours,
+            shared_log=settings.shared_ingest_log_spec(),
         ),
         kafka_reader=KafkaReader(bootstrap, kafka),
         producer=producer,
-        topics=TopicCache(load_topic),
+        topics=TopicCache(load_topic, shared_log=settings.shared_ingest_log()),
         metrics=metrics,
         auth=Authenticator(
             store.keys,

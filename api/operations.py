@@ -277,7 +277,11 @@ async def status(request: Request, project: str, subscription: str) -> Response:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
     topic_lags = ingest.pop("topic_lags", {})
     reading = ingest.pop("reading_topics", None)
-    ingest_topic = names.ingest_topic(project, sub.topic)
+    # The topic's records wait in its ingest topic, or in the shared ingest log (decision 0010),
+    # where the lag counts every topic's records.
+    ingest_topic = services(request).settings.shared_ingest_log() or names.ingest_topic(
+        project, sub.topic
+    )
     # Records of this topic the ingest job has still to read (known while it reports)
     ingest["lag"] = topic_lags.get(ingest_topic)
     ingest["reading_topic"] = (

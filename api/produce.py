@@ -39,6 +39,7 @@ from api.messages import (
 from api.metrics import ROUTE_KEY
 from api.responses import error_body, error_headers, send_json
 from api.schemas import BatchOut, MessageIdOut, errors
+from api.topic_cache import CachedTopic
 from setu import tracing
 from setu.access import Permission, check
 from setu.clock import now_ms
@@ -135,14 +136,14 @@ async def produce_one(
     if not traced.enabled:
         # Not tracing: the producer's own context, if any, still travels to the webhook.
         envelope = envelope.evolve(traceparent=traceparent, tracestate=tracestate)
-        return await send_one(s, project, topic, entry.ingest_topic, envelope)
+        return await send_one(s, project, topic, entry, envelope)
     attributes = produce_attributes(project, topic, 1)
     attributes["messaging.message.id"] = envelope.message_id
     parent = tracing.context_of(traceparent, tracestate)
     with tracing.span(traced, f"produce {topic}", SpanKind.PRODUCER, parent, attributes) as made:
         context = tracing.headers_of(made)
         envelope = envelope.evolve(traceparent=context[0], tracestate=context[1])
-        return await send_one(s, project, topic, entry.ingest_topic, envelope)
+        return await send_one(s, project, topic, entry, envelope)
 
 
 def produce_attributes(project: str, topic: str, messages: int) -> dict[str, str | int]:
@@ -156,11 +157,12 @@ def produce_attributes(project: str, topic: str, messages: int) -> dict[str, str
 
 
 async def send_one(
-    s: Services, project: str, topic: str, ingest_topic: str, envelope: Envelope
+    s: Services, project: str, topic: str, entry: CachedTopic, envelope: Envelope
 ) -> Reply:
     started = time.perf_counter()
+    headers = entry.with_ingest_headers(envelope.kafka_headers())
     try:
-        await s.producer.send(ingest_topic, envelope.key, envelope.body, envelope.kafka_headers())
+        await s.producer.send(entry.ingest_topic, envelope.key, envelope.body, headers)
     except PayloadTooLarge:
         s.metrics.count_produced(project, topic, "rejected")
         raise
@@ -206,12 +208,12 @@ async def produce_many(
     traced = tracing.current()
     if not traced.enabled:
         records = with_trace(records, traceparent, tracestate)
-        return await send_many(s, project, topic, entry.ingest_topic, records)
+        return await send_many(s, project, topic, entry, records)
     attributes = produce_attributes(project, topic, len(records))
     parent = tracing.context_of(traceparent, tracestate)
     with tracing.span(traced, f"produce {topic}", SpanKind.PRODUCER, parent, attributes) as made:
         records = with_trace(records, *tracing.headers_of(made))
-        status, body = await send_many(s, project, topic, entry.ingest_topic, records)
+        status, body = await send_many(s, project, topic, entry, records)
         if status >= 300:
             tracing.failed(made, f"{status}: not every message was written")
         return status, body
@@ -228,11 +230,12 @@ def with_trace(
 
 
 async def send_many(
-    s: Services, project: str, topic: str, ingest_topic: str, records: list[IngestRecord]
+    s: Services, project: str, topic: str, entry: CachedTopic, records: list[IngestRecord]
 ) -> Reply:
     started = time.perf_counter()
     failures = await s.producer.send_many(
-        ingest_topic, [(r.key, r.value, r.headers) for r in records]
+        entry.ingest_topic,
+        [(r.key, r.value, entry.with_ingest_headers(list(r.headers))) for r in records],
     )
     s.metrics.observe_ack("batch", time.perf_counter() - started)
     failed = sum(f is not None for f in failures)

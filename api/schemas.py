@@ -240,7 +240,9 @@ def project_view(project: Project) -> dict[str, Any]:
     }
 
 
-def topic_view(topic: Topic) -> dict[str, Any]:
+def topic_view(topic: Topic, shared_log: str | None = None) -> dict[str, Any]:
+    """A topic as the API shows it; ``shared_log``: the shared ingest log its records wait in
+    (decision 0010), if any, instead of an ingest topic of its own."""
     return {
         "project": topic.project,
         "name": topic.name,
@@ -250,7 +252,7 @@ def topic_view(topic: Topic) -> dict[str, Any]:
         "dedup_window_seconds": topic.dedup_window_seconds,
         "created_at_ms": topic.created_at_ms,
         "kafka": {
-            "ingest_topic": names.ingest_topic(topic.project, topic.name),
+            "ingest_topic": shared_log or names.ingest_topic(topic.project, topic.name),
             "main_topic": names.main_topic(topic.project, topic.name),
             "ingest_rejects_topic": names.ingest_rejects_topic(topic.project, topic.name),
         },

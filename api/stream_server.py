@@ -741,6 +741,7 @@ class Session:
             )
         else:
             headers = self._with_headers(stream, frame, message_id, group_id, sequence)
+        headers = stream.entry.with_ingest_headers(headers)
         record = (stream.entry.ingest_topic, kafka_key(message_id, group_id), body, headers)
         if self.s.gate.admit_now(stream.project, 1, len(body)):
             try:

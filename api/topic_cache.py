@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from api.ttl_cache import LoadingCache
 from setu import names
+from setu.envelope import H_TOPIC
 from setu.errors import NotFound
 from setu.model import Topic
 
@@ -26,7 +27,25 @@ Loader = Callable[[str, str], Awaitable[Topic | None]]
 @dataclass(frozen=True, slots=True)
 class CachedTopic:
     topic: Topic
+    # Where the API writes the topic's records, and the headers each record gets besides its
+    # own: the topic's ingest topic, or the shared ingest log with the topic named in a header
+    # (decision 0010).
     ingest_topic: str
+    ingest_headers: tuple[tuple[str, bytes], ...] = ()
+
+    def with_ingest_headers(self, headers: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+        """``headers`` (a new record's, extended in place) plus :attr:`ingest_headers`."""
+        headers.extend(self.ingest_headers)
+        return headers
+
+
+def cached(topic: Topic, shared_log: str | None) -> CachedTopic:
+    """The produce path's view of ``topic``; ``shared_log``: the shared ingest log, when
+    ``SETU_INGEST_LOG=shared``."""
+    if shared_log is None:
+        return CachedTopic(topic, names.ingest_topic(topic.project, topic.name))
+    main = names.main_topic(topic.project, topic.name).encode()
+    return CachedTopic(topic, shared_log, ((H_TOPIC, main),))
 
 
 class TopicCache:
@@ -37,9 +56,11 @@ class TopicCache:
         ttl_s: float = 5.0,
         negative_ttl_s: float = 1.0,
         max_entries: int = 10_000,
+        shared_log: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._load = load
+        self._shared_log = shared_log
         self._cache: LoadingCache[tuple[str, str], CachedTopic] = LoadingCache(
             self._fetch,
             ttl_s=ttl_s,
@@ -68,4 +89,4 @@ class TopicCache:
 
     async def _fetch(self, key: tuple[str, str]) -> CachedTopic | None:
         topic = await self._load(*key)
-        return None if topic is None else CachedTopic(topic, names.ingest_topic(*key))
+        return None if topic is None else cached(topic, self._shared_log)

@@ -55,14 +55,17 @@ async def create_topic(request: Request, project: str, body: TopicCreate) -> Res
         dedup_window_seconds=body.dedup_window_seconds,
     )
     stored, created = await control.create_topic(services(request), topic)
-    return reply(TopicOut, topic_view(stored), 201 if created else 200)
+    shared = services(request).settings.shared_ingest_log()
+    return reply(TopicOut, topic_view(stored, shared), 201 if created else 200)
 
 
 @router.get("", response_model=None, responses={200: {"model": TopicsOut}, **errors(404)})
 @allow(Permission.READ)
 async def list_topics(request: Request, project: str) -> Response:
-    found = await blocking(services(request).store.list_topics, project)
-    return reply(TopicsOut, {"topics": [topic_view(t) for t in found]})
+    s = services(request)
+    found = await blocking(s.store.list_topics, project)
+    shared = s.settings.shared_ingest_log()
+    return reply(TopicsOut, {"topics": [topic_view(t, shared) for t in found]})
 
 
 @router.get(
@@ -81,7 +84,8 @@ async def get_topic(request: Request, project: str, topic: str) -> Response:
         held = await blocking(reader.records_held, rejects, found.partitions)
     except KafkaException as exc:
         raise DependencyUnavailable(f"Kafka: {exc}") from exc
-    return reply(TopicOut, {**topic_view(found), "ingest_rejected": held})
+    view = topic_view(found, s.settings.shared_ingest_log())
+    return reply(TopicOut, {**view, "ingest_rejected": held})
 
 
 @router.delete(

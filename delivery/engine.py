@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from delivery.backoff import next_attempt_at
 from delivery.offsets import OffsetTracker
-from delivery.replays import IngestMarks
+from delivery.replays import IngestMarks, source_of
 from setu.envelope import Envelope
 from setu.model import DeadLetterPolicy, Subscription
 from setu.ordering import groups
@@ -248,7 +248,9 @@ class PartitionEngine:
         :mod:`delivery.replays`): its original was read before it."""
         envelope = rec.envelope
         if rec.tier != MAIN or self.ingest.admit(
-            rec.offset, envelope.ingest_partition, envelope.ingest_offset
+            rec.offset,
+            source_of(envelope.ingest_partition, envelope.ingest_log),
+            envelope.ingest_offset,
         ):
             return False
         self._pass_over(rec)

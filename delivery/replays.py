@@ -18,12 +18,25 @@ committed main offset therefore carries, as its commit metadata (stored atomical
 the highest ingest offset per ingest partition among the records *below* it, all of which are
 finished; a successor starts from those marks. A mark never covers a record above the commit,
 so nothing unfinished is ever taken for a copy.
+
+A main partition may be fed by its topic's own ingest topic and by the shared ingest log
+(decision 0010: records produced before and after a switch of ``SETU_INGEST_LOG``), whose
+partitions and offsets have nothing to do with each other. A shared-log partition ``p`` is
+therefore marked as ``-(p + 1)`` (:func:`source_of`), which keeps the commit metadata's form.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
+
+
+def source_of(partition: int | None, log: str | None) -> int | None:
+    """The mark key of an ingest partition: ``partition`` of a topic's own ingest topic,
+    ``-(partition + 1)`` of the shared ingest log (``log`` set)."""
+    if partition is None or log is None:
+        return partition
+    return -(partition + 1)
 
 
 class IngestMarks:

@@ -19,6 +19,12 @@ H_SEQUENCE_ID = "setu-sequence-id"
 H_PRODUCED_AT = "setu-produced-at"
 H_INGEST_PARTITION = "setu-ingest-partition"
 H_INGEST_OFFSET = "setu-ingest-offset"
+# The shared ingest log a main record came from (decision 0010); absent when it came from its
+# topic's own ingest topic. Delivery tells a replay by ingest partition and offset, and the two
+# logs' partitions are different partitions (delivery/replays.py).
+H_INGEST_LOG = "setu-ingest-log"
+# On a record of the shared ingest log: its topic's main log, which the ingest job writes it to.
+H_TOPIC = "setu-topic"
 H_ATTEMPT = "setu-attempt"
 H_FAILURE_REASON = "setu-failure-reason"
 H_LAST_STATUS = "setu-last-status"
@@ -68,6 +74,7 @@ class Envelope:
     content_type: str | None = None
     ingest_partition: int | None = None
     ingest_offset: int | None = None
+    ingest_log: str | None = None
     main_offset: int | None = None
     attempt: int = 0
     failure_reason: str | None = None
@@ -110,6 +117,7 @@ class Envelope:
         optional: tuple[tuple[str, object | None], ...] = (
             (H_INGEST_PARTITION, self.ingest_partition),
             (H_INGEST_OFFSET, self.ingest_offset),
+            (H_INGEST_LOG, self.ingest_log),
             (H_MAIN_OFFSET, self.main_offset),
             (H_ATTEMPT, self.attempt or None),
             (H_FAILURE_REASON, self.failure_reason),
@@ -153,6 +161,7 @@ class Envelope:
             content_type=own.get(H_CONTENT_TYPE),
             ingest_partition=num(H_INGEST_PARTITION),
             ingest_offset=num(H_INGEST_OFFSET),
+            ingest_log=own.get(H_INGEST_LOG),
             main_offset=num(H_MAIN_OFFSET),
             attempt=num(H_ATTEMPT) or 0,
             failure_reason=own.get(H_FAILURE_REASON),

@@ -42,6 +42,14 @@ def shown(text: str, limit: int = 80) -> str:
     return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} chars)"
 
 
+SHARED_INGEST_LOG = f"{PREFIX}.ingest"
+"""The one ingest log of every topic when ``SETU_INGEST_LOG=shared`` (decision 0010): each
+record names its topic in the ``setu-topic`` header. Two dot-separated parts, like the other
+Kafka topics Setu keeps for itself, so no topic's Kafka name can be it."""
+# What SETU_INGEST_LOG_TOPIC may name: the shared log, or another of its own (stacks and tests
+# that share one broker).
+SHARED_INGEST_LOG_PATTERN = r"^setu\.ingest(-[a-z0-9-]+)?$"
+
 # An ingest topic is its main topic's name plus this.
 INGEST_SUFFIX = ".ingest"
 

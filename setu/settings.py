@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from setu.kafka_security import KafkaSecurity, SaslMechanism, SecurityProtocol
 from setu.limits import DEFAULT_HTTP_HEAD_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_BYTES
+from setu.names import SHARED_INGEST_LOG, SHARED_INGEST_LOG_PATTERN
 
 MIB = 1024 * 1024
 # One producer's burst of highly compressible bytes once stopped ingest for every project; at
@@ -128,6 +129,13 @@ class Settings(BaseSettings):
     # (each record goes on as it arrives), or "micro-batch"; the same query and the same JVM
     # de-duplication operator either way (decisions 0008, 0009).
     ingest_mode: Literal["micro-batch", "real-time"] = "real-time"
+    # Where produced records wait for the ingest job (docs/ingest.md, "Many topics"; decision
+    # 0010): "per-topic", each topic's own ingest topic ``setu.{p}.{t}.ingest``, or "shared", one
+    # log for every topic (SETU_INGEST_LOG_TOPIC, SETU_INGEST_LOG_PARTITIONS partitions) with the
+    # topic in each record's header, so the real-time query's tasks do not grow with the topics.
+    ingest_log: Literal["per-topic", "shared"] = "per-topic"
+    ingest_log_topic: str = Field(default=SHARED_INGEST_LOG, pattern=SHARED_INGEST_LOG_PATTERN)
+    ingest_log_partitions: int = Field(default=12, ge=1, le=10_000)
     # Task slots of a local Spark master in real-time mode, where every ingest partition read
     # and every shuffle partition holds one all the time (docs/ingest.md, "Modes").
     spark_realtime_slots: int = 64
@@ -182,6 +190,15 @@ class Settings(BaseSettings):
         """Contradictory Kafka security settings stop every process at its start."""
         self.kafka_security()
         return self
+
+    def shared_ingest_log(self) -> str | None:
+        """The shared ingest log's name when ``SETU_INGEST_LOG=shared``, else None."""
+        return self.ingest_log_topic if self.ingest_log == "shared" else None
+
+    def shared_ingest_log_spec(self) -> tuple[str, int] | None:
+        """(name, partitions) of the shared ingest log when there is one."""
+        log = self.shared_ingest_log()
+        return None if log is None else (log, self.ingest_log_partitions)
 
     def kafka_security(self) -> KafkaSecurity:
         """How Kafka clients connect; raises KafkaSecurityError (a ValueError) when the

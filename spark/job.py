@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import signal
 import threading
 import time
@@ -243,8 +244,14 @@ def check_checkpoint(checkpoint: str) -> None:
 
 def ingest_pattern(settings: Settings, pattern: str | None = None) -> str:
     """The ingest topics to read: ``pattern``, else ``settings.spark_ingest_pattern``, else
-    every ingest topic."""
-    return pattern or settings.spark_ingest_pattern or SUBSCRIBE_PATTERN
+    every topic's own ingest topic, and the shared ingest log when ``SETU_INGEST_LOG=shared``
+    (the topics' own ones still, for what was produced to them before a switch: decision
+    0010)."""
+    if pattern or settings.spark_ingest_pattern:
+        return pattern or settings.spark_ingest_pattern or ""
+    if settings.ingest_log == "shared":
+        return f"^(?:{INGEST_PATTERN}|{re.escape(settings.ingest_log_topic)})$"
+    return SUBSCRIBE_PATTERN
 
 
 def stop_between_batches(query: StreamingQuery, patience_s: float = 30.0) -> None:
@@ -333,6 +340,7 @@ def serve(
             client_config=settings.kafka_client_config(),
             on_recreated=metrics.main_topic_recreated,
             retired=retired,
+            seen=metrics.topics_seen,
         ).start()
         helpers.append(guard.stop)
         metrics.watch_rejects(guard.rejects)

@@ -92,6 +92,10 @@ class IngestMetrics(Collector):
         modes, :class:`spark.operator_job.CountsFollower`)."""
         add_counts(self._totals.counts, counts)
 
+    def topics_seen(self) -> frozenset[str]:
+        """The ingest topics whose records this process decided on."""
+        return frozenset(self._totals.counts.copy())  # copy(): atomic beside the counting thread
+
     def batches(self) -> int:
         """Batches this process wrote."""
         return self._totals.batches

@@ -338,11 +338,15 @@ class OperatorRun:
         self._retired = retired
         bootstrap = settings.kafka_bootstrap or ""
         client_config = settings.kafka_client_config()
-        KafkaTopics(
+        admin = KafkaTopics(
             bootstrap,
             replication_factor=settings.kafka_replication_factor,
+            max_message_bytes=settings.max_message_bytes,
             client_config=client_config,
-        ).ensure_producer_marks()
+            shared_log=settings.shared_ingest_log_spec(),
+        )
+        admin.ensure_producer_marks()
+        admin.ensure_shared_log()
         self._follower = MarksFollower(bootstrap, publisher, client_config, retired).start()
         self._counts = stream.topic_counts(spark)
         self._counter = CountsFollower(stream.live_counts(spark, self._counts), metrics).start()

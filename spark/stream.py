@@ -27,11 +27,13 @@ from pyspark.sql.streaming.query import StreamingQuery
 from setu.envelope import (
     H_DEDUP_WINDOW,
     H_GROUP_ID,
+    H_INGEST_LOG,
     H_INGEST_OFFSET,
     H_INGEST_PARTITION,
     H_MESSAGE_ID,
     H_PRODUCER_ID,
     H_SEQUENCE_ID,
+    H_TOPIC,
     H_TOPIC_INCARNATION,
 )
 from setu.limits import MessageLimits
@@ -84,6 +86,41 @@ def ingest_position_headers() -> Column:
             fn.col(OFFSET).cast("string").cast("binary").alias("value"),
         ),
     )
+
+
+# What a shared-log record's ``setu-topic`` header must hold: a topic's main log.
+MAIN_LOG_PATTERN = r"^setu\.[a-z0-9-]+\.[a-z0-9-]+$"
+
+
+def from_shared_log(raw: DataFrame, shared_log: str | None) -> DataFrame:
+    """``raw`` with each record of the shared ingest log ``shared_log`` (decision 0010) made to
+    look like a record of its topic's own ingest topic: ``topic`` is the ingest topic its
+    ``setu-topic`` header names, and that header gives way to ``setu-ingest-log``, which the
+    main record keeps (delivery/replays.py). Every later step (the operator's key, the main
+    log, the marks, the counts, retired topics) then reads as in the per-topic layout; a
+    record of the shared log without a valid topic header (none the API wrote) is skipped.
+    Records of other ingest topics pass as they are."""
+    if shared_log is None:
+        return raw
+    headers = fn.col(HEADERS)
+    named = fn.map_from_entries(headers)[H_TOPIC].cast("string")
+    is_shared = fn.col(TOPIC) == fn.lit(shared_log)
+    shared_headers = fn.concat(
+        fn.filter(headers, lambda h: h["key"] != fn.lit(H_TOPIC)),
+        fn.array(
+            fn.struct(
+                fn.lit(H_INGEST_LOG).alias("key"),
+                fn.lit(shared_log).cast("binary").alias("value"),
+            )
+        ),
+    )
+    columns = {name: fn.col(name) for name in raw.columns}
+    columns[TOPIC] = fn.when(is_shared, fn.concat(named, fn.lit(INGEST_SUFFIX))).otherwise(
+        fn.col(TOPIC)
+    )
+    columns[HEADERS] = fn.when(is_shared, shared_headers).otherwise(headers)
+    valid = ~is_shared | fn.coalesce(named.rlike(MAIN_LOG_PATTERN), fn.lit(False))
+    return raw.where(valid).select(*(column.alias(name) for name, column in columns.items()))
 
 
 def operator_rows(raw: DataFrame) -> DataFrame:
@@ -216,7 +253,8 @@ def start(
         # idle partition's consumer ask the broker 100 times a second.
         options["kafka.fetch.max.wait.ms"] = str(REALTIME_FETCH_WAIT_MS)
     raw = spark.readStream.format("kafka").options(**options).load()
-    rows = without_retired(operator_rows(raw), retired())
+    shared = from_shared_log(raw, settings.shared_ingest_log())
+    rows = without_retired(operator_rows(shared), retired())
     kept = deduplicated(
         spark,
         rows,

@@ -10,6 +10,10 @@ makes both alike: same partitions, replicas and topic config). Nothing is delete
 messages still to be written land in the new main topic. Any messages the deleted topic held
 are gone with it.
 
+With the shared ingest log (decision 0010) a topic has no ingest topic of its own: the guard
+then looks after the topics whose records the job has read (``seen``), shaping a missing main
+topic like the topic's reject topic, which the control plane makes alike too.
+
 The grace period keeps the guard out of the control plane's way: the API creates and deletes a
 topic's ingest and main topics together, so one of them is missing without the other only for
 moments.
@@ -26,7 +30,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -40,18 +44,43 @@ from setu.names import ingest_rejects_topic, main_topic, parse_ingest_topic
 log = logging.getLogger(__name__)
 
 
-def orphaned(
-    topics: set[str], pattern: str, missing_since: Mapping[str, float], now: float
-) -> dict[str, float]:
-    """Ingest topics matching ``pattern`` whose main topic is not in ``topics``, with the time
-    each was first seen so (kept from ``missing_since``, else ``now``)."""
+def looked_after(
+    topics: Collection[str], pattern: str, seen: Collection[str] = ()
+) -> dict[str, str]:
+    """The ingest topics the guard looks after, each with the Kafka topic a missing main topic
+    or reject topic is shaped like: each topic's own ingest topic that ``pattern`` matches
+    (itself), and each ingest topic of ``seen`` (read from the shared log) that has no topic of
+    its own but a reject topic (that one)."""
     matcher = re.compile(pattern)
-    out: dict[str, float] = {}
+    out: dict[str, str] = {}
     for topic in topics:
         if matcher.search(topic) is None:
             continue
-        project, name = parse_ingest_topic(topic)
-        if main_topic(project, name) not in topics:
+        try:
+            parse_ingest_topic(topic)
+        except ValueError:
+            continue  # the shared ingest log
+        out[topic] = topic
+    for ingest in seen:
+        if ingest in out:
+            continue
+        try:
+            rejects = ingest_rejects_topic(*parse_ingest_topic(ingest))
+        except ValueError:
+            continue
+        if rejects in topics:
+            out[ingest] = rejects
+    return out
+
+
+def orphaned(
+    topics: set[str], ingests: Collection[str], missing_since: Mapping[str, float], now: float
+) -> dict[str, float]:
+    """Of ``ingests``, those whose main topic is not in ``topics``, with the time each was
+    first seen so (kept from ``missing_since``, else ``now``)."""
+    out: dict[str, float] = {}
+    for topic in ingests:
+        if main_topic(*parse_ingest_topic(topic)) not in topics:
             out[topic] = missing_since.get(topic, now)
     return out
 
@@ -68,10 +97,12 @@ class MainTopicGuard:
         on_recreated: Callable[[str], None] = lambda topic: None,
         retired: Callable[[], frozenset[str]] = frozenset,
         client_config: Mapping[str, str] | None = None,
+        seen: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         """``retired`` tells the ingest topics of deleted topics, which the guard leaves alone
         (state.retired_topics); ``client_config`` how to reach the broker (docs/security.md
-        §5)."""
+        §5); ``seen`` the ingest topics whose records the job read (the shared log's topics)."""
+        self._seen = seen
         self._admin = AdminClient({"bootstrap.servers": bootstrap, **(client_config or {})})
         self._pattern = pattern
         self._interval_s = interval_s
@@ -115,27 +146,29 @@ class MainTopicGuard:
         now = time.monotonic()
         retired = self._retired()
         topics = {name: t for name, t in meta.topics.items() if name not in retired}
-        self._missing_since = orphaned(set(topics), self._pattern, self._missing_since, now)
-        self._look_at_rejects_and_limits(topics)
+        ingests = looked_after(topics, self._pattern, set(self._seen()) - retired)
+        self._missing_since = orphaned(set(topics), ingests, self._missing_since, now)
+        self._look_at_rejects_and_limits(topics, ingests)
         created = []
         for ingest, since in list(self._missing_since.items()):
             if now - since < self._grace_s:
                 continue
-            described = topics[ingest]
+            model = ingests[ingest]
+            described = topics[model]
             if described.error is not None or not described.partitions:
                 continue
-            self._recreate(ingest, described)
+            self._recreate(ingest, model, described)
             created.append(main_topic(*parse_ingest_topic(ingest)))
             del self._missing_since[ingest]
         return created
 
-    def _look_at_rejects_and_limits(self, topics: Mapping[str, TopicMetadata]) -> None:
-        matcher = re.compile(self._pattern)
-        ingests = [t for t in topics if matcher.search(t) is not None]
-        for ingest in ingests:
+    def _look_at_rejects_and_limits(
+        self, topics: Mapping[str, TopicMetadata], ingests: Mapping[str, str]
+    ) -> None:
+        for ingest, model in ingests.items():
             rejects = ingest_rejects_topic(*parse_ingest_topic(ingest))
             if rejects not in topics:
-                create_like(self._admin, rejects, ingest, topics[ingest])
+                create_like(self._admin, rejects, model, topics[model])
                 log.info("created the ingest reject topic %s", rejects)
         mains = [m for m in (main_topic(*parse_ingest_topic(i)) for i in ingests) if m in topics]
         self._limits = topic_limits(self._admin, mains)
@@ -153,12 +186,12 @@ class MainTopicGuard:
                 )
         self._rejects = held_now
 
-    def _recreate(self, ingest: str, described: TopicMetadata) -> None:
+    def _recreate(self, ingest: str, model: str, described: TopicMetadata) -> None:
         partitions = described.partitions
         replicas = len(next(iter(partitions.values())).replicas)
         target = main_topic(*parse_ingest_topic(ingest))
         try:
-            create_like(self._admin, target, ingest, described)
+            create_like(self._admin, target, model, described)
         except KafkaException as exc:
             log.warning("could not create the missing main topic %s: %s", target, exc)
             return

@@ -198,8 +198,12 @@ class KafkaTopics:
         timeout_s: float = 15.0,
         client_config: Mapping[str, Any] | None = None,
         dead_letter_retention_hours: int | None = None,
+        shared_log: tuple[str, int] | None = None,
     ) -> None:
         self._admin = AdminClient({"bootstrap.servers": bootstrap, **(client_config or {})})
+        # (name, partitions) of the shared ingest log, which replaces each topic's own ingest
+        # topic when SETU_INGEST_LOG=shared (decision 0010).
+        self._shared_log = shared_log
         self._replication = replication_factor
         self._max_message_bytes = max_message_bytes
         self._dead_letter_retention_hours = dead_letter_retention_hours
@@ -208,6 +212,9 @@ class KafkaTopics:
     def ensure_topic(self, topic: Topic) -> list[str]:
         """Makes the topic's Kafka topics; returns the names this call created (the others
         existed already)."""
+        if self._shared_log is not None:
+            own = topic_specs(topic, self._replication, self._max_message_bytes)[1:]
+            return self.ensure_shared_log() + self._ensure(own)
         ingest = names.ingest_topic(topic.project, topic.name)
         kept = self.partition_count(ingest)
         if kept is not None and kept != topic.partitions:
@@ -221,6 +228,33 @@ class KafkaTopics:
         if kept is not None:
             self._configure(specs[0])
         return created
+
+    def ensure_shared_log(self) -> list[str]:
+        """Makes the shared ingest log if it is missing (nothing without one). One that exists
+        is kept as it is: more partitions would send a group's next records to another
+        partition than its earlier ones, which may not have been read yet (docs/ingest.md)."""
+        if self._shared_log is None:
+            return []
+        name, partitions = self._shared_log
+        kept = self.partition_count(name)
+        if kept is None:
+            return self._ensure([self._shared_log_spec()])
+        if kept != partitions:
+            log.warning(
+                "the shared ingest log %s has %d partitions, SETU_INGEST_LOG_PARTITIONS says "
+                "%d: kept as it is",
+                name,
+                kept,
+                partitions,
+            )
+        return []
+
+    def _shared_log_spec(self) -> TopicSpec:
+        assert self._shared_log is not None
+        name, partitions = self._shared_log
+        # A week, the topics' default retention: records wait here only while ingest is down.
+        config = topic_config(168, self._replication, self._max_message_bytes)
+        return TopicSpec(name, partitions, config)
 
     def _configure(self, spec: TopicSpec) -> None:
         """Sets ``spec``'s config on its existing topic (a kept ingest topic takes the new

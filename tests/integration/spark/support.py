@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -17,9 +18,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.sql import SparkSession
 
-from cli.processes import ChildSpec
+from cli.processes import Child, ChildSpec
 from setu import names
-from setu.envelope import Envelope
+from setu.envelope import H_TOPIC, Envelope
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
 from setu.model import Topic
 from setu.settings import Settings
@@ -72,6 +73,30 @@ def ingest_child(
     return ChildSpec("ingest", argv, tmp_path / "logs" / "ingest.log", env=variables)
 
 
+def run_ingest(
+    world: IngestWorld,
+    tmp_path: Path,
+    mode: str = "real-time",
+    metrics_port: int | None = None,
+    env: dict[str, str] | None = None,
+    pattern: str | None = None,
+) -> Child:
+    """``setu ingest`` started on the ingest topics of ``world``'s project (``pattern``)."""
+    spec = ingest_child(
+        world,
+        tmp_path,
+        master="local[2]",
+        pattern=pattern or job.project_pattern(world.project),
+        conf={},
+        mode=mode,
+        metrics_port=metrics_port,
+        env=env,
+    )
+    child = Child(spec)
+    child.start()
+    return child
+
+
 @dataclass
 class MainLog:
     """Everything read so far from one main topic, in per-partition log order."""
@@ -112,6 +137,9 @@ class IngestWorld:
     redis_url: str
     checkpoints: Path
     project: str = field(default_factory=lambda: f"ing-{uuid.uuid4().hex[:10]}")
+    # Set: the project's records go through a shared ingest log of this many partitions, of
+    # its own (``setu.ingest-{project}``), as with SETU_INGEST_LOG=shared (decision 0010).
+    shared_partitions: int | None = None
 
     def __post_init__(self) -> None:
         self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
@@ -129,6 +157,12 @@ class IngestWorld:
         self.topics: list[str] = []
         self.consumers: list[Consumer] = []
         self.metrics = IngestMetrics()
+        self.shared_log: str | None = None
+        if self.shared_partitions is not None:
+            self.shared_log = f"{names.SHARED_INGEST_LOG}-{self.project}"
+            log = NewTopic(self.shared_log, self.shared_partitions, 1)
+            self.admin.create_topics([log])[self.shared_log].result(timeout=30)
+            self.topics.append(self.shared_log)
 
     def settings(self, **overrides: object) -> Settings:
         values: dict[str, object] = {
@@ -138,14 +172,23 @@ class IngestWorld:
             "spark_trigger_ms": 200,
             "spark_shuffle_partitions": 2,
         }
+        if self.shared_log is not None:
+            values.update(
+                ingest_log="shared",
+                ingest_log_topic=self.shared_log,
+                ingest_log_partitions=self.shared_partitions,
+            )
         values.update(overrides)
         return Settings(**values)  # type: ignore[arg-type]
 
     def create_topic(
         self, topic: str, partitions: int = 3, config: dict[str, str] | None = None
     ) -> None:
-        """The ingest topic and its main log, as the API creates them."""
+        """The ingest topic and its main log, as the API creates them (with the shared log: the
+        main log and the ingest reject topic)."""
         created = [names.main_topic(self.project, topic), names.ingest_topic(self.project, topic)]
+        if self.shared_log is not None:
+            created[1] = names.ingest_rejects_topic(self.project, topic)
         futures = self.admin.create_topics(
             [NewTopic(t, partitions, 1, config=config or {}) for t in created]
         )
@@ -178,12 +221,13 @@ class IngestWorld:
             topic_incarnation=incarnation,
             dedup_window_ms=dedup_window_ms,
         )
+        headers = envelope.kafka_headers()
+        target = names.ingest_topic(self.project, topic)
+        if self.shared_log is not None:
+            headers.append((H_TOPIC, names.main_topic(self.project, topic).encode()))
+            target = self.shared_log
         self.producer.produce(
-            names.ingest_topic(self.project, topic),
-            envelope.body,
-            key=envelope.key,
-            headers=envelope.kafka_headers(),
-            timestamp=timestamp_ms,
+            target, envelope.body, key=envelope.key, headers=headers, timestamp=timestamp_ms
         )
         self.producer.poll(0)
 
@@ -248,13 +292,28 @@ class IngestWorld:
         KafkaTopics(self.bootstrap).empty(ingest)
         self.redis.srem(keys.retired_ingest_topics(), ingest)
 
+    def ingest_pattern(self) -> str:
+        """What this project's job reads: its topics' own ingest topics, and its shared log."""
+        pattern = job.project_pattern(self.project)
+        if self.shared_log is None:
+            return pattern
+        return f"^(?:{pattern[1:-1]}|{re.escape(self.shared_log)})$"
+
+    def shared_env(self) -> dict[str, str]:
+        """The settings of a ``setu ingest`` process on this world's shared log."""
+        if self.shared_log is None:
+            return {}
+        return {
+            "SETU_INGEST_LOG": "shared",
+            "SETU_INGEST_LOG_TOPIC": self.shared_log,
+            "SETU_INGEST_LOG_PARTITIONS": str(self.shared_partitions),
+        }
+
     @contextmanager
     def running_job(self, settings: Settings) -> Iterator[None]:
         """``setu ingest``'s query and its helpers (:func:`spark.job.serve`) on the shared
         session, reading this project's ingest topics only, until the block ends."""
-        settings = settings.model_copy(
-            update={"spark_ingest_pattern": job.project_pattern(self.project)}
-        )
+        settings = settings.model_copy(update={"spark_ingest_pattern": self.ingest_pattern()})
         with job.serving(self.spark, settings, self.redis, self.metrics):
             yield
 

@@ -15,13 +15,12 @@ import pytest
 from pyspark.sql import SparkSession
 
 from cli.ports import any_free_port
-from cli.processes import Child
 from setu import names
 from setu.partitioner import partition_for
 from state import keys
 from state.producer_marks import ProducerMarks
 from tests.integration.delivery.support import scrape
-from tests.integration.spark.support import IngestWorld, earlier_checkpoint, ingest_child, wait_for
+from tests.integration.spark.support import IngestWorld, earlier_checkpoint, run_ingest, wait_for
 
 pytestmark = [pytest.mark.spark]
 
@@ -33,29 +32,6 @@ def world(kafka_bootstrap: str, redis_url: str, tmp_path: Path) -> Iterator[Inge
     yield world
     world.redis.set(keys.producer_marks_loaded(), "1")
     world.close()
-
-
-def run_ingest(
-    world: IngestWorld,
-    tmp_path: Path,
-    mode: str = "real-time",
-    metrics_port: int | None = None,
-    env: dict[str, str] | None = None,
-) -> Child:
-    """``setu ingest`` started on the ingest topics of ``world``'s project."""
-    spec = ingest_child(
-        world,
-        tmp_path,
-        master="local[2]",
-        pattern=f"^setu\\.{world.project}\\.[a-z0-9-]+\\.ingest$",
-        conf={},
-        mode=mode,
-        metrics_port=metrics_port,
-        env=env,
-    )
-    child = Child(spec)
-    child.start()
-    return child
 
 
 def decided(port: int) -> tuple[float, float] | None:

@@ -481,16 +481,18 @@ def test_copies_of_a_worker_that_lost_the_partition_are_ignored() -> None:
     assert not world.store.groups
 
 
-def from_ingest(world: World, group: str, ingest_offset: int) -> str:
+def from_ingest(world: World, group: str, ingest_offset: int, log: str | None = None) -> str:
     """Appends to the main log what the ingest job writes for ingest partition 0's record at
-    ``ingest_offset``; the same offset again is a replayed batch's copy (same id, same bytes)."""
-    message_id = f"{group}-i{ingest_offset}"
+    ``ingest_offset`` (of the shared ingest log ``log``, if given, else of the topic's own
+    ingest topic); the same offset again is a replayed batch's copy (same id, same bytes)."""
+    message_id = f"{group}-{log or 'i'}{ingest_offset}"
     envelope = Envelope(
         message_id,
         message_id.encode(),
         group_id=group,
         ingest_partition=0,
         ingest_offset=ingest_offset,
+        ingest_log=log,
     )
     world.logs[MAIN].append((envelope.kafka_headers(), envelope.body))
     if message_id not in world.published[group]:
@@ -516,6 +518,22 @@ def test_a_batch_the_ingest_job_wrote_twice_is_called_once() -> None:
     assert world.engine.replay_copies == 3
     assert world.engine.committable()[MAIN] == 8
     assert not world.store.groups
+
+
+def test_records_from_the_shared_ingest_log_after_a_topics_own_are_not_taken_for_copies() -> None:
+    # Given a main partition fed by its topic's ingest partition 0 up to offset 40, then (the
+    # ingest log switched to the shared one) by the shared log's partition 0 from offset 3
+    world = World(subscription(delays=(10,)))
+    own = [from_ingest(world, "g1", offset) for offset in (38, 39, 40)]
+    shared = [from_ingest(world, "g1", offset, log="setu.ingest") for offset in (3, 4)]
+    # And a replayed batch of the shared log copying offset 4 again
+    from_ingest(world, "g1", 4, log="setu.ingest")
+    # When the worker reads it all
+    poll_all(world)
+    world.drain()
+    # Then every message is called once, in order: lower offsets of another log are no copies
+    assert world.first == {"g1": own + shared}
+    assert world.engine.replay_copies == 1
 
 
 def test_a_lap_copy_behind_a_leftover_in_its_tier_is_not_swept_along_with_it() -> None:
