@@ -50,6 +50,7 @@ import argparse
 import asyncio
 import os
 import random
+import re
 import secrets
 import shutil
 import subprocess
@@ -187,8 +188,22 @@ class Stack:
     extra_env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
+    def shared_log(self) -> str | None:
+        """This run's own shared ingest log, when it runs with ``SETU_INGEST_LOG=shared``."""
+        if self.extra_env.get("SETU_INGEST_LOG") != "shared":
+            return None
+        return f"{names.SHARED_INGEST_LOG}-{self.project}"
+
+    def ingest_pattern(self) -> str:
+        """Only this run's topics: the broker may hold other projects' backlogs."""
+        pattern, shared = project_pattern(self.project), self.shared_log()
+        return pattern if shared is None else f"^(?:{pattern[1:-1]}|{re.escape(shared)})$"
+
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SETU_")}
+        shared = self.shared_log()
+        if shared is not None:
+            env["SETU_INGEST_LOG_TOPIC"] = shared
         return {
             **env,
             "PYTHONUNBUFFERED": "1",
@@ -200,8 +215,7 @@ class Stack:
             "SETU_ALLOW_PRIVATE_ENDPOINTS": "true",
             "SETU_ADMIN_KEY": self.admin_key,
             "SETU_SECRET_KEY": Sealer.new_key(),
-            # Only this run's topics: the broker may hold other projects' backlogs.
-            "SETU_SPARK_INGEST_PATTERN": project_pattern(self.project),
+            "SETU_SPARK_INGEST_PATTERN": self.ingest_pattern(),
             "SETU_INGEST_METRICS_PORT": str(self.ingest_metrics_port),
             "SETU_DELIVERY_METRICS_PORT": str(self.deliver_metrics_port),
             "SETU_WORKER_ID": "latency-bench",

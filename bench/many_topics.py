@@ -2,7 +2,7 @@
 
     python -m bench.many_topics [--bootstrap 127.0.0.1:9092] [--redis redis://127.0.0.1:6379/0]
                                 [--topics 200] [--partitions 6] [--idle 30] [--seconds 60]
-                                [--hot-rate 500] [--quiet-rate 2]
+                                [--hot-rate 500] [--quiet-rate 2] [--env SETU_INGEST_LOG=shared]
 
 Real-time mode holds a task, and a Kafka consumer, for every ingest partition it reads, all the
 time (docs/ingest.md, "Modes, slots and the batch length"). This measures what that costs on
@@ -17,6 +17,9 @@ this machine, with Setu's own processes (``setu api``, ``setu ingest``, ``setu d
 3. For ``--seconds``, the first topic gets ``--hot-rate`` messages a second and the last one
    ``--quiet-rate``, written straight to their ingest topics: the time from each message's
    ingest record to its main-log record (both stamped by the broker), per topic, and the cores.
+
+With ``--env SETU_INGEST_LOG=shared`` the topics' records go through the run's own shared ingest
+log (decision 0010) instead of an ingest topic each, and are written there.
 
 Figures are printed and written as JSON under bench/results/.
 """
@@ -50,19 +53,25 @@ from bench.machine import (
     write_result,
 )
 from setu import names
-from setu.envelope import H_MESSAGE_ID, Envelope
+from setu.envelope import H_MESSAGE_ID, H_TOPIC, Envelope
 
 
 def topic_name(index: int) -> str:
     return f"t{index:04d}"
 
 
-def produce(producer: Producer, project: str, topic: str, message_id: str) -> None:
+def produce(
+    producer: Producer, project: str, topic: str, message_id: str, shared: str | None
+) -> None:
+    """Writes a message to ``topic``'s ingest topic, or to the ``shared`` ingest log, as the
+    API does."""
     envelope = Envelope(message_id=message_id, body=b"x" * 200, group_id=message_id[-3:])
     headers: list[tuple[str, str | bytes | None]] = list(envelope.kafka_headers())
-    producer.produce(
-        names.ingest_topic(project, topic), envelope.body, key=envelope.key, headers=headers
-    )
+    target = names.ingest_topic(project, topic)
+    if shared is not None:
+        headers.append((H_TOPIC, names.main_topic(project, topic).encode()))
+        target = shared
+    producer.produce(target, envelope.body, key=envelope.key, headers=headers)
 
 
 def wait_in_main(bootstrap: str, project: str, wanted: dict[str, str], timeout_s: float) -> None:
@@ -133,6 +142,7 @@ def load(
     hot_rate: int,
     quiet_rate: int,
     seconds: float,
+    shared: str | None,
 ) -> dict[str, list[str]]:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "all"})
     sent: dict[str, list[str]] = {hot: [], quiet: []}
@@ -142,12 +152,12 @@ def load(
     while (now := time.monotonic()) < started + seconds:
         if now >= next_hot:
             message_id = f"h{len(sent[hot])}"
-            produce(producer, project, hot, message_id)
+            produce(producer, project, hot, message_id, shared)
             sent[hot].append(message_id)
             next_hot += hot_every
         if now >= next_quiet:
             message_id = f"q{len(sent[quiet])}"
-            produce(producer, project, quiet, message_id)
+            produce(producer, project, quiet, message_id, shared)
             sent[quiet].append(message_id)
             next_quiet += quiet_every
         producer.poll(0)
@@ -156,8 +166,10 @@ def load(
     return sent
 
 
-def ingest_latency(bootstrap: str, project: str, topic: str, ids: list[str]) -> dict[str, Any]:
-    ingest = record_times(bootstrap, names.ingest_topic(project, topic))
+def ingest_latency(
+    bootstrap: str, project: str, topic: str, ids: list[str], shared: str | None
+) -> dict[str, Any]:
+    ingest = record_times(bootstrap, shared or names.ingest_topic(project, topic))
     main = record_times(bootstrap, names.main_topic(project, topic))
     delays = [main[m] - ingest[m] for m in ids if m in main and m in ingest]
     return {"sent": len(ids), "in_main_log": len(delays), **stats_ms(delays)}
@@ -189,7 +201,7 @@ def main() -> None:
         print(f"{args.topics} topics created in {created_s:.1f} s", flush=True)
         producer = Producer({"bootstrap.servers": args.bootstrap, "acks": "all"})
         for topic in topics:
-            produce(producer, project, topic, f"first-{topic}")
+            produce(producer, project, topic, f"first-{topic}", stack.shared_log())
         producer.flush(30)
         wait_in_main(args.bootstrap, project, {f"first-{t}": t for t in topics}, 900)
         all_read_s = time.monotonic() - started
@@ -205,14 +217,23 @@ def main() -> None:
         hot, quiet = topics[0], topics[-1]
         before = cpu_seconds(stack, args.broker_pid)
         sent = load(
-            args.bootstrap, project, hot, quiet, args.hot_rate, args.quiet_rate, args.seconds
+            args.bootstrap,
+            project,
+            hot,
+            quiet,
+            args.hot_rate,
+            args.quiet_rate,
+            args.seconds,
+            stack.shared_log(),
         )
         busy = cores(stack, args.broker_pid, args.seconds, before)
         time.sleep(5)  # the last records' way through
         stack.check_alive()
         latency = {
-            "hot": ingest_latency(args.bootstrap, project, hot, sent[hot]),
-            "quiet": ingest_latency(args.bootstrap, project, quiet, sent[quiet]),
+            "hot": ingest_latency(args.bootstrap, project, hot, sent[hot], stack.shared_log()),
+            "quiet": ingest_latency(
+                args.bootstrap, project, quiet, sent[quiet], stack.shared_log()
+            ),
         }
         print(f"under load: cores {busy}\n{json.dumps(latency, indent=2)}")
         result = {
