@@ -188,8 +188,13 @@ def live_counts(spark: SparkSession, counts: Any) -> Any:
 
 def read_counts(counts: Any) -> dict[str, tuple[int, int]]:
     """Ingest topic -> (records kept, dropped as duplicates) so far, of :func:`topic_counts`
-    or :func:`live_counts`."""
-    return {str(topic): (int(n[0]), int(n[1])) for topic, n in counts.value().items()}
+    or :func:`live_counts`. One call to the JVM, as text: reading the map entry by entry cost
+    two calls per topic, every second (half the idle driver's time at 200 topics)."""
+    out: dict[str, tuple[int, int]] = {}
+    for line in str(counts.encoded()).splitlines():
+        topic, kept, dropped = line.split(" ")
+        out[topic] = (int(kept), int(dropped))
+    return out
 
 
 def sink_columns() -> list[Column]:

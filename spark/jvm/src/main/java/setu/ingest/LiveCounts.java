@@ -70,6 +70,11 @@ public final class LiveCounts extends SparkListener {
     return out;
   }
 
+  /** {@link #value()} as {@link TopicCounts#encode} writes it. */
+  public String encoded() {
+    return TopicCounts.encode(value());
+  }
+
   private Map<String, long[]> countsIn(scala.collection.immutable.Seq<AccumulableInfo> infos) {
     for (AccumulableInfo info : CollectionConverters.asJava(infos)) {
       Option<Object> update = info.update();

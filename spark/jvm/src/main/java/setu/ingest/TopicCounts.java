@@ -69,4 +69,21 @@ public final class TopicCounts extends AccumulatorV2<TopicCounts.Decided, Map<St
     counts.forEach((topic, n) -> out.put(topic, n.clone()));
     return out;
   }
+
+  /** {@link #value()} as {@link #encode} writes it: one call for the driver to read. */
+  public String encoded() {
+    return encode(value());
+  }
+
+  /**
+   * Counts as text, a line {@code "<topic> <kept> <dropped>"} per topic (topic names hold no
+   * spaces): the driver reads every topic's counts in one call, not two per topic.
+   */
+  public static String encode(Map<String, long[]> counts) {
+    StringBuilder out = new StringBuilder();
+    counts.forEach(
+        (topic, n) ->
+            out.append(topic).append(' ').append(n[0]).append(' ').append(n[1]).append('\n'));
+    return out.toString();
+  }
 }
