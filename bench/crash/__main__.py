@@ -102,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("micro-batch", "real-time"),
         help="how the ingest job runs (SETU_INGEST_MODE, docs/ingest.md); default: Setu's",
     )
+    parser.add_argument(
+        "--ingest-log",
+        choices=("per-topic", "shared"),
+        help="where produced records wait for ingest (SETU_INGEST_LOG; shared: the run's own "
+        "shared ingest log, decision 0010); default: Setu's",
+    )
     return parser
 
 
@@ -141,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         faults=tuple(f for f in args.faults.split(",") if f),
         kill_receiver=args.kill_receiver,
         kafka_nodes=args.kafka_nodes,
-        extra_env={"SETU_INGEST_MODE": args.ingest_mode} if args.ingest_mode else {},
+        extra_env={
+            **({"SETU_INGEST_MODE": args.ingest_mode} if args.ingest_mode else {}),
+            **({"SETU_INGEST_LOG": args.ingest_log} if args.ingest_log else {}),
+        },
     )
     if args.seed is not None:
         config = dataclasses.replace(config, seed=args.seed)

@@ -276,9 +276,15 @@ class CrashRun:
     def _ingest_scope(self) -> dict[str, str]:
         """Keeps the ingest job to this run's topic: on a shared broker, reading every other
         test's ingest topics from their first offset makes its batches slow and its restarts
-        long."""
+        long. With the shared ingest log, the run has one of its own."""
         topic = re.escape(names.ingest_topic(self.project, self.topic))
-        return {"SETU_SPARK_INGEST_PATTERN": f"^{topic}$"}
+        if self.config.extra_env.get("SETU_INGEST_LOG") != "shared":
+            return {"SETU_SPARK_INGEST_PATTERN": f"^{topic}$"}
+        shared = f"{names.SHARED_INGEST_LOG}-{self.run_id}"
+        return {
+            "SETU_INGEST_LOG_TOPIC": shared,
+            "SETU_SPARK_INGEST_PATTERN": f"^(?:{topic}|{re.escape(shared)})$",
+        }
 
     async def _set_up(self, layout: StackLayout, api: SetuApi) -> None:
         config = self.config

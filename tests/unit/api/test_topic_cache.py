@@ -122,3 +122,18 @@ async def test_a_name_no_topic_can_have_is_not_found_without_a_lookup_or_an_entr
     # And neither the store nor the cache saw them
     assert store.loads == 0
     assert len(cache._cache) == 0
+
+
+async def test_with_the_shared_log_a_topic_is_written_there_naming_its_main_log() -> None:
+    store = FakeStore()
+    store.topics[("p", "t")] = Topic("p", "t", grouped=True)
+    cache = TopicCache(store.load, shared_log="setu.ingest")
+    entry = await cache.get("p", "t")
+    assert entry.ingest_topic == "setu.ingest"
+    assert entry.with_ingest_headers([("setu-message-id", b"m")]) == [
+        ("setu-message-id", b"m"),
+        ("setu-topic", b"setu.p.t"),
+    ]
+    # Without it, a record gets no header of the kind
+    plain = await TopicCache(store.load).get("p", "t")
+    assert plain.with_ingest_headers([]) == []

@@ -15,6 +15,7 @@ def test_envelope_survives_a_round_trip_through_kafka_headers() -> None:
         produced_at_ms=1_700_000_000_000,
         ingest_partition=3,
         ingest_offset=99,
+        ingest_log="setu.ingest",
         main_offset=12,
         attempt=2,
         failure_reason="status 503",

@@ -64,3 +64,22 @@ def test_a_name_with_a_line_break_is_refused(name: str) -> None:
     # "$" matched before a final newline: "shop\n" was taken (and the project created)
     with pytest.raises(InvalidInput):
         names.validate_name("project", name)
+
+
+@pytest.mark.parametrize(
+    ("name", "allowed"),
+    [
+        ("setu.ingest", True),
+        ("setu.ingest-bench-1", True),
+        ("setu.p.t.ingest", False),
+        ("setu.ingest.x", False),
+        ("setu.producer-marks", False),
+    ],
+)
+def test_the_shared_ingest_log_is_named_apart_from_every_topics_kafka_names(
+    name: str, allowed: bool
+) -> None:
+    assert bool(re.fullmatch(names.SHARED_INGEST_LOG_PATTERN, name)) is allowed
+    # And no topic's ingest topic or main log can be it
+    assert not re.fullmatch(names.INGEST_PATTERN, name) or not allowed
+    assert name.count(".") != 2 or not allowed
