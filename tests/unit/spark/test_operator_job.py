@@ -73,13 +73,14 @@ def test_real_time_mode_asks_a_local_master_for_its_slots_and_a_short_shuffle_wa
 
 
 class Live:
-    """What ``setu.ingest.LiveCounts.value()`` answers through py4j: topic -> [kept, dropped]."""
+    """What ``setu.ingest.LiveCounts.encoded()`` answers through py4j: a line
+    ``"<topic> <kept> <dropped>"`` per topic (``TopicCountsTest`` holds the JVM side to it)."""
 
     def __init__(self) -> None:
         self.counts: dict[str, list[int]] = {}
 
-    def value(self) -> dict[str, list[int]]:
-        return self.counts
+    def encoded(self) -> str:
+        return "".join(f"{t} {n[0]} {n[1]}\n" for t, n in self.counts.items())
 
 
 def test_the_counts_follower_adds_what_grew_and_never_counts_down() -> None:
