@@ -293,6 +293,11 @@ def keep_running(
                 if stale():
                     restart = True
                     break
+            if not restart and not stopping.is_set():
+                # It ended between awaitTermination's timeout and the look at isActive: a
+                # failure like any other, not the end of the job (which then exited 0 and
+                # stopped ingest: the crash test in cluster mode saw it when a worker died).
+                raise query.exception() or RuntimeError("the ingest query stopped on its own")
             stop_between_batches(query, stop_patience_s)
             if restart and not stopping.is_set():
                 log.info("ingest query %s starts again: the topics it reads changed", query.id)

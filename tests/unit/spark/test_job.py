@@ -136,6 +136,20 @@ class FakeQuery:
     def stop(self) -> None:
         self.isActive = False
 
+    def exception(self) -> Exception | None:
+        return None
+
+
+class EndsBetweenLooks(FakeQuery):
+    """A query that fails right after ``awaitTermination`` timed out: the next look at
+    ``isActive`` finds it ended, and ``exception()`` says why."""
+
+    def awaitTermination(self, timeout: float) -> None:  # noqa: N802 (Spark's name)
+        self.isActive = False
+
+    def exception(self) -> Exception | None:
+        return RuntimeError("Lost executor 3: worker lost")
+
 
 class Reporter:
     def __init__(self) -> None:
@@ -168,6 +182,28 @@ def test_a_failed_query_is_started_again_in_the_same_process() -> None:
     assert len(started) == 3
     failed = [error for state, error in reporter.states if state == "failed"]
     assert failed == ["org.apache.kafka.common.errors.TimeoutException: broker away"] * 2
+
+
+def test_a_query_that_fails_between_two_looks_is_started_again_not_taken_for_the_end() -> None:
+    # Given a query that fails just after a wait timed out, then one that runs
+    stopping = threading.Event()
+    started: list[FakeQuery] = []
+
+    def start_query() -> FakeQuery:
+        if started:
+            stopping.set()  # the second runs until the job is asked to stop
+            query = FakeQuery(False, [])
+        else:
+            query = EndsBetweenLooks(False, [])
+        started.append(query)
+        return query
+
+    reporter = Reporter()
+    # When the job runs it
+    job.keep_running(start_query, stopping, reporter, lambda: 0, backoff=lambda n: 0.0)  # type: ignore[arg-type]
+    # Then the failure is reported and the query started again (the job did not just return)
+    assert len(started) == 2
+    assert ("failed", "Lost executor 3: worker lost") in reporter.states
 
 
 def test_a_query_that_keeps_failing_without_a_batch_ends_the_job() -> None:
