@@ -282,11 +282,12 @@ def keep_running(
     topics the running query reads, when its progress cannot (see ``StatusReporter.watch``)."""
     failures = 0
     while True:
-        query = start_query()
-        reporter.set_state("starting")
-        reporter.watch(_progress_of(query), reading)
         before, started = batches(), time.monotonic()
         try:
+            # A start can fail too (a cluster whose executors are not back yet): retried alike.
+            query = start_query()
+            reporter.set_state("starting")
+            reporter.watch(_progress_of(query), reading)
             restart = False
             while not stopping.is_set() and query.isActive:
                 query.awaitTermination(1)
@@ -303,6 +304,8 @@ def keep_running(
                 log.info("ingest query %s starts again: the topics it reads changed", query.id)
                 continue
             return
+        except operator_job.SlotsShort:
+            raise  # the session is built again, larger (run)
         except Exception as exc:
             if stopping.is_set():
                 raise

@@ -393,7 +393,9 @@ class OperatorRun:
 
     def _check_slots(self, partitions: int) -> None:
         """Raises when the real-time query could not get its slots: :class:`SlotsShort` on a
-        local master (the session is built again, larger), a clear failure on a cluster."""
+        local master (the session is built again, larger), a clear failure on a cluster, which
+        ``job.keep_running`` retries like any failed start (an executor lost with its worker
+        comes back; one that never does ends the job with this message)."""
         needed = slots_needed(self._settings, partitions)
         slots = self._spark.sparkContext.defaultParallelism
         if needed <= slots:

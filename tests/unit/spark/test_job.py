@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from setu.settings import Settings
-from spark import job
+from spark import job, operator_job
 from spark.job import (
     LOCAL_CHECKPOINT_FILE_MANAGER,
     CheckpointLayoutError,
@@ -204,6 +204,35 @@ def test_a_query_that_fails_between_two_looks_is_started_again_not_taken_for_the
     # Then the failure is reported and the query started again (the job did not just return)
     assert len(started) == 2
     assert ("failed", "Lost executor 3: worker lost") in reporter.states
+
+
+def test_a_start_that_fails_is_retried_like_a_failed_query() -> None:
+    # Given a cluster whose executors are not back yet at the first start
+    stopping = threading.Event()
+    attempts: list[int] = []
+
+    def start_query() -> FakeQuery:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RuntimeError("real-time mode needs 8 task slots, the executors have 2 cores")
+        stopping.set()
+        return FakeQuery(False, [])
+
+    reporter = Reporter()
+    job.keep_running(start_query, stopping, reporter, lambda: 0, backoff=lambda n: 0.0)  # type: ignore[arg-type]
+    # Then the start is tried again, the failure reported, and the job goes on
+    assert len(attempts) == 2
+    assert reporter.states[0][0] == "failed"
+
+
+def test_a_local_master_short_of_slots_is_left_to_the_caller() -> None:
+    def start_query() -> FakeQuery:
+        raise operator_job.SlotsShort(6, 8, 2)
+
+    with pytest.raises(operator_job.SlotsShort):
+        job.keep_running(  # type: ignore[arg-type]
+            start_query, threading.Event(), Reporter(), lambda: 0, backoff=lambda n: 0.0
+        )
 
 
 def test_a_query_that_keeps_failing_without_a_batch_ends_the_job() -> None:
