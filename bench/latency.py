@@ -50,7 +50,6 @@ import argparse
 import asyncio
 import os
 import random
-import re
 import secrets
 import shutil
 import subprocess
@@ -196,8 +195,7 @@ class Stack:
 
     def ingest_pattern(self) -> str:
         """Only this run's topics: the broker may hold other projects' backlogs."""
-        pattern, shared = project_pattern(self.project), self.shared_log()
-        return pattern if shared is None else f"^(?:{pattern[1:-1]}|{re.escape(shared)})$"
+        return names.with_shared_log(project_pattern(self.project), self.shared_log())
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SETU_")}

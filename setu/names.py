@@ -50,6 +50,15 @@ Kafka topics Setu keeps for itself, so no topic's Kafka name can be it."""
 # that share one broker).
 SHARED_INGEST_LOG_PATTERN = r"^setu\.ingest(-[a-z0-9-]+)?$"
 
+
+def with_shared_log(pattern: str, shared_log: str | None) -> str:
+    """``pattern`` (a whole-name pattern, ``^...$``) that also matches ``shared_log``, if any:
+    what the ingest job reads when records wait in both layouts."""
+    if shared_log is None:
+        return pattern
+    return f"^(?:{pattern.removeprefix('^').removesuffix('$')}|{re.escape(shared_log)})$"
+
+
 # An ingest topic is its main topic's name plus this.
 INGEST_SUFFIX = ".ingest"
 

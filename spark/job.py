@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import signal
 import threading
 import time
@@ -43,7 +42,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from setu import logs
 from setu.limits import MessageLimits
-from setu.names import INGEST_PATTERN
+from setu.names import INGEST_PATTERN, with_shared_log
 from setu.settings import Settings, is_local_master
 from spark import operator_job
 from spark.marks import MarkPublisher
@@ -247,11 +246,10 @@ def ingest_pattern(settings: Settings, pattern: str | None = None) -> str:
     every topic's own ingest topic, and the shared ingest log when ``SETU_INGEST_LOG=shared``
     (the topics' own ones still, for what was produced to them before a switch: decision
     0010)."""
-    if pattern or settings.spark_ingest_pattern:
-        return pattern or settings.spark_ingest_pattern or ""
-    if settings.ingest_log == "shared":
-        return f"^(?:{INGEST_PATTERN}|{re.escape(settings.ingest_log_topic)})$"
-    return SUBSCRIBE_PATTERN
+    chosen = pattern or settings.spark_ingest_pattern
+    if chosen:
+        return chosen
+    return with_shared_log(SUBSCRIBE_PATTERN, settings.shared_ingest_log())
 
 
 def stop_between_batches(query: StreamingQuery, patience_s: float = 30.0) -> None:

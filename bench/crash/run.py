@@ -277,13 +277,13 @@ class CrashRun:
         """Keeps the ingest job to this run's topic: on a shared broker, reading every other
         test's ingest topics from their first offset makes its batches slow and its restarts
         long. With the shared ingest log, the run has one of its own."""
-        topic = re.escape(names.ingest_topic(self.project, self.topic))
+        pattern = f"^{re.escape(names.ingest_topic(self.project, self.topic))}$"
         if self.config.extra_env.get("SETU_INGEST_LOG") != "shared":
-            return {"SETU_SPARK_INGEST_PATTERN": f"^{topic}$"}
+            return {"SETU_SPARK_INGEST_PATTERN": pattern}
         shared = f"{names.SHARED_INGEST_LOG}-{self.run_id}"
         return {
             "SETU_INGEST_LOG_TOPIC": shared,
-            "SETU_SPARK_INGEST_PATTERN": f"^(?:{topic}|{re.escape(shared)})$",
+            "SETU_SPARK_INGEST_PATTERN": names.with_shared_log(pattern, shared),
         }
 
     async def _set_up(self, layout: StackLayout, api: SetuApi) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -294,10 +293,7 @@ class IngestWorld:
 
     def ingest_pattern(self) -> str:
         """What this project's job reads: its topics' own ingest topics, and its shared log."""
-        pattern = job.project_pattern(self.project)
-        if self.shared_log is None:
-            return pattern
-        return f"^(?:{pattern[1:-1]}|{re.escape(self.shared_log)})$"
+        return names.with_shared_log(job.project_pattern(self.project), self.shared_log)
 
     def shared_env(self) -> dict[str, str]:
         """The settings of a ``setu ingest`` process on this world's shared log."""

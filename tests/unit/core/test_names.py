@@ -83,3 +83,13 @@ def test_the_shared_ingest_log_is_named_apart_from_every_topics_kafka_names(
     # And no topic's ingest topic or main log can be it
     assert not re.fullmatch(names.INGEST_PATTERN, name) or not allowed
     assert name.count(".") != 2 or not allowed
+
+
+def test_a_pattern_with_the_shared_log_matches_both_and_nothing_more() -> None:
+    pattern = names.with_shared_log(r"^setu\.p\.[a-z0-9-]+\.ingest$", "setu.ingest-x")
+    assert [bool(re.fullmatch(pattern, t)) for t in ("setu.p.t.ingest", "setu.ingest-x")] == [
+        True,
+        True,
+    ]
+    assert not re.fullmatch(pattern, "setu.ingest-xy") and not re.fullmatch(pattern, "setu.p.t")
+    assert names.with_shared_log("^a$", None) == "^a$"
