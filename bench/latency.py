@@ -35,6 +35,11 @@ Each phase also reports how many cores each process (with its children) kept bus
 phases a topic is created and a message produced to it every 0.2 s until one is delivered: how
 soon a new topic's first message arrives, counted from the topic's creation.
 
+``--api URL --api-key KEY --bootstrap KAFKA`` measures a stack that already runs instead, such
+as ``setu dev up``'s with the URL, key and Kafka it printed: from outside, as a user would
+(its processes' cores are found by their command lines; its metrics on the ports ``dev up``
+prints, ``--ingest-metrics-port`` / ``--worker-metrics-port``).
+
 ``--modes micro-batch,real-time`` measures the stack once per ingest mode (``SETU_INGEST_MODE``,
 docs/ingest.md), one after the other in the same run, and writes them side by side.
 
@@ -63,6 +68,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -96,6 +102,8 @@ KEEP_ALIVE_S = 2.0
 # first delivery (docs/latency.md).
 TARGETS = {"200": [("p95", 100.0), ("p99", 400.0)], "1000": [("p99", 500.0)]}
 INGEST_CORES_AT_200 = 0.4
+# The width of a window of the load, by scheduled time, in the report of where the tail was.
+WINDOW_S = 5
 NEW_TOPIC_S = 10.0
 # The services' histograms of the finer split: (name, stage).
 HISTOGRAMS = {
@@ -139,6 +147,10 @@ class _Webhook(asyncio.Protocol):
             at = lower.find(b"\r\nx_message_id: ")
             if at >= 0:
                 message = head[at + 16 : head.find(b"\r\n", at + 2)]
+                target = head.split(b" ", 2)[1]
+                if target != b"/hook":
+                    # Another endpoint (bench.fanout's one per subscription): by both.
+                    message = target + b"#" + message
                 seen = self.arrivals.get(message)
                 if seen is None:
                     self.arrivals[message] = [now, 1]
@@ -184,6 +196,8 @@ class Stack:
     ingest_metrics_port: int = field(default_factory=any_free_port)
     deliver_metrics_port: int = field(default_factory=any_free_port)
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    # Delivery workers besides the first (``deliver-2``, ...), each with a metrics port.
+    more_workers: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -220,19 +234,25 @@ class Stack:
             **self.extra_env,
         }
 
-    def spawn(self, name: str, argv: list[str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    def spawn(
+        self,
+        name: str,
+        argv: list[str],
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
         log = (self.workdir / f"{name}.log").open("wb")
         process = subprocess.Popen(
-            argv, env=self.env(), cwd=cwd or self.workdir, stdout=log, stderr=subprocess.STDOUT
+            argv,
+            env={**self.env(), **(env or {})},
+            cwd=cwd or self.workdir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         self.processes[name] = process
         return process
 
-    def start(self) -> None:
-        setu = shutil.which("setu") or str(Path(sys.executable).with_name("setu"))
-        subprocess.run(
-            [setu, "migrate"], env=self.env(), cwd=self.workdir, check=True, capture_output=True
-        )
+    def start_webhook(self) -> None:
         webhook = self.spawn(
             "webhook",
             [sys.executable, "-m", "bench.latency", "--webhook", str(self.webhook_port)],
@@ -241,17 +261,34 @@ class Stack:
         wait_for_own_server(
             webhook, "the webhook", lambda: webhook_get(self.webhook_port, "count") != b"", 20
         )
+
+    def start(self) -> None:
+        setu = shutil.which("setu") or str(Path(sys.executable).with_name("setu"))
+        subprocess.run(
+            [setu, "migrate"], env=self.env(), cwd=self.workdir, check=True, capture_output=True
+        )
+        self.start_webhook()
         api = self.spawn("api", [setu, "api"])
         health = f"http://127.0.0.1:{self.api_port}/v1/health"
         wait_for_own_server(api, "setu api", lambda: http_ok(health), 60)
         self.spawn("ingest", [setu, "ingest"])
         self.spawn("deliver", [setu, "deliver"])
+        for n in range(2, self.more_workers + 2):
+            more = {
+                "SETU_DELIVERY_METRICS_PORT": str(any_free_port()),
+                "SETU_WORKER_ID": f"latency-bench-{n}",
+            }
+            self.spawn(f"deliver-{n}", [setu, "deliver"], env=more)
 
     def check_alive(self) -> None:
         for name, process in self.processes.items():
             if process.poll() is not None:
                 tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-2000:]
                 raise SystemExit(f"{name} exited with code {process.returncode}:\n{tail}")
+
+    def pids(self) -> dict[str, int]:
+        """The processes whose cores each phase reports, by name."""
+        return {name: process.pid for name, process in self.processes.items()}
 
     def stop(self) -> None:
         for process in reversed(list(self.processes.values())):
@@ -262,6 +299,52 @@ class Stack:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+@dataclass
+class Running(Stack):
+    """A stack that already runs, such as ``setu dev up``'s, measured from outside as a user
+    would: through the API URL and key it printed, with its own processes and settings. Only
+    the webhook is this run's own."""
+
+    found: dict[str, int] = field(default_factory=dict)
+
+    def start(self) -> None:
+        if not http_ok(f"http://127.0.0.1:{self.api_port}/v1/health"):
+            raise SystemExit(f"no API answers on 127.0.0.1:{self.api_port}")
+        self.found = setu_processes()
+        missing = {"api", "ingest", "deliver"} - set(self.found)
+        if missing:
+            raise SystemExit(f"no running `setu {' / '.join(sorted(missing))}` on this machine")
+        self.start_webhook()
+
+    def pids(self) -> dict[str, int]:
+        return {**self.found, **super().pids()}
+
+    def check_alive(self) -> None:
+        super().check_alive()
+        for name, pid in self.found.items():
+            if not Path(f"/proc/{pid}").exists():
+                raise SystemExit(f"setu {name} (pid {pid}) is gone")
+
+
+def setu_processes() -> dict[str, int]:
+    """The running ``setu api``, ``setu ingest`` and ``setu deliver`` (as ``setu dev up`` runs
+    them: ``python -m cli.main <command>``, or the ``setu`` script), by command."""
+    found: dict[str, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        for i, word in enumerate(argv[:-1]):
+            launcher = Path(word).name == "setu" or (word == "cli.main" and argv[i - 1] == "-m")
+            if launcher and argv[i + 1] in ("api", "ingest", "deliver"):
+                found.setdefault(argv[i + 1], int(entry.name))
+                break
+    return found
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -514,6 +597,7 @@ def phase_figures(
     }
     missing = duplicates = 0
     failed: dict[str, int] = {}
+    by_window: dict[int, list[float]] = {}
     for key, record in sent.items():
         if key.endswith("#dup"):
             continue
@@ -529,6 +613,7 @@ def phase_figures(
         if record.due < measured_from:
             continue
         segments["end_to_end"].append(arrival[0] - record.due)
+        by_window.setdefault(int(record.due // WINDOW_S), []).append(arrival[0] - record.due)
         segments["produce_ack"].append(record.acked - record.due)
         if key in ingest and key in main:
             segments["to_ingest_topic"].append(ingest[key] - record.due)
@@ -544,7 +629,22 @@ def phase_figures(
         "missing_at_webhook": missing,
         "duplicate_calls": duplicates,
         **{name: stats_ms(values) for name, values in segments.items()},
+        "slowest_windows": slowest_windows(by_window),
     }
+
+
+def slowest_windows(by_window: Mapping[int, list[float]], top: int = 5) -> list[dict[str, Any]]:
+    """The ``top`` windows of ``WINDOW_S`` whose messages waited longest end to end (by their
+    maximum), with when each began (UTC): to lay a tail beside the services' logs (a batch
+    boundary, a broker's pause) rather than guess where it came from."""
+    worst = sorted(by_window.items(), key=lambda item: max(item[1]), reverse=True)[:top]
+    return [
+        {
+            "from": time.strftime("%H:%M:%S", time.gmtime(window * WINDOW_S)),
+            **stats_ms(values),
+        }
+        for window, values in worst
+    ]
 
 
 def verdicts(phases: dict[str, dict[str, Any]], new_topic_s: float | None) -> dict[str, Any]:
@@ -597,6 +697,11 @@ def report(phases: dict[str, dict[str, Any]], checks: dict[str, Any]) -> None:
         )
         busy = ", ".join(f"{k} {v:.2f}" for k, v in figures.get("cores_busy", {}).items())
         print(f"{name:<9} cores busy: {busy}")
+        slowest = ", ".join(
+            f"{w['from']} max {w['max']:.0f} p99 {w['p99']:.0f}"
+            for w in figures.get("slowest_windows", [])
+        )
+        print(f"{name:<9} slowest {WINDOW_S} s windows (UTC, end to end, ms): {slowest}")
     for name, verdict in checks.items():
         print(f"{name}: {verdict}")
 
@@ -607,13 +712,27 @@ def stack_running(
     project: str | None = None,
     env: dict[str, str] | None = None,
     prefix: str = "setu-latency-",
+    more_workers: int = 0,
 ) -> Iterator[Stack]:
     """A started stack for ``project`` (default: a new name) in a new work folder, with the
     ``--env`` settings over ``env``; stopped, and its folder removed unless ``--keep``."""
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     project = project or f"lat{uuid.uuid4().hex[:8]}"
-    stack = Stack(workdir, args.bootstrap, args.redis, project)
-    stack.extra_env = {**(env or {}), **dict(item.split("=", 1) for item in args.env)}
+    stack: Stack
+    if getattr(args, "api", None):
+        stack = Running(
+            workdir,
+            args.bootstrap,
+            args.redis,
+            project,
+            api_port=api_port(args.api),
+            ingest_metrics_port=args.ingest_metrics_port,
+            deliver_metrics_port=args.worker_metrics_port,
+            admin_key=args.api_key,
+        )
+    else:
+        stack = Stack(workdir, args.bootstrap, args.redis, project, more_workers=more_workers)
+        stack.extra_env = {**(env or {}), **dict(item.split("=", 1) for item in args.env)}
     try:
         stack.start()
         yield stack
@@ -623,6 +742,14 @@ def stack_running(
             shutil.rmtree(workdir, ignore_errors=True)
         else:
             print(f"logs kept in {workdir}")
+
+
+def api_port(url: str) -> int:
+    """The port of a loopback API's URL (the load connects to 127.0.0.1)."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname not in ("127.0.0.1", "localhost"):
+        raise SystemExit(f"--api must be a plain http URL on this machine, not {url}")
+    return parts.port or 80
 
 
 def api_client(stack: Stack) -> httpx.Client:
@@ -749,15 +876,15 @@ def measure(
                     ("deliver", stack.deliver_metrics_port),
                 )
             }
-            cpu_before = {n: tree_cpu_s(p.pid) for n, p in stack.processes.items()}
+            cpu_before = {n: tree_cpu_s(pid) for n, pid in stack.pids().items()}
             started = time.monotonic()
             sent, measured_from = asyncio.run(
                 run_load(stack.api_port, phase, args.seconds, args.warmup, headers)
             )
             elapsed = time.monotonic() - started
             cpu = {
-                name: round((tree_cpu_s(p.pid) - cpu_before[name]) / elapsed, 3)
-                for name, p in stack.processes.items()
+                name: round((tree_cpu_s(pid) - cpu_before[name]) / elapsed, 3)
+                for name, pid in stack.pids().items()
             }
             expected += sum(
                 1 for k, s in sent.items() if not k.endswith("#dup") and s.status // 100 == 2
@@ -799,8 +926,20 @@ def main(argv: list[str] | None = None) -> int:
         "micro-batch,real-time; unset: the stack's default",
     )
     stack_arguments(parser)
+    parser.add_argument(
+        "--api",
+        help="measure a stack that already runs (`setu dev up`) through this API URL, as a "
+        "user would, instead of starting one; with --api-key, and --bootstrap its Kafka",
+    )
+    parser.add_argument("--api-key", default=os.environ.get("SETU_API_KEY", ""))
+    parser.add_argument("--ingest-metrics-port", type=int, default=9465)
+    parser.add_argument("--worker-metrics-port", type=int, default=9464)
     parser.add_argument("--webhook", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.api and (args.modes or args.env):
+        parser.error("--modes and --env set up a stack of the bench's own; not with --api")
+    if args.api and not args.api_key:
+        parser.error("--api needs --api-key (or SETU_API_KEY): the admin key `dev up` printed")
     if args.webhook is not None:
         serve_webhook(args.webhook)
         return 0
@@ -822,6 +961,7 @@ def main(argv: list[str] | None = None) -> int:
             "new_topic_first_delivery_s": new_topic_s,
         }
     settings = {
+        "stack": f"running, {args.api}" if args.api else "the bench's own",
         "env": args.env,
         "seconds": args.seconds,
         "warmup": args.warmup,

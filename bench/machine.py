@@ -152,3 +152,18 @@ def process_tree(pid: int) -> dict[int, list[str]]:
         tree.update(children)
         frontier.extend(children)
     return {p: stats[p] for p in tree if p in stats}
+
+
+def footprint(pid: int) -> dict[str, int]:
+    """Threads and resident memory (MiB) of ``pid`` with all its descendants (the ingest job's
+    JVM, a worker's helpers)."""
+    threads, rss_kib = 0, 0
+    for member in process_tree(pid):
+        try:
+            text = Path(f"/proc/{member}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        threads += int(fields.get("Threads", "0").strip())
+        rss_kib += int(fields.get("VmRSS", "0 kB").split()[0])
+    return {"threads": threads, "rss_mib": rss_kib // 1024}

@@ -30,7 +30,6 @@ import argparse
 import json
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -46,7 +45,7 @@ from bench.latency import (
     tree_cpu_s,
 )
 from bench.machine import (
-    process_tree,
+    footprint,
     quiet_client_logs,
     quiet_kafka_config,
     service_arguments,
@@ -120,18 +119,7 @@ def cpu_seconds(stack: Stack, broker_pid: int | None) -> dict[str, float]:
 
 def ingest_footprint(stack: Stack) -> dict[str, int]:
     """The ingest job's threads and resident memory (MiB), its JVM included."""
-    threads, rss_pages = 0, 0
-    for pid in process_tree(stack.processes["ingest"].pid):
-        status = Path(f"/proc/{pid}/status")
-        try:
-            fields = dict(
-                line.split(":", 1) for line in status.read_text().splitlines() if ":" in line
-            )
-        except OSError:
-            continue
-        threads += int(fields.get("Threads", "0").strip())
-        rss_pages += int(fields.get("VmRSS", "0 kB").split()[0])
-    return {"threads": threads, "rss_mib": rss_pages // 1024}
+    return footprint(stack.processes["ingest"].pid)
 
 
 def load(

@@ -119,8 +119,17 @@ class BatchListener(StreamingQueryListener):
         pass
 
     def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802
-        seconds = event.progress.durationMs.get("triggerExecution", 0) / 1000
+        durations = event.progress.durationMs
+        seconds = durations.get("triggerExecution", 0) / 1000
         self._metrics.batch_written({}, seconds)
+        # Where a batch's time went (planning, the offset and commit logs, the tasks):
+        # in real-time mode the part outside the tasks is the pause records wait at a batch's
+        # end (docs/latency.md).
+        log.info(
+            "batch %s ended: %s",
+            event.progress.batchId,
+            ", ".join(f"{k} {v} ms" for k, v in sorted(durations.items())),
+        )
 
     def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802
         pass

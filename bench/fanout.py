@@ -1,0 +1,295 @@
+"""Fan-out: many subscriptions of one topic, served by a couple of delivery workers.
+
+    python -m bench.fanout [--bootstrap 127.0.0.1:9092] [--redis redis://127.0.0.1:6379/0]
+                           [--subscriptions 1000] [--workers 2] [--partitions 6]
+                           [--rate 100] [--seconds 60] [--idle 30] [--reach-timeout 300]
+
+Setu's own processes as deployed (``setu api``, ``setu ingest`` and ``--workers`` of
+``setu deliver``, as in ``bench.latency``) on one broker; one webhook process answers 200 at
+once on a path per subscription (``/hook/<n>``) and timestamps every call.
+
+1. **Creating.** One grouped topic of ``--partitions`` partitions, then ``--subscriptions``
+   grouped subscriptions of it, one after the other, each with its own endpoint: how long each
+   ``POST .../subscriptions`` took.
+2. **One message to all.** One message is produced; how long it took to reach each endpoint
+   (from its produce), and how many it reached within ``--reach-timeout``.
+3. **Idle.** For ``--idle`` seconds: each worker's cores, threads and resident memory.
+4. **Load.** ``--rate`` messages a second for ``--seconds`` (open loop, as ``bench.latency``)
+   over 1,000 groups: the webhook calls a second reached, the workers' cores per call, and
+   the time from each message's scheduled produce to each endpoint's call.
+5. **A new subscription.** One more is created and a message produced every 0.2 s until its
+   endpoint gets one: how long after its creation.
+
+Targets (issue "Fan-out that scales"; this 2-core machine): 1,000 subscriptions, two workers;
+one message reaches every endpoint with p99 <= 10 s; worker threads <= 100 and idle cores
+<= 0.1 each; creating a subscription <= 200 ms; its first delivery within 5 s.
+Figures are printed and written as JSON under bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import httpx
+import orjson
+
+from bench.latency import (
+    Phase,
+    Stack,
+    api_client,
+    create,
+    run_load,
+    stack_arguments,
+    stack_running,
+    stats_ms,
+    tree_cpu_s,
+    webhook_get,
+)
+from bench.machine import footprint, quiet_client_logs, service_arguments, write_result
+
+TOPIC = "events"
+# How long the load's calls are waited for once it ended.
+DRAIN_S = 120.0
+GROUPS = 1_000
+TARGETS = {
+    "reach_all_p99_s": 10.0,
+    "worker_threads": 100,
+    "worker_idle_cores": 0.1,
+    "create_ms": 200.0,
+    "first_delivery_s": 5.0,
+}
+
+
+def endpoint(stack: Stack, n: int) -> str:
+    return f"http://127.0.0.1:{stack.webhook_port}/hook/{n}"
+
+
+def subscribe(client: httpx.Client, stack: Stack, n: int) -> float:
+    """Creates subscription ``n`` of the topic; seconds its POST took."""
+    began = time.monotonic()
+    create(
+        client,
+        f"/v1/projects/{stack.project}/subscriptions",
+        {
+            "name": f"s{n:04d}",
+            "topic": TOPIC,
+            "grouped": True,
+            "endpoint": {"url": endpoint(stack, n)},
+        },
+    )
+    return time.monotonic() - began
+
+
+def produce(client: httpx.Client, stack: Stack, message_id: str) -> float:
+    """Produces one message; the wall clock when it was sent."""
+    sent = time.time()
+    response = client.post(
+        f"/v1/projects/{stack.project}/topics/{TOPIC}/produce",
+        content=b"{}",
+        headers={"X_MESSAGE_ID": message_id, "X_GROUP_ID": message_id},
+    )
+    if response.status_code // 100 != 2:
+        raise SystemExit(f"produce: {response.status_code} {response.text}")
+    return sent
+
+
+def arrivals(stack: Stack) -> dict[str, list[float]]:
+    """``/hook/<n>#<message id>`` -> [first call's wall clock, calls]."""
+    found: dict[str, list[float]] = orjson.loads(webhook_get(stack.webhook_port, "dump"))
+    return found
+
+
+def reached(stack: Stack, message_id: str, endpoints: range) -> dict[int, float]:
+    """Endpoint -> when ``message_id`` first reached it."""
+    calls = arrivals(stack)
+    out = {}
+    for n in endpoints:
+        seen = calls.get(f"/hook/{n}#{message_id}")
+        if seen is not None:
+            out[n] = seen[0]
+    return out
+
+
+def reach_all(stack: Stack, count: int, timeout_s: float) -> dict[str, Any]:
+    """One message to every endpoint: seconds from its produce to each endpoint's call."""
+    message_id = f"one-{uuid.uuid4().hex[:6]}"
+    with api_client(stack) as client:
+        sent = produce(client, stack, message_id)
+    deadline = time.monotonic() + timeout_s
+    got: dict[int, float] = {}
+    while time.monotonic() < deadline:
+        stack.check_alive()
+        got = reached(stack, message_id, range(count))
+        if len(got) == count:
+            break
+        time.sleep(1.0)
+    delays = [t - sent for t in got.values()]
+    return {"endpoints": count, "reached": len(got), **seconds_stats(delays)}
+
+
+def seconds_stats(values_s: list[float]) -> dict[str, Any]:
+    return {k: (round(v / 1000, 3) if k != "n" else v) for k, v in stats_ms(values_s).items()}
+
+
+def workers(stack: Stack) -> dict[str, int]:
+    return {name: pid for name, pid in stack.pids().items() if name.startswith("deliver")}
+
+
+def worker_cpu(stack: Stack) -> dict[str, float]:
+    return {name: tree_cpu_s(pid) for name, pid in workers(stack).items()}
+
+
+def cores_since(stack: Stack, before: dict[str, float], seconds: float) -> dict[str, float]:
+    now = worker_cpu(stack)
+    return {name: round((now[name] - before[name]) / seconds, 3) for name in now}
+
+
+def load(stack: Stack, count: int, rate: float, seconds: float) -> dict[str, Any]:
+    """``rate`` msg/s for ``seconds``; then waits up to 120 s for every call."""
+    phase = Phase(f"load{uuid.uuid4().hex[:4]}", rate, dedup=False)
+    headers = {"p": stack.project, "t": TOPIC, "auth": f"Bearer {stack.admin_key}"}
+    before = worker_cpu(stack)
+    calls_before = int(webhook_get(stack.webhook_port, "count"))
+    began = time.monotonic()
+    sent, _ = asyncio.run(run_load(stack.api_port, phase, seconds, 0.0, headers))
+    accepted = {k: s for k, s in sent.items() if s.status // 100 == 2}
+    expected = len(accepted) * count
+    # Beyond this machine at 1,000 endpoints (100,000 calls a second): what was called within
+    # the wait is what is measured.
+    deadline = time.monotonic() + DRAIN_S
+    while int(webhook_get(stack.webhook_port, "count")) - calls_before < expected:
+        if time.monotonic() > deadline:
+            break
+        stack.check_alive()
+        time.sleep(1.0)
+    elapsed = time.monotonic() - began
+    calls = {k: v for k, v in arrivals(stack).items() if f"#{phase.name}-" in k}
+    cpu = cores_since(stack, before, elapsed)
+    delays = []
+    for key, (first, _) in calls.items():
+        message = key.split("#", 1)[1]
+        delays.append(first - accepted[message].due)
+    first_call = min((v[0] for v in calls.values()), default=0.0)
+    last_call = max((v[0] for v in calls.values()), default=0.0)
+    span = max(last_call - first_call, 1e-9)
+    cpu_s = sum(cpu.values()) * elapsed
+    return {
+        "rate_per_s": rate,
+        "seconds": seconds,
+        "messages_accepted": len(accepted),
+        "failed_posts": len(sent) - len(accepted),
+        "calls_expected": expected,
+        "calls_made": len(calls),
+        "duplicate_calls": sum(int(v[1]) - 1 for v in calls.values()),
+        "calls_per_s": round(len(calls) / span, 1),
+        "worker_cores": cpu,
+        "worker_cpu_ms_per_call": round(cpu_s * 1000 / max(len(calls), 1), 3),
+        "produce_to_call_s": seconds_stats(delays),
+    }
+
+
+def first_delivery(stack: Stack, n: int, timeout_s: float) -> dict[str, Any]:
+    """Seconds from a new subscription's creation to its endpoint's first call, a message
+    produced every 0.2 s meanwhile."""
+    with api_client(stack) as client:
+        created_in = subscribe(client, stack, n)
+        began = time.monotonic() - created_in
+        i = 0
+        while time.monotonic() - began < timeout_s:
+            produce(client, stack, f"new-{i}")
+            if any(k.startswith(f"/hook/{n}#") for k in arrivals(stack)):
+                return {
+                    "create_ms": round(created_in * 1000, 1),
+                    "first_delivery_s": round(time.monotonic() - began, 2),
+                }
+            i += 1
+            time.sleep(0.2)
+    return {"create_ms": round(created_in * 1000, 1), "first_delivery_s": None}
+
+
+def verdicts(figures: dict[str, Any]) -> dict[str, Any]:
+    idle = figures["idle"]
+    reach = figures["one_message"]
+    checks: dict[str, Any] = {
+        "reach_all_p99_s": (reach.get("p99") if reach["reached"] == reach["endpoints"] else None),
+        "worker_threads": max(w["threads"] for w in idle["footprint"].values()),
+        "worker_idle_cores": max(idle["cores"].values()),
+        "create_ms": figures["create_ms"].get("p99"),
+        "first_delivery_s": figures["new_subscription"]["first_delivery_s"],
+    }
+    return {
+        name: {
+            "value": value,
+            "target": TARGETS[name],
+            "met": value is not None and value <= TARGETS[name],
+        }
+        for name, value in checks.items()
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    service_arguments(parser)
+    stack_arguments(parser)
+    parser.add_argument("--subscriptions", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--idle", type=float, default=30.0)
+    parser.add_argument("--reach-timeout", type=float, default=300.0)
+    args = parser.parse_args()
+    quiet_client_logs()
+    count = args.subscriptions
+    project = f"fan{uuid.uuid4().hex[:8]}"
+    figures: dict[str, Any] = {
+        "settings": {
+            k: getattr(args, k)
+            for k in ("subscriptions", "workers", "partitions", "rate", "seconds", "idle", "env")
+        }
+    }
+    with stack_running(
+        args, project, prefix="setu-fanout-", more_workers=args.workers - 1
+    ) as stack:
+        with api_client(stack) as client:
+            create(client, "/v1/projects", {"name": project})
+            create(
+                client,
+                f"/v1/projects/{project}/topics",
+                {"name": TOPIC, "grouped": True, "partitions": args.partitions},
+            )
+            took = []
+            began = time.monotonic()
+            for n in range(count):
+                took.append(subscribe(client, stack, n))
+                if (n + 1) % 100 == 0:
+                    print(f"{n + 1} subscriptions created", flush=True)
+            figures["create_all_s"] = round(time.monotonic() - began, 1)
+            figures["create_ms"] = stats_ms(took)
+        print(f"creating {count}: {figures['create_ms']}", flush=True)
+        figures["one_message"] = reach_all(stack, count, args.reach_timeout)
+        print(f"one message to all: {figures['one_message']}", flush=True)
+        before = worker_cpu(stack)
+        time.sleep(args.idle)
+        figures["idle"] = {
+            "cores": cores_since(stack, before, args.idle),
+            "footprint": {name: footprint(pid) for name, pid in workers(stack).items()},
+        }
+        print(f"idle: {figures['idle']}", flush=True)
+        figures["load"] = load(stack, count, args.rate, args.seconds)
+        print(f"load: {figures['load']}", flush=True)
+        figures["new_subscription"] = first_delivery(stack, count, timeout_s=120)
+        print(f"a new subscription: {figures['new_subscription']}", flush=True)
+    figures["verdicts"] = verdicts(figures)
+    for name, verdict in figures["verdicts"].items():
+        print(f"{name}: {verdict}")
+    path = write_result("fanout", figures, f"-{args.label}" if args.label else "")
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()
