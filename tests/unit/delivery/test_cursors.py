@@ -1,0 +1,228 @@
+"""Cursors of a shared main partition (delivery/cursors.py, decision 0011): whatever the
+readers and the subscriptions do, each subscription takes every record from where it starts
+(or was sought to), once, in order; a subscription without room never holds the others."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from delivery.cursors import PartitionCursors, Reader
+
+
+@dataclass
+class Partition:
+    """A main partition that grows, read by a live and a catch-up reader as the real ones
+    read Kafka: in order, each from its own position."""
+
+    cursors: PartitionCursors
+    log: list[int] = field(default_factory=list)
+    live: int = 0  # index in log of the live reader's next record
+    catch_up: int = 0
+    turn: object = None
+    taken: dict[str, list[int]] = field(default_factory=dict)
+
+    def produce(self, gap: int = 0) -> None:
+        self.log.append((self.log[-1] + 1 if self.log else 0) + gap)
+
+    def end(self) -> int:
+        return self.log[-1] + 1 if self.log else 0
+
+    def index_of(self, offset: int) -> int:
+        return next((i for i, o in enumerate(self.log) if o >= offset), len(self.log))
+
+    def start_live(self) -> None:
+        start = self.cursors.live_start()
+        self.live = self.index_of(start if start is not None else self.end())
+
+    def step_live(self) -> None:
+        if self.live < len(self.log):
+            offset = self.log[self.live]
+            self.live += 1
+            for name in self.cursors.offer_live(offset):
+                self.taken[name].append(offset)
+
+    def step_catch_up(self) -> None:
+        turn = self.cursors.turn()
+        if turn is None:
+            return
+        if turn is not self.turn:
+            self.turn, self.catch_up = turn, self.index_of(turn.offset)
+        if self.catch_up < len(self.log):
+            offset = self.log[self.catch_up]
+            self.catch_up += 1
+            for name in self.cursors.offer_catch_up(offset):
+                self.taken[name].append(offset)
+        else:
+            self.cursors.caught_up(self.end())
+
+    def drain(self) -> None:
+        for name in self.cursors.subscriptions():
+            self.cursors.set_room(name, True)
+        for _ in range(20 * (len(self.log) + 1) * (len(self.taken) + 1)):
+            self.step_live()
+            self.step_catch_up()
+
+
+def segments_hold(part: Partition, name: str, starts: list[tuple[int, int]]) -> None:
+    """What ``name`` took: for each (index in its takes, offset) it was started or sought at,
+    every record of the log from that offset on, in order, up to its next seek."""
+    taken = part.taken[name]
+    bounds = [*(i for i, _ in starts[1:]), len(taken)]
+    for (first, offset), last in zip(starts, bounds, strict=True):
+        got = taken[first:last]
+        want = [o for o in part.log if o >= offset][: len(got)]
+        assert got == want, (name, offset, got, want)
+    # After the drain it has read to the end of the log.
+    last_offset = starts[-1][1]
+    assert taken[starts[-1][0] :] == [o for o in part.log if o >= last_offset]
+
+
+def test_every_subscription_at_the_same_place_takes_from_the_live_reader() -> None:
+    part = Partition(PartitionCursors())
+    for n in range(3):
+        part.produce()
+        del n
+    for name in ("a", "b"):
+        part.cursors.add(name, 0)
+        part.taken[name] = []
+    part.start_live()
+    for _ in range(3):
+        part.step_live()
+    assert part.taken == {"a": [0, 1, 2], "b": [0, 1, 2]}
+    assert part.cursors.turn() is None
+
+
+def test_a_subscription_without_room_falls_behind_without_holding_the_others() -> None:
+    part = Partition(PartitionCursors(turn_records=2))
+    for name in ("fast", "slow"):
+        part.cursors.add(name, 0)
+        part.taken[name] = []
+    part.start_live()
+    part.cursors.set_room("slow", False)
+    for _ in range(10):
+        part.produce()
+        part.step_live()
+        part.step_catch_up()  # nothing to catch up: the slow one has no room
+    assert part.taken["fast"] == list(range(10))
+    assert part.taken["slow"] == []
+    assert part.cursors.follows("slow") is Reader.CATCH_UP
+    part.cursors.set_room("slow", True)
+    part.produce()
+    part.step_live()  # the live reader goes on for the fast one meanwhile
+    while part.cursors.follows("slow") is Reader.CATCH_UP:
+        part.step_catch_up()
+    assert part.taken["slow"] == list(range(11))
+    part.produce()
+    part.step_live()
+    assert part.taken["fast"] == part.taken["slow"] == list(range(12))
+
+
+def test_behind_cursors_at_different_places_are_served_in_turns() -> None:
+    part = Partition(PartitionCursors(turn_records=3))
+    for n in range(30):
+        part.produce()
+        del n
+    part.cursors.add("far", 0)
+    part.cursors.add("near", 20)
+    part.cursors.add("live", 30)
+    for name in ("far", "near", "live"):
+        part.taken[name] = []
+    part.start_live()
+    for _ in range(6):
+        part.step_catch_up()
+    # Two turns of three: one each, the far one not read to the end before the near one began.
+    assert part.taken["far"] == [0, 1, 2]
+    assert part.taken["near"] == [20, 21, 22]
+
+
+def test_a_sought_cursor_reads_on_from_its_new_place() -> None:
+    part = Partition(PartitionCursors())
+    for n in range(10):
+        part.produce()
+        del n
+    part.cursors.add("a", 0)
+    part.taken["a"] = []
+    part.start_live()
+    for _ in range(10):
+        part.step_live()
+    part.cursors.seek("a", 4)
+    part.drain()
+    assert part.taken["a"] == [*range(10), *range(4, 10)]
+
+
+actions = st.lists(
+    st.one_of(
+        st.tuples(st.just("produce"), st.integers(0, 2)),
+        st.tuples(st.just("live"), st.integers(1, 4)),
+        st.tuples(st.just("catch_up"), st.integers(1, 4)),
+        st.tuples(st.just("room"), st.integers(0, 3), st.booleans()),
+        st.tuples(st.just("seek"), st.integers(0, 3), st.integers(0, 40)),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    starts=st.lists(st.integers(0, 12), min_size=1, max_size=4),
+    initial=st.integers(0, 12),
+    turn_records=st.integers(1, 5),
+    steps=actions,
+)
+def test_every_subscription_takes_each_record_once_in_order(
+    starts: list[int], initial: int, turn_records: int, steps: list[tuple[object, ...]]
+) -> None:
+    part = Partition(PartitionCursors(turn_records=turn_records))
+    for _ in range(initial):
+        part.produce()
+    names = [f"s{i}" for i in range(len(starts))]
+    marks: dict[str, list[tuple[int, int]]] = {}
+    for name, start in zip(names, starts, strict=True):
+        part.cursors.add(name, start)
+        part.taken[name] = []
+        marks[name] = [(0, start)]
+    part.start_live()
+    for step in steps:
+        kind = step[0]
+        if kind == "produce":
+            part.produce(gap=int(step[1]) // 2)  # now and then an offset Kafka skipped
+        elif kind == "live":
+            for _ in range(int(step[1])):
+                part.step_live()
+        elif kind == "catch_up":
+            for _ in range(int(step[1])):
+                part.step_catch_up()
+        elif kind == "room":
+            name = names[int(step[1]) % len(names)]
+            part.cursors.set_room(name, bool(step[2]))
+        elif kind == "seek":
+            name = names[int(step[1]) % len(names)]
+            part.cursors.seek(name, int(step[2]))
+            marks[name].append((len(part.taken[name]), int(step[2])))
+    part.drain()
+    for name in names:
+        segments_hold(part, name, marks[name])
+
+
+def test_a_rider_that_missed_a_record_of_its_turn_waits_for_a_turn_of_its_own() -> None:
+    part = Partition(PartitionCursors(turn_records=100))
+    for n in range(10):
+        part.produce()
+        del n
+    part.cursors.add("a", 0)
+    part.cursors.add("b", 0)
+    for name in ("c", "d", "e"):
+        part.cursors.add(name, 10)  # most cursors: the live reader starts there
+    for name in ("a", "b", "c", "d", "e"):
+        part.taken[name] = []
+    part.start_live()
+    assert part.cursors.follows("a") is Reader.CATCH_UP
+    part.step_catch_up()
+    part.cursors.set_room("a", False)
+    part.step_catch_up()  # offset 1: b takes it, a has no room
+    part.cursors.set_room("a", True)
+    part.drain()
+    assert part.taken["a"] == part.taken["b"] == list(range(10))
