@@ -5,7 +5,6 @@ and the stores."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -51,10 +50,22 @@ class RunnerConfig:
     attempt_log_hours: int = 24
 
 
-class ConsumerPort(Protocol):
-    """The runner's consumer (:class:`delivery.kafka_io.ConsumerThread`)."""
+class Switch(Protocol):
+    """Set or cleared (``threading.Event`` is one)."""
 
-    flowing: threading.Event
+    def set(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def is_set(self) -> bool: ...
+
+
+class ConsumerPort(Protocol):
+    """The runner's consumer: :class:`delivery.kafka_io.ConsumerThread`, or its view of the
+    worker's shared readers (:class:`delivery.views.SubscriptionView`, decision 0011)."""
+
+    @property
+    def flowing(self) -> Switch: ...
 
     @property
     def done(self) -> asyncio.Future[None]: ...

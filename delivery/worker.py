@@ -22,7 +22,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 from redis.asyncio import Redis
@@ -32,8 +32,10 @@ from delivery.events import EventSink, Notifier
 from delivery.http import HttpClient
 from delivery.kafka_io import AsyncProducer, ConsumerThread, copy_producer_config
 from delivery.metrics import DeliveryMetrics, RunnerFigures
-from delivery.parts import RunnerConfig, RunnerParts
+from delivery.parts import ConsumerPort, RunnerConfig, RunnerParts
+from delivery.readers import ReaderHub, reader_config
 from delivery.runner import SubscriptionRunner
+from delivery.views import SubscriptionView
 from delivery.webhook import WebhookSender
 from setu import logs
 from setu.limits import MessageLimits
@@ -44,6 +46,7 @@ from state.attempt_log import RedisAttemptLog
 from state.delivery_budget import RedisDeliveryBudget
 from state.durable_groups import DurableGroupStore
 from state.event_stream import RedisEventStream
+from state.group_offsets import GroupOffsets
 from state.groups import RedisGroupStore
 from state.kafka_admin import KafkaTopics
 from state.kafka_reader import KafkaReader
@@ -122,6 +125,7 @@ def runner_parts(
     source: SubscriptionSource,
     topics: KafkaTopics,
     events: EventSink | None = None,
+    consumer: Callable[..., ConsumerPort] = ConsumerThread,
 ) -> RunnerParts:
     """The collaborators of ``sub``'s runner in a delivery process: its group store in Redis,
     its webhook sender on the shared HTTP client, a reader and a consumer thread of its own,
@@ -135,7 +139,7 @@ def runner_parts(
         reader=reader,
         copies=producer,
         reports=RedisWorkers(client),
-        consumer=ConsumerThread,
+        consumer=consumer,
         attempts=(
             RedisAttemptLog(client, sub.project, sub.name, config.attempt_log_hours)
             if config.attempt_log_hours > 0
@@ -190,6 +194,7 @@ async def serve(
         client_config=kafka,
         attempt_log_hours=settings.attempt_log_hours,
     )
+    consumer, hub = readers(settings, config, loop)
     metrics = DeliveryMetrics()
     stream = RedisEventStream(client)
     sink = EventSink(stream, metrics.events)
@@ -210,7 +215,7 @@ async def serve(
         lambda sub: SubscriptionRunner(
             sub,
             config,
-            runner_parts(sub, config, client, producer, http, source, topics, sink),
+            runner_parts(sub, config, client, producer, http, source, topics, sink, consumer),
             metrics,
         ),
     )
@@ -224,6 +229,8 @@ async def serve(
             server.server_port,
         )
     heartbeat = loop.create_task(_heartbeat(client, name, stop))
+    if hub is not None:
+        hub.failed.add_done_callback(lambda _: stop.set())
     try:
         await worker.run(stop, settings.subscription_refresh_ms / 1000)
     finally:
@@ -236,11 +243,41 @@ async def serve(
         heartbeat.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await heartbeat
+        if hub is not None:
+            await hub.close()
         await producer.close()
         http.close()
         with contextlib.suppress(Exception):
             await RedisWorkers(client).stop_beating(name)
         await close(client)
+    if hub is not None and hub.failed.done():
+        raise RuntimeError("a shared reader failed") from hub.failed.result()
+
+
+def readers(
+    settings: Settings, config: RunnerConfig, loop: asyncio.AbstractEventLoop
+) -> tuple[Callable[..., ConsumerPort], ReaderHub | None]:
+    """How runners read (``SETU_DELIVERY_READERS``): a consumer thread each, or views of one
+    started :class:`ReaderHub` (decision 0011), which the caller closes."""
+    if settings.delivery_readers == "per-subscription":
+        return ConsumerThread, None
+    reader = KafkaReader(config.bootstrap, config.client_config)
+    hub = ReaderHub(
+        lambda group: reader_config(
+            config.bootstrap, group, config.worker_id, config.limits, config.client_config
+        ),
+        reader.first_offset,
+        settings.delivery_group,
+    )
+    hub.start(loop, config.worker_id)
+    offsets = GroupOffsets(config.bootstrap, config.client_config)
+
+    def view(
+        consumer_config: dict[str, Any], loop: asyncio.AbstractEventLoop, listener: Any
+    ) -> ConsumerPort:
+        return SubscriptionView(consumer_config, loop, listener, hub, offsets)
+
+    return view, hub
 
 
 def _on_loop(

@@ -181,6 +181,13 @@ class Settings(BaseSettings):
     # 0 keeps none.
     attempt_log_hours: int = Field(default=24, ge=0, le=24 * 30)
     subscription_refresh_ms: int = 2_000
+    # How a worker reads: a consumer of its own per subscription (``per-subscription``), or
+    # one reader per worker and topic shared by the topic's subscriptions (``shared``,
+    # docs/decisions/0011-shared-readers.md, being built).
+    delivery_readers: Literal["per-subscription", "shared"] = "per-subscription"
+    # The consumer group the workers of one installation share the main partitions in (with
+    # shared readers).
+    delivery_group: str = "setu.delivery"
     # Where a delivery worker serves GET /metrics (Prometheus); unset: not served.
     delivery_metrics_port: int | None = None
     delivery_metrics_host: str = "127.0.0.1"

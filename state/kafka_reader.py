@@ -108,6 +108,30 @@ def committed(
     return _asked_again(ask, _COORDINATOR_MOVING, deadline)
 
 
+def committed_offsets(
+    bootstrap: str,
+    client_config: Mapping[str, str],
+    group: str,
+    partitions: list[TopicPartition],
+    deadline: float,
+) -> list[TopicPartition]:
+    """``group``'s committed offsets of ``partitions`` (with their metadata), read by a
+    consumer of the group that never subscribes, so it never joins it."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            **client_config,
+            "group.id": group,
+            "enable.auto.commit": False,
+        },
+        logger=log,
+    )
+    try:
+        return committed(consumer, partitions, deadline)
+    finally:
+        consumer.close()
+
+
 def watermarks(
     consumer: Consumer, tp: TopicPartition, deadline: float, *, wait_for_missing: bool
 ) -> tuple[int, int]:

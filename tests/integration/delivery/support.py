@@ -65,6 +65,12 @@ class Receiver:
     active: int = 0  # calls being answered right now
     most_active: int = 0
     peers: set[int] = field(default_factory=set)  # client ports seen (one per connection)
+    # Paths whose calls wait, unanswered, until their event is set (an endpoint that hangs).
+    hangs: dict[str, threading.Event] = field(default_factory=dict)
+
+    def hang_path(self, path: str, until: threading.Event) -> None:
+        with self.lock:
+            self.hangs[path] = until
 
     def answer(self, group: str, *statuses: int) -> None:
         with self.lock:
@@ -129,6 +135,9 @@ def receiver_handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
                 receiver.peers.add(self.client_address[1])
             if receiver.delay_s:
                 time.sleep(receiver.delay_s)
+            hang = receiver.hangs.get(self.path)
+            if hang is not None:
+                hang.wait()
             with receiver.lock:
                 receiver.active -= 1
             status = receiver._status(group, headers.get("x_message_id", ""))
@@ -250,6 +259,10 @@ class World:
             # The tests' webhooks listen on loopback.
             "allow_private_endpoints": True,
             "secret_key": self.secret_key,
+            # SETU_TEST_DELIVERY_READERS=shared runs these tests on the shared readers
+            # (decision 0011), each test's workers in a group of their own.
+            "delivery_readers": os.environ.get("SETU_TEST_DELIVERY_READERS", "per-subscription"),
+            "delivery_group": f"setu.delivery.{self.project}",
         }
         values.update(overrides)
         return Settings(**values)

@@ -1,0 +1,527 @@
+"""One worker's readers, shared by every subscription it serves (decision 0011).
+
+- The **membership** consumer is in the workers' group (``SETU_DELIVERY_GROUP``) and
+  subscribes to the main log of every topic with a subscription here (cooperative-sticky: a
+  topic joining or leaving moves no other partition). Owning a main partition means owning
+  that partition index of every subscription of the topic. It is also the *live* reader: each
+  record goes to the subscriptions whose cursor takes it (``delivery/cursors.py``).
+- The **catch-up** consumer (assigned, outside any group) reads main partitions for cursors
+  behind the live reader, in turns.
+- The **tiers** consumer (assigned, outside any group) reads the subscriptions' retry tiers and
+  DLQs, with the pauses and seeks each subscription's flow asks for (``delivery/flow.py``).
+
+Each subscription's runner sees all this through a :class:`delivery.views.SubscriptionView`,
+which speaks the runner's consumer port; its offsets stay in its own consumer group
+(``state/group_offsets.py``). Everything here but the consumer threads runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from delivery.cursors import PartitionCursors, Turn
+from delivery.kafka_io import MAX_OUTSTANDING_BATCHES, POLL_TIMEOUT_S, take
+from setu.limits import MessageLimits
+
+if TYPE_CHECKING:
+    from delivery.views import SubscriptionView
+
+log = logging.getLogger(__name__)
+
+# Records a catch-up turn reads for its cursors before the next behind cursor's turn.
+TURN_RECORDS = 2048
+# Takeovers of one main partition run for this many subscriptions at once.
+TAKEOVER_CONCURRENCY = 16
+
+Command = Callable[[Consumer], Any]
+
+
+def reader_config(
+    bootstrap: str,
+    group: str,
+    client_id: str,
+    limits: MessageLimits,
+    client_config: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A reader's consumer; ``group`` is joined only by the membership consumer."""
+    return {
+        "bootstrap.servers": bootstrap,
+        **(client_config or {}),
+        "group.id": group,
+        "client.id": client_id,
+        "partition.assignment.strategy": "cooperative-sticky",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": 100,
+        "queued.max.messages.kbytes": 8192,
+        "queued.min.messages": 5000,
+        "max.partition.fetch.bytes": limits.fetch_bytes,
+        "session.timeout.ms": 10000,
+        "max.poll.interval.ms": 300000,
+    }
+
+
+class ReaderThread:
+    """A consumer polled on its own thread: commands run between polls (each may post a
+    callback to the loop after it ran), batches go to ``on_batch`` on the loop. With
+    ``topics`` it subscribes, and its rebalances call ``assigned``/``revoked``/``lost`` on the
+    loop and wait for them."""
+
+    def __init__(
+        self,
+        name: str,
+        config: dict[str, Any],
+        loop: asyncio.AbstractEventLoop,
+        on_batch: Callable[[list[Message]], None],
+        *,
+        assigned: Callable[[list[TopicPartition]], Awaitable[list[TopicPartition]]] | None = None,
+        revoked: Callable[[list[TopicPartition]], Awaitable[None]] | None = None,
+        lost: Callable[[list[TopicPartition]], None] | None = None,
+    ) -> None:
+        self.name = name
+        self._config = config
+        self._loop = loop
+        self._on_batch = on_batch
+        self._assigned = assigned
+        self._revoked = revoked
+        self._lost = lost
+        self._commands: queue.SimpleQueue[tuple[Command, Callable[[], None] | None]] = (
+            queue.SimpleQueue()
+        )
+        self._stop = threading.Event()
+        self._outstanding = threading.Semaphore(MAX_OUTSTANDING_BATCHES)
+        self.done: asyncio.Future[None] = loop.create_future()
+        self._thread = threading.Thread(target=self._run, name=f"reader-{name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def post(self, command: Command, then: Callable[[], None] | None = None) -> None:
+        self._commands.put((command, then))
+
+    def subscribe(self, topics: Sequence[str]) -> None:
+        """(Membership) Subscribes to ``topics`` from now on; none: leaves every partition."""
+        wanted = list(topics)
+
+        def command(consumer: Consumer) -> None:
+            if wanted:
+                consumer.subscribe(
+                    wanted,
+                    on_assign=self._on_assign,
+                    on_revoke=self._on_revoke,
+                    on_lost=self._on_lost,
+                )
+            else:
+                consumer.unsubscribe()
+
+        self.post(command)
+
+    async def close(self) -> None:
+        self._stop.set()
+        await asyncio.wait([self.done])
+
+    def _run(self) -> None:
+        consumer: Consumer | None = None
+        error: BaseException | None = None
+        try:
+            consumer = Consumer(self._config, logger=log)
+            while not self._stop.is_set():
+                self._run_commands(consumer)
+                if not self._outstanding.acquire(timeout=POLL_TIMEOUT_S):
+                    continue
+                if not consumer.assignment():
+                    self._outstanding.release()
+                    consumer.poll(POLL_TIMEOUT_S)  # serves rebalances and callbacks
+                    continue
+                messages = take(consumer)
+                if messages:
+                    self._loop.call_soon_threadsafe(self._hand_over, messages)
+                else:
+                    self._outstanding.release()
+            self._run_commands(consumer)
+        except BaseException as exc:
+            error = exc
+            log.exception("reader %s failed", self.name)
+        finally:
+            if consumer is not None:
+                try:
+                    consumer.close()
+                except (KafkaException, RuntimeError):
+                    log.exception("closing reader %s", self.name)
+            self._loop.call_soon_threadsafe(self._finish, error)
+
+    def _hand_over(self, messages: list[Message]) -> None:
+        try:
+            self._on_batch(messages)
+        finally:
+            self._outstanding.release()
+
+    def _finish(self, error: BaseException | None) -> None:
+        if self.done.done():
+            return
+        if error is not None:
+            self.done.set_exception(error)
+        else:
+            self.done.set_result(None)
+
+    def _run_commands(self, consumer: Consumer) -> None:
+        while True:
+            try:
+                command, then = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                command(consumer)
+            except (KafkaException, RuntimeError, ValueError) as exc:
+                log.warning("reader %s: command failed: %s", self.name, exc)
+            if then is not None:
+                self._loop.call_soon_threadsafe(then)
+
+    def _wait(self, coro: Awaitable[Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        assert self._assigned is not None
+        starts: list[TopicPartition] = self._wait(self._assigned(partitions))
+        consumer.incremental_assign(starts)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        assert self._revoked is not None
+        self._wait(self._revoked(partitions))
+        consumer.incremental_unassign(partitions)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        assert self._lost is not None
+        self._loop.call_soon_threadsafe(self._lost, partitions)
+        consumer.incremental_unassign(partitions)
+
+
+class ReaderHub:
+    """The readers of one worker and who reads what through them (see the module doc)."""
+
+    def __init__(
+        self,
+        config: Callable[[str], dict[str, Any]],
+        low_offset: Callable[[str, int], int],
+        group: str,
+        turn_records: int = TURN_RECORDS,
+    ) -> None:
+        """``config(group)``: a reader's consumer settings; ``low_offset(topic, partition)``:
+        a partition's first offset (blocking, run in a thread); ``group``: the workers'
+        group (``SETU_DELIVERY_GROUP``)."""
+        self._group = group
+        self._config = config
+        self._low_offset = low_offset
+        self._turn_records = turn_records
+        self._views: dict[str, set[SubscriptionView]] = defaultdict(set)  # main topic -> views
+        self._owned: dict[tuple[str, int], PartitionCursors] = {}
+        self._tier_owner: dict[str, SubscriptionView] = {}  # tier or DLQ topic -> view
+        # Catch-up: per main partition, the turn being read and whether its seek took.
+        self._turns: dict[tuple[str, int], tuple[Turn, bool]] = {}
+        self._catching: set[tuple[str, int]] = set()  # assigned to the catch-up consumer
+        self._started = False
+        self._closing = False
+        # Resolves with the error when a reader ended on its own (see _reader_ended).
+        self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        self.membership: ReaderThread
+        self.catch_up: ReaderThread
+        self.tiers: ReaderThread
+
+    def start(self, loop: asyncio.AbstractEventLoop, client_id: str) -> None:
+        self.membership = ReaderThread(
+            "membership",
+            self._config(self._group),
+            loop,
+            self._on_live,
+            assigned=self._main_assigned,
+            revoked=self._main_revoked,
+            lost=self._main_lost,
+        )
+        self.catch_up = ReaderThread(
+            "catch-up",
+            {**self._config(f"{self._group}.catch-up"), "enable.partition.eof": True},
+            loop,
+            self._on_catch_up,
+        )
+        self.tiers = ReaderThread(
+            "tiers", self._config(f"{self._group}.tiers"), loop, self._on_tiers
+        )
+        for reader in (self.membership, self.catch_up, self.tiers):
+            reader.start()
+            reader.done.add_done_callback(self._reader_ended)
+        self._started = True
+        del client_id
+
+    def _reader_ended(self, done: asyncio.Future[None]) -> None:
+        """A reader that ended before :meth:`close` (its consumer failed) ends the worker:
+        every subscription here reads through it. The worker's supervisor starts it again."""
+        if self._closing or done.cancelled():
+            return
+        error = done.exception() or RuntimeError("a reader stopped")
+        if not self.failed.done():
+            self.failed.set_result(error)
+
+    async def close(self) -> None:
+        self._closing = True
+        if not self._started:
+            return
+        self.membership.subscribe([])
+        await asyncio.gather(self.membership.close(), self.catch_up.close(), self.tiers.close())
+
+    # Subscriptions come and go.
+
+    def register(self, view: SubscriptionView) -> None:
+        """A runner started: it reads its topic's main log and its own tiers from now on."""
+        views = self._views[view.main_topic]
+        first = not views
+        views.add(view)
+        for topic in view.tier_topics:
+            self._tier_owner[topic] = view
+        owned = sorted(p for (t, p) in self._owned if t == view.main_topic)
+        if owned:
+            asyncio.get_running_loop().create_task(self._take_over(view, owned))
+        if first:
+            self._resubscribe()
+
+    async def unregister(self, view: SubscriptionView) -> None:
+        """A runner stops: its partitions are revoked from it (drained, committed)."""
+        owned = sorted(p for (t, p) in self._owned if t == view.main_topic)
+        await view.give_up(owned)
+        for p in owned:
+            cursors = self._owned.get((view.main_topic, p))
+            if cursors is not None:
+                cursors.remove(view.key)
+        for topic in view.tier_topics:
+            if self._tier_owner.get(topic) is view:
+                del self._tier_owner[topic]
+        views = self._views.get(view.main_topic)
+        if views is not None:
+            views.discard(view)
+            if not views:
+                del self._views[view.main_topic]
+                self._resubscribe()
+
+    def _resubscribe(self) -> None:
+        self.membership.subscribe(sorted(self._views))
+
+    # The membership: main partitions taken over and given up.
+
+    def owns(self, topic: str, partition: int) -> bool:
+        return (topic, partition) in self._owned
+
+    async def _main_assigned(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for tp in partitions:
+            self._owned[(tp.topic, tp.partition)] = PartitionCursors(self._turn_records)
+            by_topic[tp.topic].append(tp.partition)
+        await _bounded(
+            [
+                self._take_over(view, indices)
+                for topic, indices in by_topic.items()
+                for view in list(self._views.get(topic, ()))
+            ],
+            TAKEOVER_CONCURRENCY,
+        )
+        starts = []
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            cursors = self._owned[key]
+            start = cursors.live_start()
+            if start is None:
+                start = await asyncio.to_thread(self._low_offset, tp.topic, tp.partition)
+                cursors.live_next = start
+            starts.append(TopicPartition(tp.topic, tp.partition, start))
+            self._plan_catch_up(key)
+        if starts:
+            log.info("reading main partitions %s", [(t.topic, t.partition) for t in starts])
+        return starts
+
+    async def _take_over(self, view: SubscriptionView, partitions: list[int]) -> None:
+        try:
+            starts = await view.take_over(partitions)
+        except Exception as exc:
+            view.fail(exc)
+            return
+        for partition, offset in starts.items():
+            key = (view.main_topic, partition)
+            cursors = self._owned.get(key)
+            if cursors is None:
+                continue  # given up meanwhile
+            if offset < 0:
+                offset = await asyncio.to_thread(self._low_offset, view.main_topic, partition)
+            cursors.add(view.key, offset)
+            cursors.set_room(view.key, view.has_room(partition))
+            self._plan_catch_up(key)
+
+    async def _main_revoked(self, partitions: list[TopicPartition]) -> None:
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for tp in partitions:
+            by_topic[tp.topic].append(tp.partition)
+        work = [
+            view.give_up(indices)
+            for topic, indices in by_topic.items()
+            for view in list(self._views.get(topic, ()))
+        ]
+        await asyncio.gather(*work, return_exceptions=True)
+        for tp in partitions:
+            self._forget((tp.topic, tp.partition))
+
+    def _main_lost(self, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            for view in list(self._views.get(tp.topic, ())):
+                view.lose([tp.partition])
+            self._forget((tp.topic, tp.partition))
+
+    def _forget(self, key: tuple[str, int]) -> None:
+        self._owned.pop(key, None)
+        self._turns.pop(key, None)
+        if key in self._catching:
+            self._catching.discard(key)
+            tp = [TopicPartition(*key)]
+            self.catch_up.post(lambda c: c.incremental_unassign(tp))
+
+    # Records.
+
+    def _on_live(self, messages: list[Message]) -> None:
+        handed: dict[str, list[Message]] = defaultdict(list)
+        touched = set()
+        for msg in messages:
+            if _failed(msg, "membership"):
+                continue
+            key = (msg.topic() or "", msg.partition() or 0)
+            cursors = self._owned.get(key)
+            if cursors is None:
+                continue
+            for sub in cursors.offer_live(msg.offset() or 0):
+                handed[sub].append(msg)
+            touched.add(key)
+        self._hand(handed)
+        for key in touched:
+            self._plan_catch_up(key)
+
+    def _on_catch_up(self, messages: list[Message]) -> None:
+        handed: dict[str, list[Message]] = defaultdict(list)
+        touched = set()
+        for msg in messages:
+            key = (msg.topic() or "", msg.partition() or 0)
+            current = self._turns.get(key)
+            cursors = self._owned.get(key)
+            if current is None or not current[1] or cursors is None:
+                continue  # read before its turn's seek took, or no longer ours
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    cursors.caught_up(msg.offset() or 0)
+                    touched.add(key)
+                else:
+                    log.warning("catch-up reader: %s", error)
+                continue
+            if cursors.turn() is not current[0]:
+                continue
+            for sub in cursors.offer_catch_up(msg.offset() or 0):
+                handed[sub].append(msg)
+            touched.add(key)
+        self._hand(handed)
+        for key in touched:
+            self._plan_catch_up(key)
+
+    def _on_tiers(self, messages: list[Message]) -> None:
+        handed: dict[SubscriptionView, list[Message]] = defaultdict(list)
+        for msg in messages:
+            if _failed(msg, "tiers"):
+                continue
+            view = self._tier_owner.get(msg.topic() or "")
+            if view is not None:
+                handed[view].append(msg)
+        for view, batch in handed.items():
+            view.deliver(batch)
+
+    def _hand(self, handed: Mapping[str, list[Message]]) -> None:
+        if not handed:
+            return
+        by_key = {view.key: view for views in self._views.values() for view in views}
+        for sub, batch in handed.items():
+            view = by_key.get(sub)
+            if view is not None:
+                view.deliver(batch)
+
+    # Catch-up turns.
+
+    def room_changed(self, view: SubscriptionView, partition: int, room: bool) -> None:
+        key = (view.main_topic, partition)
+        cursors = self._owned.get(key)
+        if cursors is None or view.key not in cursors:
+            return
+        cursors.set_room(view.key, room)
+        self._plan_catch_up(key)
+
+    def seek(self, view: SubscriptionView, partition: int, offset: int) -> None:
+        key = (view.main_topic, partition)
+        cursors = self._owned.get(key)
+        if cursors is not None and view.key in cursors:
+            cursors.seek(view.key, offset)
+            self._plan_catch_up(key)
+
+    def _plan_catch_up(self, key: tuple[str, int]) -> None:
+        """Points the catch-up consumer at the partition's current turn: a new turn seeks
+        there first (records read before the seek took are not offered); no turn pauses the
+        partition."""
+        cursors = self._owned.get(key)
+        if cursors is None:
+            return
+        turn = cursors.turn()
+        current = self._turns.get(key)
+        if turn is None:
+            if current is not None:
+                del self._turns[key]
+                tp = [TopicPartition(*key)]
+                self.catch_up.post(lambda c: c.pause(tp))
+            return
+        if current is not None and current[0] is turn:
+            return
+        self._turns[key] = (turn, False)
+        start = TopicPartition(key[0], key[1], turn.offset)
+        assign = key not in self._catching
+        self._catching.add(key)
+
+        def command(consumer: Consumer) -> None:
+            if assign:
+                consumer.incremental_assign([start])
+            else:
+                consumer.resume([TopicPartition(*key)])
+                consumer.seek(start)
+
+        def took() -> None:
+            now = self._turns.get(key)
+            if now is not None and now[0] is turn:
+                self._turns[key] = (turn, True)
+
+        self.catch_up.post(command, took)
+
+
+def _failed(msg: Message, reader: str) -> bool:
+    error = msg.error()
+    if error is None:
+        return False
+    if error.code() != KafkaError._PARTITION_EOF:
+        log.warning("%s reader: %s", reader, error)
+    return True
+
+
+async def _bounded(work: Sequence[Awaitable[None]], limit: int) -> None:
+    gate = asyncio.Semaphore(limit)
+
+    async def one(item: Awaitable[None]) -> None:
+        async with gate:
+            await item
+
+    await asyncio.gather(*(one(item) for item in work))

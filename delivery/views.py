@@ -1,0 +1,331 @@
+"""A subscription's view of the worker's shared readers (decision 0011): the consumer port its
+runner speaks (``delivery/parts.py``, ``ConsumerPort``), over the :class:`ReaderHub`.
+
+The runner asks its consumer for four things, in commands it posts: ``pause``, ``resume``,
+``seek`` and ``commit``. Here each command runs at once, on the loop, against a recorder, and
+what it asked for goes where it belongs:
+
+- the main log's partitions are the subscription's cursors: a pause takes its room away (its
+  cursor falls behind, nobody waits), a resume gives it back, a seek moves the cursor;
+- its retry tiers and DLQ are partitions of the hub's tiers consumer: the pause, resume or
+  seek runs on that consumer's thread, and the command's callback is posted after it, as the
+  runner's own consumer did (``delivery/kafka_io.py``); an operation asked for under one
+  assignment of a partition index never runs under the next;
+- a commit is written to the subscription's consumer group (``state/group_offsets.py``).
+
+Assignments come from the hub: owning main partition p means owning index p of this
+subscription, taken over with the runner's own ``assigned`` from the offsets in its group,
+and given up with its ``revoked`` (drained, then committed there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPartition
+
+from delivery.flow import SEEK_RETRIES_QUIET, SEEK_RETRY_MAX_S
+from delivery.kafka_io import RebalanceListener
+from delivery.parts import SEEK_RETRY_S
+from delivery.readers import ReaderHub
+from state.group_offsets import GroupNotEmpty, GroupOffsets
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+OFFSET_INVALID = -1001
+
+
+class Flowing:
+    """The runner's ``flowing`` switch (back-pressure, ``delivery/flow.py``): cleared, the
+    subscription takes no more main-log records until it is set again."""
+
+    def __init__(self, changed: Callable[[], None]) -> None:
+        self._on = True
+        self._changed = changed
+
+    def set(self) -> None:
+        if not self._on:
+            self._on = True
+            self._changed()
+
+    def clear(self) -> None:
+        if self._on:
+            self._on = False
+            self._changed()
+
+    def is_set(self) -> bool:
+        return self._on
+
+
+class _Recorder:
+    """What a command asked of "the consumer"."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[TopicPartition, bool]] = []
+        self.seeks: list[TopicPartition] = []
+        self.commits: list[TopicPartition] = []
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.pauses.extend((tp, True) for tp in partitions)
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        self.pauses.extend((tp, False) for tp in partitions)
+
+    def seek(self, partition: TopicPartition) -> None:
+        self.seeks.append(partition)
+
+    def commit(self, offsets: list[TopicPartition] | None = None, **_: Any) -> None:
+        self.commits.extend(offsets or [])
+
+
+class SubscriptionView:
+    """One runner's consumer (see the module doc)."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        loop: asyncio.AbstractEventLoop,
+        listener: RebalanceListener,
+        hub: ReaderHub,
+        offsets: GroupOffsets,
+    ) -> None:
+        self.group: str = config["group.id"]
+        self.key = self.group
+        self._loop = loop
+        self._listener = listener
+        self._hub = hub
+        self._offsets = offsets
+        self.main_topic = ""
+        self.tier_topics: list[str] = []
+        self.flowing = Flowing(self._room_changed)
+        self._done: asyncio.Future[None] = loop.create_future()
+        self._owned: set[int] = set()  # partition indices taken over
+        self._generation: dict[int, int] = {}  # per index: bumped at each take-over/give-up
+        self._main_paused: set[int] = set()
+        self._lock = asyncio.Lock()  # take-overs and give-ups one at a time
+
+    # The consumer port.
+
+    @property
+    def done(self) -> asyncio.Future[None]:
+        return self._done
+
+    @property
+    def running(self) -> bool:
+        return not self._done.done()
+
+    def start(self, topics: Sequence[str]) -> None:
+        """``topics``: the main log first, then the tiers and the DLQ (the runner's order)."""
+        self.main_topic, self.tier_topics = topics[0], list(topics[1:])
+        self._hub.register(self)
+
+    def post(self, command: Callable[[Any], Any], then: Callable[[], None] | None = None) -> None:
+        recorder = _Recorder()
+        command(recorder)
+        self._apply(recorder, then)
+        if recorder.commits:
+            self._loop.create_task(self._commit(recorder.commits))
+
+    async def call(self, command: Callable[[Any], T]) -> T:
+        recorder = _Recorder()
+        result = command(recorder)
+        done: asyncio.Future[None] = self._loop.create_future()
+
+        def settle() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        self._apply(recorder, settle)
+        await done
+        if recorder.commits:
+            await self._commit(recorder.commits)
+        return result
+
+    async def close(self) -> None:
+        """Gives every partition index up (drained and committed) and leaves the hub."""
+        if self._done.done():
+            return
+        try:
+            await self._hub.unregister(self)
+        finally:
+            if not self._done.done():
+                self._done.set_result(None)
+
+    def fail(self, error: BaseException) -> None:
+        """A take-over failed: the runner gives up (the worker starts it again)."""
+        if not self._done.done():
+            self._done.set_exception(error)
+
+    # From the hub.
+
+    def has_room(self, partition: int) -> bool:
+        return self.flowing.is_set() and partition not in self._main_paused
+
+    def deliver(self, messages: list[Message]) -> None:
+        if self.running:
+            self._listener.on_batch(messages)
+
+    async def take_over(self, partitions: list[int]) -> dict[int, int]:
+        """Takes partition indices over with the runner: main-log start offset per index
+        (< 0: the partition's first offset); its tiers are assigned to the tiers consumer."""
+        async with self._lock:
+            # Given up meanwhile (a revocation that ran before this take-over): not taken.
+            wanted = [
+                p for p in partitions if p not in self._owned and self._hub.owns(self.main_topic, p)
+            ]
+            if not wanted or not self.running:
+                return {}
+            if await asyncio.to_thread(self._offsets.has_members, self.group):
+                raise GroupNotEmpty(
+                    f"{self.group} has members: a worker of the earlier layout still serves it"
+                )
+            topics = [self.main_topic, *self.tier_topics]
+            asked = [TopicPartition(t, p) for p in wanted for t in topics]
+            committed = await asyncio.to_thread(self._offsets.committed, self.group, asked)
+            plan = await self._listener.assigned(committed)
+            known = {(tp.topic, tp.partition): tp.offset for tp in committed}
+            main: dict[int, int] = {}
+            tiers: list[TopicPartition] = []
+            for tp in plan.starts:
+                offset = tp.offset
+                if offset == OFFSET_INVALID:
+                    offset = known.get((tp.topic, tp.partition), OFFSET_INVALID)
+                if tp.topic == self.main_topic:
+                    main[tp.partition] = offset if offset >= 0 else -1
+                else:
+                    start = offset if offset >= 0 else OFFSET_BEGINNING
+                    tiers.append(TopicPartition(tp.topic, tp.partition, start))
+            for p in wanted:
+                self._owned.add(p)
+                self._generation[p] = self._generation.get(p, 0) + 1
+            paused = [tp for tp in plan.paused if tp.topic != self.main_topic]
+            self._main_paused.update(
+                tp.partition for tp in plan.paused if tp.topic == self.main_topic
+            )
+
+            def assign(consumer: Any) -> None:
+                consumer.incremental_assign(tiers)
+                consumer.resume(tiers)
+                if paused:
+                    consumer.pause(paused)
+
+            if tiers:
+                self._hub.tiers.post(assign)
+            if plan.commit_now:
+                await self._commit(plan.commit_now)
+                if plan.after_commit is not None:
+                    await plan.after_commit()
+            return main
+
+    async def give_up(self, partitions: list[int]) -> None:
+        """Gives partition indices up: the runner drains them, its offsets are committed."""
+        async with self._lock:
+            mine = [p for p in partitions if p in self._owned]
+            if not mine:
+                return
+            topics = [self.main_topic, *self.tier_topics]
+            revoked = [TopicPartition(t, p) for p in mine for t in topics]
+            offsets = await self._listener.revoked(revoked)
+            self._forget(mine)
+            if offsets:
+                try:
+                    await self._commit(offsets)
+                except Exception as exc:
+                    log.warning("%s: commit on revocation failed: %s", self.group, exc)
+                else:
+                    self._listener.committed(offsets)
+
+    def lose(self, partitions: list[int]) -> None:
+        mine = [p for p in partitions if p in self._owned]
+        if mine:
+            topics = [self.main_topic, *self.tier_topics]
+            self._listener.lost([TopicPartition(t, p) for p in mine for t in topics])
+            self._forget(mine)
+
+    # Inside.
+
+    def _forget(self, partitions: list[int]) -> None:
+        tiers = [TopicPartition(t, p) for p in partitions for t in self.tier_topics]
+        for p in partitions:
+            self._owned.discard(p)
+            self._main_paused.discard(p)
+            self._generation[p] = self._generation.get(p, 0) + 1
+        if tiers:
+            self._hub.tiers.post(lambda c: c.incremental_unassign(tiers))
+
+    def _room_changed(self) -> None:
+        for p in self._owned:
+            self._hub.room_changed(self, p, self.has_room(p))
+
+    def _apply(self, recorder: _Recorder, then: Callable[[], None] | None) -> None:
+        """Main-log pauses and seeks now, on the loop; tier ones on the tiers consumer's thread,
+        ``then`` after them; commits in the background (``call`` awaits its own)."""
+        tier_ops: list[tuple[str, TopicPartition]] = []
+        for tp, on in recorder.pauses:
+            if tp.topic == self.main_topic:
+                (self._main_paused.add if on else self._main_paused.discard)(tp.partition)
+                self._hub.room_changed(self, tp.partition, self.has_room(tp.partition))
+            else:
+                tier_ops.append(("pause" if on else "resume", tp))
+        for tp in recorder.seeks:
+            if tp.topic == self.main_topic:
+                self._hub.seek(self, tp.partition, tp.offset)
+            else:
+                tier_ops.append(("seek", tp))
+        if not tier_ops:
+            if then is not None:
+                self._loop.call_soon(then)
+            return
+        generations = {tp.partition: self._generation.get(tp.partition, 0) for _, tp in tier_ops}
+        self._run_tier_ops(tier_ops, generations, then, 0)
+
+    def _run_tier_ops(
+        self,
+        ops: list[tuple[str, TopicPartition]],
+        generations: dict[int, int],
+        then: Callable[[], None] | None,
+        attempt: int,
+    ) -> None:
+        """Runs ``ops`` on the tiers consumer's thread, then posts ``then``. A seek librdkafka
+        refuses (a partition whose fetcher is still starting, just after its assignment) is
+        tried again until it takes, and ``then`` waits for it: the engine reads the tier from
+        the sought offset once ``then`` ran, and records in between would be skipped."""
+
+        def run(consumer: Any) -> None:
+            refused: list[tuple[str, TopicPartition]] = []
+            for op, tp in ops:
+                if self._generation.get(tp.partition, 0) != generations[tp.partition]:
+                    continue  # asked under an earlier assignment of the index
+                try:
+                    if op == "seek":
+                        consumer.seek(tp)
+                    else:
+                        getattr(consumer, op)([TopicPartition(tp.topic, tp.partition)])
+                except KafkaException as exc:
+                    if op != "seek":
+                        raise
+                    if attempt == SEEK_RETRIES_QUIET:
+                        log.warning("%s: seek %s refused (%s); trying again", self.group, tp, exc)
+                    refused.append((op, tp))
+            if refused:
+                delay = min(SEEK_RETRY_S * 2**attempt, SEEK_RETRY_MAX_S)
+                self._loop.call_soon_threadsafe(
+                    self._loop.call_later,
+                    delay,
+                    self._run_tier_ops,
+                    refused,
+                    generations,
+                    then,
+                    attempt + 1,
+                )
+            elif then is not None:
+                self._loop.call_soon_threadsafe(then)
+
+        self._hub.tiers.post(run)
+
+    async def _commit(self, offsets: list[TopicPartition]) -> None:
+        await asyncio.to_thread(self._offsets.commit, self.group, offsets)

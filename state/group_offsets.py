@@ -1,0 +1,80 @@
+"""Each subscription's offsets in its own consumer group, kept by a worker that never joins it
+(decision 0011).
+
+With one reader per worker and topic, a subscription's consumer group ``setu.sub.{p}.{s}``
+has no members: it is where the subscription's progress is kept (offsets and their metadata,
+docs/design.md §1), read at a takeover and written at each commit, so Kafka's own lag tools
+still show it.
+
+- Writing goes through the admin API (``AlterConsumerGroupOffsets``), which Kafka accepts for
+  a group without members and refuses for one with members: a subscription still served by a
+  worker of the earlier layout (its consumer in the group) cannot be written under it.
+- Reading goes through a short-lived consumer in the group, which never subscribes: the admin
+  API's ``ListConsumerGroupOffsets`` crashed the process (a segmentation fault in the client
+  library) when asked right after a group's first write, on this machine's client 2.16.1.
+
+Both block; call them in a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from state.kafka_reader import committed_offsets
+
+log = logging.getLogger(__name__)
+
+
+class GroupNotEmpty(Exception):
+    """The group has members (a worker of the earlier layout still serves it)."""
+
+
+class GroupOffsets:
+    def __init__(self, bootstrap: str, client_config: Mapping[str, str] | None = None) -> None:
+        self._bootstrap = bootstrap
+        self._client_config = dict(client_config or {})
+        self._admin = AdminClient({"bootstrap.servers": bootstrap, **self._client_config})
+
+    def commit(
+        self, group: str, offsets: Sequence[TopicPartition], timeout_s: float = 30.0
+    ) -> None:
+        """Writes ``offsets`` (with their metadata) as ``group``'s committed offsets. Raises
+        GroupNotEmpty when the group has members, KafkaException on other failures."""
+        request = [ConsumerGroupTopicPartitions(group, list(offsets))]
+        future = self._admin.alter_consumer_group_offsets(request, request_timeout=timeout_s)[group]
+        try:
+            result = future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            if "UNKNOWN_MEMBER_ID" in str(exc) or "NON_EMPTY_GROUP" in str(exc):
+                raise GroupNotEmpty(f"{group} has members") from exc
+            raise
+        failed = [tp for tp in result.topic_partitions or [] if tp.error is not None]
+        if failed:
+            codes = {str(tp.error) for tp in failed}
+            if any("UNKNOWN_MEMBER_ID" in c or "NON_EMPTY_GROUP" in c for c in codes):
+                raise GroupNotEmpty(f"{group} has members")
+            raise KafkaException(failed[0].error)
+
+    def has_members(self, group: str, timeout_s: float = 30.0) -> bool:
+        """Whether consumers are in ``group`` now (a worker of the earlier layout)."""
+        future = self._admin.describe_consumer_groups([group], request_timeout=timeout_s)[group]
+        description = future.result(timeout=timeout_s)
+        return bool(description.members)
+
+    def committed(
+        self, group: str, partitions: Sequence[TopicPartition], timeout_s: float = 30.0
+    ) -> list[TopicPartition]:
+        """``group``'s committed offsets of ``partitions`` (offset < 0: none), with their
+        metadata."""
+        return committed_offsets(
+            self._bootstrap,
+            self._client_config,
+            group,
+            list(partitions),
+            time.monotonic() + timeout_s,
+        )

@@ -1,0 +1,161 @@
+"""A subscription's view of the shared readers (delivery/views.py): where each of the runner's
+consumer commands goes, and that one asked under an earlier assignment never runs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from delivery.kafka_io import Assignment
+from delivery.views import SubscriptionView
+
+MAIN, RQ1, DLQ = "setu.p.t", "setu.p.s.rq.1", "setu.p.s.dlq"
+
+
+class FakeTiers:
+    """The tiers consumer's thread, run at once; records what ran on "the consumer"."""
+
+    def __init__(self) -> None:
+        self.ran: list[tuple[str, Any]] = []
+        self.refuse_seeks = 0
+
+    def post(self, command: Callable[[Any], Any], then: Callable[[], None] | None = None) -> None:
+        command(self)
+        if then is not None:
+            then()
+
+    def pause(self, tps: list[TopicPartition]) -> None:
+        self.ran += [("pause", (tp.topic, tp.partition)) for tp in tps]
+
+    def resume(self, tps: list[TopicPartition]) -> None:
+        self.ran += [("resume", (tp.topic, tp.partition)) for tp in tps]
+
+    def seek(self, tp: TopicPartition) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        if self.refuse_seeks:
+            self.refuse_seeks -= 1
+            raise KafkaException(KafkaError(KafkaError._STATE))
+        self.ran.append(("seek", (tp.topic, tp.partition, tp.offset)))
+
+    def incremental_assign(self, tps: list[TopicPartition]) -> None:
+        self.ran += [("assign", (tp.topic, tp.partition, tp.offset)) for tp in tps]
+
+    def incremental_unassign(self, tps: list[TopicPartition]) -> None:
+        self.ran += [("unassign", (tp.topic, tp.partition)) for tp in tps]
+
+
+class FakeHub:
+    def __init__(self) -> None:
+        self.tiers = FakeTiers()
+        self.rooms: list[tuple[int, bool]] = []
+        self.seeks: list[tuple[int, int]] = []
+
+    def owns(self, topic: str, partition: int) -> bool:
+        return True
+
+    def register(self, view: SubscriptionView) -> None:
+        pass
+
+    def room_changed(self, view: SubscriptionView, partition: int, room: bool) -> None:
+        self.rooms.append((partition, room))
+
+    def seek(self, view: SubscriptionView, partition: int, offset: int) -> None:
+        self.seeks.append((partition, offset))
+
+
+class FakeOffsets:
+    def __init__(self) -> None:
+        self.commits: list[list[tuple[str, int, int]]] = []
+
+    def has_members(self, group: str) -> bool:
+        return False
+
+    def committed(self, group: str, tps: list[TopicPartition]) -> list[TopicPartition]:
+        return [
+            TopicPartition(tp.topic, tp.partition, 5 if tp.topic == MAIN else -1001) for tp in tps
+        ]
+
+    def commit(self, group: str, offsets: list[TopicPartition]) -> None:
+        self.commits.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
+
+
+class FakeRunner:
+    def __init__(self) -> None:
+        self.batches: list[Any] = []
+
+    def on_batch(self, messages: list[Any]) -> None:
+        self.batches.append(messages)
+
+    async def assigned(self, committed: list[TopicPartition]) -> Assignment:
+        starts = [TopicPartition(tp.topic, tp.partition, -1001) for tp in committed]
+        return Assignment(starts, [])
+
+    async def revoked(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(MAIN, 0, 9)]
+
+    def committed(self, offsets: list[TopicPartition]) -> None:
+        pass
+
+    def lost(self, partitions: list[TopicPartition]) -> None:
+        pass
+
+
+def view_of(hub: FakeHub, offsets: FakeOffsets) -> SubscriptionView:
+    loop = asyncio.get_running_loop()
+    view = SubscriptionView(
+        {"group.id": "setu.sub.p.s"},
+        loop,
+        FakeRunner(),
+        hub,
+        offsets,  # type: ignore[arg-type]
+    )
+    view.start([MAIN, RQ1, DLQ])
+    return view
+
+
+def test_commands_go_to_the_cursor_the_tiers_consumer_or_the_group() -> None:
+    async def scenario() -> None:
+        hub, offsets = FakeHub(), FakeOffsets()
+        view = view_of(hub, offsets)
+        # Taken over from the group's offsets: the main log from its commit, tiers from
+        # their beginning (no commit)
+        assert await view.take_over([0]) == {0: 5}
+        assert ("assign", (RQ1, 0, -2)) in hub.tiers.ran
+        # A pause of the main partition takes the cursor's room; of a tier, pauses it
+        view.post(lambda c: c.pause([TopicPartition(MAIN, 0), TopicPartition(RQ1, 0)]))
+        assert hub.rooms[-1] == (0, False)
+        assert hub.tiers.ran[-1] == ("pause", (RQ1, 0))
+        # A tier seek runs before its callback; one refused is tried again until it takes
+        hub.tiers.refuse_seeks = 2
+        after: list[str] = []
+        view.post(lambda c: c.seek(TopicPartition(DLQ, 0, 3)), lambda: after.append("then"))
+        for _ in range(50):
+            if after:
+                break
+            await asyncio.sleep(0.05)
+        assert after == ["then"]
+        assert hub.tiers.ran[-1] == ("seek", (DLQ, 0, 3))
+        # A commit goes to the subscription's group
+        await view.call(lambda c: c.commit(offsets=[TopicPartition(MAIN, 0, 7)]))
+        assert offsets.commits[-1] == [(MAIN, 0, 7)]
+
+    asyncio.run(scenario())
+
+
+def test_a_tier_command_asked_under_an_earlier_assignment_never_runs() -> None:
+    async def scenario() -> None:
+        hub, offsets = FakeHub(), FakeOffsets()
+        view = view_of(hub, offsets)
+        await view.take_over([0])
+        hub.tiers.refuse_seeks = 1  # the seek waits for its retry ...
+        view.post(lambda c: c.seek(TopicPartition(RQ1, 0, 3)))
+        await view.give_up([0])  # ... while the index is given up
+        assert offsets.commits[-1] == [(MAIN, 0, 9)]
+        await asyncio.sleep(0.3)
+        assert not any(op == "seek" for op, _ in hub.tiers.ran)
+
+    asyncio.run(scenario())
