@@ -423,14 +423,20 @@ def test_a_retry_tier_held_across_a_rebalance_is_read_again_once_due(
 
 
 def group_members(world: World, sub: str) -> int:
-    """How many members the subscription's consumer group has once it is stable."""
+    """How many workers read the subscription's partitions, once their group is stable: the
+    members of its consumer group, or with shared readers, of the workers' group."""
     from confluent_kafka import ConsumerGroupState
     from confluent_kafka.admin import AdminClient
 
     from setu import names
 
     admin = AdminClient({"bootstrap.servers": world.bootstrap})
-    group = names.consumer_group(world.project, sub)
+    settings = world.settings()
+    group = (
+        settings.delivery_group
+        if settings.delivery_readers == "shared"
+        else names.consumer_group(world.project, sub)
+    )
     [description] = admin.describe_consumer_groups([group]).values()
     result = description.result(10)
     return len(result.members) if result.state is ConsumerGroupState.STABLE else 0
