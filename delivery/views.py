@@ -106,6 +106,8 @@ class SubscriptionView:
         self._owned: set[int] = set()  # partition indices taken over
         self._generation: dict[int, int] = {}  # per index: bumped at each take-over/give-up
         self._main_paused: set[int] = set()
+        # Tier partitions whose current assignment has run on the tiers consumer's thread.
+        self._tier_live: set[tuple[str | None, int | None]] = set()
         self._lock = asyncio.Lock()  # take-overs and give-ups one at a time
 
     # The consumer port.
@@ -166,8 +168,16 @@ class SubscriptionView:
         return self.flowing.is_set() and partition not in self._main_paused
 
     def deliver(self, messages: list[Message]) -> None:
-        if self.running:
-            self._listener.on_batch(messages)
+        """Records for the runner: main-log records its cursors took, and records of its tier
+        partitions read under their current assignment (a batch the tiers consumer fetched
+        before a partition was given up and taken over again comes from the old one)."""
+        if not self.running:
+            return
+        live = self._tier_live
+        main = self.main_topic
+        kept = [m for m in messages if m.topic() == main or (m.topic(), m.partition()) in live]
+        if kept:
+            self._listener.on_batch(kept)
 
     async def take_over(self, partitions: list[int]) -> dict[int, int]:
         """Takes partition indices over with the runner: main-log start offset per index
@@ -207,19 +217,42 @@ class SubscriptionView:
                 tp.partition for tp in plan.paused if tp.topic == self.main_topic
             )
 
-            def assign(consumer: Any) -> None:
-                consumer.incremental_assign(tiers)
-                consumer.resume(tiers)
-                if paused:
-                    consumer.pause(paused)
-
-            if tiers:
-                self._hub.tiers.post(assign)
+            self._assign_tiers(wanted, tiers, paused)
             if plan.commit_now:
                 await self._commit(plan.commit_now)
                 if plan.after_commit is not None:
                     await plan.after_commit()
             return main
+
+    def _assign_tiers(
+        self, wanted: list[int], tiers: list[TopicPartition], paused: list[TopicPartition]
+    ) -> None:
+        """Assigns the tier partitions of the indices ``wanted`` to the tiers consumer, from
+        ``tiers``' offsets, those in ``paused`` paused."""
+
+        def assign(consumer: Any) -> None:
+            # Still assigned from an earlier take-over whose give-up has not run: start over.
+            current = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+            again = [tp for tp in tiers if (tp.topic, tp.partition) in current]
+            if again:
+                consumer.incremental_unassign(again)
+            consumer.incremental_assign(tiers)
+            consumer.resume(tiers)
+            if paused:
+                consumer.pause(paused)
+
+        if tiers:
+            # Its records count from when the assignment ran on the consumer's thread:
+            # batches fetched before were read under an earlier one.
+            generation = {p: self._generation[p] for p in wanted}
+            started = [(tp.topic, tp.partition) for tp in tiers]
+
+            def live() -> None:
+                self._tier_live.update(
+                    tp for tp in started if self._generation.get(tp[1]) == generation[tp[1]]
+                )
+
+            self._hub.tiers.post(assign, live)
 
     async def give_up(self, partitions: list[int]) -> None:
         """Gives partition indices up: the runner drains them, its offsets are committed."""
@@ -250,6 +283,7 @@ class SubscriptionView:
 
     def _forget(self, partitions: list[int]) -> None:
         tiers = [TopicPartition(t, p) for p in partitions for t in self.tier_topics]
+        self._tier_live.difference_update((tp.topic, tp.partition) for tp in tiers)
         for p in partitions:
             self._owned.discard(p)
             self._main_paused.discard(p)

@@ -41,6 +41,9 @@ class FakeTiers:
             raise KafkaException(KafkaError(KafkaError._STATE))
         self.ran.append(("seek", (tp.topic, tp.partition, tp.offset)))
 
+    def assignment(self) -> list[TopicPartition]:
+        return []
+
     def incremental_assign(self, tps: list[TopicPartition]) -> None:
         self.ran += [("assign", (tp.topic, tp.partition, tp.offset)) for tp in tps]
 
