@@ -204,6 +204,24 @@ class CheckpointLayoutError(RuntimeError):
     """The checkpoint holds de-duplication state this job cannot read."""
 
 
+def failures_after(exc: BaseException, failures: int, progressed: bool) -> int:
+    """The standing failures in a row once the query failed with ``exc``: one after a query
+    that committed a batch or ran a while; unchanged when the cluster lost an executor (a
+    worker died: its churn, not a fault of the query; counting it ended the job when workers
+    died faster than a 30 s batch could commit, in the 30-minute crash test in cluster mode)."""
+    if progressed:
+        return 1
+    if lost_an_executor(exc):
+        return max(1, min(failures, QUERY_RESTARTS))
+    return failures + 1
+
+
+def lost_an_executor(exc: BaseException) -> bool:
+    """Whether a query failed because the cluster lost an executor (a worker died or was
+    disconnected), not because of what the query did."""
+    return "ExecutorLostFailure" in str(exc)
+
+
 def root_cause(exc: BaseException, limit: int = 500) -> str:
     """The innermost exception's line of a Spark error, not the query plan it carries."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
@@ -309,8 +327,8 @@ def keep_running(
                 raise
             # A batch committed since the last start, or a query that ran a while (a real-time
             # batch lasts SETU_SPARK_REALTIME_BATCH_S): the failure is not a standing one.
-            ran_s = time.monotonic() - started
-            failures = 1 if batches() > before or ran_s >= STEADY_S else failures + 1
+            progressed = batches() > before or time.monotonic() - started >= STEADY_S
+            failures = failures_after(exc, failures, progressed)
             if failures > QUERY_RESTARTS:
                 raise
             cause = root_cause(exc)

@@ -249,6 +249,37 @@ def test_a_query_that_keeps_failing_without_a_batch_ends_the_job() -> None:
     assert len(starts) == job.QUERY_RESTARTS + 1
 
 
+class LosesExecutors(FakeQuery):
+    """A query of a cluster whose workers keep dying: every run ends with an executor lost."""
+
+    def awaitTermination(self, timeout: float) -> None:  # noqa: N802 (Spark's name)
+        self.isActive = False
+        raise RuntimeError(
+            "Job aborted due to stage failure: Task 5 in stage 18.0 failed 1 times, most recent "
+            "failure: Lost task 5.0 (TID 77) (127.0.0.1 executor 16): ExecutorLostFailure "
+            "(executor 16 exited unrelated to the running tasks) Reason: worker lost"
+        )
+
+
+def test_a_cluster_losing_workers_faster_than_a_batch_commits_never_ends_the_job() -> None:
+    # Given a query that fails with a lost executor many more times than the job stands for
+    # standing failures, and then runs
+    stopping = threading.Event()
+    runs = job.QUERY_RESTARTS * 3
+
+    def start_query() -> FakeQuery:
+        nonlocal runs
+        runs -= 1
+        if runs > 0:
+            return LosesExecutors(False, [])
+        stopping.set()
+        return FakeQuery(False, [])
+
+    # When the job runs it, Then it keeps starting it again until it runs
+    job.keep_running(start_query, stopping, Reporter(), lambda: 0, backoff=lambda n: 0.0)  # type: ignore[arg-type]
+    assert runs == 0
+
+
 def test_a_query_whose_topics_changed_is_stopped_and_started_again() -> None:
     # Given a running query, and the topics it read at its start changing once
     stopping = threading.Event()
