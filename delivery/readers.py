@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from delivery.cursors import PartitionCursors, Turn
-from delivery.kafka_io import MAX_OUTSTANDING_BATCHES, POLL_TIMEOUT_S, take
+from delivery.kafka_io import POLL_TIMEOUT_S, ConsumerThread, take
 from setu.limits import MessageLimits
 
 if TYPE_CHECKING:
@@ -40,8 +39,6 @@ log = logging.getLogger(__name__)
 TURN_RECORDS = 2048
 # Takeovers of one main partition run for this many subscriptions at once.
 TAKEOVER_CONCURRENCY = 16
-
-Command = Callable[[Consumer], Any]
 
 
 def reader_config(
@@ -70,11 +67,20 @@ def reader_config(
     }
 
 
-class ReaderThread:
-    """A consumer polled on its own thread: commands run between polls (each may post a
-    callback to the loop after it ran), batches go to ``on_batch`` on the loop. With
-    ``topics`` it subscribes, and its rebalances call ``assigned``/``revoked``/``lost`` on the
-    loop and wait for them."""
+class _Batches:
+    """A :class:`ConsumerThread` listener that only takes batches (the hub's readers handle
+    their rebalances themselves)."""
+
+    def __init__(self, on_batch: Callable[[list[Message]], None]) -> None:
+        self.on_batch = on_batch
+
+
+class ReaderThread(ConsumerThread):
+    """A consumer polled on its own thread, as :class:`ConsumerThread` (commands between
+    polls, each may post a callback to the loop after it ran; batches to ``on_batch`` on the
+    loop), that starts with no topics: it is assigned partitions, or told to
+    :meth:`subscribe`, and then its incremental rebalances call ``assigned``/``revoked``/
+    ``lost`` on the loop and wait for them."""
 
     def __init__(
         self,
@@ -87,29 +93,20 @@ class ReaderThread:
         revoked: Callable[[list[TopicPartition]], Awaitable[None]] | None = None,
         lost: Callable[[list[TopicPartition]], None] | None = None,
     ) -> None:
+        super().__init__(config, loop, _Batches(on_batch))  # type: ignore[arg-type]
         self.name = name
-        self._config = config
-        self._loop = loop
-        self._on_batch = on_batch
-        self._assigned = assigned
-        self._revoked = revoked
-        self._lost = lost
-        self._commands: queue.SimpleQueue[tuple[Command, Callable[[], None] | None]] = (
-            queue.SimpleQueue()
-        )
-        self._stop = threading.Event()
-        self._outstanding = threading.Semaphore(MAX_OUTSTANDING_BATCHES)
-        self.done: asyncio.Future[None] = loop.create_future()
+        self._assigned_cb = assigned
+        self._revoked_cb = revoked
+        self._lost_cb = lost
         self._thread = threading.Thread(target=self._run, name=f"reader-{name}", daemon=True)
 
-    def start(self) -> None:
+    def start(self, topics: Sequence[str] = ()) -> None:
         self._thread.start()
-
-    def post(self, command: Command, then: Callable[[], None] | None = None) -> None:
-        self._commands.put((command, then))
+        if topics:
+            self.subscribe(topics)
 
     def subscribe(self, topics: Sequence[str]) -> None:
-        """(Membership) Subscribes to ``topics`` from now on; none: leaves every partition."""
+        """Subscribes to ``topics`` from now on; none: leaves every partition."""
         wanted = list(topics)
 
         def command(consumer: Consumer) -> None:
@@ -124,10 +121,6 @@ class ReaderThread:
                 consumer.unsubscribe()
 
         self.post(command)
-
-    async def close(self) -> None:
-        self._stop.set()
-        await asyncio.wait([self.done])
 
     def _run(self) -> None:
         consumer: Consumer | None = None
@@ -159,49 +152,19 @@ class ReaderThread:
                     log.exception("closing reader %s", self.name)
             self._loop.call_soon_threadsafe(self._finish, error)
 
-    def _hand_over(self, messages: list[Message]) -> None:
-        try:
-            self._on_batch(messages)
-        finally:
-            self._outstanding.release()
-
-    def _finish(self, error: BaseException | None) -> None:
-        if self.done.done():
-            return
-        if error is not None:
-            self.done.set_exception(error)
-        else:
-            self.done.set_result(None)
-
-    def _run_commands(self, consumer: Consumer) -> None:
-        while True:
-            try:
-                command, then = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                command(consumer)
-            except (KafkaException, RuntimeError, ValueError) as exc:
-                log.warning("reader %s: command failed: %s", self.name, exc)
-            if then is not None:
-                self._loop.call_soon_threadsafe(then)
-
-    def _wait(self, coro: Awaitable[Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
-
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        assert self._assigned is not None
-        starts: list[TopicPartition] = self._wait(self._assigned(partitions))
+        assert self._assigned_cb is not None
+        starts: list[TopicPartition] = self._wait(self._assigned_cb(partitions))
         consumer.incremental_assign(starts)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        assert self._revoked is not None
-        self._wait(self._revoked(partitions))
+        assert self._revoked_cb is not None
+        self._wait(self._revoked_cb(partitions))
         consumer.incremental_unassign(partitions)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        assert self._lost is not None
-        self._loop.call_soon_threadsafe(self._lost, partitions)
+        assert self._lost_cb is not None
+        self._loop.call_soon_threadsafe(self._lost_cb, partitions)
         consumer.incremental_unassign(partitions)
 
 
