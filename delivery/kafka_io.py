@@ -206,14 +206,12 @@ class ConsumerThread:
         error: BaseException | None = None
         try:
             consumer = Consumer(self._config, logger=log)
-            consumer.subscribe(
-                self._topics, on_assign=self._assign, on_revoke=self._revoke, on_lost=self._lost
-            )
+            self._opened(consumer)
             while not self._stop.is_set():
                 if self._failure is not None:
                     raise self._failure
                 self._run_commands(consumer)
-                if not self.flowing.wait(POLL_TIMEOUT_S):
+                if not self._may_take(consumer):
                     continue
                 if not self._outstanding.acquire(timeout=POLL_TIMEOUT_S):
                     continue
@@ -233,6 +231,16 @@ class ConsumerThread:
                 except (KafkaException, RuntimeError):
                     log.exception("closing consumer of %s", self._config["group.id"])
             self._loop.call_soon_threadsafe(self._finish, error)
+
+    def _opened(self, consumer: Consumer) -> None:
+        """Right after the consumer is made: it joins its group for its topics."""
+        consumer.subscribe(
+            self._topics, on_assign=self._assign, on_revoke=self._revoke, on_lost=self._lost
+        )
+
+    def _may_take(self, consumer: Consumer) -> bool:
+        """Whether to take records now: not while the owner holds as many as it wants."""
+        return self.flowing.wait(POLL_TIMEOUT_S)
 
     def _hand_over(self, messages: list[Message]) -> None:
         try:

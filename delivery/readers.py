@@ -24,10 +24,10 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from delivery.cursors import PartitionCursors, Turn
-from delivery.kafka_io import POLL_TIMEOUT_S, ConsumerThread, take
+from delivery.kafka_io import POLL_TIMEOUT_S, ConsumerThread, consumer_config
 from setu.limits import MessageLimits
 
 if TYPE_CHECKING:
@@ -48,22 +48,12 @@ def reader_config(
     limits: MessageLimits,
     client_config: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A reader's consumer; ``group`` is joined only by the membership consumer."""
+    """A reader's consumer, as a subscription's (``consumer_config``) but for the assignor:
+    only the membership consumer joins ``group``, and a topic joining or leaving it should
+    move no other partition."""
     return {
-        "bootstrap.servers": bootstrap,
-        **(client_config or {}),
-        "group.id": group,
-        "client.id": client_id,
+        **consumer_config(bootstrap, group, client_id, limits, client_config),
         "partition.assignment.strategy": "cooperative-sticky",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-        "fetch.wait.max.ms": 100,
-        "queued.max.messages.kbytes": 8192,
-        "queued.min.messages": 5000,
-        "max.partition.fetch.bytes": limits.fetch_bytes,
-        "session.timeout.ms": 10000,
-        "max.poll.interval.ms": 300000,
     }
 
 
@@ -122,35 +112,14 @@ class ReaderThread(ConsumerThread):
 
         self.post(command)
 
-    def _run(self) -> None:
-        consumer: Consumer | None = None
-        error: BaseException | None = None
-        try:
-            consumer = Consumer(self._config, logger=log)
-            while not self._stop.is_set():
-                self._run_commands(consumer)
-                if not self._outstanding.acquire(timeout=POLL_TIMEOUT_S):
-                    continue
-                if not consumer.assignment():
-                    self._outstanding.release()
-                    consumer.poll(POLL_TIMEOUT_S)  # serves rebalances and callbacks
-                    continue
-                messages = take(consumer)
-                if messages:
-                    self._loop.call_soon_threadsafe(self._hand_over, messages)
-                else:
-                    self._outstanding.release()
-            self._run_commands(consumer)
-        except BaseException as exc:
-            error = exc
-            log.exception("reader %s failed", self.name)
-        finally:
-            if consumer is not None:
-                try:
-                    consumer.close()
-                except (KafkaException, RuntimeError):
-                    log.exception("closing reader %s", self.name)
-            self._loop.call_soon_threadsafe(self._finish, error)
+    def _opened(self, consumer: Consumer) -> None:
+        pass  # assigned partitions, or told to subscribe later
+
+    def _may_take(self, consumer: Consumer) -> bool:
+        if consumer.assignment():
+            return True
+        consumer.poll(POLL_TIMEOUT_S)  # serves rebalances and callbacks meanwhile
+        return False
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         assert self._assigned_cb is not None
