@@ -155,6 +155,7 @@ class ReaderHub:
         self._low_offset = low_offset
         self._turn_records = turn_records
         self._views: dict[str, set[SubscriptionView]] = defaultdict(set)  # main topic -> views
+        self._by_key: dict[str, SubscriptionView] = {}  # a cursor's key -> its view
         self._owned: dict[tuple[str, int], PartitionCursors] = {}
         self._tier_owner: dict[str, SubscriptionView] = {}  # tier or DLQ topic -> view
         # Catch-up: per main partition, the turn being read and whether its seek took.
@@ -216,6 +217,7 @@ class ReaderHub:
         views = self._views[view.main_topic]
         first = not views
         views.add(view)
+        self._by_key[view.key] = view
         for topic in view.tier_topics:
             self._tier_owner[topic] = view
         owned = sorted(p for (t, p) in self._owned if t == view.main_topic)
@@ -235,6 +237,8 @@ class ReaderHub:
         for topic in view.tier_topics:
             if self._tier_owner.get(topic) is view:
                 del self._tier_owner[topic]
+        if self._by_key.get(view.key) is view:
+            del self._by_key[view.key]
         views = self._views.get(view.main_topic)
         if views is not None:
             views.discard(view)
@@ -378,11 +382,8 @@ class ReaderHub:
             view.deliver(batch)
 
     def _hand(self, handed: Mapping[str, list[Message]]) -> None:
-        if not handed:
-            return
-        by_key = {view.key: view for views in self._views.values() for view in views}
         for sub, batch in handed.items():
-            view = by_key.get(sub)
+            view = self._by_key.get(sub)
             if view is not None:
                 view.deliver(batch)
 
