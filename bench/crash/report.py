@@ -57,6 +57,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     chaos = report.get("chaos")
     if chaos:
         lines.append(f"       {'kills by component':<48} {chaos['kills_by_component']}")
+        if chaos.get("extended_s"):
+            lines.append(f"       {'chaos past its duration (s)':<48} {chaos['extended_s']}")
         exits = {k: v for k, v in chaos["exits_by_component"].items() if v}
         if exits:
             lines.append(f"       {'exits on their own':<48} {exits}")

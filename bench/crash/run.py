@@ -106,6 +106,11 @@ class RunConfig:
     drain_timeout_s: float = 300.0
     quiet_s: float = 5.0
     min_kill_events: int = 1
+    # Chaos goes on past ``duration_s`` (by at most ``max_extension_s``) until each of these
+    # components was killed this often: a slow machine starts the ingest job late, and a short
+    # run would otherwise kill it less often than the run means to.
+    min_kills_by_component: dict[str, int] = field(default_factory=dict)
+    max_extension_s: float = 120.0
     signing_secret: str | None = DEFAULT_SECRET
     seed: int = field(default_factory=lambda: random.randrange(2**31))
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -173,6 +178,7 @@ class CrashRun:
         self.brokers: Brokers | None = None
         self.rng = random.Random(config.seed)
         self._started = time.monotonic()
+        self.chaos_extended_s = 0.0
 
     async def execute(self) -> dict[str, Any]:
         config = self.config
@@ -346,6 +352,24 @@ class CrashRun:
         self._start(producer_spec(layout, shape, chaos=config.kill_producer))
         self._log(f"producing {per_lane * config.lanes} records over {config.groups} groups")
 
+    def _kills_short(self) -> dict[str, int]:
+        """Components killed fewer times than ``min_kills_by_component`` asks: name -> kills."""
+        short = {}
+        for name, wanted in self.config.min_kills_by_component.items():
+            kills = self.events.count("kill", name)
+            if kills < wanted:
+                short[name] = kills
+        return short
+
+    async def _until_min_kills(self, hard_deadline: float) -> None:
+        """Keeps chaos going until every component had its minimum of kills, or until
+        ``hard_deadline``; the report says how long chaos ran past its duration."""
+        started = time.monotonic()
+        while (short := self._kills_short()) and time.monotonic() < hard_deadline:
+            self._log(f"chaos goes on: too few kills of {short}")
+            await asyncio.sleep(min(5.0, max(0.0, hard_deadline - time.monotonic())))
+        self.chaos_extended_s = round(time.monotonic() - started, 1)
+
     async def _chaos(self, layout: StackLayout) -> None:
         config = self.config
         rng = self.rng
@@ -366,6 +390,7 @@ class CrashRun:
             while time.monotonic() < deadline:
                 await asyncio.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
                 self._log(f"chaos: {self.events.count('kill')} kills so far")
+            await self._until_min_kills(deadline + config.max_extension_s)
             stop_chaos.set()
             await killer
             self._log("chaos over; waiting for the producer to finish")
@@ -470,6 +495,7 @@ class CrashRun:
             "exits_by_component": {
                 n: sum(e["component"] == n for e in self.events.exits_on_their_own()) for n in names
             },
+            "extended_s": self.chaos_extended_s,
         }
         report["drain"] = drained
         exits = self.events.exits_on_their_own()
@@ -481,6 +507,8 @@ class CrashRun:
             extra.append("nothing_accepted")
         if kills + report["fault_events"] < self.config.min_kill_events:
             extra.append("too_few_kill_events")
+        if self._kills_short():
+            extra.append("too_few_kills_of_a_component")
         if failed_faults:
             extra.append("faults_failed")
         if not drained["quiescent"]:

@@ -373,6 +373,10 @@ async def test_the_blocking_producer_streams_too(api: Api, project: str) -> None
             return producer.durable
 
     assert await asyncio.to_thread(stream) == 30
+    # Every acknowledged message is in Kafka, each once (named, should one be missing)
+    found = await asyncio.to_thread(ingest_records, api, project, 30)
+    ids = sorted(headers_of(record)[H_MESSAGE_ID].decode() for record in found)
+    assert ids == sorted(f"sync:{n}" for n in range(30))
     assert await asyncio.to_thread(ingest_count, api, project) == 30
 
 
