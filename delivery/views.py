@@ -189,13 +189,13 @@ class SubscriptionView:
             ]
             if not wanted or not self.running:
                 return {}
-            if await asyncio.to_thread(self._offsets.has_members, self.group):
+            if await self._offsets.has_members(self.group):
                 raise GroupNotEmpty(
                     f"{self.group} has members: a worker of the earlier layout still serves it"
                 )
             topics = [self.main_topic, *self.tier_topics]
             asked = [TopicPartition(t, p) for p in wanted for t in topics]
-            committed = await asyncio.to_thread(self._offsets.committed, self.group, asked)
+            committed = await self._offsets.committed(self.group, asked)
             plan = await self._listener.assigned(committed)
             known = {(tp.topic, tp.partition): tp.offset for tp in committed}
             main: dict[int, int] = {}
@@ -362,4 +362,4 @@ class SubscriptionView:
         self._hub.tiers.post(run)
 
     async def _commit(self, offsets: list[TopicPartition]) -> None:
-        await asyncio.to_thread(self._offsets.commit, self.group, offsets)
+        await self._offsets.commit(self.group, offsets)

@@ -13,11 +13,13 @@ still show it.
   API's ``ListConsumerGroupOffsets`` crashed the process (a segmentation fault in the client
   library) when asked right after a group's first write, on this machine's client 2.16.1.
 
-Both block; call them in a worker thread.
+Each is a coroutine: writes and the membership check await the admin client's futures; a
+read runs in a thread, a few at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -29,6 +31,9 @@ from state.kafka_reader import committed_offsets
 
 log = logging.getLogger(__name__)
 
+# Committed offsets read at once (each with a thread and a short-lived consumer).
+READ_CONCURRENCY = 3
+
 
 class GroupNotEmpty(Exception):
     """The group has members (a worker of the earlier layout still serves it)."""
@@ -39,16 +44,18 @@ class GroupOffsets:
         self._bootstrap = bootstrap
         self._client_config = dict(client_config or {})
         self._admin = AdminClient({"bootstrap.servers": bootstrap, **self._client_config})
+        self._reads = asyncio.Semaphore(READ_CONCURRENCY)
 
-    def commit(
+    async def commit(
         self, group: str, offsets: Sequence[TopicPartition], timeout_s: float = 30.0
     ) -> None:
         """Writes ``offsets`` (with their metadata) as ``group``'s committed offsets. Raises
-        GroupNotEmpty when the group has members, KafkaException on other failures."""
+        GroupNotEmpty when the group has members, KafkaException on other failures. Awaits
+        the admin client's own future: no thread waits on the broker meanwhile."""
         request = [ConsumerGroupTopicPartitions(group, list(offsets))]
         future = self._admin.alter_consumer_group_offsets(request, request_timeout=timeout_s)[group]
         try:
-            result = future.result(timeout=timeout_s)
+            result = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
         except KafkaException as exc:
             if "UNKNOWN_MEMBER_ID" in str(exc) or "NON_EMPTY_GROUP" in str(exc):
                 raise GroupNotEmpty(f"{group} has members") from exc
@@ -60,17 +67,25 @@ class GroupOffsets:
                 raise GroupNotEmpty(f"{group} has members")
             raise KafkaException(failed[0].error)
 
-    def has_members(self, group: str, timeout_s: float = 30.0) -> bool:
+    async def has_members(self, group: str, timeout_s: float = 30.0) -> bool:
         """Whether consumers are in ``group`` now (a worker of the earlier layout)."""
         future = self._admin.describe_consumer_groups([group], request_timeout=timeout_s)[group]
-        description = future.result(timeout=timeout_s)
+        description = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
         return bool(description.members)
 
-    def committed(
+    async def committed(
         self, group: str, partitions: Sequence[TopicPartition], timeout_s: float = 30.0
     ) -> list[TopicPartition]:
         """``group``'s committed offsets of ``partitions`` (offset < 0: none), with their
-        metadata."""
+        metadata. Each read holds a thread and a short-lived consumer: at most
+        ``READ_CONCURRENCY`` at once, so that a takeover of many subscriptions leaves the
+        loop's threads to everything else."""
+        async with self._reads:
+            return await asyncio.to_thread(self._committed, group, list(partitions), timeout_s)
+
+    def _committed(
+        self, group: str, partitions: list[TopicPartition], timeout_s: float
+    ) -> list[TopicPartition]:
         return committed_offsets(
             self._bootstrap,
             self._client_config,

@@ -74,15 +74,15 @@ class FakeOffsets:
     def __init__(self) -> None:
         self.commits: list[list[tuple[str, int, int]]] = []
 
-    def has_members(self, group: str) -> bool:
+    async def has_members(self, group: str) -> bool:
         return False
 
-    def committed(self, group: str, tps: list[TopicPartition]) -> list[TopicPartition]:
+    async def committed(self, group: str, tps: list[TopicPartition]) -> list[TopicPartition]:
         return [
             TopicPartition(tp.topic, tp.partition, 5 if tp.topic == MAIN else -1001) for tp in tps
         ]
 
-    def commit(self, group: str, offsets: list[TopicPartition]) -> None:
+    async def commit(self, group: str, offsets: list[TopicPartition]) -> None:
         self.commits.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
 
 
