@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     redis_sentinels: str | None = None
     redis_sentinel_master: str = "setu"
     redis_sentinel_password: SecretStr | None = None
+    # Connections one process's asyncio client opens at most; commands beyond wait for one.
+    redis_max_connections: int = Field(default=100, ge=1)
     database_url: str | None = None
 
     # API

@@ -4,6 +4,11 @@ failed connection, so a failover moves every client to the promoted replica by i
 
 A replica promoted by Sentinel may lack its old primary's last writes (replication is
 asynchronous): Setu keeps nothing in Redis that it cannot rebuild (docs/design.md §4).
+
+An asyncio client holds at most ``SETU_REDIS_MAX_CONNECTIONS`` connections; a command that
+finds them all busy waits for one (up to ``POOL_WAIT_S``) instead of failing at once, which is
+what redis-py's default pool does past its 100: a worker serving a hundred subscriptions asked
+for more at a takeover, and every refused command stopped a subscription.
 """
 
 from __future__ import annotations
@@ -50,17 +55,37 @@ def _sentinel_kwargs(settings: Settings, timeouts: dict[str, Any]) -> dict[str, 
     return kwargs
 
 
+# How long a command waits for a free connection of its client's pool before it fails.
+POOL_WAIT_S = 20.0
+
+
+class _BlockingSentinelPool(
+    redis.asyncio.sentinel.SentinelConnectionPool,  # type: ignore[type-arg]
+    redis.asyncio.BlockingConnectionPool,  # type: ignore[type-arg]
+):
+    """The Sentinel-named primary's pool, waiting for a free connection as
+    ``BlockingConnectionPool`` does (the Sentinel pool only finds the address)."""
+
+
 def async_redis(settings: Settings, url: str, **timeouts: Any) -> redis.asyncio.Redis[bytes]:
-    """An asyncio client of the Redis (or Sentinel-named primary) of ``settings``."""
+    """An asyncio client of the Redis (or Sentinel-named primary) of ``settings``, whose
+    commands wait for a connection when all of its pool's are busy (module doc)."""
+    pool = {"max_connections": settings.redis_max_connections, "timeout": POOL_WAIT_S}
     if not settings.redis_sentinels:
-        return redis.asyncio.Redis.from_url(url, **timeouts)
+        blocking: Any = redis.asyncio.BlockingConnectionPool.from_url(url, **pool, **timeouts)
+        # The client owns the pool, and closes it with itself. (types-redis predates from_pool.)
+        plain: redis.asyncio.Redis[bytes] = redis.asyncio.Redis.from_pool(blocking)  # type: ignore[attr-defined]
+        return plain
     sentinel = redis.asyncio.sentinel.Sentinel(
         sentinel_addresses(settings.redis_sentinels),
         sentinel_kwargs=_sentinel_kwargs(settings, timeouts),
         **timeouts,
     )
     client: redis.asyncio.Redis[bytes] = sentinel.master_for(
-        settings.redis_sentinel_master, **primary_options(url)
+        settings.redis_sentinel_master,
+        connection_pool_class=_BlockingSentinelPool,
+        **pool,
+        **primary_options(url),
     )
     return client
 
