@@ -62,6 +62,9 @@ def ingest_child(
         "SETU_SPARK_CHECKPOINT_DIR": str(tmp_path / "checkpoint"),
         "SETU_SPARK_INGEST_PATTERN": pattern,
         "SETU_SPARK_TRIGGER_MS": "200",
+        # Real-time batches of 30 s, not the default 120: tests that restart the job wait for
+        # a committed batch, and shorter batches commit sooner (the records flow alike).
+        "SETU_SPARK_REALTIME_BATCH_S": "30",
         "SETU_SPARK_CONF": json.dumps(dict(conf)),
         "SETU_INGEST_MODE": mode,
     }
@@ -170,6 +173,7 @@ class IngestWorld:
             "spark_checkpoint_dir": str(self.checkpoints / self.project),
             "spark_trigger_ms": 200,
             "spark_shuffle_partitions": 2,
+            "spark_realtime_batch_s": 30,  # as in the job's process (above)
         }
         if self.shared_log is not None:
             values.update(
