@@ -157,6 +157,8 @@ class ReaderHub:
         self._views: dict[str, set[SubscriptionView]] = defaultdict(set)  # main topic -> views
         self._by_key: dict[str, SubscriptionView] = {}  # a cursor's key -> its view
         self._owned: dict[tuple[str, int], PartitionCursors] = {}
+        # Main partitions being given up (revoked, not yet forgotten): no new takeover of them.
+        self._revoking: set[tuple[str, int]] = set()
         self._tier_owner: dict[str, SubscriptionView] = {}  # tier or DLQ topic -> view
         # Catch-up: per main partition, the turn being read and whether its seek took.
         self._turns: dict[tuple[str, int], tuple[Turn, bool]] = {}
@@ -220,7 +222,7 @@ class ReaderHub:
         self._by_key[view.key] = view
         for topic in view.tier_topics:
             self._tier_owner[topic] = view
-        owned = sorted(p for (t, p) in self._owned if t == view.main_topic)
+        owned = sorted(p for (t, p) in self._owned if t == view.main_topic and self.owns(t, p))
         if owned:
             asyncio.get_running_loop().create_task(self._take_over(view, owned))
         if first:
@@ -252,7 +254,8 @@ class ReaderHub:
     # The membership: main partitions taken over and given up.
 
     def owns(self, topic: str, partition: int) -> bool:
-        return (topic, partition) in self._owned
+        key = (topic, partition)
+        return key in self._owned and key not in self._revoking
 
     async def _main_assigned(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         by_topic: dict[str, list[int]] = defaultdict(list)
@@ -287,11 +290,19 @@ class ReaderHub:
         except Exception as exc:
             view.fail(exc)
             return
+        # A takeover waits for the subscription's offsets and its runner: a partition revoked
+        # or lost meanwhile, before the view held it (so its give_up found nothing to give),
+        # is let go now, with nothing committed: its next owner may have begun already, and a
+        # view left holding it would go on with its retry tiers beside that owner.
+        gone = sorted(p for p in starts if not self.owns(view.main_topic, p))
+        if gone:
+            log.info("%s: partitions %s moved on during their takeover; let go", view.key, gone)
+            view.lose(gone)
         for partition, offset in starts.items():
             key = (view.main_topic, partition)
             cursors = self._owned.get(key)
-            if cursors is None:
-                continue  # given up meanwhile
+            if cursors is None or partition in gone:
+                continue
             if offset < 0:
                 offset = await asyncio.to_thread(self._low_offset, view.main_topic, partition)
             cursors.add(view.key, offset)
@@ -299,19 +310,29 @@ class ReaderHub:
             self._plan_catch_up(key)
 
     async def _main_revoked(self, partitions: list[TopicPartition]) -> None:
+        log.info("giving up main partitions %s", [(t.topic, t.partition) for t in partitions])
         by_topic: dict[str, list[int]] = defaultdict(list)
-        for tp in partitions:
-            by_topic[tp.topic].append(tp.partition)
-        work = [
-            view.give_up(indices)
-            for topic, indices in by_topic.items()
-            for view in list(self._views.get(topic, ()))
-        ]
-        await asyncio.gather(*work, return_exceptions=True)
-        for tp in partitions:
-            self._forget((tp.topic, tp.partition))
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        self._revoking.update(keys)
+        try:
+            for tp in partitions:
+                by_topic[tp.topic].append(tp.partition)
+            work = [
+                view.give_up(indices)
+                for topic, indices in by_topic.items()
+                for view in list(self._views.get(topic, ()))
+            ]
+            await asyncio.gather(*work, return_exceptions=True)
+            for key in keys:
+                self._forget(key)
+        finally:
+            self._revoking.difference_update(keys)
 
     def _main_lost(self, partitions: list[TopicPartition]) -> None:
+        log.warning(
+            "main partitions lost (this worker left the group unannounced): %s",
+            [(t.topic, t.partition) for t in partitions],
+        )
         for tp in partitions:
             for view in list(self._views.get(tp.topic, ())):
                 view.lose([tp.partition])

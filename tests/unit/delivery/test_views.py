@@ -162,3 +162,71 @@ def test_a_tier_command_asked_under_an_earlier_assignment_never_runs() -> None:
         assert not any(op == "seek" for op, _ in hub.tiers.ran)
 
     asyncio.run(scenario())
+
+
+class GatedOffsets(FakeOffsets):
+    """Offsets whose committed read waits for ``gate``: a takeover still under way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def committed(self, group: str, tps: list[TopicPartition]) -> list[TopicPartition]:
+        await self.gate.wait()
+        return await super().committed(group, tps)
+
+
+class LosingRunner(FakeRunner):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost_partitions: list[tuple[str, int]] = []
+
+    def lost(self, partitions: list[TopicPartition]) -> None:
+        self.lost_partitions += [(tp.topic, tp.partition) for tp in partitions]
+
+
+class FakeReader:
+    def post(self, command: Callable[[Any], Any], then: Callable[[], None] | None = None) -> None:
+        if then is not None:
+            then()
+
+    def subscribe(self, topics: list[str]) -> None:
+        pass
+
+
+def test_a_main_partition_that_moves_on_during_its_takeover_is_let_go() -> None:
+    """A worker that loses (or gives up) a main partition while one of its subscriptions is
+    still taking it over must not keep it: another worker owns it now, and a view left holding
+    it would go on serving its retry tiers beside that worker (seen with 100 subscriptions)."""
+    from delivery.readers import ReaderHub
+
+    async def scenario() -> None:
+        hub = ReaderHub(lambda group: {}, lambda topic, partition: 0, "setu.delivery")
+        tiers = FakeTiers()
+        hub.membership, hub.catch_up = FakeReader(), FakeReader()  # type: ignore[assignment]
+        hub.tiers = tiers  # type: ignore[assignment]
+        # Given a worker that owns main partition 0, and a subscription taking it over
+        await hub._main_assigned([TopicPartition(MAIN, 0)])
+        offsets, runner = GatedOffsets(), LosingRunner()
+        view = SubscriptionView(
+            {"group.id": "setu.sub.p.s"},
+            asyncio.get_running_loop(),
+            runner,
+            hub,  # type: ignore[arg-type]
+            offsets,  # type: ignore[arg-type]
+        )
+        view.start([MAIN, RQ1, DLQ])
+        await asyncio.sleep(0.05)  # the takeover waits for the subscription's offsets
+        # When the worker loses the partition meanwhile, and the takeover then completes
+        hub._main_lost([TopicPartition(MAIN, 0)])
+        offsets.gate.set()
+        for _ in range(50):
+            if runner.lost_partitions:
+                break
+            await asyncio.sleep(0.02)
+        # Then the subscription lets it go: its runner is told, its tiers are unassigned
+        assert (MAIN, 0) in runner.lost_partitions
+        assert ("unassign", (RQ1, 0)) in tiers.ran
+        assert not hub.owns(MAIN, 0)
+
+    asyncio.run(scenario())
