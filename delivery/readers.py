@@ -89,6 +89,10 @@ class ReaderThread(ConsumerThread):
         self._revoked_cb = revoked
         self._lost_cb = lost
         self._thread = threading.Thread(target=self._run, name=f"reader-{name}", daemon=True)
+        # Whether the consumer has partitions, as last asked; None: ask again (a command or a
+        # rebalance may have changed it). Asking builds the whole assignment, a thousand
+        # partitions and more for the tiers reader, so it is not asked at every poll.
+        self._has_partitions: bool | None = None
 
     def start(self, topics: Sequence[str] = ()) -> None:
         self._thread.start()
@@ -116,22 +120,32 @@ class ReaderThread(ConsumerThread):
         pass  # assigned partitions, or told to subscribe later
 
     def _may_take(self, consumer: Consumer) -> bool:
-        if consumer.assignment():
+        if self._has_partitions is None:
+            self._has_partitions = bool(consumer.assignment())
+        if self._has_partitions:
             return True
         consumer.poll(POLL_TIMEOUT_S)  # serves rebalances and callbacks meanwhile
         return False
 
+    def _run_commands(self, consumer: Consumer) -> None:
+        if not self._commands.empty():
+            self._has_partitions = None
+        super()._run_commands(consumer)
+
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._has_partitions = None
         assert self._assigned_cb is not None
         starts: list[TopicPartition] = self._wait(self._assigned_cb(partitions))
         consumer.incremental_assign(starts)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._has_partitions = None
         assert self._revoked_cb is not None
         self._wait(self._revoked_cb(partitions))
         consumer.incremental_unassign(partitions)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._has_partitions = None
         assert self._lost_cb is not None
         self._loop.call_soon_threadsafe(self._lost_cb, partitions)
         consumer.incremental_unassign(partitions)
