@@ -237,6 +237,12 @@ class PartitionFlow:
     def balance(self) -> None:
         """Back-pressure, every few tens of milliseconds: :meth:`regulate`, and with more than
         one partition index, a tier partition holding most of the budget is paused."""
+        if (
+            self._full_since is None
+            and not any(PRESSURE in reasons for reasons in self._reasons.values())
+            and not any(self.buffered().values())
+        ):
+            return  # nothing in memory and nothing held back: the idle case, 20 times a second
         self.regulate()
         limit = self._limit()
         several = len(self._ports) > 1

@@ -30,6 +30,10 @@ POLICY_CHECK_MS = 1000
 # what it wants now (state/delivery_budget.py).
 SLOT_RENEW_MS = 250
 SLOT_HEADROOM = 4
+# A renewal that would change nothing (the same ask, granted in full, as many calls going) is
+# skipped until this long after the last: the share's entry lives SLOT_ENTRY_TTL_MS (3 s), and
+# an idle subscription need not write it four times a second.
+SLOT_QUIET_RENEW_MS = 1000
 # How long a worker's word that its breaker is open lasts unless renewed (every policy check).
 SHARED_BREAKER_TTL_MS = 5_000
 
@@ -68,6 +72,8 @@ class SubscriptionGuards:
         self.budget = budget
         self._pause = pause
         self._pausing = False  # a policy pause is on its way to the store
+        # The last renewal of the share: (ask, busy, granted, when in ms).
+        self._last_share: tuple[int, int, int, int] | None = None
         self.breaker = CircuitBreaker(
             sub.policies.circuit_breaker,
             f"subscription {sub.project}/{sub.name}",
@@ -106,7 +112,17 @@ class SubscriptionGuards:
         limit = self.sub.max_in_flight
         demand = dispatcher.demand()
         ask = min(limit, demand + max(SLOT_HEADROOM, demand))
+        now = now_ms()
+        last = self._last_share
+        if (
+            last is not None
+            and last[:3] == (ask, busy, ask)
+            and dispatcher.size == ask
+            and now - last[3] < SLOT_QUIET_RENEW_MS
+        ):
+            return
         granted = await self.budget.share(self._worker_id, ask, busy, limit)
+        self._last_share = (ask, busy, granted, now)
         if granted != dispatcher.size:
             dispatcher.resize(granted)
 

@@ -105,3 +105,34 @@ async def test_the_share_of_max_in_flight_resizes_the_pool() -> None:
     # It asked for what it wants going, with headroom, and took what it was granted
     assert budget.asked == ("w", min(256, 3 + 4), 1, guarded.sub.max_in_flight)
     assert pool.size == 7
+
+
+async def test_an_idle_share_is_renewed_once_a_second_and_a_change_at_once() -> None:
+    class Budget:
+        def __init__(self) -> None:
+            self.asks: list[int] = []
+
+        async def share(self, worker: str, demand: int, busy: int, limit: int) -> int:
+            self.asks.append(demand)
+            return demand  # granted in full
+
+    class Pool:
+        size = 0
+        wanted = 0
+
+        def demand(self) -> int:
+            return self.wanted
+
+        def resize(self, size: int) -> None:
+            self.size = size
+
+    budget, pool = Budget(), Pool()
+    guarded = guards(Recorder(), budget=budget)
+    # An idle subscription renews its share four times a second: only the first writes it
+    for _ in range(4):
+        await guarded.renew_slots(pool, busy=0)  # type: ignore[arg-type]
+    assert budget.asks == [4]
+    # A change (records waiting) is asked for at once
+    pool.wanted = 10
+    await guarded.renew_slots(pool, busy=0)  # type: ignore[arg-type]
+    assert budget.asks == [4, 20]
