@@ -134,8 +134,11 @@ def dashboard_queries() -> list[tuple[str, str]]:
 
 
 def test_prometheus_fires_the_parked_alert_and_every_dashboard_query_has_data(
-    tmp_path: Path, hook: str
+    tmp_path: Path, hook: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The ingest lag gauge is set at each real-time batch's end (README, "Metrics"): 30 s
+    # batches give the lag panel data within this test's minute; the default 120 s would not.
+    monkeypatch.setenv("SETU_SPARK_REALTIME_BATCH_S", "30")
     ports = stack_ports()
     with dev_up(tmp_path / "setu-data", ports) as stack:
         stack.wait_for_line(r"setu dev up: ready", START_TIMEOUT_S)
