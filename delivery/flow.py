@@ -218,9 +218,11 @@ class PartitionFlow:
         """Stops consuming while too many records are in memory, and starts again below 3/4.
         Stopping is cheap (nothing fetched is thrown away) but must stay short; when the
         worker stays full, its partitions are paused instead."""
+        self._regulate(sum(self.buffered().values()))
+
+    def _regulate(self, total: int) -> None:
         consumer = self._consumer
         limit = self._limit()
-        total = sum(self.buffered().values())
         loop_time = asyncio.get_running_loop().time()
         if total > limit:
             if self._full_since is None:
@@ -237,16 +239,18 @@ class PartitionFlow:
     def balance(self) -> None:
         """Back-pressure, every few tens of milliseconds: :meth:`regulate`, and with more than
         one partition index, a tier partition holding most of the budget is paused."""
+        buffered = self.buffered()
+        total = sum(buffered.values())
         if (
-            self._full_since is None
+            not total
+            and self._full_since is None
             and not any(PRESSURE in reasons for reasons in self._reasons.values())
-            and not any(self.buffered().values())
         ):
             return  # nothing in memory and nothing held back: the idle case, 20 times a second
-        self.regulate()
+        self._regulate(total)
         limit = self._limit()
         several = len(self._ports) > 1
-        for (partition, tier), count in self.buffered().items():
+        for (partition, tier), count in buffered.items():
             held = PRESSURE in self._reasons.get((partition, tier), ())
             if not held and several and count > limit * 3 // 4:
                 self.reason(partition, tier, PRESSURE, True)

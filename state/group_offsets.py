@@ -81,15 +81,11 @@ class GroupOffsets:
         ``READ_CONCURRENCY`` at once, so that a takeover of many subscriptions leaves the
         loop's threads to everything else."""
         async with self._reads:
-            return await asyncio.to_thread(self._committed, group, list(partitions), timeout_s)
-
-    def _committed(
-        self, group: str, partitions: list[TopicPartition], timeout_s: float
-    ) -> list[TopicPartition]:
-        return committed_offsets(
-            self._bootstrap,
-            self._client_config,
-            group,
-            list(partitions),
-            time.monotonic() + timeout_s,
-        )
+            return await asyncio.to_thread(
+                committed_offsets,
+                self._bootstrap,
+                self._client_config,
+                group,
+                list(partitions),
+                time.monotonic() + timeout_s,
+            )
