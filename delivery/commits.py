@@ -21,8 +21,11 @@ from delivery.effects import PartitionEffects
 from delivery.guards import Periodic
 from delivery.parts import ConsumerPort, RunnerConfig
 from delivery.replays import encode_marks
+from delivery.watch import BACKSTOP_MS, StateWatch, Watched
 from delivery.writer import StateWriter
+from setu.clock import now_ms
 from setu.ordering.tiers import DLQ, MAIN
+from state.durable_groups import DurableGroupStore
 from state.groups import GroupStore
 from state.kafka_reader import KafkaReader
 
@@ -40,9 +43,11 @@ class Commits:
         store: GroupStore,
         reader: KafkaReader,
         background: Callable[[Coroutine[Any, Any, None]], None],
+        watch: StateWatch | None = None,
     ) -> None:
         """``topics`` (tier -> topic), ``tiers`` (topic -> tier) and ``ports`` are the
-        runner's own; ``background`` runs housekeeping nothing waits for."""
+        runner's own; ``background`` runs housekeeping nothing waits for; ``watch``: the
+        worker's reading of Redis (None: every tick asks Redis)."""
         self._consumer = consumer
         self._topics = topics
         self._tiers = tiers
@@ -52,6 +57,11 @@ class Commits:
         self._reader = reader
         self._background = background
         self._committed: dict[tuple[int, int], int] = {}  # (tier, partition) -> offset
+        self._watch = watch
+        self._watched: Watched | None = None
+        # What the last poll saw: (release version, partitions), and when.
+        self._polled: tuple[int | None, frozenset[int]] | None = None
+        self._polled_at_ms = 0
 
     def periodic(self, config: RunnerConfig) -> list[Periodic]:
         return [
@@ -116,8 +126,37 @@ class Commits:
             except Exception as exc:
                 log.warning("trimming dead letters of partition %d failed: %s", port.partition, exc)
 
+    def start_watching(self, project: str, subscription: str, store: object) -> None:
+        """Hands the periodic reading of Redis to the worker's watch, if there is one."""
+        if self._watch is not None:
+            verifiable = store if isinstance(store, DurableGroupStore) else None
+            self._watched = self._watch.watch(project, subscription, verifiable)
+
+    @property
+    def watched(self) -> Watched | None:
+        return self._watched
+
+    def stop_watching(self) -> None:
+        if self._watch is not None and self._watched is not None:
+            self._watch.forget(self._watched)
+            self._watched = None
+
     async def poll_releases(self) -> None:
-        """Picks up an operator's unsideline of groups and single dead letters."""
+        """Picks up an operator's unsideline of groups and single dead letters, and checks
+        that Redis still holds what this runner wrote (``GroupStore.poll_releases``); from
+        the worker's watch's reading while it is fresh (delivery/watch.py)."""
+        watched = self._watched
+        if watched is None or not watched.fresh():
+            await self._poll_releases()
+            return
+        watched.verify()
+        seen = (watched.version, frozenset(self._ports))
+        if seen == self._polled and now_ms() - self._polled_at_ms < BACKSTOP_MS:
+            return
+        await self._poll_releases()
+        self._polled, self._polled_at_ms = seen, now_ms()
+
+    async def _poll_releases(self) -> None:
         for port in list(self._ports.values()):
             groups, offsets = await self._store.poll_releases(port.partition)
             if port.alive and (groups or offsets):

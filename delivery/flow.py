@@ -241,12 +241,8 @@ class PartitionFlow:
         one partition index, a tier partition holding most of the budget is paused."""
         buffered = self.buffered()
         total = sum(buffered.values())
-        if (
-            not total
-            and self._full_since is None
-            and not any(PRESSURE in reasons for reasons in self._reasons.values())
-        ):
-            return  # nothing in memory and nothing held back: the idle case, 20 times a second
+        if not total and self._unheld():
+            return  # nothing in memory and nothing held back: the idle case
         self._regulate(total)
         limit = self._limit()
         several = len(self._ports) > 1
@@ -256,6 +252,16 @@ class PartitionFlow:
                 self.reason(partition, tier, PRESSURE, True)
             elif held and (count < limit // 4 or not several):
                 self.reason(partition, tier, PRESSURE, False)
+
+    def idle(self) -> bool:
+        """Nothing in memory and nothing held back: :meth:`balance` has nothing to do until
+        records arrive."""
+        return self._unheld() and not any(self.buffered().values())
+
+    def _unheld(self) -> bool:
+        return self._full_since is None and not any(
+            PRESSURE in reasons for reasons in self._reasons.values()
+        )
 
     def _every_partition(self, reason: str, on: bool) -> None:
         for port in self._ports.values():

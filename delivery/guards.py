@@ -18,6 +18,7 @@ from delivery.breaker import BreakerState, BreakerView, CircuitBreaker
 from delivery.dispatcher import Dispatcher
 from delivery.events import Emit
 from delivery.metrics import SubscriptionMetrics
+from delivery.watch import Watched
 from setu.clock import now_ms
 from setu.model import Subscription, SubscriptionState
 from state.delivery_budget import DeliveryBudget
@@ -72,6 +73,9 @@ class SubscriptionGuards:
         self.budget = budget
         self._pause = pause
         self._pausing = False  # a policy pause is on its way to the store
+        # The worker's reading of Redis, which carries the shared breaker (delivery/watch.py);
+        # None, or stale: the check reads it itself.
+        self.watched: Watched | None = None
         # The last renewal of the share: (ask, busy, granted, when in ms).
         self._last_share: tuple[int, int, int, int] | None = None
         self.breaker = CircuitBreaker(
@@ -161,7 +165,11 @@ class SubscriptionGuards:
         worker's own open breaker while it stays open."""
         assert self.budget is not None
         breaker, rules = self.breaker, self.breaker.rules
-        shared = await self.budget.shared_breaker()
+        watched = self.watched
+        if watched is not None and watched.fresh():
+            shared = watched.breaker  # the worker's reading (delivery/watch.py)
+        else:
+            shared = await self.budget.shared_breaker()
         word = None if shared is None else shared.get("state")
         if rules.state is BreakerState.CLOSED:
             if shared is not None and word == BreakerState.OPEN.value:

@@ -13,6 +13,7 @@ from confluent_kafka import Consumer
 
 from delivery.events import EventSink
 from delivery.kafka_io import RebalanceListener
+from delivery.watch import StateWatch
 from delivery.webhook import WebhookSender
 from setu.envelope import KafkaHeaders
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
@@ -117,6 +118,9 @@ class RunnerParts:
     # A Kafka topic's retention in ms (None: for ever), for the expiry of failed groups'
     # messages; None: not known (not reported).
     retention: Callable[[str], Awaitable[int | None]] | None = None
+    # The worker's one look at Redis a second (delivery/watch.py); None: the runner asks on
+    # its own every tick.
+    watch: StateWatch | None = None
 
 
 class Background:

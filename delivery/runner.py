@@ -54,8 +54,10 @@ from state.kafka_reader import record_of
 
 log = logging.getLogger(__name__)
 
-# How often back-pressure is looked at (delivery/flow.py).
+# How often back-pressure is looked at (delivery/flow.py) while there is anything to look at;
+# an idle runner waits for records instead, up to IDLE_BALANCE_S.
 BALANCE_MS = 50
+IDLE_BALANCE_S = 1.0
 
 
 async def cancel_all(tasks: Sequence[asyncio.Task[Any]], every_s: float = 0.5) -> None:
@@ -155,10 +157,12 @@ class SubscriptionRunner:
             self.store,
             self.reader,
             self._background,
+            parts.watch,
         )
         self.gate = asyncio.Event()
         self.gate.set()
         self._stopped = asyncio.Event()
+        self._activity = asyncio.Event()  # records arrived (_balancing)
         self._fatal: BaseException | None = None
         self.dispatcher: Dispatcher | None = None
         self._stop_mode = StopMode.GRACEFUL
@@ -184,6 +188,8 @@ class SubscriptionRunner:
             breaker=self.guards.breaker,
         )
         self.context.dispatcher = dispatcher
+        self.commits.start_watching(self.sub.project, self.sub.name, self.store)
+        self.guards.watched = self.commits.watched
         consumer.start(list(self.tiers))
         background: list[asyncio.Task[None]] = []
         # From here on the consumer is in its group: whatever happens, it leaves it below
@@ -200,6 +206,7 @@ class SubscriptionRunner:
                     self.sub,
                 )
             background = [loop.create_task(self._every(ms, work)) for ms, work in self._periodic()]
+            background.append(loop.create_task(self._balancing()))
             stopped: asyncio.Future[Any] = loop.create_task(self._stopped.wait())
             ended: asyncio.Future[Any] = consumer.done
             await asyncio.wait([stopped, ended], return_when=asyncio.FIRST_COMPLETED)
@@ -214,6 +221,8 @@ class SubscriptionRunner:
             if self.attempts is not None:
                 await self.attempts.flush()
             await self.reporting.forget()
+            self.guards.watched = None
+            self.commits.stop_watching()
             with contextlib.suppress(Exception):  # its entry expires anyway
                 await self.guards.leave()
             await self._confirm_stop()
@@ -226,7 +235,6 @@ class SubscriptionRunner:
         work: list[Periodic] = [
             *self.commits.periodic(self.config),
             (self.config.stats_interval_ms, self._report),
-            (BALANCE_MS, self._balance),
             *self.guards.periodic(self.dispatcher, self._busy, lambda: not self.gate.is_set()),
         ]
         if self.attempts is not None:
@@ -315,6 +323,7 @@ class SubscriptionRunner:
     # Consumer thread callbacks (on the loop)
 
     def on_batch(self, messages: list[Message]) -> None:
+        self._activity.set()
         tiers, ports = self.tiers, self.ports
         skipped = self.reporting.skipped_copies(ports)
         read_ms = now_ms()
@@ -456,9 +465,25 @@ class SubscriptionRunner:
                 self.fail(exc)
                 return
 
-    async def _balance(self) -> None:
-        self.flow.balance()
-        self.writer.nudge()
+    async def _balancing(self) -> None:
+        """:meth:`PartitionFlow.balance` and the writer's nudge every ``BALANCE_MS`` while
+        anything is in memory, held, being called or waiting to be written; an idle runner
+        waits for records instead (``on_batch``), so a hundred idle subscriptions do not wake
+        the loop 2,000 times a second."""
+        activity = self._activity
+        while not self._stopped.is_set():
+            if self.flow.idle() and not self._busy() and not self.writer.waiting:
+                activity.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(activity.wait(), IDLE_BALANCE_S)
+            else:
+                await asyncio.sleep(BALANCE_MS / 1000)
+            try:
+                self.flow.balance()
+                self.writer.nudge()
+            except Exception as exc:
+                self.fail(exc)
+                return
 
     async def _report(self) -> None:
         engines = {partition: port.engine for partition, port in self.ports.items()}

@@ -36,6 +36,7 @@ from delivery.parts import ConsumerPort, RunnerConfig, RunnerParts
 from delivery.readers import ReaderHub, reader_config
 from delivery.runner import SubscriptionRunner
 from delivery.views import SubscriptionView
+from delivery.watch import StateWatch
 from delivery.webhook import WebhookSender
 from setu import logs
 from setu.limits import MessageLimits
@@ -126,6 +127,7 @@ def runner_parts(
     topics: KafkaTopics,
     events: EventSink | None = None,
     consumer: Callable[..., ConsumerPort] = ConsumerThread,
+    watch: StateWatch | None = None,
 ) -> RunnerParts:
     """The collaborators of ``sub``'s runner in a delivery process: its group store in Redis,
     its webhook sender on the shared HTTP client, a reader and a consumer thread of its own,
@@ -149,6 +151,7 @@ def runner_parts(
         budget=budget,
         events=events,
         retention=partial(_in_thread, topics.retention_ms),
+        watch=watch,
     )
 
 
@@ -205,17 +208,21 @@ async def serve(
         instance,
         metrics.events,
     )
+    watch = StateWatch(client)
     events_stop = asyncio.Event()
     event_tasks = [
         loop.create_task(sink.run(events_stop)),
         loop.create_task(notifier.run(events_stop)),
+        loop.create_task(watch.run(events_stop)),
     ]
     worker = Worker(
         source,
         lambda sub: SubscriptionRunner(
             sub,
             config,
-            runner_parts(sub, config, client, producer, http, source, topics, sink, consumer),
+            runner_parts(
+                sub, config, client, producer, http, source, topics, sink, consumer, watch
+            ),
             metrics,
         ),
     )

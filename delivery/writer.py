@@ -60,6 +60,11 @@ class StateWriter:
         self._writes.append((owner, transition))
         self._start()
 
+    @property
+    def waiting(self) -> bool:
+        """2xx outcomes wait for a ride (:meth:`nudge`)."""
+        return bool(self._delivered)
+
     def nudge(self) -> None:
         """Sends 2xx outcomes waiting for a ride."""
         if self._delivered:

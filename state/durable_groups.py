@@ -122,6 +122,18 @@ class DurableGroupStore:
         made = self._writes[partition]
         self._check(partition, made, await self.redis.writes_since_claim(partition))
 
+    def written(self) -> dict[int, tuple[int, int]]:
+        """Per partition owned: (its epoch, the writes made since the claim), counted before a
+        reading of Redis elsewhere (delivery/watch.py)."""
+        return {p: (epoch, self._writes[p]) for p, epoch in self._epochs.items()}
+
+    def check_held(self, partition: int, epoch: int, made: int, held: tuple[int, int]) -> None:
+        """:meth:`verify` of a reading taken elsewhere: ``made`` writes under ``epoch`` were
+        counted before Redis was read as ``held``. A partition claimed again since is left to
+        the next reading."""
+        if self._epochs.get(partition) == epoch:
+            self._check(partition, made, held)
+
     def _check(self, partition: int, made: int, held: tuple[int, int]) -> None:
         epoch = self._epochs[partition]
         held_epoch, held_writes = held

@@ -375,6 +375,11 @@ class _KeyList:
         return index
 
 
+def held_by_redis(epoch: bytes | None, writes: bytes | None) -> tuple[int, int]:
+    """(owner epoch, writes since its claim) from the two keys' values ((0, -1): none)."""
+    return int(epoch or 0), int(writes if writes is not None else -1)
+
+
 class RedisGroupStore:
     """:class:`GroupStore` on Redis; one instance per subscription."""
 
@@ -413,7 +418,7 @@ class RedisGroupStore:
         pipe.get(keys.owner_epoch(self._project, self._sub, partition))
         pipe.get(keys.owner_writes(self._project, self._sub, partition))
         epoch, writes = await pipe.execute()
-        return int(epoch or 0), int(writes if writes is not None else -1)
+        return held_by_redis(epoch, writes)
 
     async def restore(
         self,
@@ -699,6 +704,8 @@ class RedisGroupStore:
             pipe.sadd(keys.release_requests(p, s, partition), *group_list)
         if offset_map:
             pipe.zadd(keys.pending_releases(p, s, partition), offset_map)
+        if group_list or offset_map:
+            pipe.incr(keys.release_version(p, s))
         await pipe.execute()
 
     async def group(self, group_id: str) -> GroupState | None:

@@ -51,6 +51,12 @@ def release_requests(project: str, subscription: str, partition: int) -> str:
     return f"{_sub(project, subscription)}:release:{partition}"
 
 
+def release_version(project: str, subscription: str) -> str:
+    """Integer raised with every release request of the subscription (any partition), so a
+    worker reads one key to know whether there is anything to pick up (delivery/watch.py)."""
+    return f"{_sub(project, subscription)}:release-version"
+
+
 def pending_releases(project: str, subscription: str, partition: int) -> str:
     """Sorted set of DLQ offsets of single (unordered) dead letters to deliver again."""
     return f"{_sub(project, subscription)}:pending:{partition}"

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 from redis.asyncio import Redis
 
+from delivery.watch import StateWatch
 from setu.ordering.state import EMPTY_COUNTS, GroupState, StateLost, StateWrite
 from setu.ordering.tiers import DLQ
 from state import keys
@@ -173,3 +174,33 @@ async def test_a_partition_from_before_the_changelog_is_seeded_from_redis(
     await forget(client, project)
     await DurableGroupStore(RedisGroupStore(client, project, "s"), log).claim(2)
     assert (await redis_store.load(2)).states == {"g": parked(2)}
+
+
+async def test_the_workers_one_reading_notices_lost_writes_and_requested_releases(
+    redis_client: tuple[Redis[bytes], str],
+) -> None:
+    client, project = redis_client
+    # Given an owner of partition 1 watched by its worker's reading of Redis
+    store = DurableGroupStore(RedisGroupStore(client, project, "s"), ListChangelog())
+    epoch = await store.claim(1)
+    await store.apply(StateWrite(1, "g", touches_group=True, state=parked(1)), epoch)
+    watch = StateWatch(client)
+    entry = watch.watch(project, "s", store)
+    await watch.read()
+    entry.verify()  # all there
+    before = entry.version
+    # When an operator asks for a release (the API writes through the same store)
+    await RedisGroupStore(client, project, "s").request_release(1, ["g"], [])
+    await watch.read()
+    # Then the reading shows the subscription's release version moved
+    assert before is not None and entry.version == before + 1
+    # And when Redis comes back without the owner's last write, the next reading says so
+    await client.set(keys.owner_writes(project, "s", 1), 0)
+    await watch.read()
+    with pytest.raises(StateLost):
+        entry.verify()
+    # And a forgotten entry is read no more
+    watch.forget(entry)
+    entry.read_at = 0.0
+    await watch.read()
+    assert entry.read_at == 0.0

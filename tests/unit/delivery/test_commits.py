@@ -1,16 +1,21 @@
 """What a subscription commits (delivery/commits.py): flush first, only what moved, the main
-log's commit with its ingest marks, and outcomes below a commit forgotten."""
+log's commit with its ingest marks, and outcomes below a commit forgotten; and its releases
+polled from the worker's reading of Redis (delivery/watch.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
+import pytest
 from confluent_kafka import TopicPartition
 
 from delivery.commits import Commits
+from delivery.watch import StateWatch, Watched
 from setu.ordering.tiers import DLQ, MAIN
+from state.groups import ReleaseRequests, StateLost
 from tests.consumers import ConsumerStub
 
 TOPICS = {MAIN: "main", 1: "rq.1", DLQ: "dlq"}
@@ -52,13 +57,23 @@ class Writer:
 class Store:
     def __init__(self) -> None:
         self.trimmed: list[tuple[int, dict[int, int]]] = []
+        self.polled: list[int] = []
+        self.releases = ReleaseRequests(set(), set())
+
+    async def poll_releases(self, partition: int) -> ReleaseRequests:
+        self.polled.append(partition)
+        return self.releases
 
     async def trim(self, partition: int, committed: Mapping[int, int]) -> None:
         self.trimmed.append((partition, dict(committed)))
 
 
 def commits(
-    engine: Engine, kafka: Kafka, order: list[str], store: Store
+    engine: Engine,
+    kafka: Kafka,
+    order: list[str],
+    store: Store,
+    watch: StateWatch | None = None,
 ) -> tuple[Commits, list[Coroutine[Any, Any, None]]]:
     background: list[Coroutine[Any, Any, None]] = []
     made = Commits(
@@ -70,6 +85,7 @@ def commits(
         store,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         background.append,
+        watch,
     )
     return made, background
 
@@ -100,3 +116,63 @@ async def test_a_partition_taken_over_again_commits_even_an_unchanged_offset() -
     await made.commit()
     await asyncio.gather(*background)
     assert [[tp.offset for tp in batch] for batch in kafka.commits] == [[5], [5]]
+
+
+class Released(Engine):
+    def __init__(self) -> None:
+        super().__init__({})
+        self.groups: list[set[str]] = []
+
+    def release_groups(self, groups: set[str]) -> None:
+        self.groups.append(groups)
+
+    def add_pending_releases(self, offsets: set[int]) -> None:
+        pass
+
+
+async def test_releases_are_polled_when_the_watch_saw_them_move_and_not_while_it_saw_nothing() -> (
+    None
+):
+    # Given a runner's commits handing its reading of Redis to the worker's watch
+    engine, store = Released(), Store()
+    made, _ = commits(engine, Kafka(), [], store, StateWatch(None))  # type: ignore[arg-type]
+    made.start_watching("p", "s", store)
+    entry = made._watched
+    assert isinstance(entry, Watched)
+    # When nothing was read yet, every tick asks Redis itself
+    await made.poll_releases()
+    await made.poll_releases()
+    assert store.polled == [0, 0]
+    # And once the watch read the release version, a tick asks only when it moved
+    entry.version, entry.read_at = 3, time.monotonic()
+    await made.poll_releases()
+    await made.poll_releases()
+    assert store.polled == [0, 0, 0]
+    store.releases = ReleaseRequests({"G"}, set())
+    entry.version = 4  # an operator unsidelined G
+    await made.poll_releases()
+    assert store.polled == [0, 0, 0, 0]
+    assert engine.groups[-1] == {"G"}
+    # And a reading gone stale (Redis away, the watch stopped) has every tick ask again
+    entry.read_at -= 60
+    await made.poll_releases()
+    assert store.polled == [0, 0, 0, 0, 0]
+
+
+class Owner:
+    """A durable store's owner figures (state/durable_groups.py's rule)."""
+
+    def written(self) -> dict[int, tuple[int, int]]:
+        return {0: (2, 5)}
+
+    def check_held(self, partition: int, epoch: int, made: int, held: tuple[int, int]) -> None:
+        if held < (epoch, made):
+            raise StateLost([partition], "lost")
+
+
+def test_a_reading_that_found_writes_missing_raises_state_lost_at_the_runners_tick() -> None:
+    entry = Watched("p", "s", Owner(), checks=[(0, 2, 5, (2, 5))], read_at=time.monotonic())
+    entry.verify()  # Redis holds all five writes of epoch 2
+    entry.checks = [(0, 2, 5, (0, -1))]  # Redis came back empty
+    with pytest.raises(StateLost):
+        entry.verify()

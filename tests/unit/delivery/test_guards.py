@@ -4,12 +4,14 @@ max_in_flight (delivery/guards.py)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Coroutine
 from typing import Any
 
 from delivery.breaker import BreakerState
 from delivery.guards import SubscriptionGuards
 from delivery.metrics import DeliveryMetrics
+from delivery.watch import Watched
 from setu.outcome import Outcome, Verdict
 from setu.policies import DeadLetterWindow, Policies
 from tests.unit.delivery.sim import subscription
@@ -136,3 +138,31 @@ async def test_an_idle_share_is_renewed_once_a_second_and_a_change_at_once() -> 
     pool.wanted = 10
     await guarded.renew_slots(pool, busy=0)  # type: ignore[arg-type]
     assert budget.asks == [4, 20]
+
+
+async def test_another_workers_open_breaker_is_adopted_from_the_workers_reading() -> None:
+    class Budget:
+        def __init__(self) -> None:
+            self.reads = 0
+
+        async def shared_breaker(self) -> dict[str, Any] | None:
+            self.reads += 1
+            return None
+
+        async def publish_breaker(self, view: dict[str, Any], ttl_ms: int) -> None:
+            pass
+
+    budget = Budget()
+    guarded = guards(Recorder(), budget=budget)
+    # Given the worker's fresh reading of Redis: another worker's breaker is open
+    opened = {"state": "open", "since_ms": 1, "failures": 5, "probe_at_ms": 10**13}
+    guarded.watched = Watched("p", "s", None, breaker=opened, read_at=time.monotonic())
+    # When the policy check runs
+    await guarded.check(paused=False)
+    # Then the breaker is adopted from the reading, and Redis was not asked
+    assert guarded.breaker.rules.state is BreakerState.OPEN
+    assert budget.reads == 0
+    # And once the reading is stale (the worker's watch away), the check asks Redis itself
+    guarded.watched.read_at -= 60
+    await guarded.check(paused=False)
+    assert budget.reads == 1

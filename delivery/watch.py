@@ -1,0 +1,135 @@
+"""One Redis round trip a second for the whole worker, so an idle subscription costs no Redis
+round trip of its own (docs/delivery.md, "What an idle subscription costs").
+
+Each runner used to ask Redis every second, for every partition it owns, whether Redis still
+holds what it wrote (``DurableGroupStore.verify``: a server that restarted empty, a replica
+promoted before it had the last writes, keys restored from an older snapshot) and whether an
+operator asked for groups or dead letters to be released. With a hundred subscriptions that
+was hundreds of round trips a second from a worker doing nothing. :class:`StateWatch` reads
+all of it in one pipeline a second:
+
+- per watched partition, the owner epoch and write count Redis holds, beside the count its
+  owner made, sampled just before the read (the rule of ``DurableGroupStore.verify``); the
+  runner compares them at its next tick and raises ``StateLost`` as before;
+- per watched subscription, the breaker its workers share (``docs/policies.md`` §2), which
+  the runner's policy check adopts instead of reading it itself;
+- per watched subscription, its release version (``state.keys.release_version``), which
+  ``RedisGroupStore.request_release`` raises in the same transaction as the request; the
+  runner polls its releases when the version moved, when its partitions changed, and every
+  ``BACKSTOP_MS`` whatever the version says.
+
+While an entry's last reading is older than ``STALE_S`` (Redis away, the watch's task gone),
+its runner asks Redis itself every tick, as it did before: the watch only takes work away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+from redis.asyncio import Redis
+
+from state import keys
+from state.groups import held_by_redis
+
+log = logging.getLogger(__name__)
+
+EVERY_S = 1.0
+# Past this since its last reading an entry says nothing: its runner asks Redis itself.
+STALE_S = 5.0
+# How often a runner polls its releases even when the version did not move.
+BACKSTOP_MS = 30_000
+
+
+class Verifiable(Protocol):
+    """A group store whose owner can tell whether Redis lost its writes (state/durable_groups)."""
+
+    def written(self) -> Mapping[int, tuple[int, int]]:
+        """Per partition owned: (owner epoch, writes made since the claim)."""
+        ...
+
+    def check_held(self, partition: int, epoch: int, made: int, held: tuple[int, int]) -> None:
+        """Raises ``StateLost`` when ``held`` (Redis's epoch and count, read after ``made``
+        was counted under ``epoch``) shows writes lost."""
+
+
+@dataclass(eq=False)
+class Watched:
+    """One runner's entry: what the last reading found for its subscription."""
+
+    project: str
+    subscription: str
+    store: Verifiable | None
+    version: int | None = None
+    breaker: dict[str, Any] | None = None
+    # (partition, epoch, writes made, (epoch, writes) Redis held)
+    checks: list[tuple[int, int, int, tuple[int, int]]] = field(default_factory=list)
+    read_at: float = -math.inf  # monotonic seconds
+
+    def fresh(self) -> bool:
+        return time.monotonic() - self.read_at < STALE_S
+
+    def verify(self) -> None:
+        """Raises ``StateLost`` when the last reading found Redis without this owner's writes."""
+        if self.store is not None:
+            for partition, epoch, made, held in self.checks:
+                self.store.check_held(partition, epoch, made, held)
+
+
+class StateWatch:
+    """The worker's one reading of Redis a second (see the module doc)."""
+
+    def __init__(self, client: Redis[bytes], every_s: float = EVERY_S) -> None:
+        self._client = client
+        self._every_s = every_s
+        self._entries: set[Watched] = set()
+
+    def watch(self, project: str, subscription: str, store: Verifiable | None) -> Watched:
+        entry = Watched(project, subscription, store)
+        self._entries.add(entry)
+        return entry
+
+    def forget(self, entry: Watched) -> None:
+        self._entries.discard(entry)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.read()
+            except Exception as exc:  # Redis away: the runners ask on their own meanwhile
+                log.debug("state watch: %r", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._every_s)
+
+    async def read(self) -> None:
+        """One pipeline: every entry's release version and its partitions' owner figures."""
+        # Counted before Redis is read (DurableGroupStore.verify says why).
+        samples = [(e, dict(e.store.written()) if e.store else {}) for e in self._entries]
+        if not samples:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for entry, written in samples:
+            p, s = entry.project, entry.subscription
+            pipe.get(keys.release_version(p, s))
+            pipe.get(keys.breaker(p, s))
+            for partition in sorted(written):
+                pipe.get(keys.owner_epoch(p, s, partition))
+                pipe.get(keys.owner_writes(p, s, partition))
+        replies = iter(await pipe.execute())
+        now = time.monotonic()
+        for entry, written in samples:
+            version, breaker = next(replies), next(replies)
+            checks = []
+            for partition in sorted(written):
+                epoch, made = written[partition]
+                held = held_by_redis(next(replies), next(replies))
+                checks.append((partition, epoch, made, held))
+            entry.version, entry.checks, entry.read_at = int(version or 0), checks, now
+            entry.breaker = None if breaker is None else dict(orjson.loads(breaker))
