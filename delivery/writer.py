@@ -99,7 +99,8 @@ class StateWriter:
                     for owner, _ in writes:
                         owner.writing -= 1
                     for waiter in waiters:
-                        waiter.set_exception(exc)
+                        if not waiter.done():  # a flush given up on (a cancelled commit)
+                            waiter.set_exception(exc)
                     self._on_error(exc)
                     return
                 for owner, transition in writes:
@@ -107,7 +108,8 @@ class StateWriter:
                     if owner.alive:
                         owner.engine.persisted(transition)
                 for waiter in waiters:
-                    waiter.set_result(None)
+                    if not waiter.done():  # a flush given up on (a cancelled commit)
+                        waiter.set_result(None)
         except Exception as exc:  # a bug in an engine: give up on this runner
             self._on_error(exc)
         finally:

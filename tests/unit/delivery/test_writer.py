@@ -140,3 +140,25 @@ async def test_a_flush_asked_for_while_a_failing_batch_is_in_flight_fails_too() 
         await asyncio.wait_for(flushing, 5)
     assert a.writing == 0
     assert len(errors) == 1
+
+
+async def test_a_flush_given_up_on_while_its_batch_is_applied_fails_nothing() -> None:
+    # Given a flush waiting for a batch the store holds back (a commit that a stopping runner
+    # cancels)
+    store = RecordingStore()
+    errors: list[BaseException] = []
+    writer = StateWriter(store, errors.append)
+    a = owner()
+    store.gate.clear()
+    transition = Transition(StateWrite(0, "g1", outcomes=((0, 1),)))
+    writer.write(a, transition)
+    flush = asyncio.get_running_loop().create_task(writer.flush())
+    await asyncio.sleep(0)
+    # When the flush is cancelled, then the batch completes
+    flush.cancel()
+    await asyncio.sleep(0)
+    store.gate.set()
+    await asyncio.wait_for(writer.flush(), 5)
+    # Then the write was applied and the writer reported no error
+    assert a.applied == [transition]
+    assert errors == []
