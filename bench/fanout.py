@@ -8,9 +8,10 @@ Setu's own processes as deployed (``setu api``, ``setu ingest`` and ``--workers`
 ``setu deliver``, as in ``bench.latency``) on one broker; one webhook process answers 200 at
 once on a path per subscription (``/hook/<n>``) and timestamps every call.
 
-1. **Creating.** One grouped topic of ``--partitions`` partitions, then ``--subscriptions``
-   grouped subscriptions of it, one after the other, each with its own endpoint: how long each
-   ``POST .../subscriptions`` took.
+1. **Creating.** One grouped topic of ``--partitions`` partitions; once a first message of it
+   reached its main log (the ingest job's start on a fresh stack is not fan-out), then
+   ``--subscriptions`` grouped subscriptions of it, one after the other, each with its own
+   endpoint: how long each ``POST .../subscriptions`` took.
 2. **One message to all.** One message is produced; how long it took to reach each endpoint
    (from its produce), and how many it reached within ``--reach-timeout``.
 3. **Idle.** For ``--idle`` seconds: each worker's cores, threads and resident memory.
@@ -36,6 +37,7 @@ from typing import Any
 
 import httpx
 import orjson
+from confluent_kafka import Consumer, TopicPartition
 
 from bench.latency import (
     Phase,
@@ -50,6 +52,7 @@ from bench.latency import (
     webhook_get,
 )
 from bench.machine import footprint, quiet_client_logs, service_arguments, write_result
+from setu import names
 
 TOPIC = "events"
 # How long the load's calls are waited for once it ended.
@@ -129,6 +132,29 @@ def reach_all(stack: Stack, count: int, timeout_s: float) -> dict[str, Any]:
         time.sleep(1.0)
     delays = [t - sent for t in got.values()]
     return {"endpoints": count, "reached": len(got), **seconds_stats(delays)}
+
+
+def ingest_ready(client: httpx.Client, stack: Stack, timeout_s: float) -> float:
+    """Produces one message and waits until it is in the topic's main log: seconds it took."""
+    began = time.monotonic()
+    produce(client, stack, f"warm-{uuid.uuid4().hex[:6]}")
+    main = names.main_topic(stack.project, TOPIC)
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": "bench-fanout-ready"})
+    try:
+        while time.monotonic() - began < timeout_s:
+            stack.check_alive()
+            meta = consumer.list_topics(main, timeout=10).topics.get(main)
+            if meta is not None and meta.error is None:
+                ends = [
+                    consumer.get_watermark_offsets(TopicPartition(main, p), timeout=10)[1]
+                    for p in meta.partitions
+                ]
+                if sum(ends) > 0:
+                    return round(time.monotonic() - began, 1)
+            time.sleep(0.5)
+    finally:
+        consumer.close()
+    raise SystemExit(f"ingest: nothing reached {main} within {timeout_s:.0f} s")
 
 
 def seconds_stats(values_s: list[float]) -> dict[str, Any]:
@@ -262,6 +288,8 @@ def main() -> None:
                 f"/v1/projects/{project}/topics",
                 {"name": TOPIC, "grouped": True, "partitions": args.partitions},
             )
+            figures["ingest_ready_s"] = ingest_ready(client, stack, timeout_s=300)
+            print(f"ingest ready after {figures['ingest_ready_s']} s", flush=True)
             took = []
             began = time.monotonic()
             for n in range(count):

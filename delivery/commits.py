@@ -76,7 +76,8 @@ class Commits:
 
     async def commit(self) -> None:
         """Flush, then commit what every engine says is safe, then forget older outcomes."""
-        await self._writer.flush()
+        if not self._writer.idle:
+            await self._writer.flush()
         consumer = self._consumer
         if not consumer.running:
             return

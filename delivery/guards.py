@@ -21,7 +21,7 @@ from delivery.metrics import SubscriptionMetrics
 from delivery.watch import Watched
 from setu.clock import now_ms
 from setu.model import Subscription, SubscriptionState
-from state.delivery_budget import DeliveryBudget
+from state.delivery_budget import SLOT_ENTRY_TTL_MS, SLOT_IDLE_TTL_MS, DeliveryBudget
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +33,10 @@ SLOT_RENEW_MS = 250
 SLOT_HEADROOM = 4
 # A renewal that would change nothing (the same ask, granted in full, as many calls going) is
 # skipped until this long after the last: the share's entry lives SLOT_ENTRY_TTL_MS (3 s), and
-# an idle subscription need not write it four times a second.
+# a steady subscription need not write it four times a second. An idle one (nothing wanted,
+# nothing going) writes an entry that lives SLOT_IDLE_TTL_MS (10 s), every SLOT_IDLE_RENEW_MS.
 SLOT_QUIET_RENEW_MS = 1000
+SLOT_IDLE_RENEW_MS = 5000
 # How long a worker's word that its breaker is open lasts unless renewed (every policy check).
 SHARED_BREAKER_TTL_MS = 5_000
 
@@ -118,14 +120,17 @@ class SubscriptionGuards:
         ask = min(limit, demand + max(SLOT_HEADROOM, demand))
         now = now_ms()
         last = self._last_share
+        idle = demand == 0 and busy == 0
+        quiet_ms = SLOT_IDLE_RENEW_MS if idle else SLOT_QUIET_RENEW_MS
         if (
             last is not None
             and last[:3] == (ask, busy, ask)
             and dispatcher.size == ask
-            and now - last[3] < SLOT_QUIET_RENEW_MS
+            and now - last[3] < quiet_ms
         ):
             return
-        granted = await self.budget.share(self._worker_id, ask, busy, limit)
+        ttl_ms = SLOT_IDLE_TTL_MS if idle else SLOT_ENTRY_TTL_MS
+        granted = await self.budget.share(self._worker_id, ask, busy, limit, ttl_ms)
         self._last_share = (ask, busy, granted, now)
         if granted != dispatcher.size:
             dispatcher.resize(granted)

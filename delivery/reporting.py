@@ -23,6 +23,10 @@ from state.workers import WorkerReports
 
 log = logging.getLogger(__name__)
 
+# Unchanged figures are reported again this often (the API counts a report fresh for
+# state.workers.STATS_FRESH_MS, 10 s).
+QUIET_REPORT_MS = 5_000
+
 
 class _HasEngine(Protocol):
     engine: PartitionEngine
@@ -54,6 +58,7 @@ class RunnerReporting:
         # topics holding such groups' messages keep them (docs/design.md §4).
         self.oldest_failed: dict[Standing, int] = {}
         self.retention_ms: dict[Standing, int | None] | None = None
+        self._last: tuple[dict[str, Any], int] | None = None  # the last report and when
 
     @staticmethod
     def skipped_copies(ports: Mapping[int, _HasEngine]) -> tuple[int, int]:
@@ -122,7 +127,21 @@ class RunnerReporting:
     async def report(
         self, engines: Mapping[int, PartitionEngine], paused: bool, slots: int | None
     ) -> None:
-        """Tells the API this worker's share of the subscription (``engines`` by partition)."""
+        """Tells the API this worker's share of the subscription (``engines`` by partition);
+        figures that did not change are told again only every ``QUIET_REPORT_MS``, which keeps
+        the report fresh (``state.workers.STATS_FRESH_MS``) at a fraction of the round trips."""
+        figures: dict[str, Any] = {
+            "in_flight": sum(e.in_flight for e in engines.values()),
+            "retry_backlog": sum(e.retry_backlog() for e in engines.values()),
+            "partitions": sorted(engines),
+            "paused": paused,
+            "breaker": breaker_report(self._breaker.rules.view()),
+            "slots": slots,
+        }
+        at = now_ms()
+        last = self._last
+        if last is not None and last[0] == figures and at - last[1] < QUIET_REPORT_MS:
+            return
         self.oldest_failed = await self._store.oldest_unhealthy()
         if self.retention_ms is None and self._retention is not None:
             tier = self._topics[1] if self.sub.retry.tiers else self._topics[MAIN]
@@ -130,16 +149,9 @@ class RunnerReporting:
                 Standing.RETRYING: await self._retention(tier),
                 Standing.DEAD_LETTERED: await self._retention(self._topics[DLQ]),
             }
-        figures = {
-            "in_flight": sum(e.in_flight for e in engines.values()),
-            "retry_backlog": sum(e.retry_backlog() for e in engines.values()),
-            "partitions": sorted(engines),
-            "paused": paused,
-            "breaker": breaker_report(self._breaker.rules.view()),
-            "slots": slots,
-            "at": now_ms(),
-        }
-        await self._reports.report(self.sub.project, self.sub.name, self._worker_id, figures)
+        report = {**figures, "at": at}
+        await self._reports.report(self.sub.project, self.sub.name, self._worker_id, report)
+        self._last = (figures, at)
 
     async def forget(self) -> None:
         with contextlib.suppress(Exception):

@@ -65,6 +65,11 @@ class StateWriter:
         """2xx outcomes wait for a ride (:meth:`nudge`)."""
         return bool(self._delivered)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing handed in and not applied yet: a flush would return at once."""
+        return self._task is None and not (self._writes or self._delivered or self._waiters)
+
     def nudge(self) -> None:
         """Sends 2xx outcomes waiting for a ride."""
         if self._delivered:

@@ -32,8 +32,11 @@ from redis.asyncio import Redis
 from state import keys
 from state.quota_buckets import Grant, RedisTokenBuckets
 
-# How long a worker's slot entry counts after it last spoke.
+# How long a worker's slot entry counts after it last spoke; an idle worker's entry (no demand,
+# no call going, only the headroom asked for) lasts longer, so it speaks less often: a crashed
+# idle worker holds its few headroom slots from the others up to that long.
 SLOT_ENTRY_TTL_MS = 3_000
+SLOT_IDLE_TTL_MS = 10_000
 
 # KEYS: the subscription's slot hash (field: worker, value "demand,held,expires_ms").
 # ARGV: worker, demand, busy, limit, ttl_ms. Returns the worker's grant.
@@ -72,7 +75,9 @@ end
 local grant = math.min(demand, level, limit - held_by_others)
 if grant < 0 then grant = 0 end
 redis.call('HSET', KEYS[1], me, demand .. ',' .. math.max(grant, busy) .. ',' .. (now + ttl))
-redis.call('PEXPIRE', KEYS[1], ttl * 2)
+if redis.call('PTTL', KEYS[1]) < ttl * 2 then
+  redis.call('PEXPIRE', KEYS[1], ttl * 2)
+end
 return grant
 """
 
@@ -80,8 +85,11 @@ return grant
 class DeliveryBudget(Protocol):
     """One subscription's shared budget (:class:`RedisDeliveryBudget`)."""
 
-    async def share(self, worker: str, demand: int, busy: int, limit: int) -> int:
-        """How many calls ``worker`` may have going now, of ``limit`` for all workers."""
+    async def share(
+        self, worker: str, demand: int, busy: int, limit: int, ttl_ms: int = SLOT_ENTRY_TTL_MS
+    ) -> int:
+        """How many calls ``worker`` may have going now, of ``limit`` for all workers; its
+        word counts for ``ttl_ms``."""
         ...
 
     async def take_rate(self, rate: float, burst: float, need: int, extra: int) -> Grant:
@@ -115,9 +123,11 @@ class RedisDeliveryBudget:
         self._share = client.register_script(_SHARE)
         self._buckets = RedisTokenBuckets(client)
 
-    async def share(self, worker: str, demand: int, busy: int, limit: int) -> int:
+    async def share(
+        self, worker: str, demand: int, busy: int, limit: int, ttl_ms: int = SLOT_ENTRY_TTL_MS
+    ) -> int:
         granted = await self._share(
-            keys=[self._slots_key], args=[worker, demand, busy, limit, SLOT_ENTRY_TTL_MS]
+            keys=[self._slots_key], args=[worker, demand, busy, limit, ttl_ms]
         )
         return int(granted)
 

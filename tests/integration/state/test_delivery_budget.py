@@ -49,3 +49,20 @@ async def test_the_rate_bucket_is_one_for_every_worker(budget: RedisDeliveryBudg
     second = await budget.take_rate(10, 1, 1, 0)
     assert first.admitted and not second.admitted
     assert 0 < second.wait_ms <= 100
+
+
+async def test_an_idle_workers_longer_entry_is_not_cut_short_by_a_busy_ones(
+    budget: RedisDeliveryBudget,
+) -> None:
+    client = budget._client
+    key = budget._slots_key
+    # Given an idle worker whose headroom entry lives 10 s
+    assert await budget.share("idle", 4, 0, 8, ttl_ms=10_000) == 4
+    seconds, micros = await client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    expires = int((await client.hget(key, "idle") or b"").decode().split(",")[2])
+    assert 9_000 <= expires - now_ms <= 10_000
+    # When a busy worker speaks with the usual 3 s
+    assert await budget.share("busy", 10, 2, 8) == 4
+    # Then the hash still outlives the idle entry
+    assert await client.pttl(key) > 10_000

@@ -47,6 +47,8 @@ class Port:
 
 
 class Writer:
+    idle = False  # something handed in: a commit flushes first
+
     def __init__(self, order: list[str]) -> None:
         self.order = order
 

@@ -14,6 +14,7 @@ from delivery.metrics import DeliveryMetrics
 from delivery.watch import Watched
 from setu.outcome import Outcome, Verdict
 from setu.policies import DeadLetterWindow, Policies
+from state.delivery_budget import SLOT_ENTRY_TTL_MS, SLOT_IDLE_TTL_MS
 from tests.unit.delivery.sim import subscription
 
 
@@ -88,7 +89,9 @@ async def test_the_breaker_opening_and_closing_are_events() -> None:
 
 async def test_the_share_of_max_in_flight_resizes_the_pool() -> None:
     class Budget:
-        async def share(self, worker: str, demand: int, busy: int, limit: int) -> int:
+        async def share(
+            self, worker: str, demand: int, busy: int, limit: int, ttl_ms: int = 3000
+        ) -> int:
             self.asked = (worker, demand, busy, limit)
             return 7
 
@@ -109,13 +112,17 @@ async def test_the_share_of_max_in_flight_resizes_the_pool() -> None:
     assert pool.size == 7
 
 
-async def test_an_idle_share_is_renewed_once_a_second_and_a_change_at_once() -> None:
+async def test_an_idle_share_is_renewed_seldom_and_a_change_at_once() -> None:
     class Budget:
         def __init__(self) -> None:
             self.asks: list[int] = []
+            self.ttls: list[int] = []
 
-        async def share(self, worker: str, demand: int, busy: int, limit: int) -> int:
+        async def share(
+            self, worker: str, demand: int, busy: int, limit: int, ttl_ms: int = 3000
+        ) -> int:
             self.asks.append(demand)
+            self.ttls.append(ttl_ms)
             return demand  # granted in full
 
     class Pool:
@@ -130,7 +137,7 @@ async def test_an_idle_share_is_renewed_once_a_second_and_a_change_at_once() -> 
 
     budget, pool = Budget(), Pool()
     guarded = guards(Recorder(), budget=budget)
-    # An idle subscription renews its share four times a second: only the first writes it
+    # An idle subscription's tick comes four times a second: only the first writes its share
     for _ in range(4):
         await guarded.renew_slots(pool, busy=0)  # type: ignore[arg-type]
     assert budget.asks == [4]
@@ -138,6 +145,8 @@ async def test_an_idle_share_is_renewed_once_a_second_and_a_change_at_once() -> 
     pool.wanted = 10
     await guarded.renew_slots(pool, busy=0)  # type: ignore[arg-type]
     assert budget.asks == [4, 20]
+    # And the idle entry was written to last longer than a busy one
+    assert budget.ttls == [SLOT_IDLE_TTL_MS, SLOT_ENTRY_TTL_MS]
 
 
 async def test_another_workers_open_breaker_is_adopted_from_the_workers_reading() -> None:

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from delivery.breaker import CircuitBreaker
-from delivery.reporting import RunnerReporting
+from delivery.reporting import QUIET_REPORT_MS, RunnerReporting
 from setu.ordering.tiers import DLQ, MAIN
 from state.groups_stub import StubGroupStore
-from state.workers import StubWorkers
+from state.workers import STATS_FRESH_MS, StubWorkers
 from tests.unit.delivery.sim import subscription
 
 
@@ -87,3 +87,29 @@ async def test_the_report_sums_this_workers_partitions() -> None:
     [report] = await workers.fresh("p", "s", 0)
     assert (report["in_flight"], report["retry_backlog"], report["partitions"]) == (4, 6, [0, 4])
     assert (report["paused"], report["slots"], report["breaker"]["state"]) == (False, 8, "closed")
+
+
+async def test_unchanged_figures_are_told_again_only_every_few_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    workers = StubWorkers()
+    made = reporting(Metrics(), workers)
+    engines: dict[int, Any] = {0: Engine()}
+    clock = [1_000_000]
+    monkeypatch.setattr("delivery.reporting.now_ms", lambda: clock[0])
+    await made.report(engines, paused=False, slots=8)
+    # The same figures two seconds later are not written again
+    clock[0] += 2_000
+    await made.report(engines, paused=False, slots=8)
+    [report] = await workers.fresh("p", "s", clock[0])
+    assert report["at"] == 1_000_000
+    # A change is, at once
+    await made.report(engines, paused=True, slots=8)
+    [report] = await workers.fresh("p", "s", clock[0])
+    assert (report["at"], report["paused"]) == (1_002_000, True)
+    # And unchanged figures are, once QUIET_REPORT_MS passed, well inside the API's freshness
+    clock[0] += QUIET_REPORT_MS
+    await made.report(engines, paused=True, slots=8)
+    [report] = await workers.fresh("p", "s", clock[0])
+    assert report["at"] == clock[0]
+    assert QUIET_REPORT_MS * 2 <= STATS_FRESH_MS

@@ -160,7 +160,9 @@ async def test_redis_away_at_the_start_neither_ends_the_runner_nor_leaves_its_co
     import redis
 
     class AwayBudget:
-        async def share(self, worker: str, demand: int, busy: int, limit: int) -> int:
+        async def share(
+            self, worker: str, demand: int, busy: int, limit: int, ttl_ms: int = 3000
+        ) -> int:
             raise redis.ConnectionError("no master found")
 
         async def leave(self, worker: str) -> None:
