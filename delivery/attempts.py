@@ -66,6 +66,10 @@ class AttemptRecorder:
         """The subscription's filter turned the message away (docs/policies.md §1)."""
         self._buffer.append((record.envelope.message_id, orjson.dumps({"t": at_ms, "f": 1})))
 
+    @property
+    def empty(self) -> bool:
+        return not self._buffer
+
     async def flush(self) -> None:
         if not self._buffer:
             return

@@ -65,9 +65,9 @@ class Commits:
 
     def periodic(self, config: RunnerConfig) -> list[Periodic]:
         return [
-            (config.commit_interval_ms, self.commit),
-            (config.release_poll_ms, self.poll_releases),
-            (config.dead_letter_trim_ms, self.trim_dead_letters),
+            Periodic(config.commit_interval_ms, self.commit),
+            Periodic(config.release_poll_ms, self.poll_releases),
+            Periodic(config.dead_letter_trim_ms, self.trim_dead_letters),
         ]
 
     def assigned(self, tier: int, partition: int) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, NamedTuple
 
 from delivery.autopause import AutoPause
 from delivery.breaker import BreakerState, BreakerView, CircuitBreaker
@@ -40,7 +40,15 @@ SLOT_IDLE_RENEW_MS = 5000
 # How long a worker's word that its breaker is open lasts unless renewed (every policy check).
 SHARED_BREAKER_TTL_MS = 5_000
 
-Periodic = tuple[int, Callable[[], Awaitable[None]]]
+
+class Periodic(NamedTuple):
+    """Work a runner does every ``interval_ms``."""
+
+    interval_ms: int
+    work: Callable[[], Awaitable[None]]
+    # While the runner has nothing to do (no record in memory, no call going), it waits for
+    # records instead, up to a second (runner._every): work that only records make necessary.
+    rests: bool = False
 
 
 def breaker_report(view: BreakerView) -> dict[str, Any]:
@@ -92,9 +100,11 @@ class SubscriptionGuards:
     ) -> list[Periodic]:
         """The guards' periodic work, given the runner's dispatcher, how many calls are being
         made, and whether the subscription is paused."""
-        work: list[Periodic] = [(POLICY_CHECK_MS, lambda: self.check(paused()))]
+        work = [Periodic(POLICY_CHECK_MS, lambda: self.check(paused()))]
         if self.budget is not None:
-            work.append((SLOT_RENEW_MS, lambda: self.renew_slots(dispatcher, busy())))
+            # Idle, the share is renewed every SLOT_IDLE_RENEW_MS anyway: a tick a second does.
+            renew = Periodic(SLOT_RENEW_MS, lambda: self.renew_slots(dispatcher, busy()), True)
+            work.append(renew)
         return work
 
     def update(self, sub: Subscription) -> None:

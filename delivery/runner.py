@@ -26,7 +26,7 @@ import contextlib
 import logging
 import random
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import Message, TopicPartition
@@ -54,10 +54,10 @@ from state.kafka_reader import record_of
 
 log = logging.getLogger(__name__)
 
-# How often back-pressure is looked at (delivery/flow.py) while there is anything to look at;
-# an idle runner waits for records instead, up to IDLE_BALANCE_S.
+# How often back-pressure is looked at (delivery/flow.py) while there is anything to look at.
 BALANCE_MS = 50
-IDLE_BALANCE_S = 1.0
+# The longest a resting periodic work waits for records (_every).
+REST_S = 1.0
 
 
 async def cancel_all(tasks: Sequence[asyncio.Task[Any]], every_s: float = 0.5) -> None:
@@ -162,7 +162,7 @@ class SubscriptionRunner:
         self.gate = asyncio.Event()
         self.gate.set()
         self._stopped = asyncio.Event()
-        self._activity = asyncio.Event()  # records arrived (_balancing)
+        self._activity = asyncio.Event()  # records arrived (_every)
         self._fatal: BaseException | None = None
         self.dispatcher: Dispatcher | None = None
         self._stop_mode = StopMode.GRACEFUL
@@ -205,8 +205,10 @@ class SubscriptionRunner:
                     "share of max_in_flight",
                     self.sub,
                 )
-            background = [loop.create_task(self._every(ms, work)) for ms, work in self._periodic()]
-            background.append(loop.create_task(self._balancing()))
+            background = [loop.create_task(self._every(p)) for p in self._periodic()]
+            background.append(
+                loop.create_task(self._every(Periodic(BALANCE_MS, self._balance, rests=True)))
+            )
             stopped: asyncio.Future[Any] = loop.create_task(self._stopped.wait())
             ended: asyncio.Future[Any] = consumer.done
             await asyncio.wait([stopped, ended], return_when=asyncio.FIRST_COMPLETED)
@@ -234,12 +236,24 @@ class SubscriptionRunner:
         assert self.dispatcher is not None
         work: list[Periodic] = [
             *self.commits.periodic(self.config),
-            (self.config.stats_interval_ms, self._report),
+            Periodic(self.config.stats_interval_ms, self._report),
             *self.guards.periodic(self.dispatcher, self._busy, lambda: not self.gate.is_set()),
         ]
         if self.attempts is not None:
-            work.append((FLUSH_MS, self.attempts.flush))
+            attempts = self.attempts
+            # Entries come from calls and records: resting, there are none to write.
+            work.append(Periodic(FLUSH_MS, attempts.flush, True))
         return work
+
+    def _resting(self) -> bool:
+        """Nothing to do until records arrive: none in memory or held back, no call going,
+        no 2xx waiting to be written, no attempt entry waiting (:meth:`_every`)."""
+        return (
+            self.flow.idle()
+            and not self._busy()
+            and not self.writer.waiting
+            and (self.attempts is None or self.attempts.empty)
+        )
 
     def _busy(self) -> int:
         return sum(port.calling for port in self.ports.values())
@@ -452,38 +466,29 @@ class SubscriptionRunner:
 
     # Periodic work
 
-    async def _every(self, interval_ms: int, work: Callable[[], Any]) -> None:
+    async def _every(self, periodic: Periodic) -> None:
+        """Runs ``periodic`` every interval; one that rests waits, while the runner is
+        :meth:`_resting`, for records instead (up to ``REST_S``), so a hundred idle
+        subscriptions do not wake the loop thousands of times a second."""
+        activity = self._activity
         while not self._stopped.is_set():
-            await asyncio.sleep(interval_ms / 1000)
+            if periodic.rests and self._resting():
+                activity.clear()  # no await since the look: nothing arrived in between
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(activity.wait(), REST_S)
+            else:
+                await asyncio.sleep(periodic.interval_ms / 1000)
             try:
-                result = work()
-                if asyncio.iscoroutine(result):
-                    await result
+                await periodic.work()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.fail(exc)
                 return
 
-    async def _balancing(self) -> None:
-        """:meth:`PartitionFlow.balance` and the writer's nudge every ``BALANCE_MS`` while
-        anything is in memory, held, being called or waiting to be written; an idle runner
-        waits for records instead (``on_batch``), so a hundred idle subscriptions do not wake
-        the loop 2,000 times a second."""
-        activity = self._activity
-        while not self._stopped.is_set():
-            if self.flow.idle() and not self._busy() and not self.writer.waiting:
-                activity.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(activity.wait(), IDLE_BALANCE_S)
-            else:
-                await asyncio.sleep(BALANCE_MS / 1000)
-            try:
-                self.flow.balance()
-                self.writer.nudge()
-            except Exception as exc:
-                self.fail(exc)
-                return
+    async def _balance(self) -> None:
+        self.flow.balance()
+        self.writer.nudge()
 
     async def _report(self) -> None:
         engines = {partition: port.engine for partition, port in self.ports.items()}

@@ -4,10 +4,14 @@ an erroneous state while a partition's fetcher is still starting)."""
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Any
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from delivery.effects import PartitionEffects
+from delivery.guards import SLOT_RENEW_MS
 from delivery.http import HttpClient
 from delivery.parts import RunnerConfig, RunnerParts
 from delivery.runner import SubscriptionRunner
@@ -221,3 +225,59 @@ async def test_a_revocation_whose_state_changes_were_not_written_commits_nothing
     port.engine = DeliveredEngine()  # type: ignore[assignment]
     offsets = await runner.revoked([TopicPartition("t", 0)])
     assert [(tp.topic, tp.partition, tp.offset) for tp in offsets] == [(runner.topics[1], 0, 42)]
+
+
+async def test_an_idle_runner_renews_its_share_when_records_arrive_not_four_times_a_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("delivery.runner.REST_S", 60.0)
+
+    class Budget:
+        async def share(
+            self, worker: str, demand: int, busy: int, limit: int, ttl_ms: int = 3000
+        ) -> int:
+            return demand
+
+        async def leave(self, worker: str) -> None:
+            pass
+
+    class NoDroppedTiers:
+        def existing(self, topics: list[str]) -> set[str]:
+            return set()
+
+    sub = subscription()
+    stub = ConsumerStub(Consumer(0))
+    parts = RunnerParts(
+        store=StubGroupStore(),
+        sender=WebhookSender(sub, HttpClient(allow_private=True)),
+        reader=NoDroppedTiers(),  # type: ignore[arg-type]
+        copies=NoCopies(),
+        reports=StubWorkers(),
+        consumer=stub.factory,
+        budget=Budget(),  # type: ignore[arg-type]
+    )
+    runner = SubscriptionRunner(sub, RunnerConfig(bootstrap="127.0.0.1:1", worker_id="w"), parts)
+    ticks: list[float] = []
+    renew = runner.guards.renew_slots
+
+    async def counted(dispatcher: Any, busy: int) -> None:
+        ticks.append(time.monotonic())
+        await renew(dispatcher, busy)
+
+    monkeypatch.setattr(runner.guards, "renew_slots", counted)
+    # Given an idle runner (no records, no calls): its share is renewed once at the start
+    running = asyncio.get_running_loop().create_task(runner.run())
+    await turns()
+    started = len(ticks)
+    # When more than two renewal intervals pass, no tick comes
+    await asyncio.sleep(3 * SLOT_RENEW_MS / 1000)
+    assert len(ticks) == started
+    # Then records arriving wake it at once (and prove it was waiting, not gone)
+    runner.on_batch([])
+    for _ in range(100):
+        if len(ticks) > started:
+            break
+        await asyncio.sleep(0.01)
+    assert len(ticks) == started + 1
+    runner.stop()
+    await asyncio.wait_for(running, 10)
