@@ -159,6 +159,29 @@ async def test_stopping_ends_housekeeping_that_swallowed_its_cancellation() -> N
     assert swallowed.is_set() and tasks[0].done()
 
 
+class NoDroppedTiers:
+    def existing(self, topics: list[str]) -> set[str]:
+        return set()
+
+
+def budgeted_runner(budget: object) -> tuple[SubscriptionRunner, ConsumerStub]:
+    """A runner with no partition yet that shares ``max_in_flight`` through ``budget``."""
+    sub = subscription()
+    stub = ConsumerStub(Consumer(0))
+    parts = RunnerParts(
+        store=StubGroupStore(),
+        sender=WebhookSender(sub, HttpClient(allow_private=True)),
+        reader=NoDroppedTiers(),  # type: ignore[arg-type]
+        copies=NoCopies(),
+        reports=StubWorkers(),
+        consumer=stub.factory,
+        budget=budget,  # type: ignore[arg-type]
+    )
+    return SubscriptionRunner(
+        sub, RunnerConfig(bootstrap="127.0.0.1:1", worker_id="w"), parts
+    ), stub
+
+
 async def test_redis_away_at_the_start_neither_ends_the_runner_nor_leaves_its_consumer() -> None:
     # Given a runner whose shared budget cannot be reached (Redis failing over)
     import redis
@@ -172,22 +195,7 @@ async def test_redis_away_at_the_start_neither_ends_the_runner_nor_leaves_its_co
         async def leave(self, worker: str) -> None:
             raise redis.ConnectionError("no master found")
 
-    class NoDroppedTiers:
-        def existing(self, topics: list[str]) -> set[str]:
-            return set()
-
-    sub = subscription()
-    stub = ConsumerStub(Consumer(0))
-    parts = RunnerParts(
-        store=StubGroupStore(),
-        sender=WebhookSender(sub, HttpClient(allow_private=True)),
-        reader=NoDroppedTiers(),  # type: ignore[arg-type]
-        copies=NoCopies(),
-        reports=StubWorkers(),
-        consumer=stub.factory,
-        budget=AwayBudget(),  # type: ignore[arg-type]
-    )
-    runner = SubscriptionRunner(sub, RunnerConfig(bootstrap="127.0.0.1:1", worker_id="w"), parts)
+    runner, stub = budgeted_runner(AwayBudget())
     # When it starts, then is stopped
     running = asyncio.get_running_loop().create_task(runner.run())
     await turns()
@@ -241,22 +249,7 @@ async def test_an_idle_runner_renews_its_share_when_records_arrive_not_four_time
         async def leave(self, worker: str) -> None:
             pass
 
-    class NoDroppedTiers:
-        def existing(self, topics: list[str]) -> set[str]:
-            return set()
-
-    sub = subscription()
-    stub = ConsumerStub(Consumer(0))
-    parts = RunnerParts(
-        store=StubGroupStore(),
-        sender=WebhookSender(sub, HttpClient(allow_private=True)),
-        reader=NoDroppedTiers(),  # type: ignore[arg-type]
-        copies=NoCopies(),
-        reports=StubWorkers(),
-        consumer=stub.factory,
-        budget=Budget(),  # type: ignore[arg-type]
-    )
-    runner = SubscriptionRunner(sub, RunnerConfig(bootstrap="127.0.0.1:1", worker_id="w"), parts)
+    runner, _ = budgeted_runner(Budget())
     ticks: list[float] = []
     renew = runner.guards.renew_slots
 
