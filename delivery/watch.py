@@ -36,8 +36,7 @@ from typing import Any, Protocol
 import orjson
 from redis.asyncio import Redis
 
-from state import keys
-from state.groups import held_by_redis
+from state.groups import read_subscriptions
 
 log = logging.getLogger(__name__)
 
@@ -109,27 +108,20 @@ class StateWatch:
                 await asyncio.wait_for(stop.wait(), self._every_s)
 
     async def read(self) -> None:
-        """One pipeline: every entry's release version and its partitions' owner figures."""
+        """One pipeline: every entry's release version, breaker and partitions' owner figures."""
         # Counted before Redis is read (DurableGroupStore.verify says why).
         samples = [(e, dict(e.store.written()) if e.store else {}) for e in self._entries]
         if not samples:
             return
-        pipe = self._client.pipeline(transaction=False)
-        for entry, written in samples:
-            p, s = entry.project, entry.subscription
-            pipe.get(keys.release_version(p, s))
-            pipe.get(keys.breaker(p, s))
-            for partition in sorted(written):
-                pipe.get(keys.owner_epoch(p, s, partition))
-                pipe.get(keys.owner_writes(p, s, partition))
-        replies = iter(await pipe.execute())
+        readings = await read_subscriptions(
+            self._client,
+            [(e.project, e.subscription, sorted(written)) for e, written in samples],
+        )
         now = time.monotonic()
-        for entry, written in samples:
-            version, breaker = next(replies), next(replies)
-            checks = []
-            for partition in sorted(written):
-                epoch, made = written[partition]
-                held = held_by_redis(next(replies), next(replies))
-                checks.append((partition, epoch, made, held))
-            entry.version, entry.checks, entry.read_at = int(version or 0), checks, now
-            entry.breaker = None if breaker is None else dict(orjson.loads(breaker))
+        for (entry, written), reading in zip(samples, readings, strict=True):
+            entry.checks = [
+                (partition, *written[partition], held) for partition, held in reading.held.items()
+            ]
+            entry.version, entry.read_at = reading.release_version, now
+            raw = reading.breaker
+            entry.breaker = None if raw is None else dict(orjson.loads(raw))

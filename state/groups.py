@@ -380,6 +380,36 @@ def held_by_redis(epoch: bytes | None, writes: bytes | None) -> tuple[int, int]:
     return int(epoch or 0), int(writes if writes is not None else -1)
 
 
+@dataclass(frozen=True, slots=True)
+class SubscriptionReading:
+    """One subscription's figures a delivery worker reads each second (delivery/watch.py)."""
+
+    release_version: int
+    breaker: bytes | None  # the shared breaker's word (state/delivery_budget.py), raw
+    held: dict[int, tuple[int, int]]  # partition -> (owner epoch, writes) Redis holds
+
+
+async def read_subscriptions(
+    client: Redis[bytes], wanted: Sequence[tuple[str, str, Sequence[int]]]
+) -> list[SubscriptionReading]:
+    """For each (project, subscription, partitions) of ``wanted``, in one pipeline: its release
+    version, its shared breaker, and each partition's owner figures."""
+    pipe = client.pipeline(transaction=False)
+    for project, subscription, partitions in wanted:
+        pipe.get(keys.release_version(project, subscription))
+        pipe.get(keys.breaker(project, subscription))
+        for partition in partitions:
+            pipe.get(keys.owner_epoch(project, subscription, partition))
+            pipe.get(keys.owner_writes(project, subscription, partition))
+    replies = iter(await pipe.execute())
+    out = []
+    for _, _, partitions in wanted:
+        version, breaker = next(replies), next(replies)
+        held = {p: held_by_redis(next(replies), next(replies)) for p in partitions}
+        out.append(SubscriptionReading(int(version or 0), breaker, held))
+    return out
+
+
 class RedisGroupStore:
     """:class:`GroupStore` on Redis; one instance per subscription."""
 

@@ -56,9 +56,11 @@ def forget_everything(world: World) -> None:
 def test_a_parked_group_stays_parked_and_the_rest_flows_when_redis_comes_back_empty(
     world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], api: httpx.Client
 ) -> None:
-    # Given a grouped subscription: G parked behind its dead-lettered head (400), R retrying
+    # Given a grouped subscription: G parked behind its dead-lettered head (400), R retrying,
+    # its last retry 20 s away (so it is still retrying, within its budget, when its endpoint
+    # heals below however fast the rebuild goes)
     world.topic("t", partitions=2)
-    world.subscription(receiver.url, delays_ms=(300, 600))
+    world.subscription(receiver.url, delays_ms=(300, 20_000))
     receiver.answer("G", 400)
     receiver.answer("R", 503)
     g = world.publish("t", "G", 3)
