@@ -90,13 +90,21 @@ async def test_a_takeover_after_redis_forgot_rebuilds_groups_and_requests(
     assert await second.redis.loaded() == {0}
 
 
+async def owner_of_a_parked_group(
+    client: Redis[bytes], project: str
+) -> tuple[DurableGroupStore, int]:
+    """An owner of partition 1 that parked group g; its epoch."""
+    store = DurableGroupStore(RedisGroupStore(client, project, "s"), ListChangelog())
+    epoch = await store.claim(1)
+    await store.apply(StateWrite(1, "g", touches_group=True, state=parked(1)), epoch)
+    return store, epoch
+
+
 async def test_an_owner_notices_redis_lost_its_latest_writes(
     redis_client: tuple[Redis[bytes], str],
 ) -> None:
     client, project = redis_client
-    store = DurableGroupStore(RedisGroupStore(client, project, "s"), ListChangelog())
-    epoch = await store.claim(1)
-    await store.apply(StateWrite(1, "g", touches_group=True, state=parked(1)), epoch)
+    store, epoch = await owner_of_a_parked_group(client, project)
     await store.verify(1)  # all there
     # Given Redis comes back without its last write (a replica that lagged)
     await client.set(keys.owner_writes(project, "s", 1), 0)
@@ -181,9 +189,7 @@ async def test_the_workers_one_reading_notices_lost_writes_and_requested_release
 ) -> None:
     client, project = redis_client
     # Given an owner of partition 1 watched by its worker's reading of Redis
-    store = DurableGroupStore(RedisGroupStore(client, project, "s"), ListChangelog())
-    epoch = await store.claim(1)
-    await store.apply(StateWrite(1, "g", touches_group=True, state=parked(1)), epoch)
+    store, _ = await owner_of_a_parked_group(client, project)
     watch = StateWatch(client)
     entry = watch.watch(project, "s", store)
     await watch.read()
