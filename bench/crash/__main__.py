@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workdir", type=Path, help="default: a new folder under /tmp")
     parser.add_argument("--groups", type=int, default=1000)
     parser.add_argument("--lanes", type=int, default=20, help="producer ids publishing at once")
+    parser.add_argument(
+        "--subscriptions",
+        type=int,
+        default=1,
+        help="grouped subscriptions of the one topic, each judged on its own",
+    )
     parser.add_argument("--rate", type=float, default=40.0, help="messages per second")
     parser.add_argument(
         "--stream-lanes",
@@ -108,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="where produced records wait for ingest (SETU_INGEST_LOG; shared: the run's own "
         "shared ingest log, decision 0010); default: Setu's",
     )
+    parser.add_argument(
+        "--delivery-readers",
+        choices=("per-subscription", "shared"),
+        help="how workers read (SETU_DELIVERY_READERS, decision 0011); default: Setu's",
+    )
     return parser
 
 
@@ -129,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir=workdir,
         duration_s=args.duration,
         groups=args.groups,
+        subscriptions=args.subscriptions,
         lanes=args.lanes,
         stream_lanes=args.stream_lanes,
         stream_drop_s=args.stream_drop,
@@ -150,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         extra_env={
             **({"SETU_INGEST_MODE": args.ingest_mode} if args.ingest_mode else {}),
             **({"SETU_INGEST_LOG": args.ingest_log} if args.ingest_log else {}),
+            **({"SETU_DELIVERY_READERS": args.delivery_readers} if args.delivery_readers else {}),
         },
     )
     if args.seed is not None:

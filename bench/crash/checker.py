@@ -32,7 +32,7 @@ allows these at the HTTP boundary after a crash) and call counts by status.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,3 +261,50 @@ def _early_calls(
                 done += 1
             frontier[group] = done
     return early
+
+
+# Figures of what was published: the same for every subscription of a run.
+PER_RUN = ("published", "accepted", "optional", "groups", "flaky_groups", "flaky_messages")
+
+
+def check_each(
+    published: Sequence[Published],
+    calls: Mapping[str, Sequence[Call]],
+    dead_letters: Mapping[str, Sequence[DeadLetter]],
+    retry_tiers: int = 0,
+    flaky_groups: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Judge a run whose topic has several subscriptions, each one on its own (``calls`` and
+    ``dead_letters`` by subscription; a subscription with no call at all is in ``calls`` with
+    none). Counts are summed over the subscriptions; ``failing_subscriptions`` names the ones
+    that broke a rule, with their nonzero counts, and ``examples`` are the first of them."""
+    flaky = list(flaky_groups)
+    reports = {
+        name: check(published, made, dead_letters.get(name, ()), retry_tiers, flaky)
+        for name, made in calls.items()
+    }
+    if len(reports) == 1:
+        return next(iter(reports.values()))
+    first = next(iter(reports.values()))
+    total: dict[str, Any] = {name: first[name] for name in PER_RUN}
+    statuses: Counter[str] = Counter()
+    for report in reports.values():
+        statuses.update(report["calls_by_status"])
+        for name, value in report.items():
+            if name not in PER_RUN and type(value) is int:
+                total[name] = total.get(name, 0) + value
+    failing = {
+        name: {k: report[k] for k in MUST_BE_ZERO if report[k]}
+        for name, report in reports.items()
+        if not report["ok"]
+    }
+    shown = next(iter(failing), next(iter(reports)))
+    return {
+        **total,
+        "ok": not failing,
+        "violations": [name for name in MUST_BE_ZERO if total[name]],
+        "calls_by_status": {name: statuses[name] for name in sorted(statuses)},
+        "subscriptions": len(reports),
+        "failing_subscriptions": _examples(failing),
+        "examples": {"subscription": shown, **reports[shown]["examples"]},
+    }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from bench.crash.checker import DeadLetter
@@ -15,28 +17,30 @@ FAILED_KINDS = (Kind.HEAD, Kind.SKIP, Kind.DEAD)
 
 
 def read_dead_letters(
-    bootstrap: str, topic: str, partitions: int, policy: RetryPolicy
-) -> list[DeadLetter]:
-    """Every failed message's record in the DLQ ``topic``, in partition and offset order."""
-    starts = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
+    bootstrap: str, topics: Sequence[str], partitions: int, policy: RetryPolicy
+) -> dict[str, list[DeadLetter]]:
+    """Every failed message's record in each DLQ of ``topics`` (one read for all of them), in
+    partition and offset order, by topic."""
+    starts = [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in range(partitions)]
     tails = KafkaReader(bootstrap).tails(starts)
-    out = []
-    for partition in range(partitions):
-        for msg in tails.records.get((topic, partition), []):
-            try:
-                rec = record_of(DLQ, msg)
-            except ValueError:
-                continue
-            if rec.kind not in FAILED_KINDS:
-                continue
-            status = rec.envelope.last_status
-            out.append(
-                DeadLetter(
-                    rec.message_id,
-                    rec.group or "",
-                    rec.envelope.attempt,
-                    status,
-                    retryable=status is None or policy.is_retryable(status),
+    out: dict[str, list[DeadLetter]] = {topic: [] for topic in topics}
+    for topic in topics:
+        for partition in range(partitions):
+            for msg in tails.records.get((topic, partition), []):
+                try:
+                    rec = record_of(DLQ, msg)
+                except ValueError:
+                    continue
+                if rec.kind not in FAILED_KINDS:
+                    continue
+                status = rec.envelope.last_status
+                out[topic].append(
+                    DeadLetter(
+                        rec.message_id,
+                        rec.group or "",
+                        rec.envelope.attempt,
+                        status,
+                        retryable=status is None or policy.is_retryable(status),
+                    )
                 )
-            )
     return out

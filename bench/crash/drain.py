@@ -1,16 +1,17 @@
 """The drain phase: make the receiver accept everything, unsideline, wait for quiescence.
 
-Quiescent means: every acknowledged message has a 2xx in the receiver's journal, the
-subscription reports no failed group, and the webhook has had no call for ``quiet_s`` (so late
-duplicates land in the journal before the verdict). The drain never decides loss itself: at
-its deadline it simply stops, and the checker counts what is missing.
+Quiescent means: every acknowledged message has a 2xx in the receiver's journal for every
+subscription of the run's topic, none of them reports a failed group, and the webhook has had
+no call for ``quiet_s`` (so late duplicates land in the journal before the verdict). The drain
+never decides loss itself: at its deadline it simply stops, and the checker counts what is
+missing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import httpx
 from bench.crash.checker import published_from_journal
 from bench.crash.journal import JournalTail, read_entries
 from bench.crash.plan import Phase
+from bench.crash.receiver import subscription_of
 from bench.crash.setu_api import SetuApi, SetuApiError
 
 POLL_S = 1.0
@@ -26,7 +28,7 @@ REPORT_EVERY_S = 10.0
 
 
 async def drain(
-    api: SetuApi,
+    apis: Sequence[SetuApi],
     receiver: httpx.AsyncClient,
     producer_journal: Path,
     receiver_journal: Path,
@@ -36,16 +38,17 @@ async def drain(
     say: Callable[[str], None],
     poll_s: float = POLL_S,
 ) -> dict[str, Any]:
-    """Drive the run to quiescence; returns what it did (JSON-ready)."""
+    """Drive the run to quiescence, for every subscription in ``apis`` (one per subscription
+    of the run's topic, each with its own endpoint path); returns what it did (JSON-ready)."""
     response = await receiver.post("/control/phase", json={"phase": Phase.DRAIN.value})
     response.raise_for_status()
     published = published_from_journal(read_entries(producer_journal))
     group_of = {p.message_id: p.group_id for p in published}
     acked = {p.message_id for p in published if p.acked}
     tail = JournalTail(receiver_journal)
-    delivered: set[str] = set()
+    delivered: dict[str, set[str]] = {api.subscription: set() for api in apis}
     last_call = time.monotonic()
-    unsidelined: set[str] = set()
+    unsidelined: set[tuple[str, str]] = set()
     unsideline_calls = 0
     started = time.monotonic()
     next_report = started + REPORT_EVERY_S
@@ -54,27 +57,38 @@ async def drain(
         entries = tail.read_new()
         if entries:
             last_call = now
-        delivered.update(e["mid"] for e in entries if 200 <= int(e["status"]) < 300)
-        missing = acked - delivered
-        failed = await _failed_groups(api)
-        candidates = {group_of[mid] for mid in missing}
-        if failed and not missing:
-            # A failed group holding only unacknowledged records: find it among all groups.
-            candidates = set(group_of.values())
-        dead = await _dead_lettered(api, sorted(candidates))
-        if dead:
-            await api.unsideline(dead)
-            unsideline_calls += 1
-            unsidelined.update(dead)
+        for entry in entries:
+            if 200 <= int(entry["status"]) < 300:
+                delivered.setdefault(subscription_of(entry), set()).add(entry["mid"])
+        missing = failed = 0
+        for api in apis:
+            left = acked - delivered[api.subscription]
+            groups_failed = await _failed_groups(api)
+            missing += len(left)
+            failed += groups_failed or 0
+            if groups_failed == 0:
+                # Nothing is held: what is missing is on its way (the status is a report of
+                # the last few seconds, so a group failing now is seen at a later poll).
+                continue
+            candidates = {group_of[mid] for mid in left}
+            if not left:
+                # A failed group holding only unacknowledged records: find it among all groups.
+                candidates = set(group_of.values())
+            dead = await _dead_lettered(api, sorted(candidates))
+            if dead:
+                await api.unsideline(dead)
+                unsideline_calls += 1
+                unsidelined.update((api.subscription, group) for group in dead)
+                failed += 1
         quiet = now - last_call >= quiet_s
-        if not missing and not dead and not failed and quiet:
+        if not missing and not failed and quiet:
             quiescent = True
             break
         if now - started > timeout_s:
             quiescent = False
             break
         if now >= next_report:
-            say(f"drain: {len(missing)} acknowledged not yet delivered, {failed} failed groups")
+            say(f"drain: {missing} acknowledged not yet delivered, {failed} failed groups")
             next_report = now + REPORT_EVERY_S
         await asyncio.sleep(poll_s)
     say(
@@ -85,7 +99,7 @@ async def drain(
         "seconds": round(time.monotonic() - started, 1),
         "unsidelined_groups": len(unsidelined),
         "unsideline_calls": unsideline_calls,
-        "undelivered_at_end": len(acked - delivered),
+        "undelivered_at_end": sum(len(acked - got) for got in delivered.values()),
     }
 
 

@@ -3,7 +3,9 @@
 Run as its own process (``python -m bench.crash.receiver``) so it outlives every kill. Each call
 becomes one journal entry: ``t`` (ms), ``mid`` (``X_MESSAGE_ID``), ``gid`` (``X_GROUP_ID``),
 ``wid`` (``webhook-id``), ``attempt`` (``X_DELIVERY_ATTEMPT``), ``status`` (what it answered),
-``hash`` (SHA-256 of the body), ``sig`` (signature valid: true/false, null without a secret).
+``hash`` (SHA-256 of the body), ``sig`` (signature valid: true/false, null without a secret),
+``sub`` (the subscription: the path after ``/hook/``, or ``hook`` for ``/hook`` itself; each
+subscription of a fan-out run has its own endpoint path, and the plan applies to each alone).
 
 ``POST /events`` takes Setu's operational events (docs/policies.md §4) into a journal of their
 own, ``events.journal`` beside the calls' (``t``, ``id``, ``type``, ``at_ms``, ``data``).
@@ -31,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from bench.crash.journal import Journal, read_entries
+from bench.crash.journal import Entry, Journal, read_entries
 from bench.crash.plan import FailurePlan, FailureSchedule, Phase, decide_status
 from bench.crash.records import payload_hash
 from setu.clock import now_ms
@@ -72,6 +74,13 @@ def identity_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 # The event the receiver journals when the plan's outage opens (bench/crash/plan.py).
 OUTAGE_STARTED = "outage.started"
+# The subscription whose endpoint is ``/hook`` itself (bench/crash/run.py).
+FIRST_SUBSCRIPTION = "hook"
+
+
+def subscription_of(entry: Entry) -> str:
+    """The subscription a journalled call was made for (older journals: the first)."""
+    return str(entry.get("sub", FIRST_SUBSCRIPTION))
 
 
 def events_journal(journal_path: Path) -> Path:
@@ -92,11 +101,14 @@ class Receiver:
         self.calls = 0
         self.ok_calls = 0
         self.last_call_ms = 0
-        self.calls_by_message: Counter[str] = Counter()  # for the plan's flaky groups
+        # Calls per (subscription, message), for the plan's flaky groups
+        self.calls_by_message: Counter[tuple[str, str]] = Counter()
 
     async def open(self) -> None:
         # A receiver started again on its journal goes on counting each message's calls.
-        self.calls_by_message = Counter(e["mid"] for e in read_entries(self.journal.path))
+        self.calls_by_message = Counter(
+            (subscription_of(e), e["mid"]) for e in read_entries(self.journal.path)
+        )
         await self.journal.open()
         await self.events.open()
 
@@ -116,22 +128,24 @@ class Receiver:
             }
         )
 
-    async def handle_call(self, headers: Mapping[str, str], body: bytes) -> int:
-        """Journal one webhook call and return the status to answer."""
+    async def handle_call(
+        self, headers: Mapping[str, str], body: bytes, subscription: str = FIRST_SUBSCRIPTION
+    ) -> int:
+        """Journal one webhook call made for ``subscription`` and return the status to answer."""
         named = identity_headers(headers)
         message_id = named.get(MESSAGE_ID, "")
         group_id = named.get(GROUP_ID, "")
         webhook_id = headers.get("webhook-id", "")
         timestamp = headers.get("webhook-timestamp", "")
         now = now_ms()
-        before = self.calls_by_message[message_id]
+        before = self.calls_by_message[subscription, message_id]
         started = self.schedule.outage_started
         status = decide_status(self.schedule, self.phase, group_id, message_id, now, before)
         if self.schedule.outage_started != started:
             await self.events.append(
                 {"t": now, "id": None, "type": OUTAGE_STARTED, "at_ms": now, "data": None}
             )
-        self.calls_by_message[message_id] += 1
+        self.calls_by_message[subscription, message_id] += 1
         sig = None
         if self.secret is not None:
             sig = signature_valid(
@@ -147,6 +161,7 @@ class Receiver:
             "status": status,
             "hash": payload_hash(body),
             "sig": sig,
+            "sub": subscription,
         }
         # The answer goes out only after its entry is fsynced: a 2xx that Setu may record as
         # delivered must be in the journal even if this process or the machine dies right
@@ -162,7 +177,8 @@ def make_app(receiver: Receiver, *, manage_journal: bool = True) -> Starlette:
     """The ASGI app. With ``manage_journal`` the app's lifespan opens and closes the journal."""
 
     async def hook(request: Request) -> Response:
-        status = await receiver.handle_call(request.headers, await request.body())
+        subscription = request.path_params.get("rest") or FIRST_SUBSCRIPTION
+        status = await receiver.handle_call(request.headers, await request.body(), subscription)
         return Response(status_code=status)
 
     async def event(request: Request) -> Response:

@@ -34,6 +34,12 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         "short_budget_dead_letters": "dead-lettered before N+1 attempts (retryable)",
     }
     lines = [f"crash test: {'PASS' if report['ok'] else 'FAIL'}"]
+    if report.get("subscriptions", 1) > 1:
+        failing = report.get("failing_subscriptions") or {}
+        lines.append(
+            f"       {'subscriptions of the topic (judged each alone)':<48} "
+            f"{report['subscriptions']}, failing: {failing or 'none'}"
+        )
     lines += [zero(name, labels[name]) for name in MUST_BE_ZERO]
     lines += [
         f"       {'raw duplicate calls (allowed, reported)':<48} {report['raw_duplicates']}",

@@ -32,14 +32,19 @@ import orjson
 
 from bench.crash.brokers import Brokers
 from bench.crash.chaos import Chaos, Component, ComponentSpec, EventLog, Fault
-from bench.crash.checker import DeadLetter, calls_from_journal, check, published_from_journal
+from bench.crash.checker import (
+    DeadLetter,
+    calls_from_journal,
+    check_each,
+    published_from_journal,
+)
 from bench.crash.dead_letters import read_dead_letters
 from bench.crash.drain import drain
 from bench.crash.faults import BrokerWipe, RedisFailover, RedisRollback, redis_flush
-from bench.crash.journal import read_entries
+from bench.crash.journal import Entry, read_entries
 from bench.crash.outage import outage_figures
 from bench.crash.plan import PlanShape, make_plan
-from bench.crash.receiver import events_journal
+from bench.crash.receiver import FIRST_SUBSCRIPTION, events_journal, subscription_of
 from bench.crash.setu_api import SetuApi
 from bench.crash.stack import (
     SPARK_EXECUTOR_CONF,
@@ -71,6 +76,9 @@ class RunConfig:
     workdir: Path
     duration_s: float
     groups: int = 1000
+    # Grouped subscriptions of the run's one topic, each with its own endpoint path at the
+    # receiver and judged on its own: "hook" (at /hook), then "hook-002", ... (issue 34).
+    subscriptions: int = 1
     lanes: int = 20
     # The last lanes produce over streaming produce (docs/streaming.md) instead of HTTP.
     stream_lanes: int = 0
@@ -130,6 +138,12 @@ class RunConfig:
     )
 
 
+def subscription_names(count: int) -> list[str]:
+    """The run's subscriptions: the first is the receiver's ``/hook``, the others
+    ``/hook/{name}``."""
+    return [FIRST_SUBSCRIPTION] + [f"{FIRST_SUBSCRIPTION}-{i:03d}" for i in range(2, count + 1)]
+
+
 def migrate(layout: StackLayout) -> None:
     """``setu migrate`` once, before any Setu process starts; raises if it fails."""
     log_path = layout.logs / "migrate.log"
@@ -168,7 +182,8 @@ class CrashRun:
         self.say = say
         self.run_id = f"c{uuid.uuid4().hex[:10]}"
         self.project = f"crash-{self.run_id}"
-        self.topic, self.subscription = "events", "hook"
+        self.topic = "events"
+        self.subscriptions = subscription_names(config.subscriptions)
         config.workdir.mkdir(parents=True, exist_ok=True)
         self.events = EventLog(config.workdir / "chaos.journal")
         self.components: dict[str, Component] = {}
@@ -188,14 +203,14 @@ class CrashRun:
             async with httpx.AsyncClient(
                 base_url=layout.api_url, timeout=10.0, headers=layout.auth()
             ) as client:
-                api = SetuApi(client, self.project, self.topic, self.subscription)
+                api = SetuApi(client, self.project, self.topic, self.subscriptions[0])
                 await self._set_up(layout, api)
                 self._mark("setup_s")
                 await self._chaos(layout)
                 self._mark("chaos_s")
                 async with httpx.AsyncClient(base_url=layout.receiver_url) as receiver:
                     drained = await drain(
-                        api,
+                        [api.named(name) for name in self.subscriptions],
                         receiver,
                         producer_journal(layout),
                         receiver_journal(layout),
@@ -207,14 +222,17 @@ class CrashRun:
                 dead_letters = await asyncio.to_thread(
                     read_dead_letters,
                     layout.kafka_bootstrap,
-                    names.dlq_topic(self.project, self.subscription),
+                    [names.dlq_topic(self.project, name) for name in self.subscriptions],
                     config.partitions,
                     RetryPolicy(delays_ms=config.retry_delays_ms),
                 )
         finally:
             self._stop_all()
             self.events.close()
-        return self._verdict(layout, drained, dead_letters)
+        by_name = {name: names.dlq_topic(self.project, name) for name in self.subscriptions}
+        return self._verdict(
+            layout, drained, {name: dead_letters[topic] for name, topic in by_name.items()}
+        )
 
     async def _start_brokers(self) -> StackLayout:
         config = self.config
@@ -335,6 +353,16 @@ class CrashRun:
             circuit_breaker=config.circuit_breaker,
             events_url=f"{layout.receiver_url}/events",
         )
+        for name in self.subscriptions[1:]:
+            await api.named(name).create_subscription(
+                endpoint_url=f"{layout.receiver_url}/hook/{name}",
+                retry_delays_ms=list(config.retry_delays_ms),
+                signing_secret=config.signing_secret,
+                timeout_ms=config.webhook_timeout_ms,
+                circuit_breaker=config.circuit_breaker,
+            )
+        if len(self.subscriptions) > 1:
+            self._log(f"{len(self.subscriptions)} subscriptions of {self.topic!r}")
         for spec in specs.values():
             self._start(spec)
         shape = ProduceShape(
@@ -455,13 +483,22 @@ class CrashRun:
         return faults
 
     def _verdict(
-        self, layout: StackLayout, drained: dict[str, Any], dead_letters: list[DeadLetter]
+        self,
+        layout: StackLayout,
+        drained: dict[str, Any],
+        dead_letters: dict[str, list[DeadLetter]],
     ) -> dict[str, Any]:
-        calls = read_entries(receiver_journal(layout))
+        every_call = read_entries(receiver_journal(layout))
         produced = read_entries(producer_journal(layout))
-        report = check(
+        by_subscription: dict[str, list[Entry]] = {name: [] for name in self.subscriptions}
+        for entry in every_call:
+            by_subscription.setdefault(subscription_of(entry), []).append(entry)
+        # The first subscription's calls stand for the run where one is enough (the outage's
+        # figures, the recoveries after faults).
+        calls = by_subscription[self.subscriptions[0]]
+        report = check_each(
             published_from_journal(produced),
-            calls_from_journal(calls),
+            {name: calls_from_journal(made) for name, made in by_subscription.items()},
             dead_letters,
             retry_tiers=len(self.config.retry_delays_ms),
             flaky_groups=self.flaky_groups,

@@ -71,6 +71,10 @@ class SetuApi:
     async def wait_healthy(self, timeout_s: float) -> None:
         await self.call("GET", "/v1/health", timeout_s=timeout_s)
 
+    def named(self, subscription: str) -> SetuApi:
+        """The same API, project and topic, for another subscription."""
+        return SetuApi(self.client, self.project, self.topic, subscription)
+
     async def create_resources(
         self,
         *,
@@ -88,6 +92,27 @@ class SetuApi:
         await self.call("POST", "/v1/projects", json={"name": self.project})
         topic = {"name": self.topic, "grouped": True, "partitions": partitions}
         await self.call("POST", f"{self._p}/topics", json=topic)
+        await self.create_subscription(
+            endpoint_url=endpoint_url,
+            retry_delays_ms=retry_delays_ms,
+            signing_secret=signing_secret,
+            timeout_ms=timeout_ms,
+            circuit_breaker=circuit_breaker,
+        )
+        if events_url is not None:
+            wanted = {"url": events_url, "events": BREAKER_EVENTS}
+            await self.call("PUT", f"{self._p}/notifications", json=wanted)
+
+    async def create_subscription(
+        self,
+        *,
+        endpoint_url: str,
+        retry_delays_ms: list[int],
+        signing_secret: str | None,
+        timeout_ms: int,
+        circuit_breaker: dict[str, Any] | None = None,
+    ) -> None:
+        """This grouped ``park`` subscription of the topic (see :meth:`create_resources`)."""
         subscription: dict[str, Any] = {
             "name": self.subscription,
             "topic": self.topic,
@@ -101,9 +126,6 @@ class SetuApi:
         if signing_secret is not None:
             subscription["signing_secret"] = signing_secret
         await self.call("POST", f"{self._p}/subscriptions", json=subscription)
-        if events_url is not None:
-            wanted = {"url": events_url, "events": BREAKER_EVENTS}
-            await self.call("PUT", f"{self._p}/notifications", json=wanted)
 
     async def group_state(self, group_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
         path = f"{self._s}/groups/{quote(group_id)}"

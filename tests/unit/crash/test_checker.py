@@ -13,6 +13,7 @@ from bench.crash.checker import (
     Published,
     calls_from_journal,
     check,
+    check_each,
     published_from_journal,
 )
 
@@ -308,3 +309,25 @@ def test_a_message_dead_lettered_before_its_own_budget_ran_out_fails_the_run() -
     assert report["examples"]["short_budget_dead_letters"] == ["a2"]
     assert (report["flaky_groups"], report["flaky_messages"]) == (1, 3)
     assert report["flaky_messages_dead_lettered"] == 2
+
+
+def test_each_subscription_is_judged_on_its_own() -> None:
+    # Given three subscriptions of one topic: "hook" got everything in order, "late" got b2
+    # before b1, and "empty" got no call at all
+    disordered = [call(mid) for mid in ("a1", "b2", "b1", "a2", "a3")]
+    # When the run is judged
+    report = check_each(PUBLISHED, {"hook": in_order(), "late": disordered, "empty": []}, {})
+    # Then each fault is counted where it happened, and what was published is counted once
+    assert report["ok"] is False
+    assert report["subscriptions"] == 3
+    assert report["failing_subscriptions"] == {
+        "late": {"out_of_order_groups": 1, "early_calls": 1},
+        "empty": {"lost": 5},
+    }
+    assert (report["lost"], report["out_of_order_groups"]) == (5, 1)
+    assert (report["published"], report["accepted"], report["delivered"]) == (5, 5, 10)
+    assert report["examples"]["subscription"] == "late"
+
+
+def test_one_subscription_is_judged_as_before() -> None:
+    assert check_each(PUBLISHED, {"hook": in_order()}, {}) == check(PUBLISHED, in_order())

@@ -13,36 +13,60 @@ from bench.crash.setu_api import SetuApi
 
 
 class FakeSubscription:
-    """Dead-lettered groups hold message ids; unsidelining one "delivers" them to the journal."""
+    """Dead-lettered groups hold message ids; unsidelining one "delivers" them to the journal.
+    ``parked`` is the first subscription's (``hook``), ``others`` those of further ones."""
 
-    def __init__(self, journal: Path, parked: dict[str, list[str]], *, has_status: bool = True):
+    def __init__(
+        self,
+        journal: Path,
+        parked: dict[str, list[str]],
+        *,
+        has_status: bool = True,
+        others: dict[str, dict[str, list[str]]] | None = None,
+    ):
         self.journal = journal
-        self.parked = parked
+        self.parked_by = {"hook": parked, **(others or {})}
         self.has_status = has_status
         self.unsidelined: list[list[str]] = []
+        self.unsidelined_by: dict[str, list[str]] = {}
         self.phase = "run"
 
-    def deliver(self, mid: str, group: str) -> None:
-        entry = {"mid": mid, "gid": group, "wid": mid, "status": 200, "hash": "h", "sig": None}
+    @property
+    def parked(self) -> dict[str, list[str]]:
+        return self.parked_by["hook"]
+
+    def deliver(self, mid: str, group: str, subscription: str = "hook") -> None:
+        entry = {
+            "mid": mid,
+            "gid": group,
+            "wid": mid,
+            "status": 200,
+            "hash": "h",
+            "sig": None,
+            "sub": subscription,
+        }
         with self.journal.open("ab") as handle:
             handle.write(orjson.dumps(entry) + b"\n")
 
     def api(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
+        name = path.split("/subscriptions/", 1)[1].split("/", 1)[0]
+        parked = self.parked_by.setdefault(name, {})
         if path.endswith("/status"):
             if not self.has_status:
                 return httpx.Response(404, json={"error": {"code": "not_found", "message": ""}})
-            return httpx.Response(200, json={"failed_groups": len(self.parked)})
+            return httpx.Response(200, json={"failed_groups": len(parked)})
         if "/groups/" in path:
             group = path.rsplit("/", 1)[1]
-            state = "dead_lettered" if group in self.parked else "healthy"
+            state = "dead_lettered" if group in parked else "healthy"
             return httpx.Response(200, json={"group_id": group, "state": state})
         if path.endswith("/dlq/unsideline"):
             groups = orjson.loads(request.content)["group_ids"]
             self.unsidelined.append(groups)
+            self.unsidelined_by.setdefault(name, []).extend(groups)
             for group in groups:
-                for mid in self.parked.pop(group, []):
-                    self.deliver(mid, group)
+                for mid in parked.pop(group, []):
+                    self.deliver(mid, group, name)
             return httpx.Response(200, json={"requeued": len(groups)})
         return httpx.Response(404)
 
@@ -60,14 +84,19 @@ def write_producer_journal(path: Path, records: list[tuple[str, str, bool]]) -> 
     path.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
 
 
-async def run_drain(fake: FakeSubscription, tmp_path: Path, timeout_s: float) -> dict[str, Any]:
+async def run_drain(
+    fake: FakeSubscription,
+    tmp_path: Path,
+    timeout_s: float,
+    subscriptions: tuple[str, ...] = ("hook",),
+) -> dict[str, Any]:
     api_client = httpx.AsyncClient(transport=httpx.MockTransport(fake.api), base_url="http://api")
     receiver = httpx.AsyncClient(
         transport=httpx.MockTransport(fake.receiver), base_url="http://receiver"
     )
     async with api_client, receiver:
         return await drain(
-            SetuApi(api_client, "p", "t", "s"),
+            [SetuApi(api_client, "p", "t", name) for name in subscriptions],
             receiver,
             tmp_path / "producer.journal",
             fake.journal,
@@ -131,3 +160,33 @@ async def test_without_a_status_endpoint_quiescence_rests_on_the_journal(tmp_pat
     result = await run_drain(fake, tmp_path, timeout_s=5.0)
     assert fake.unsidelined == [["a"]]
     assert result["quiescent"] is True
+
+
+async def test_each_subscription_of_the_topic_is_drained_on_its_own(tmp_path: Path) -> None:
+    # Given two subscriptions of one topic: "hook" got a1 and b1, "other" got a1 and holds
+    # b1 in its dead-lettered group b
+    write_producer_journal(tmp_path / "producer.journal", [("a1", "a", True), ("b1", "b", True)])
+    fake = FakeSubscription(tmp_path / "receiver.journal", {}, others={"other": {"b": ["b1"]}})
+    for mid, group in (("a1", "a"), ("b1", "b")):
+        fake.deliver(mid, group)
+    fake.deliver("a1", "a", "other")
+    # When the drain runs over both
+    result = await run_drain(fake, tmp_path, timeout_s=5.0, subscriptions=("hook", "other"))
+    # Then only the second subscription's group was unsidelined, and the run is quiet
+    assert fake.unsidelined_by == {"other": ["b"]}
+    assert result["quiescent"] is True
+    assert result["undelivered_at_end"] == 0
+
+
+async def test_a_subscription_that_got_nothing_keeps_the_drain_from_quiescence(
+    tmp_path: Path,
+) -> None:
+    # Given a1 delivered to "hook" and never to "other", which reports no failed group
+    write_producer_journal(tmp_path / "producer.journal", [("a1", "a", True)])
+    fake = FakeSubscription(tmp_path / "receiver.journal", {})
+    fake.deliver("a1", "a")
+    # When the drain runs over both
+    result = await run_drain(fake, tmp_path, timeout_s=0.3, subscriptions=("hook", "other"))
+    # Then it is not quiescent, and the message missing at "other" is counted
+    assert result["quiescent"] is False
+    assert result["undelivered_at_end"] == 1

@@ -165,3 +165,26 @@ async def test_a_flaky_groups_message_fails_its_first_calls_even_across_a_receiv
     # Then it goes on counting the message's calls: one more 503, then 200
     assert [await second.handle_call(headers, b"x") for _ in range(2)] == [503, 200]
     await second.close()
+
+
+async def test_each_subscriptions_calls_are_journalled_and_counted_as_its_own(
+    tmp_path: Path,
+) -> None:
+    # Given a receiver whose plan fails each message of group f once, with a fan-out run's
+    # subscriptions calling /hook and /hook/hook-002
+    receiver = Receiver(FailurePlan(flaky={"f": 1}), tmp_path / "calls.log")
+    transport = httpx.ASGITransport(app=make_app(receiver))
+    async with httpx.AsyncClient(transport=transport, base_url="http://receiver") as client:
+        await receiver.open()
+        headers = webhook_headers("m1", "f", b"x")
+        # When each subscription calls m1 twice
+        statuses = [
+            (await client.post(path, content=b"x", headers=headers)).status_code
+            for path in ("/hook", "/hook", "/hook/hook-002", "/hook/hook-002")
+        ]
+        await receiver.close()
+    # Then each one's first call failed (the plan is each subscription's own), and the journal
+    # names the subscription of every call
+    assert statuses == [503, 200, 503, 200]
+    subs = [entry["sub"] for entry in read_entries(tmp_path / "calls.log")]
+    assert subs == ["hook", "hook", "hook-002", "hook-002"]
