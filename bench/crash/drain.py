@@ -22,8 +22,11 @@ from bench.crash.journal import JournalTail, read_entries
 from bench.crash.plan import Phase
 from bench.crash.receiver import subscription_of
 from bench.crash.setu_api import SetuApi, SetuApiError
+from setu.clock import now_ms
 
 POLL_S = 1.0
+# A subscription's groups looked up one by one at most; beyond, it unsidelines by time.
+MAX_LOOKUPS = 20
 REPORT_EVERY_S = 10.0
 
 
@@ -70,15 +73,12 @@ async def drain(
                 # Nothing is held: what is missing is on its way (the status is a report of
                 # the last few seconds, so a group failing now is seen at a later poll).
                 continue
-            candidates = {group_of[mid] for mid in left}
-            if not left:
-                # A failed group holding only unacknowledged records: find it among all groups.
-                candidates = set(group_of.values())
-            dead = await _dead_lettered(api, sorted(candidates))
-            if dead:
-                await api.unsideline(dead)
+            released = await _release(
+                api, {group_of[mid] for mid in left} or set(group_of.values())
+            )
+            if released is not None:
                 unsideline_calls += 1
-                unsidelined.update((api.subscription, group) for group in dead)
+                unsidelined.update((api.subscription, group) for group in released)
                 failed += 1
         quiet = now - last_call >= quiet_s
         if not missing and not failed and quiet:
@@ -101,6 +101,22 @@ async def drain(
         "unsideline_calls": unsideline_calls,
         "undelivered_at_end": sum(len(acked - got) for got in delivered.values()),
     }
+
+
+async def _release(api: SetuApi, candidates: set[str]) -> list[str] | None:
+    """Unsidelines the dead-lettered groups among ``candidates`` (the groups of the messages
+    the subscription misses, or all groups when it misses none: a failed group may hold only
+    unacknowledged records). Returns the groups released, [] when released by time, None
+    when nothing was."""
+    if len(candidates) > MAX_LOOKUPS:
+        # Too many to ask one by one (a run of many subscriptions): every dead letter so far,
+        # in one call, as an operator would.
+        return [] if await api.unsideline_failed_before(now_ms()) else None
+    dead = await _dead_lettered(api, sorted(candidates))
+    if not dead:
+        return None
+    await api.unsideline(dead)
+    return dead
 
 
 async def _failed_groups(api: SetuApi) -> int | None:

@@ -138,6 +138,13 @@ class SetuApi:
         result = await self.call("POST", path, json=body, timeout_s=timeout_s)
         return int(result.get("requeued", 0)) if isinstance(result, dict) else 0
 
+    async def unsideline_failed_before(self, before_ms: int, timeout_s: float = 30.0) -> int:
+        """Every dead letter that failed before ``before_ms``, in one call."""
+        body = {"failed_before": before_ms}
+        path = f"{self._s}/dlq/unsideline"
+        result = await self.call("POST", path, json=body, timeout_s=timeout_s)
+        return int(result.get("requeued", 0)) if isinstance(result, dict) else 0
+
     async def status(self, timeout_s: float = 10.0) -> dict[str, Any]:
         result: dict[str, Any] = await self.call("GET", f"{self._s}/status", timeout_s=timeout_s)
         return result

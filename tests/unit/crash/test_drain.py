@@ -29,6 +29,7 @@ class FakeSubscription:
         self.has_status = has_status
         self.unsidelined: list[list[str]] = []
         self.unsidelined_by: dict[str, list[str]] = {}
+        self.group_lookups = 0
         self.phase = "run"
 
     @property
@@ -57,11 +58,13 @@ class FakeSubscription:
                 return httpx.Response(404, json={"error": {"code": "not_found", "message": ""}})
             return httpx.Response(200, json={"failed_groups": len(parked)})
         if "/groups/" in path:
+            self.group_lookups += 1
             group = path.rsplit("/", 1)[1]
             state = "dead_lettered" if group in parked else "healthy"
             return httpx.Response(200, json={"group_id": group, "state": state})
         if path.endswith("/dlq/unsideline"):
-            groups = orjson.loads(request.content)["group_ids"]
+            body = orjson.loads(request.content)
+            groups = body.get("group_ids") or sorted(parked)  # or all, by failed_before
             self.unsidelined.append(groups)
             self.unsidelined_by.setdefault(name, []).extend(groups)
             for group in groups:
@@ -190,3 +193,18 @@ async def test_a_subscription_that_got_nothing_keeps_the_drain_from_quiescence(
     # Then it is not quiescent, and the message missing at "other" is counted
     assert result["quiescent"] is False
     assert result["undelivered_at_end"] == 1
+
+
+async def test_a_subscription_with_many_groups_missing_is_unsidelined_by_time(
+    tmp_path: Path,
+) -> None:
+    # Given more parked groups than the drain looks up one by one
+    groups = [f"g{n}" for n in range(25)]
+    write_producer_journal(tmp_path / "producer.journal", [(f"{g}-1", g, True) for g in groups])
+    fake = FakeSubscription(tmp_path / "receiver.journal", {g: [f"{g}-1"] for g in groups})
+    # When the drain runs
+    result = await run_drain(fake, tmp_path, timeout_s=5.0)
+    # Then one call unsidelined them all, without looking each group up
+    assert [sorted(call) for call in fake.unsidelined] == [sorted(groups)]
+    assert fake.group_lookups == 0
+    assert result["quiescent"] is True
