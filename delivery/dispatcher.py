@@ -148,21 +148,25 @@ class Dispatcher:
         try:
             outcome: Outcome = await self._sender.send(attempt.record.envelope, attempt.number)
         except Exception as exc:  # a bug, not a failed call: those are outcomes
+            caller.calling -= 1
             self._on_error(exc)
             raise
-        finally:
-            caller.calling -= 1
         verdict = COUNTED if breaker is None else breaker.record(outcome, probe)
         if verdict is HELD:
             # May be the start of an outage: decided a little later (delivery/breaker.py).
+            # Until then the attempt still counts as calling, so a partition being given up
+            # waits for its outcome: dropped, the partition's next owner would make the same
+            # attempt again at once, without its backoff.
             asyncio.get_running_loop().call_later(
                 HOLD_S, self._settle, caller, attempt, outcome, time.perf_counter() - started
             )
             return
+        caller.calling -= 1
         self._finish(caller, attempt, outcome, verdict, time.perf_counter() - started)
 
     def _settle(self, caller: Caller, attempt: Attempt, outcome: Outcome, seconds: float) -> None:
         assert self._breaker is not None
+        caller.calling -= 1
         self._finish(caller, attempt, outcome, self._breaker.settle(), seconds)
 
     def _finish(

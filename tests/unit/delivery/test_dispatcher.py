@@ -177,3 +177,25 @@ async def test_an_outage_opens_the_breaker_and_the_held_failures_are_given_back(
     assert caller.results == []
     assert len(sender.sent) == 3  # none was called again while the breaker is open
     await pool.close()
+
+
+async def test_a_held_failure_counts_as_calling_until_it_reaches_the_engine() -> None:
+    from delivery.breaker import HOLD_S, CircuitBreaker
+    from setu.policies import BreakerPolicy
+
+    # Given a closed breaker that needs 3 failures to open, and a dead endpoint
+    breaker = CircuitBreaker(BreakerPolicy(0.5, 3, 10, 60), "s")
+    sender, caller, gate = Down(), Caller(), asyncio.Event()
+    gate.set()
+    pool = Dispatcher(sender, gate, 8, lambda exc: None, breaker=breaker)  # type: ignore[arg-type]
+    # When one call fails: its failure is held, since it may be the start of an outage
+    pool.submit(caller, attempt(1))
+    await settle(lambda: sender.sent == ["m1"])
+    # Then while it is held the partition still counts it as calling (a partition being
+    # given up drains until it is 0; the outcome must reach its engine first)
+    await asyncio.sleep(HOLD_S / 2)
+    assert (caller.calling, caller.results) == (1, [])
+    # And once the hold is over the failure reaches the engine, and nothing is calling
+    await settle_within(lambda: caller.results == ["m1"], 2 * HOLD_S)
+    assert caller.calling == 0
+    await pool.close()
