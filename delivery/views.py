@@ -109,6 +109,11 @@ class SubscriptionView:
         # Tier partitions whose current assignment has run on the tiers consumer's thread.
         self._tier_live: set[tuple[str | None, int | None]] = set()
         self._lock = asyncio.Lock()  # take-overs and give-ups one at a time
+        # Indices being taken over, and the tier work the runner asked for them meanwhile:
+        # it runs once their tiers are assigned (a seek before it would be lost to the
+        # assignment's start offsets).
+        self._taking: set[int] = set()
+        self._held: list[tuple[list[tuple[str, TopicPartition]], Callable[[], None] | None]] = []
 
     # The consumer port.
 
@@ -196,7 +201,12 @@ class SubscriptionView:
             topics = [self.main_topic, *self.tier_topics]
             asked = [TopicPartition(t, p) for p in wanted for t in topics]
             committed = await self._offsets.committed(self.group, asked)
-            plan = await self._listener.assigned(committed)
+            self._taking.update(wanted)
+            try:
+                plan = await self._listener.assigned(committed)
+            finally:
+                self._taking.difference_update(wanted)
+                held, self._held = self._held, []
             known = {(tp.topic, tp.partition): tp.offset for tp in committed}
             main: dict[int, int] = {}
             tiers: list[TopicPartition] = []
@@ -218,6 +228,9 @@ class SubscriptionView:
             )
 
             self._assign_tiers(wanted, tiers, paused)
+            for ops, then in held:
+                generations = {tp.partition: self._generation.get(tp.partition, 0) for _, tp in ops}
+                self._run_tier_ops(ops, generations, then, 0)
             if plan.commit_now:
                 await self._commit(plan.commit_now)
                 if plan.after_commit is not None:
@@ -313,6 +326,9 @@ class SubscriptionView:
         if not tier_ops:
             if then is not None:
                 self._loop.call_soon(then)
+            return
+        if any(tp.partition in self._taking for _, tp in tier_ops):
+            self._held.append((tier_ops, then))  # run after the assignment (take_over)
             return
         generations = {tp.partition: self._generation.get(tp.partition, 0) for _, tp in tier_ops}
         self._run_tier_ops(tier_ops, generations, then, 0)

@@ -230,3 +230,48 @@ def test_a_main_partition_that_moves_on_during_its_takeover_is_let_go() -> None:
         assert not hub.owns(MAIN, 0)
 
     asyncio.run(scenario())
+
+
+class ReleasingRunner(FakeRunner):
+    """A runner whose take-over finds an operator's release: it seeks the DLQ back while it
+    is still taking the partition over (delivery/commits.py polls releases meanwhile)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.view: SubscriptionView | None = None
+        self.after: list[str] = []
+
+    async def assigned(self, committed: list[TopicPartition]) -> Assignment:
+        assert self.view is not None
+        self.view.post(
+            lambda c: c.seek(TopicPartition(DLQ, 0, 0)), lambda: self.after.append("then")
+        )
+        await asyncio.sleep(0)
+        return await super().assigned(committed)
+
+
+def test_a_tier_seek_asked_during_a_takeover_runs_after_the_assignment() -> None:
+    async def scenario() -> None:
+        hub, offsets, runner = FakeHub(), FakeOffsets(), ReleasingRunner()
+        view = SubscriptionView(
+            {"group.id": "setu.sub.p.s"},
+            asyncio.get_running_loop(),
+            runner,
+            hub,  # type: ignore[arg-type]
+            offsets,  # type: ignore[arg-type]
+        )
+        runner.view = view
+        view.start([MAIN, RQ1, DLQ])
+        # When the runner seeks the DLQ back to 0 while it takes partition 0 over
+        await view.take_over([0])
+        for _ in range(50):
+            if runner.after:
+                break
+            await asyncio.sleep(0.01)
+        # Then the seek ran after the DLQ partition was assigned from its commit, so the
+        # runner reads the DLQ from 0, and was told so only then
+        ran = [e for e in hub.tiers.ran if e[1][0] == DLQ and e[0] in ("assign", "seek")]
+        assert ran == [("assign", (DLQ, 0, -2)), ("seek", (DLQ, 0, 0))]
+        assert runner.after == ["then"]
+
+    asyncio.run(scenario())
