@@ -50,6 +50,7 @@ from setu import names
 from setu.clock import now_ms
 from setu.model import StopMode, Subscription, SubscriptionState
 from setu.ordering.tiers import MAIN, topics_by_tier
+from state.group_offsets import GroupNotEmpty
 from state.kafka_reader import record_of
 
 log = logging.getLogger(__name__)
@@ -292,6 +293,16 @@ class SubscriptionRunner:
 
     def fail(self, error: BaseException) -> None:
         """Something this runner cannot repair in place: give up; the worker starts anew."""
+        if self._fatal is None and isinstance(error, GroupNotEmpty):
+            # Not a fault: during a rolling upgrade a worker of the earlier layout still
+            # serves the subscription (docs/decisions/0011-shared-readers.md, "Migration").
+            log.warning(
+                "subscription %s/%s waits for the earlier layout's workers to leave: %s",
+                self.sub.project,
+                self.sub.name,
+                error,
+            )
+            self._fatal = error
         if self._fatal is None:
             self.metrics.failed(error)
             log.error(

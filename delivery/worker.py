@@ -47,7 +47,7 @@ from state.attempt_log import RedisAttemptLog
 from state.delivery_budget import RedisDeliveryBudget
 from state.durable_groups import DurableGroupStore
 from state.event_stream import RedisEventStream
-from state.group_offsets import GroupOffsets
+from state.group_offsets import GroupNotEmpty, GroupOffsets
 from state.groups import RedisGroupStore
 from state.kafka_admin import KafkaTopics
 from state.kafka_reader import KafkaReader
@@ -380,6 +380,8 @@ class Worker:
             try:
                 await slot.runner.run()
                 return
+            except GroupNotEmpty:
+                pass  # waits for the earlier layout (logged by the runner); tried again below
             except Exception as exc:
                 log.error("subscription %s/%s stopped: %r", slot.sub.project, slot.sub.name, exc)
             await asyncio.sleep(RESTART_DELAY_S)
