@@ -279,6 +279,17 @@ class World:
             client.close()
 
 
+def sub_path(world: World, tail: str, sub: str = "s") -> str:
+    """The API path of ``tail`` under the subscription ``sub``."""
+    return f"/v1/projects/{world.project}/subscriptions/{sub}/{tail}"
+
+
+def parked(api: httpx.Client, world: World, group: str, count: int, sub: str = "s") -> bool:
+    """The API shows ``group`` dead-lettered with ``count`` messages parked."""
+    body = api.get(sub_path(world, f"groups/{group}", sub)).json()
+    return bool(body["state"] == "dead_lettered" and body["parked"] == count)
+
+
 def delete_subscription_group(topics: KafkaTopics, project: str, subscription: str) -> None:
     """Deletes the subscription's consumer group, repeating the DELETE while a stopped worker
     is still a member (until the broker's session timeout drops it), as the API's 409 asks."""

@@ -17,20 +17,13 @@ from tests.integration.delivery.support import (
     ThreadWorker,
     World,
     labels,
+    parked,
     scrape,
+    sub_path,
     wait_for,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def path(world: World, tail: str, sub: str = "s") -> str:
-    return f"/v1/projects/{world.project}/subscriptions/{sub}/{tail}"
-
-
-def parked(api: httpx.Client, world: World, group: str, count: int) -> bool:
-    body = api.get(path(world, f"groups/{group}")).json()
-    return bool(body["state"] == "dead_lettered" and body["parked"] == count)
 
 
 def test_status_and_group_state_follow_delivery(
@@ -47,7 +40,7 @@ def test_status_and_group_state_follow_delivery(
     start_worker()
     wait_for("g1 parked", lambda: parked(api, world, "g1", 3))
     # Then the groups read as parked, retrying and healthy
-    assert api.get(path(world, "groups/g1")).json() == {
+    assert api.get(sub_path(world, "groups/g1")).json() == {
         "group_id": "g1",
         "state": "dead_lettered",
         "tier": "dlq",
@@ -55,8 +48,8 @@ def test_status_and_group_state_follow_delivery(
         "head_message_id": g1[0],
         "group_state": "ok",
     }
-    wait_for("g2 retrying", lambda: api.get(path(world, "groups/g2")).json()["parked"] == 2)
-    assert api.get(path(world, "groups/g2")).json() == {
+    wait_for("g2 retrying", lambda: api.get(sub_path(world, "groups/g2")).json()["parked"] == 2)
+    assert api.get(sub_path(world, "groups/g2")).json() == {
         "group_id": "g2",
         "state": "retrying",
         "tier": "rq.1",
@@ -64,15 +57,15 @@ def test_status_and_group_state_follow_delivery(
         "head_message_id": g2[0],
         "group_state": "ok",
     }
-    assert api.get(path(world, "groups/g3")).json()["state"] == "healthy"
+    assert api.get(sub_path(world, "groups/g3")).json()["state"] == "healthy"
 
     # And the status counts them; g2's two messages wait in rq.1 (the retry backlog)
     def settled() -> bool:
-        s = api.get(path(world, "status")).json()
+        s = api.get(sub_path(world, "status")).json()
         return bool(s["delivered_total"] == 4 and s["lag"] == 2)
 
     wait_for("status settled", settled)
-    status = api.get(path(world, "status")).json()
+    status = api.get(sub_path(world, "status")).json()
     assert status == {
         "state": "running",
         "group_state": "ok",
@@ -108,27 +101,27 @@ def test_status_and_group_state_follow_delivery(
     assert {"state", "ok", "lag"} <= set(status["ingest"])
 
     # And the unhealthy groups are listed, the longest unhealthy first, one page at a time
-    listed = api.get(path(world, "groups")).json()
+    listed = api.get(sub_path(world, "groups")).json()
     assert [(g["group_id"], g["state"]) for g in listed["groups"]] in (
         [("g1", "dead_lettered"), ("g2", "retrying")],
         [("g2", "retrying"), ("g1", "dead_lettered")],
     )
     assert listed["next"] is None
     assert all(g["since_ms"] > 0 for g in listed["groups"])
-    by_standing = api.get(path(world, "groups"), params={"state": "dead_lettered"}).json()
+    by_standing = api.get(sub_path(world, "groups"), params={"state": "dead_lettered"}).json()
     assert [g["group_id"] for g in by_standing["groups"]] == ["g1"]
     assert by_standing["groups"][0] == {
-        **api.get(path(world, "groups/g1")).json(),
+        **api.get(sub_path(world, "groups/g1")).json(),
         "since_ms": by_standing["groups"][0]["since_ms"],
     }
-    first = api.get(path(world, "groups"), params={"limit": 1}).json()
-    second = api.get(path(world, "groups"), params={"limit": 1, "after": first["next"]}).json()
+    first = api.get(sub_path(world, "groups"), params={"limit": 1}).json()
+    second = api.get(sub_path(world, "groups"), params={"limit": 1, "after": first["next"]}).json()
     assert [g["group_id"] for g in first["groups"] + second["groups"]] == [
         g["group_id"] for g in listed["groups"]
     ]
     assert second["next"] is None
     for bad in ({"state": "healthy"}, {"after": "soon"}, {"limit": 0}):
-        assert api.get(path(world, "groups"), params=bad).status_code == 400
+        assert api.get(sub_path(world, "groups"), params=bad).status_code == 400
 
 
 def test_dead_letters_are_browsed_then_unsidelined_in_order(
@@ -144,8 +137,8 @@ def test_dead_letters_are_browsed_then_unsidelined_in_order(
     start_worker()
     wait_for("parked", lambda: parked(api, world, "a", 3) and parked(api, world, "b", 2))
     # When browsing with a page size of 2
-    page = api.get(path(world, "dlq/messages"), params={"limit": 2}).json()
-    rest = api.get(path(world, "dlq/messages"), params={"after": page["next"]}).json()
+    page = api.get(sub_path(world, "dlq/messages"), params={"limit": 2}).json()
+    rest = api.get(sub_path(world, "dlq/messages"), params={"after": page["next"]}).json()
     letters = page["messages"] + rest["messages"]
     # Then every dead letter is listed once, in DLQ order (each group's in published order),
     # with its failure and body
@@ -157,22 +150,22 @@ def test_dead_letters_are_browsed_then_unsidelined_in_order(
     head = next(m for m in letters if m["message_id"] == a[0])
     assert (head["last_status"], head["attempts"], head["parked"]) == (400, 1, True)
     assert base64.b64decode(head["body"]) == a[0].encode()
-    only_b = api.get(path(world, "dlq/messages"), params={"group_id": "b"}).json()["messages"]
+    only_b = api.get(sub_path(world, "dlq/messages"), params={"group_id": "b"}).json()["messages"]
     assert [m["message_id"] for m in only_b] == b
     # When the endpoint recovers and an operator unsidelines group a by one of its message ids
     receiver.heal()
-    answer = api.post(path(world, "dlq/unsideline"), json={"message_ids": [a[2]]})
+    answer = api.post(sub_path(world, "dlq/unsideline"), json={"message_ids": [a[2]]})
     assert answer.status_code == 200 and answer.json() == {"requeued": 3}
     # Then a is delivered in published order and leaves the DLQ listing; b stays parked
     wait_for("a delivered", lambda: receiver.delivered("a") == a)
-    wait_for("a healthy", lambda: api.get(path(world, "groups/a")).json()["state"] == "healthy")
-    listed = api.get(path(world, "dlq/messages")).json()["messages"]
+    wait_for("a healthy", lambda: api.get(sub_path(world, "groups/a")).json()["state"] == "healthy")
+    listed = api.get(sub_path(world, "dlq/messages")).json()["messages"]
     assert [m["message_id"] for m in listed] == b
     # And unsidelining by failed_before picks up b
-    answer = api.post(path(world, "dlq/unsideline"), json={"failed_before": 2**62})
+    answer = api.post(sub_path(world, "dlq/unsideline"), json={"failed_before": 2**62})
     assert answer.json() == {"requeued": 2}
     wait_for("b delivered", lambda: receiver.delivered("b") == b)
-    assert api.get(path(world, "dlq/messages")).json()["messages"] == []
+    assert api.get(sub_path(world, "dlq/messages")).json()["messages"] == []
 
 
 def test_single_dead_letters_are_unsidelined_by_group(
@@ -186,14 +179,16 @@ def test_single_dead_letters_are_unsidelined_by_group(
     start_worker()
     wait_for(
         "all dead",
-        lambda: len(api.get(path(world, "dlq/messages")).json()["messages"]) == 3,
+        lambda: len(api.get(sub_path(world, "dlq/messages")).json()["messages"]) == 3,
     )
     receiver.heal()
-    answer = api.post(path(world, "dlq/unsideline"), json={"group_ids": ["g"]})
+    answer = api.post(sub_path(world, "dlq/unsideline"), json={"group_ids": ["g"]})
     assert answer.json() == {"requeued": 3}
     # Then they are delivered again, one at a time, in order
     wait_for("redelivered", lambda: receiver.delivered("g") == ids)
-    wait_for("listing empty", lambda: api.get(path(world, "dlq/messages")).json()["messages"] == [])
+    wait_for(
+        "listing empty", lambda: api.get(sub_path(world, "dlq/messages")).json()["messages"] == []
+    )
 
 
 def test_seek_needs_a_stopped_subscription_and_operations_check_their_input(
@@ -201,16 +196,18 @@ def test_seek_needs_a_stopped_subscription_and_operations_check_their_input(
 ) -> None:
     world.topic("t")
     world.subscription(receiver.url)
-    busy = api.post(path(world, "seek"), json={"timestamp_ms": 0})
+    busy = api.post(sub_path(world, "seek"), json={"timestamp_ms": 0})
     assert busy.status_code == 409 and busy.json()["error"]["code"] == "conflict"
-    api.post(path(world, "stop"))
-    done = api.post(path(world, "seek"), json={"timestamp_ms": 5})
+    api.post(sub_path(world, "stop"))
+    done = api.post(sub_path(world, "seek"), json={"timestamp_ms": 5})
     assert done.json() == {"state": "stopped", "seek_to_ms": 5, "seek_generation": 1}
-    both = api.post(path(world, "dlq/unsideline"), json={"group_ids": ["a"], "failed_before": 1})
+    both = api.post(
+        sub_path(world, "dlq/unsideline"), json={"group_ids": ["a"], "failed_before": 1}
+    )
     assert both.status_code == 400 and both.json()["error"]["code"] == "invalid_input"
-    bad_cursor = api.get(path(world, "dlq/messages"), params={"after": "x"})
+    bad_cursor = api.get(sub_path(world, "dlq/messages"), params={"after": "x"})
     assert bad_cursor.status_code == 400
-    missing = api.get(path(world, "status", sub="nope"))
+    missing = api.get(sub_path(world, "status", sub="nope"))
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
 
 
@@ -227,13 +224,13 @@ def test_an_unsidelined_group_failing_again_retries_through_the_tiers_and_parks_
     wait_for("a parked", lambda: parked(api, world, "a", 2))
     # When an operator unsidelines it but the endpoint now answers 503
     receiver.answer("a", 503)
-    answer = api.post(path(world, "dlq/unsideline"), json={"group_ids": ["a"]})
+    answer = api.post(sub_path(world, "dlq/unsideline"), json={"group_ids": ["a"]})
     assert answer.json() == {"requeued": 2}
     # Then the head goes round the retry tiers again: the group reads as retrying in rq.1
     wait_for(
         "a retrying in rq.1",
         lambda: (
-            api.get(path(world, "groups/a")).json()
+            api.get(sub_path(world, "groups/a")).json()
             == {
                 "group_id": "a",
                 "state": "retrying",
@@ -250,10 +247,10 @@ def test_an_unsidelined_group_failing_again_retries_through_the_tiers_and_parks_
     assert [c.attempt for c in receiver.attempts(a[0])] == [1, 2, 3, 4]
     assert receiver.attempts(a[1]) == []
     # And its dead letter shows the latest attempt; no second letter appeared
-    letters = api.get(path(world, "dlq/messages")).json()["messages"]
+    letters = api.get(sub_path(world, "dlq/messages")).json()["messages"]
     assert [m["message_id"] for m in letters] == a
     assert (letters[0]["attempts"], letters[0]["last_status"]) == (4, 503)
-    assert api.get(path(world, "status")).json()["dead_lettered"] == 3
+    assert api.get(sub_path(world, "status")).json()["dead_lettered"] == 3
     # And the worker's metrics show the lap and the group parked again
     got = scrape(port)
     assert got[("setu_delivery_moves_total", labels(world, kind="lap", tier="rq.1"))] == 1
@@ -264,11 +261,13 @@ def test_an_unsidelined_group_failing_again_retries_through_the_tiers_and_parks_
     assert got[("setu_delivery_calls_total", labels(world, result="retry"))] == 3
     # When the endpoint recovers and the group is unsidelined again
     receiver.heal()
-    api.post(path(world, "dlq/unsideline"), json={"group_ids": ["a"]})
+    api.post(sub_path(world, "dlq/unsideline"), json={"group_ids": ["a"]})
     # Then it is delivered in order, the attempt count going on
     wait_for("a delivered", lambda: receiver.delivered("a") == a)
     assert receiver.attempts(a[0])[-1].attempt == 5
-    wait_for("listing empty", lambda: api.get(path(world, "dlq/messages")).json()["messages"] == [])
+    wait_for(
+        "listing empty", lambda: api.get(sub_path(world, "dlq/messages")).json()["messages"] == []
+    )
 
 
 @pytest.mark.finding("L5")
@@ -286,7 +285,7 @@ def test_a_message_s_delivery_record_shows_each_attempt_and_move(
     wait_for("g1 delivered", lambda: receiver.delivered("g1") == [head, follower])
 
     def record(message_id: str) -> dict[str, Any]:
-        answer = api.get(path(world, f"messages/{message_id}"))
+        answer = api.get(sub_path(world, f"messages/{message_id}"))
         return answer.json() if answer.status_code == 200 else {}
 
     # Then the head's record shows its three attempts, the failures with the receiver's answer
@@ -307,7 +306,7 @@ def test_a_message_s_delivery_record_shows_each_attempt_and_move(
         )
         assert minted.status_code == 201, minted.text
         seen = api.get(
-            path(world, f"messages/{head}"),
+            sub_path(world, f"messages/{head}"),
             headers={"Authorization": f"Bearer {minted.json()['key']}"},
         )
         assert seen.status_code == 200, seen.text
@@ -325,7 +324,7 @@ def test_a_message_s_delivery_record_shows_each_attempt_and_move(
     wait_for("rejected in the DLQ", lambda: record(rejected).get("location") == "dlq")
     assert record(rejected)["attempts"][0]["status"] == 400
     # And an unknown message is a 404
-    assert api.get(path(world, "messages/nope")).status_code == 404
+    assert api.get(sub_path(world, "messages/nope")).status_code == 404
 
 
 def test_a_stuck_group_is_found_and_fixed_with_the_setu_commands(
@@ -356,7 +355,7 @@ def test_a_stuck_group_is_found_and_fixed_with_the_setu_commands(
     # (the worker writes attempt records every 200 ms: the head's is there soon after)
     wait_for(
         "head's record",
-        lambda: api.get(path(world, f"messages/{ids[0]}")).status_code == 200,
+        lambda: api.get(sub_path(world, f"messages/{ids[0]}")).status_code == 200,
     )
     # When the operator looks: the group is listed, its head's story and letter are shown
     listed = run("groups", p, s, "--state", "dead_lettered")

@@ -5,12 +5,21 @@ carries on from where it was."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
+import httpx
 import pytest
 
-from tests.integration.delivery.support import Receiver, ThreadWorker, World, wait_for
+from tests.integration.delivery.support import (
+    Receiver,
+    ThreadWorker,
+    World,
+    parked,
+    sub_path,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -106,3 +115,52 @@ def test_a_subscription_moves_from_its_own_consumer_to_the_shared_readers(
             120,
         )
     assert len(receiver.delivered("h")) == len(set(receiver.delivered("h"))) == 6
+
+
+def test_a_rolling_upgrade_keeps_parked_groups_and_retries_and_delivers_each_message_once(
+    world: World,
+    receiver: Receiver,
+    start_worker: Callable[..., ThreadWorker],
+    api: httpx.Client,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a subscription served by a worker of the earlier layout (a consumer of its own),
+    # with group p parked in the DLQ (its head rejected, two behind it), group f's head
+    # waiting 20 s in the second retry tier (its third call will succeed), and a healthy h
+    world.topic("t", partitions=2)
+    world.subscription(receiver.url, delays_ms=(1_000, 20_000))
+    receiver.answer("p", 400)
+    receiver.answer("f", 503, 503, 200)
+    first = {g: world.publish("t", g, 3) for g in ("p", "f", "h")}
+    old = start_worker(delivery_readers="per-subscription")
+    wait_for("h delivered", lambda: receiver.delivered("h") == first["h"], 60)
+    wait_for("p parked", lambda: parked(api, world, "p", 3), 60)
+    wait_for("f in its second tier", lambda: len(receiver.attempts(first["f"][0])) == 2, 60)
+    # When a worker of the new layout starts beside it (a rolling upgrade), more is published,
+    # and then the old worker stops
+    new = start_worker(delivery_readers="shared", worker_id=f"new-{world.project}")
+    later = {g: world.publish("t", g, 2) for g in ("p", "f", "h")}
+    # (the new worker says it waits while the old one serves the subscription, no error)
+    waiting = "waits for the earlier layout's workers to leave"
+    wait_for("the new worker to wait", lambda: waiting in caplog.text, 60)
+    old.stop()
+    # Then the new worker carries on: h's later messages arrive, p stays parked with them
+    wait_for("h's later messages", lambda: receiver.delivered("h") == first["h"] + later["h"], 90)
+    wait_for("p still parked with its later messages", lambda: parked(api, world, "p", 5), 60)
+    assert receiver.delivered("p") == []
+    # And once the endpoint is fixed and an operator unsidelines p, every group arrives in
+    # published order, each message once, f's head on its third attempt
+    receiver.heal()
+    answer = api.post(sub_path(world, "dlq/unsideline"), json={"group_ids": ["p"]})
+    assert answer.status_code == 200
+    for group in ("p", "f", "h"):
+        wait_for(
+            f"{group} delivered in order",
+            lambda g=group: receiver.delivered(g) == first[g] + later[g],
+            120,
+        )
+    wait_for("p healthy", lambda: api.get(sub_path(world, "groups/p")).json()["state"] == "healthy")
+    assert [c.attempt for c in receiver.attempts(first["f"][0])] == [1, 2, 3]
+    new.stop()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name != "rdkafka"]
+    assert errors == []
