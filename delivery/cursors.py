@@ -58,7 +58,11 @@ class PartitionCursors:
     # The subscriptions.
 
     def add(self, subscription: str, next_offset: int) -> None:
-        """A subscription starts reading this partition at ``next_offset``."""
+        """A subscription starts reading this partition at ``next_offset``. One that had a
+        cursor here (a runner started again) leaves the catch-up turn it rode: the turn reads
+        on from where that cursor was, and the new one would take those records as if the
+        ones in between were taken."""
+        self._leave_turn(subscription)
         self._cursors[subscription] = Cursor(next_offset)
         self._follow(subscription)
 

@@ -160,9 +160,38 @@ actions = st.lists(
         st.tuples(st.just("catch_up"), st.integers(1, 4)),
         st.tuples(st.just("room"), st.integers(0, 3), st.booleans()),
         st.tuples(st.just("seek"), st.integers(0, 3), st.integers(0, 40)),
+        # A runner started again: its cursor is added anew under the same name
+        st.tuples(st.just("add"), st.integers(0, 3), st.integers(0, 40)),
     ),
     max_size=120,
 )
+
+
+def play(
+    part: Partition,
+    names: list[str],
+    marks: dict[str, list[tuple[int, int]]],
+    step: tuple[object, ...],
+) -> None:
+    """One step of the property test below; a seek or a new start is marked in ``marks``."""
+    kind = step[0]
+    if kind == "produce":
+        part.produce(gap=int(str(step[1])) // 2)  # now and then an offset Kafka skipped
+    elif kind == "live":
+        for _ in range(int(str(step[1]))):
+            part.step_live()
+    elif kind == "catch_up":
+        for _ in range(int(str(step[1]))):
+            part.step_catch_up()
+    elif kind == "room":
+        part.cursors.set_room(names[int(str(step[1])) % len(names)], bool(step[2]))
+    elif kind in ("seek", "add"):
+        name, offset = names[int(str(step[1])) % len(names)], int(str(step[2]))
+        if kind == "seek":
+            part.cursors.seek(name, offset)
+        else:
+            part.cursors.add(name, offset)
+        marks[name].append((len(part.taken[name]), offset))
 
 
 @settings(max_examples=300, deadline=None)
@@ -186,22 +215,7 @@ def test_every_subscription_takes_each_record_once_in_order(
         marks[name] = [(0, start)]
     part.start_live()
     for step in steps:
-        kind = step[0]
-        if kind == "produce":
-            part.produce(gap=int(step[1]) // 2)  # now and then an offset Kafka skipped
-        elif kind == "live":
-            for _ in range(int(step[1])):
-                part.step_live()
-        elif kind == "catch_up":
-            for _ in range(int(step[1])):
-                part.step_catch_up()
-        elif kind == "room":
-            name = names[int(step[1]) % len(names)]
-            part.cursors.set_room(name, bool(step[2]))
-        elif kind == "seek":
-            name = names[int(step[1]) % len(names)]
-            part.cursors.seek(name, int(step[2]))
-            marks[name].append((len(part.taken[name]), int(step[2])))
+        play(part, names, marks, step)
     part.drain()
     for name in names:
         segments_hold(part, name, marks[name])
@@ -226,3 +240,25 @@ def test_a_rider_that_missed_a_record_of_its_turn_waits_for_a_turn_of_its_own() 
     part.cursors.set_room("a", True)
     part.drain()
     assert part.taken["a"] == part.taken["b"] == list(range(10))
+
+
+def test_a_cursor_added_again_behind_its_turn_takes_every_record_from_its_new_start() -> None:
+    # Given a cursor riding a catch-up turn from offset 20 (of 30 records)
+    part = Partition(PartitionCursors(turn_records=100))
+    for n in range(30):
+        part.produce()
+        del n
+    part.cursors.add("a", 20)
+    part.cursors.add("live", 30)
+    part.cursors.add("also", 30)
+    for name in ("a", "live", "also"):
+        part.taken[name] = []
+    part.start_live()
+    part.step_catch_up()
+    assert part.taken["a"] == [20]
+    # When its runner starts again and adds it anew from offset 0 (its last commit)
+    part.cursors.add("a", 0)
+    part.taken["a"] = []
+    part.drain()
+    # Then it takes every record from 0, none skipped for the turn it rode before
+    assert part.taken["a"] == list(range(30))
