@@ -103,6 +103,7 @@ class SubscriptionView:
         self.tier_topics: list[str] = []
         self.flowing = Flowing(self._room_changed)
         self._done: asyncio.Future[None] = loop.create_future()
+        self._closed = False
         self._owned: set[int] = set()  # partition indices taken over
         self._generation: dict[int, int] = {}  # per index: bumped at each take-over/give-up
         self._main_paused: set[int] = set()
@@ -153,9 +154,12 @@ class SubscriptionView:
         return result
 
     async def close(self) -> None:
-        """Gives every partition index up (drained and committed) and leaves the hub."""
-        if self._done.done():
+        """Gives every partition index up (drained and committed) and leaves the hub, also
+        after a failed take-over (:meth:`fail`): a view left in the hub would keep its
+        cursors there, which its runner's successor, under the same name, would inherit."""
+        if self._closed:
             return
+        self._closed = True
         try:
             await self._hub.unregister(self)
         finally:

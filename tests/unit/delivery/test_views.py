@@ -56,12 +56,16 @@ class FakeHub:
         self.tiers = FakeTiers()
         self.rooms: list[tuple[int, bool]] = []
         self.seeks: list[tuple[int, int]] = []
+        self.unregistered: list[SubscriptionView] = []
 
     def owns(self, topic: str, partition: int) -> bool:
         return True
 
     def register(self, view: SubscriptionView) -> None:
         pass
+
+    async def unregister(self, view: SubscriptionView) -> None:
+        self.unregistered.append(view)
 
     def room_changed(self, view: SubscriptionView, partition: int, room: bool) -> None:
         self.rooms.append((partition, room))
@@ -273,5 +277,21 @@ def test_a_tier_seek_asked_during_a_takeover_runs_after_the_assignment() -> None
         ran = [e for e in hub.tiers.ran if e[1][0] == DLQ and e[0] in ("assign", "seek")]
         assert ran == [("assign", (DLQ, 0, -2)), ("seek", (DLQ, 0, 0))]
         assert runner.after == ["then"]
+
+    asyncio.run(scenario())
+
+
+def test_a_view_whose_takeover_failed_still_leaves_the_hub_when_its_runner_closes_it() -> None:
+    async def scenario() -> None:
+        hub, offsets = FakeHub(), FakeOffsets()
+        view = view_of(hub, offsets)
+        # Given a take-over that failed (the runner sees its consumer done, with the error)
+        view.fail(RuntimeError("Redis went away"))
+        assert view.done.done()
+        # When the runner closes its consumer, as it does on its way out
+        await view.close()
+        await view.close()
+        # Then the view left the hub (once): no cursor of it stays for its successor
+        assert hub.unregistered == [view]
 
     asyncio.run(scenario())
