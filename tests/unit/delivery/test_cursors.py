@@ -120,17 +120,21 @@ def test_a_subscription_without_room_falls_behind_without_holding_the_others() -
     assert part.taken["fast"] == part.taken["slow"] == list(range(12))
 
 
-def test_behind_cursors_at_different_places_are_served_in_turns() -> None:
-    part = Partition(PartitionCursors(turn_records=3))
-    for n in range(30):
+def partition_of(records: int, starts: dict[str, int], turn_records: int) -> Partition:
+    """A partition of ``records`` records with a cursor per name in ``starts``, live reader
+    started."""
+    part = Partition(PartitionCursors(turn_records=turn_records))
+    for _ in range(records):
         part.produce()
-        del n
-    part.cursors.add("far", 0)
-    part.cursors.add("near", 20)
-    part.cursors.add("live", 30)
-    for name in ("far", "near", "live"):
+    for name, start in starts.items():
+        part.cursors.add(name, start)
         part.taken[name] = []
     part.start_live()
+    return part
+
+
+def test_behind_cursors_at_different_places_are_served_in_turns() -> None:
+    part = partition_of(30, {"far": 0, "near": 20, "live": 30}, turn_records=3)
     for _ in range(6):
         part.step_catch_up()
     # Two turns of three: one each, the far one not read to the end before the near one began.
@@ -244,16 +248,7 @@ def test_a_rider_that_missed_a_record_of_its_turn_waits_for_a_turn_of_its_own() 
 
 def test_a_cursor_added_again_behind_its_turn_takes_every_record_from_its_new_start() -> None:
     # Given a cursor riding a catch-up turn from offset 20 (of 30 records)
-    part = Partition(PartitionCursors(turn_records=100))
-    for n in range(30):
-        part.produce()
-        del n
-    part.cursors.add("a", 20)
-    part.cursors.add("live", 30)
-    part.cursors.add("also", 30)
-    for name in ("a", "live", "also"):
-        part.taken[name] = []
-    part.start_live()
+    part = partition_of(30, {"a": 20, "live": 30, "also": 30}, turn_records=100)
     part.step_catch_up()
     assert part.taken["a"] == [20]
     # When its runner starts again and adds it anew from offset 0 (its last commit)

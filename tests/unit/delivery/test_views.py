@@ -111,14 +111,11 @@ class FakeRunner:
         pass
 
 
-def view_of(hub: FakeHub, offsets: FakeOffsets) -> SubscriptionView:
+def view_of(hub: Any, offsets: Any, runner: Any = None) -> SubscriptionView:
+    """A started view of subscription s of topic t (``runner``: a FakeRunner by default)."""
     loop = asyncio.get_running_loop()
     view = SubscriptionView(
-        {"group.id": "setu.sub.p.s"},
-        loop,
-        FakeRunner(),
-        hub,
-        offsets,  # type: ignore[arg-type]
+        {"group.id": "setu.sub.p.s"}, loop, runner or FakeRunner(), hub, offsets
     )
     view.start([MAIN, RQ1, DLQ])
     return view
@@ -212,14 +209,7 @@ def test_a_main_partition_that_moves_on_during_its_takeover_is_let_go() -> None:
         # Given a worker that owns main partition 0, and a subscription taking it over
         await hub._main_assigned([TopicPartition(MAIN, 0)])
         offsets, runner = GatedOffsets(), LosingRunner()
-        view = SubscriptionView(
-            {"group.id": "setu.sub.p.s"},
-            asyncio.get_running_loop(),
-            runner,
-            hub,  # type: ignore[arg-type]
-            offsets,  # type: ignore[arg-type]
-        )
-        view.start([MAIN, RQ1, DLQ])
+        view_of(hub, offsets, runner)
         await asyncio.sleep(0.05)  # the takeover waits for the subscription's offsets
         # When the worker loses the partition meanwhile, and the takeover then completes
         hub._main_lost([TopicPartition(MAIN, 0)])
@@ -257,15 +247,7 @@ class ReleasingRunner(FakeRunner):
 def test_a_tier_seek_asked_during_a_takeover_runs_after_the_assignment() -> None:
     async def scenario() -> None:
         hub, offsets, runner = FakeHub(), FakeOffsets(), ReleasingRunner()
-        view = SubscriptionView(
-            {"group.id": "setu.sub.p.s"},
-            asyncio.get_running_loop(),
-            runner,
-            hub,  # type: ignore[arg-type]
-            offsets,  # type: ignore[arg-type]
-        )
-        runner.view = view
-        view.start([MAIN, RQ1, DLQ])
+        view = runner.view = view_of(hub, offsets, runner)
         # When the runner seeks the DLQ back to 0 while it takes partition 0 over
         await view.take_over([0])
         for _ in range(50):
