@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from delivery.effects import PartitionEffects
 from delivery.guards import Periodic
@@ -30,6 +30,33 @@ from state.groups import GroupStore
 from state.kafka_reader import KafkaReader
 
 log = logging.getLogger(__name__)
+
+
+# Errors of a commit that mean Kafka or the group's coordinator is away for now.
+TRANSIENT_CODES = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError._WAIT_COORD,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.NOT_COORDINATOR,
+    }
+)
+
+
+def transient(error: BaseException) -> bool:
+    """Whether a failed commit may simply be tried again later (no answer in time, or Kafka
+    says so); one that says the partitions are no longer this runner's is not."""
+    if isinstance(error, TimeoutError):
+        return True
+    if isinstance(error, KafkaException) and error.args and isinstance(error.args[0], KafkaError):
+        kafka_error: KafkaError = error.args[0]
+        return kafka_error.code() in TRANSIENT_CODES or bool(kafka_error.retriable())
+    return False
 
 
 class Commits:
@@ -88,7 +115,18 @@ class Commits:
                     offsets.append(self.position(port, tier, offset))
         if not offsets:
             return
-        await consumer.call(lambda c: c.commit(offsets=offsets, asynchronous=False))
+        try:
+            await consumer.call(lambda c: c.commit(offsets=offsets, asynchronous=False))
+        except (TimeoutError, KafkaException) as exc:
+            if not transient(exc):
+                raise
+            # Kafka away (a broker restarting, its coordinator moving): delivery goes on and
+            # the same offsets are committed at the next tick. Failing the runner instead
+            # would start it again from the last commit, and every record delivered since
+            # would be read again.
+            names = sorted({tp.topic for tp in offsets})
+            log.warning("commit of %s failed, tried again at the next tick: %r", names, exc)
+            return
         for tp in offsets:
             self._committed[(self._tiers[tp.topic], tp.partition)] = tp.offset
         self.committed(offsets)

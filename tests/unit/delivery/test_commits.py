@@ -10,7 +10,7 @@ from collections.abc import Coroutine, Mapping
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from delivery.commits import Commits
 from delivery.watch import StateWatch, Watched
@@ -178,3 +178,50 @@ def test_a_reading_that_found_writes_missing_raises_state_lost_at_the_runners_ti
     entry.checks = [(0, 2, 5, (0, -1))]  # Redis came back empty
     with pytest.raises(StateLost):
         entry.verify()
+
+
+class KafkaAway(Kafka):
+    """Commits fail with ``error`` until ``back``."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error: BaseException | None = error
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> None:
+        if self.error is not None:
+            raise self.error
+        super().commit(offsets, asynchronous)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        KafkaException(KafkaError(KafkaError._TRANSPORT)),
+        KafkaException(KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE)),
+        TimeoutError(),
+    ],
+)
+async def test_a_commit_kafka_cannot_take_now_is_made_at_the_next_tick(
+    error: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given Kafka away when the runner commits
+    kafka, order, store = KafkaAway(error), [], Store()
+    made, background = commits(Engine({MAIN: 5}), kafka, order, store)
+    # When it commits: the runner goes on (nothing raised), and the failure is logged
+    await made.commit()
+    assert "tried again at the next tick" in caplog.text
+    # Then once Kafka is back the next tick commits the same offset, and only then are the
+    # outcomes below it forgotten
+    kafka.error = None
+    await made.commit()
+    await asyncio.gather(*background)
+    assert [[tp.offset for tp in batch] for batch in kafka.commits] == [[5]]
+    assert store.trimmed == [(0, {MAIN: 5})]
+
+
+async def test_a_commit_refused_for_good_still_fails_the_runner() -> None:
+    # A commit refused because the partitions are no longer this runner's is not retried
+    error = KafkaException(KafkaError(KafkaError.ILLEGAL_GENERATION))
+    made, _ = commits(Engine({MAIN: 5}), KafkaAway(error), [], Store())
+    with pytest.raises(KafkaException):
+        await made.commit()
