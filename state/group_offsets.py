@@ -33,6 +33,14 @@ log = logging.getLogger(__name__)
 
 # Committed offsets read at once (each with a thread and a short-lived consumer).
 READ_CONCURRENCY = 3
+# The admin client's own deadline for a group request, far above any outage. A group request
+# first waits for the group's coordinator, with no deadline of its own; when the request's
+# deadline passes during that wait (Kafka down), the client library frees the request and
+# then, once Kafka is back, releases it a second time and aborts the process
+# (`rd_kafka_enq_once_del_source_return` assertion, the library's open issue 4605; a crash
+# run with 100 subscriptions saw workers abort so, decision 0011). The caller still gives
+# up after its own ``timeout_s``; the request itself then completes when Kafka answers.
+ADMIN_REQUEST_TIMEOUT_S = 600.0
 
 
 class GroupNotEmpty(Exception):
@@ -53,7 +61,9 @@ class GroupOffsets:
         GroupNotEmpty when the group has members, KafkaException on other failures. Awaits
         the admin client's own future: no thread waits on the broker meanwhile."""
         request = [ConsumerGroupTopicPartitions(group, list(offsets))]
-        future = self._admin.alter_consumer_group_offsets(request, request_timeout=timeout_s)[group]
+        future = self._admin.alter_consumer_group_offsets(
+            request, request_timeout=ADMIN_REQUEST_TIMEOUT_S
+        )[group]
         try:
             result = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
         except KafkaException as exc:
@@ -69,7 +79,9 @@ class GroupOffsets:
 
     async def has_members(self, group: str, timeout_s: float = 30.0) -> bool:
         """Whether consumers are in ``group`` now (a worker of the earlier layout)."""
-        future = self._admin.describe_consumer_groups([group], request_timeout=timeout_s)[group]
+        future = self._admin.describe_consumer_groups(
+            [group], request_timeout=ADMIN_REQUEST_TIMEOUT_S
+        )[group]
         description = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
         return bool(description.members)
 

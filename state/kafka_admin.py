@@ -32,6 +32,7 @@ from setu import names
 from setu.errors import Conflict, DependencyUnavailable, InvalidInput, SetuError
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
 from setu.model import Subscription, Topic
+from state.group_offsets import ADMIN_REQUEST_TIMEOUT_S
 
 _REQUEST_ERRORS = frozenset(
     {
@@ -473,7 +474,10 @@ class KafkaTopics:
     def _delete_group(self, group: str) -> None:
         deadline = time.monotonic() + self._timeout_s
         while True:
-            futures = self._admin.delete_consumer_groups([group], request_timeout=self._timeout_s)
+            # A group request's own deadline far above any outage: see ADMIN_REQUEST_TIMEOUT_S.
+            futures = self._admin.delete_consumer_groups(
+                [group], request_timeout=ADMIN_REQUEST_TIMEOUT_S
+            )
             error = _error_of(futures[group], deadline - time.monotonic())
             if error is None or error.code() == KafkaError.GROUP_ID_NOT_FOUND:
                 return
