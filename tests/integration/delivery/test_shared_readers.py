@@ -79,7 +79,8 @@ def test_a_subscription_whose_endpoint_hangs_holds_none_of_the_others(
     finally:
         hung.set()
     # And once the stuck endpoint answers, it gets everything too, each group in order (a
-    # call that outlived its timeout while it hung may come again: the first of each counts)
+    # call that outlived its timeout may come again, at either endpoint on a loaded machine:
+    # the first of each counts)
     wait_for(
         "the stuck subscription caught up",
         lambda: set(receiver.delivered(path="/stuck")) == set(ids),
@@ -87,16 +88,17 @@ def test_a_subscription_whose_endpoint_hangs_holds_none_of_the_others(
     )
     for group in groups:
         stuck = list(dict.fromkeys(receiver.delivered(group, path="/stuck")))
-        assert stuck == receiver.delivered(group, path="/fine")
+        assert stuck == list(dict.fromkeys(receiver.delivered(group, path="/fine")))
 
 
 def test_a_subscription_moves_from_its_own_consumer_to_the_shared_readers(
     world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
 ) -> None:
     # Given a subscription served by a worker with a consumer per subscription, with a group
-    # failing in the retry tiers
+    # failing in the retry tiers (its third attempt 20 s after its second: still in the tiers
+    # when the worker stops, however slow the machine)
     world.topic("t", partitions=2)
-    world.subscription(receiver.url, delays_ms=(300, 600))
+    world.subscription(receiver.url, delays_ms=(300, 20_000))
     receiver.answer("f", 503, 503, 503, 503, 503, 503)
     first = {g: world.publish("t", g, 3) for g in ("f", "h")}
     old = start_worker(delivery_readers="per-subscription")
