@@ -74,7 +74,7 @@ async def drain(
                 # the last few seconds, so a group failing now is seen at a later poll).
                 continue
             released = await _release(
-                api, {group_of[mid] for mid in left} or set(group_of.values())
+                api, {group_of[mid] for mid in left} or set(group_of.values()), len(apis) > 1
             )
             if released is not None:
                 unsideline_calls += 1
@@ -103,12 +103,13 @@ async def drain(
     }
 
 
-async def _release(api: SetuApi, candidates: set[str]) -> list[str] | None:
+async def _release(api: SetuApi, candidates: set[str], many: bool) -> list[str] | None:
     """Unsidelines the dead-lettered groups among ``candidates`` (the groups of the messages
     the subscription misses, or all groups when it misses none: a failed group may hold only
-    unacknowledged records). Returns the groups released, [] when released by time, None
+    unacknowledged records). Returns the groups released, [] when released by time (``many``:
+    one of many subscriptions, with more candidates than are looked up one by one), None
     when nothing was."""
-    if len(candidates) > MAX_LOOKUPS:
+    if many and len(candidates) > MAX_LOOKUPS:
         # Too many to ask one by one (a run of many subscriptions): every dead letter so far,
         # in one call, as an operator would.
         return [] if await api.unsideline_failed_before(now_ms()) else None

@@ -195,16 +195,28 @@ async def test_a_subscription_that_got_nothing_keeps_the_drain_from_quiescence(
     assert result["undelivered_at_end"] == 1
 
 
-async def test_a_subscription_with_many_groups_missing_is_unsidelined_by_time(
+async def test_one_of_many_subscriptions_with_many_groups_missing_is_unsidelined_by_time(
     tmp_path: Path,
 ) -> None:
-    # Given more parked groups than the drain looks up one by one
+    # Given two subscriptions, one with more parked groups than the drain looks up one by one
     groups = [f"g{n}" for n in range(25)]
     write_producer_journal(tmp_path / "producer.journal", [(f"{g}-1", g, True) for g in groups])
     fake = FakeSubscription(tmp_path / "receiver.journal", {g: [f"{g}-1"] for g in groups})
+    for group in groups:
+        fake.deliver(f"{group}-1", group, "other")
     # When the drain runs
-    result = await run_drain(fake, tmp_path, timeout_s=5.0)
+    result = await run_drain(fake, tmp_path, timeout_s=5.0, subscriptions=("hook", "other"))
     # Then one call unsidelined them all, without looking each group up
     assert [sorted(call) for call in fake.unsidelined] == [sorted(groups)]
     assert fake.group_lookups == 0
     assert result["quiescent"] is True
+
+
+async def test_a_single_subscription_still_has_its_groups_looked_up_and_counted(
+    tmp_path: Path,
+) -> None:
+    groups = [f"g{n}" for n in range(25)]
+    write_producer_journal(tmp_path / "producer.journal", [(f"{g}-1", g, True) for g in groups])
+    fake = FakeSubscription(tmp_path / "receiver.journal", {g: [f"{g}-1"] for g in groups})
+    result = await run_drain(fake, tmp_path, timeout_s=5.0)
+    assert result["unsidelined_groups"] == 25 and result["quiescent"] is True
