@@ -41,6 +41,8 @@ class Turn:
     offset: int
     records: int
     riders: set[str]
+    # The offset the catch-up reader must offer next in this turn (see offer_catch_up).
+    expect: int = 0
 
 
 class PartitionCursors:
@@ -54,6 +56,8 @@ class PartitionCursors:
         self._turn: Turn | None = None
         # Catch-up turns go round: the subscription served last goes to the back.
         self._served: list[str] = []
+        # The last gap that made a turn start again: (offset expected, offset read).
+        self._gap: tuple[int, int] | None = None
 
     # The subscriptions.
 
@@ -155,8 +159,26 @@ class PartitionCursors:
         first = min(waiting, key=lambda name: order.get(name, -1))
         offset = self._cursors[first].next
         riders = {n for n in waiting if self._cursors[n].next == offset}
-        self._turn = Turn(offset, self.turn_records, riders)
+        self._turn = Turn(offset, self.turn_records, riders, offset)
         return self._turn
+
+    def _gap_ends_turn(self, turn: Turn, offset: int) -> bool:
+        """The catch-up reader read ``offset`` (a record, or the partition's end) where the
+        turn expects ``turn.expect``. Past it is either something read before the turn's seek
+        took (from where the reader was: a record, or that place's end) or records Kafka no
+        longer holds (retention). The turn starts again from where it is, with a fresh seek;
+        the same gap seen again at once is real and is crossed. True when the record or end
+        is not to be taken now."""
+        if offset <= turn.expect:
+            self._gap = None
+            return False
+        if self._gap == (turn.expect, offset):
+            self._gap = None
+            turn.expect = offset
+            return False
+        self._gap = (turn.expect, offset)
+        self._turn = None  # riders stay where they are; the next turn seeks again
+        return True
 
     def offer_catch_up(self, offset: int) -> list[str]:
         """The catch-up reader read ``offset`` in the current turn: the riders that take it. A
@@ -164,8 +186,11 @@ class PartitionCursors:
         the live reader follows it from then on. The turn ends when its records are used up or
         no rider is left."""
         turn = self._turn
-        if turn is None:
+        if turn is None or offset < turn.expect:
+            return []  # read before the turn's seek took
+        if self._gap_ends_turn(turn, offset):
             return []
+        turn.expect = offset + 1
         takers = []
         for name in list(turn.riders):
             cursor = self._cursors[name]
@@ -186,7 +211,7 @@ class PartitionCursors:
         """The catch-up reader read everything before ``end`` (the partition's end) in the
         current turn: its riders are where the live reader is."""
         turn = self._turn
-        if turn is None:
+        if turn is None or self._gap_ends_turn(turn, end):
             return
         for name in list(turn.riders):
             cursor = self._cursors[name]

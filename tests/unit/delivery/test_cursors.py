@@ -58,6 +58,18 @@ class Partition:
         else:
             self.cursors.caught_up(self.end())
 
+    def stale_catch_up(self, index: int, end: bool) -> None:
+        """The catch-up reader offers the record at ``index`` of the log (or that place's
+        end), which its current turn did not ask for."""
+        if not self.log:
+            return
+        offset = self.log[index % len(self.log)]
+        if end:
+            self.cursors.caught_up(offset)
+            return
+        for name in self.cursors.offer_catch_up(offset):
+            self.taken[name].append(offset)
+
     def drain(self) -> None:
         for name in self.cursors.subscriptions():
             self.cursors.set_room(name, True)
@@ -166,6 +178,9 @@ actions = st.lists(
         st.tuples(st.just("seek"), st.integers(0, 3), st.integers(0, 40)),
         # A runner started again: its cursor is added anew under the same name
         st.tuples(st.just("add"), st.integers(0, 3), st.integers(0, 40)),
+        # The catch-up reader hands over a record, or an end, from where it was before its
+        # latest seek took (what a client may still deliver right after a seek)
+        st.tuples(st.just("stale"), st.integers(0, 60), st.booleans()),
     ),
     max_size=120,
 )
@@ -189,6 +204,8 @@ def play(
             part.step_catch_up()
     elif kind == "room":
         part.cursors.set_room(names[int(str(step[1])) % len(names)], bool(step[2]))
+    elif kind == "stale":
+        part.stale_catch_up(int(str(step[1])), end=bool(step[2]))
     elif kind in ("seek", "add"):
         name, offset = names[int(str(step[1])) % len(names)], int(str(step[2]))
         if kind == "seek":
@@ -257,3 +274,36 @@ def test_a_cursor_added_again_behind_its_turn_takes_every_record_from_its_new_st
     part.drain()
     # Then it takes every record from 0, none skipped for the turn it rode before
     assert part.taken["a"] == list(range(30))
+
+
+def test_a_record_read_from_before_the_turns_seek_is_not_taken() -> None:
+    # Given a cursor behind the live reader at 5, whose catch-up turn just began (the reader
+    # was at 20 for another subscription before)
+    part = partition_of(30, {"a": 5, "live": 30, "also": 30}, turn_records=100)
+    assert part.cursors.turn() is not None
+    # When the reader hands over a record from where it was, and then that place's end
+    part.stale_catch_up(20, end=False)
+    part.stale_catch_up(29, end=True)
+    # Then the cursor took neither, and reads everything from 5 on
+    assert part.taken["a"] == []
+    part.drain()
+    assert part.taken["a"] == list(range(5, 30))
+
+
+def test_a_gap_seen_again_after_a_fresh_seek_is_crossed() -> None:
+    # Given a log whose offsets 3 and 4 Kafka no longer has, and a cursor at 3
+    part = Partition(PartitionCursors(turn_records=100))
+    for gap in (0, 0, 0, 2, 0, 0):
+        part.produce(gap=gap)
+    assert part.log == [0, 1, 2, 5, 6, 7]
+    part.cursors.add("a", 3)
+    part.cursors.add("live", 8)
+    part.cursors.add("also", 8)
+    for name in ("a", "live", "also"):
+        part.taken[name] = []
+    part.start_live()
+    # When the catch-up reader serves it
+    part.drain()
+    # Then it reads on from 5 (the first seek's gap starts the turn again; seen again, it
+    # is real)
+    assert part.taken["a"] == [5, 6, 7]
