@@ -195,13 +195,18 @@ async def test_a_subscription_that_got_nothing_keeps_the_drain_from_quiescence(
     assert result["undelivered_at_end"] == 1
 
 
+def many_parked(tmp_path: Path) -> tuple[list[str], FakeSubscription]:
+    """25 groups of one acknowledged message each, all parked at the first subscription."""
+    groups = [f"g{n}" for n in range(25)]
+    write_producer_journal(tmp_path / "producer.journal", [(f"{g}-1", g, True) for g in groups])
+    return groups, FakeSubscription(tmp_path / "receiver.journal", {g: [f"{g}-1"] for g in groups})
+
+
 async def test_one_of_many_subscriptions_with_many_groups_missing_is_unsidelined_by_time(
     tmp_path: Path,
 ) -> None:
     # Given two subscriptions, one with more parked groups than the drain looks up one by one
-    groups = [f"g{n}" for n in range(25)]
-    write_producer_journal(tmp_path / "producer.journal", [(f"{g}-1", g, True) for g in groups])
-    fake = FakeSubscription(tmp_path / "receiver.journal", {g: [f"{g}-1"] for g in groups})
+    groups, fake = many_parked(tmp_path)
     for group in groups:
         fake.deliver(f"{group}-1", group, "other")
     # When the drain runs
@@ -215,8 +220,6 @@ async def test_one_of_many_subscriptions_with_many_groups_missing_is_unsidelined
 async def test_a_single_subscription_still_has_its_groups_looked_up_and_counted(
     tmp_path: Path,
 ) -> None:
-    groups = [f"g{n}" for n in range(25)]
-    write_producer_journal(tmp_path / "producer.journal", [(f"{g}-1", g, True) for g in groups])
-    fake = FakeSubscription(tmp_path / "receiver.journal", {g: [f"{g}-1"] for g in groups})
+    _, fake = many_parked(tmp_path)
     result = await run_drain(fake, tmp_path, timeout_s=5.0)
     assert result["unsidelined_groups"] == 25 and result["quiescent"] is True
