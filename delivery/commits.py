@@ -27,25 +27,20 @@ from setu.clock import now_ms
 from setu.ordering.tiers import DLQ, MAIN
 from state.durable_groups import DurableGroupStore
 from state.groups import GroupStore
-from state.kafka_reader import KafkaReader
+from state.kafka_reader import COORDINATOR_MOVING, KafkaReader
 
 log = logging.getLogger(__name__)
 
 
 # Errors of a commit that mean Kafka or the group's coordinator is away for now.
-TRANSIENT_CODES = frozenset(
-    {
-        KafkaError._TRANSPORT,
-        KafkaError._ALL_BROKERS_DOWN,
-        KafkaError._TIMED_OUT,
-        KafkaError._WAIT_COORD,
-        KafkaError.REQUEST_TIMED_OUT,
-        KafkaError.NETWORK_EXCEPTION,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.NOT_COORDINATOR,
-    }
-)
+TRANSIENT_CODES = COORDINATOR_MOVING | {
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._TIMED_OUT,
+    KafkaError._WAIT_COORD,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.NETWORK_EXCEPTION,
+}
 
 
 def transient(error: BaseException) -> bool:

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 _MISSING = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION})
 _MOVING = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
 # What a committed-offsets read says while the group's coordinator is being found or loaded.
-_COORDINATOR_MOVING = frozenset(
+COORDINATOR_MOVING = frozenset(
     {
         KafkaError.NOT_COORDINATOR,
         KafkaError.COORDINATOR_NOT_AVAILABLE,
@@ -105,7 +105,7 @@ def committed(
         found: list[TopicPartition] = consumer.committed(partitions, timeout=timeout_s)
         return found
 
-    return _asked_again(ask, _COORDINATOR_MOVING, deadline)
+    return _asked_again(ask, COORDINATOR_MOVING, deadline)
 
 
 def committed_offsets(
