@@ -140,7 +140,11 @@ class SubscriptionGuards:
         ):
             return
         ttl_ms = SLOT_IDLE_TTL_MS if idle else SLOT_ENTRY_TTL_MS
-        granted = await self.budget.share(self._worker_id, ask, busy, limit, ttl_ms)
+        # Until the answer arrives the pool keeps its size and may start that many calls
+        # (records arriving meanwhile): they are held too, or another worker could be granted
+        # them as well. A smaller grant is said at the next renewal, once applied.
+        holding = max(busy, dispatcher.size)
+        granted = await self.budget.share(self._worker_id, ask, holding, limit, ttl_ms)
         self._last_share = (ask, busy, granted, now)
         if granted != dispatcher.size:
             dispatcher.resize(granted)

@@ -108,8 +108,43 @@ async def test_the_share_of_max_in_flight_resizes_the_pool() -> None:
     guarded = guards(Recorder(), budget=budget)
     await guarded.renew_slots(pool, busy=1)  # type: ignore[arg-type]
     # It asked for what it wants going, with headroom, and took what it was granted
-    assert budget.asked == ("w", min(256, 3 + 4), 1, guarded.sub.max_in_flight)
+    # (holding its pool of 2 while it asks, though 1 call is going)
+    assert budget.asked == ("w", min(256, 3 + 4), 2, guarded.sub.max_in_flight)
     assert pool.size == 7
+
+
+async def test_a_pool_asking_for_less_holds_its_size_until_it_shrank() -> None:
+    # A regression: the pool said only the calls going when it asked, and started more with
+    # its earlier size while the answer was on its way; another worker was granted them too
+    # (4 calls at an endpoint allowing 3, across three workers)
+    class Budget:
+        def __init__(self) -> None:
+            self.said_busy: list[int] = []
+
+        async def share(
+            self, worker: str, demand: int, busy: int, limit: int, ttl_ms: int = 3000
+        ) -> int:
+            self.said_busy.append(busy)
+            return 1
+
+    class Pool:
+        size = 3  # granted before
+        calling = 0
+
+        def demand(self) -> int:
+            return 5  # records just arrived: nothing calling yet
+
+        def resize(self, size: int) -> None:
+            self.size = size
+
+    budget, pool = Budget(), Pool()
+    guarded = guards(Recorder(), budget=budget)
+    # When the worker asks while no call is going yet, it holds its pool's 3
+    await guarded.renew_slots(pool, busy=pool.calling)  # type: ignore[arg-type]
+    assert (budget.said_busy, pool.size) == ([3], 1)
+    # Then, shrunk to its grant with one call going, it says so
+    await guarded.renew_slots(pool, busy=1)  # type: ignore[arg-type]
+    assert budget.said_busy == [3, 1]
 
 
 async def test_an_idle_share_is_renewed_seldom_and_a_change_at_once() -> None:
