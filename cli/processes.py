@@ -54,6 +54,7 @@ class Child:
     def __init__(self, spec: ChildSpec) -> None:
         self.spec = spec
         self._process: subprocess.Popen[bytes] | None = None
+        self._signalled = False  # its stop signal was sent since it started
         self.started_at = 0.0
 
     @property
@@ -87,6 +88,7 @@ class Child:
                 group=gid,
                 extra_groups=extra_groups,
             )
+        self._signalled = False
         self.started_at = time.monotonic()
 
     def exit_code(self) -> int | None:
@@ -105,6 +107,7 @@ class Child:
         process = self._process
         if process is None or process.poll() is not None:
             return
+        self._signalled = True
         if self.spec.signal_leader_only:
             process.send_signal(self.spec.stop_signal)
         else:
@@ -113,14 +116,17 @@ class Child:
     def stop(self) -> int | None:
         """Stops the child and everything in its process group; returns its exit code.
 
-        Sends the spec's stop signal, waits up to its timeout, then kills the group.
+        Sends the spec's stop signal (once: a child already signalled by :meth:`signal_stop`
+        is not signalled again, as a second signal may end a clean stop halfway), waits up to
+        its timeout, then kills the group.
         """
         process = self._process
         if process is None:
             return None
         group = process.pid
         deadline = time.monotonic() + self.spec.stop_timeout_s
-        self.signal_stop()
+        if not self._signalled:
+            self.signal_stop()
         try:
             process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:

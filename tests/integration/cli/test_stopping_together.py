@@ -14,16 +14,21 @@ from cli.stack import Stack
 from tests.waiting import wait_for
 
 # A child that, asked to stop, leaves only once its peer has been asked too (as a broker's
-# clean shutdown waits for a controller quorum that needs the other nodes).
+# clean shutdown waits for a controller quorum that needs the other nodes), then takes a moment
+# to close; asked a second time meanwhile, it is cut short (exit 2, as a process whose handler
+# is gone would die of the signal).
 PEER = """
 import pathlib, signal, sys, time
 me, peer = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+closing_s = float(sys.argv[3])
 
 def leave(signum, frame):
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(2))
     me.touch()
     deadline = time.monotonic() + 30
     while not peer.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+    time.sleep(closing_s)
     sys.exit(0 if peer.exists() else 1)
 
 signal.signal(signal.SIGTERM, leave)
@@ -33,8 +38,8 @@ while True:
 """
 
 
-def peer_spec(tmp_path: Path, name: str, peer: str) -> ChildSpec:
-    argv = (sys.executable, "-c", PEER, str(tmp_path / name), str(tmp_path / peer))
+def peer_spec(tmp_path: Path, name: str, peer: str, closing_s: float) -> ChildSpec:
+    argv = (sys.executable, "-c", PEER, str(tmp_path / name), str(tmp_path / peer), str(closing_s))
     return ChildSpec(name=name, argv=argv, log_path=tmp_path / f"{name}.log", stop_timeout_s=20)
 
 
@@ -43,10 +48,10 @@ def said_ready(child: Child) -> bool:
 
 
 def test_children_started_together_are_stopped_together(tmp_path: Path) -> None:
-    # Given two peers started together on a stack
+    # Given two peers started together on a stack, the second slower to close
     stack = Stack(threading.Event(), lambda line: None)
     first, second = stack.start_together(
-        [peer_spec(tmp_path, "a", "b"), peer_spec(tmp_path, "b", "a")]
+        [peer_spec(tmp_path, "a", "b", 0.1), peer_spec(tmp_path, "b", "a", 2)]
     )
     for child in (first, second):
         # The log's first lines are the command, which mentions "ready" too
@@ -54,6 +59,7 @@ def test_children_started_together_are_stopped_together(tmp_path: Path) -> None:
     # When the stack stops
     started = time.monotonic()
     stack.stop_all()
-    # Then both left cleanly at once: neither waited for its peer until it was killed
+    # Then both left cleanly at once: neither waited for its peer until it was killed, and
+    # neither was asked twice (the second, still closing when the first had gone)
     assert (first.exit_code(), second.exit_code()) == (0, 0)
     assert time.monotonic() - started < 10
