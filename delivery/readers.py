@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from delivery.cursors import PartitionCursors, Turn
 from delivery.kafka_io import POLL_TIMEOUT_S, ConsumerThread, consumer_config
@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 # Records a catch-up turn reads for its cursors before the next behind cursor's turn.
 TURN_RECORDS = 2048
+# A catch-up seek (or assignment) the client refused is asked again after this long.
+CATCH_UP_RETRY_S = 0.05
 # Takeovers of one main partition run for this many subscriptions at once.
 TAKEOVER_CONCURRENCY = 16
 
@@ -177,6 +179,7 @@ class ReaderHub:
         # Catch-up: per main partition, the turn being read and whether its seek took.
         self._turns: dict[tuple[str, int], tuple[Turn, bool]] = {}
         self._catching: set[tuple[str, int]] = set()  # assigned to the catch-up consumer
+        self._asking_first: set[tuple[str, int]] = set()  # see _ask_first
         self._started = False
         self._closing = False
         # Resolves with the error when a reader ended on its own (see _reader_ended).
@@ -403,6 +406,24 @@ class ReaderHub:
             touched.add(key)
         self._hand(handed)
         for key in touched:
+            cursors = self._owned.get(key)
+            if cursors is not None and cursors.asking_first and key not in self._asking_first:
+                self._asking_first.add(key)
+                asyncio.get_running_loop().create_task(self._ask_first(key, cursors))
+            self._plan_catch_up(key)
+
+    async def _ask_first(self, key: tuple[str, int], cursors: PartitionCursors) -> None:
+        """A catch-up turn read past where it expected: asks the partition's first offset, so
+        that only what retention removed is crossed (delivery/cursors.py), then turns go on."""
+        log.info("catch-up reader: %s read past its turn's next offset; reading again", key)
+        first = 0
+        try:
+            first = await asyncio.to_thread(self._low_offset, *key)
+        except Exception as exc:  # Kafka away: nothing is crossed, the turn is read again
+            log.warning("catch-up reader: first offset of %s not known: %s", key, exc)
+        finally:
+            self._asking_first.discard(key)
+            cursors.learned_first(first)
             self._plan_catch_up(key)
 
     def _on_tiers(self, messages: list[Message]) -> None:
@@ -460,18 +481,33 @@ class ReaderHub:
         start = TopicPartition(key[0], key[1], turn.offset)
         assign = key not in self._catching
         self._catching.add(key)
+        refused: list[Exception] = []
 
         def command(consumer: Consumer) -> None:
-            if assign:
-                consumer.incremental_assign([start])
-            else:
-                consumer.resume([TopicPartition(*key)])
-                consumer.seek(start)
+            try:
+                if assign:
+                    consumer.incremental_assign([start])
+                else:
+                    consumer.resume([TopicPartition(*key)])
+                    consumer.seek(start)
+            except (KafkaException, RuntimeError, ValueError) as exc:
+                refused.append(exc)
 
         def took() -> None:
             now = self._turns.get(key)
-            if now is not None and now[0] is turn:
+            if now is None or now[0] is not turn:
+                return
+            if not refused:
                 self._turns[key] = (turn, True)
+                return
+            # Refused (librdkafka refuses a seek while the partition's fetcher is still
+            # starting): the reader is still where it was, so what it reads is not the
+            # turn's; its records stay ignored until a seek takes.
+            log.info("catch-up reader: %s to %d refused (%s); again", key, turn.offset, refused[0])
+            del self._turns[key]
+            if assign:
+                self._catching.discard(key)
+            asyncio.get_running_loop().call_later(CATCH_UP_RETRY_S, self._plan_catch_up, key)
 
         self.catch_up.post(command, took)
 
