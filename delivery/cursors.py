@@ -56,8 +56,10 @@ class PartitionCursors:
         self._turn: Turn | None = None
         # Catch-up turns go round: the subscription served last goes to the back.
         self._served: list[str] = []
-        # The last gap that made a turn start again: (offset expected, offset read).
-        self._gap: tuple[int, int] | None = None
+        # The partition's first offset as last asked (records below it are gone: retention),
+        # and whether a gap above it waits for it to be asked again (see _gap_ends_turn).
+        self.first_offset = 0
+        self.asking_first = False
 
     # The subscriptions.
 
@@ -152,6 +154,8 @@ class PartitionCursors:
         waiting cursor at the same offset."""
         if self._turn is not None:
             return self._turn
+        if self.asking_first:
+            return None
         waiting = self.behind()
         if not waiting:
             return None
@@ -164,21 +168,27 @@ class PartitionCursors:
 
     def _gap_ends_turn(self, turn: Turn, offset: int) -> bool:
         """The catch-up reader read ``offset`` (a record, or the partition's end) where the
-        turn expects ``turn.expect``. Past it is either something read before the turn's seek
-        took (from where the reader was: a record, or that place's end) or records Kafka no
-        longer holds (retention). The turn starts again from where it is, with a fresh seek;
-        the same gap seen again at once is real and is crossed. True when the record or end
-        is not to be taken now."""
+        turn expects ``turn.expect``. Records below the partition's first offset are gone
+        (retention): the turn crosses up to it. Any other gap is something read from before
+        the turn's seek took (a record, or that place's end): the turn ends, its riders stay
+        where they are, and no turn starts until the first offset was asked again (the hub
+        does, :attr:`asking_first`); the next turn seeks afresh. A gap is never crossed on a
+        guess: a main log has no holes but the prefix retention removed. True when the
+        record or end is not to be taken."""
         if offset <= turn.expect:
-            self._gap = None
             return False
-        if self._gap == (turn.expect, offset):
-            self._gap = None
-            turn.expect = offset
-            return False
-        self._gap = (turn.expect, offset)
-        self._turn = None  # riders stay where they are; the next turn seeks again
+        if turn.expect < self.first_offset:
+            turn.expect = self.first_offset
+            if offset <= turn.expect:
+                return False
+        self.asking_first = True
+        self._turn = None
         return True
+
+    def learned_first(self, first_offset: int) -> None:
+        """The hub asked the partition's first offset (after a gap): turns start again."""
+        self.first_offset = max(self.first_offset, first_offset)
+        self.asking_first = False
 
     def offer_catch_up(self, offset: int) -> list[str]:
         """The catch-up reader read ``offset`` in the current turn: the riders that take it. A
