@@ -246,13 +246,20 @@ class ReaderHub:
             self._resubscribe()
 
     async def unregister(self, view: SubscriptionView) -> None:
-        """A runner stops: its partitions are revoked from it (drained, committed)."""
+        """A runner stops: its partitions are revoked from it (drained, committed). It leaves
+        the hub also when that fails or is cancelled (a stop that timed out): cursors left
+        behind would go on taking records, for whichever view holds its name next."""
         owned = sorted(p for (t, p) in self._owned if t == view.main_topic)
-        await view.give_up(owned)
-        for p in owned:
-            cursors = self._owned.get((view.main_topic, p))
-            if cursors is not None:
+        try:
+            await view.give_up(owned)
+        finally:
+            self._leave(view)
+
+    def _leave(self, view: SubscriptionView) -> None:
+        for (topic, _), cursors in self._owned.items():
+            if topic == view.main_topic and view.key in cursors:
                 cursors.remove(view.key)
+                self._plan_catch_up((topic, _))
         for topic in view.tier_topics:
             if self._tier_owner.get(topic) is view:
                 del self._tier_owner[topic]
@@ -313,7 +320,7 @@ class ReaderHub:
         # view left holding it would go on with its retry tiers beside that owner.
         gone = sorted(p for p in starts if not self.owns(view.main_topic, p))
         if gone:
-            log.info("%s: partitions %s moved on during their takeover; let go", view.key, gone)
+            log.info("%s: partitions %s moved on during their takeover; let go", view.group, gone)
             view.lose(gone)
         for partition, offset in starts.items():
             key = (view.main_topic, partition)

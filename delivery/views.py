@@ -21,6 +21,7 @@ and given up with its ``revoked`` (drained, then committed there).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -36,6 +37,7 @@ from state.group_offsets import GroupNotEmpty, GroupOffsets
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_VIEW_NUMBERS = itertools.count(1)
 OFFSET_INVALID = -1001
 
 
@@ -94,7 +96,9 @@ class SubscriptionView:
         offsets: GroupOffsets,
     ) -> None:
         self.group: str = config["group.id"]
-        self.key = self.group
+        # This view's cursors in the hub: its own, never a predecessor's under the same
+        # group (a runner started again while the one before still leaves the hub).
+        self.key = f"{self.group}#{next(_VIEW_NUMBERS)}"
         self._loop = loop
         self._listener = listener
         self._hub = hub

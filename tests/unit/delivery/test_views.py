@@ -277,3 +277,48 @@ def test_a_view_whose_takeover_failed_still_leaves_the_hub_when_its_runner_close
         assert hub.unregistered == [view]
 
     asyncio.run(scenario())
+
+
+class FailingRunner(FakeRunner):
+    """A runner whose drain at revocation fails (Redis away, say)."""
+
+    async def revoked(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        raise ConnectionError("Redis went away")
+
+
+def test_a_view_whose_give_up_failed_leaves_no_cursor_for_its_successor() -> None:
+    """A cursor left in the hub goes on taking records, for the next view of the same
+    subscription: taken there before that view's own cursor starts, they never reach it."""
+    from delivery.readers import ReaderHub
+
+    async def scenario() -> None:
+        hub = ReaderHub(lambda group: {}, lambda topic, partition: 0, "setu.delivery")
+        hub.membership, hub.catch_up = FakeReader(), FakeReader()  # type: ignore[assignment]
+        hub.tiers = FakeTiers()  # type: ignore[assignment]
+        # Given a subscription's view holding main partition 0
+        await hub._main_assigned([TopicPartition(MAIN, 0)])
+        view = view_of(hub, FakeOffsets(), FailingRunner())
+        cursors = hub._owned[(MAIN, 0)]
+        for _ in range(50):
+            if view.key in cursors:
+                break
+            await asyncio.sleep(0.01)
+        assert view.key in cursors
+        # When its runner closes it and the give-up fails
+        try:
+            await view.close()
+        except ConnectionError:
+            pass
+        # Then it left the hub all the same: no cursor, no view of it remains
+        assert cursors.subscriptions() == []
+        assert hub._views == {}
+        # And its successor, under the same subscription, gets a cursor of its own
+        successor = view_of(hub, FakeOffsets())
+        assert successor.key != view.key
+        for _ in range(50):
+            if successor.key in cursors:
+                break
+            await asyncio.sleep(0.01)
+        assert cursors.subscriptions() == [successor.key]
+
+    asyncio.run(scenario())
