@@ -148,6 +148,11 @@ class PartitionCursors:
             if cursor.follows is Reader.CATCH_UP and cursor.room
         ]
 
+    @property
+    def current(self) -> Turn | None:
+        """The turn being read, if any (:meth:`turn` starts the next one)."""
+        return self._turn
+
     def turn(self) -> Turn | None:
         """The catch-up turn to read now (the current one until it ends), or None when no
         cursor needs one. A new turn serves the cursor served longest ago, and every other

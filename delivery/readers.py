@@ -398,6 +398,10 @@ class ReaderHub:
             cursors = self._owned.get(key)
             if current is None or not current[1] or cursors is None:
                 continue  # read before its turn's seek took, or no longer ours
+            if cursors.current is not current[0]:
+                # The turn sought ended (used up, or its riders left): what follows, up to
+                # the next turn's seek, was read for it, records and end alike.
+                continue
             error = msg.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
@@ -405,8 +409,6 @@ class ReaderHub:
                     touched.add(key)
                 else:
                     log.warning("catch-up reader: %s", error)
-                continue
-            if cursors.turn() is not current[0]:
                 continue
             for sub in cursors.offer_catch_up(msg.offset() or 0):
                 handed[sub].append(msg)

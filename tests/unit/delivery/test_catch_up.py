@@ -103,3 +103,39 @@ def test_records_read_while_a_turns_seek_is_refused_are_not_taken() -> None:
         assert view.taken == [5, 6, 7, 8, 9]
 
     asyncio.run(scenario())
+
+
+class End(Record):
+    """The partition's end, as the client hands it over (``enable.partition.eof``)."""
+
+    def error(self) -> KafkaError:  # type: ignore[override]
+        return KafkaError(KafkaError._PARTITION_EOF)
+
+
+def test_an_end_read_for_a_turn_that_ended_does_not_move_the_next_turns_riders() -> None:
+    async def scenario() -> None:
+        # Given subscription "b" riding a catch-up turn from 60, and "a" waiting at 31
+        hub = ReaderHub(lambda group: {}, lambda topic, partition: 0, "setu.delivery")
+        reader = RefusingReader(refusals=0)
+        hub.catch_up = reader  # type: ignore[assignment]
+        views = {name: View() for name in ("a", "b")}
+        hub._by_key.update(views)  # type: ignore[arg-type]
+        cursors = hub._owned[KEY] = PartitionCursors()
+        cursors.add("b", 60)
+        cursors.add("a", 31)
+        cursors.live_next = 70
+        hub._catching.add(KEY)
+        hub._plan_catch_up(KEY)
+        assert reader.seeks == [60]
+        # When b's turn ends at its first record (b has no room now), and the reader hands
+        # over what it read on for that turn, up to the partition's end
+        cursors.set_room("b", False)
+        hub._on_catch_up([Record(60), Record(61), End(62)])
+        # Then a is where it was: its own turn seeks to 31, and it takes every record from there
+        assert cursors.next_offset("a") == 31
+        assert not cursors.asking_first
+        assert reader.seeks == [60, 31]
+        hub._on_catch_up([Record(o) for o in range(31, 36)])
+        assert views["a"].taken == [31, 32, 33, 34, 35]
+
+    asyncio.run(scenario())
