@@ -18,7 +18,11 @@ once on a path per subscription (``/hook/<n>``) and timestamps every call.
 4. **Load.** ``--rate`` messages a second for ``--seconds`` (open loop, as ``bench.latency``)
    over 1,000 groups: the webhook calls a second reached, the workers' cores per call, and
    the time from each message's scheduled produce to each endpoint's call.
-5. **A new subscription.** One more is created and a message produced every 0.2 s until its
+5. **Beside failing subscriptions** (``--failing K``). K more subscriptions of the topic whose
+   endpoints fail (half answer 503, half never answer), then the load again: the healthy
+   subscriptions' produce-to-call times against the load before (one slow or failing
+   subscription must not slow the others of its topic).
+6. **A new subscription.** One more is created and a message produced every 0.2 s until its
    endpoint gets one: how long after its creation.
 
 Targets (issue "Fan-out that scales"; this 2-core machine): 1,000 subscriptions, two workers;
@@ -71,8 +75,9 @@ def endpoint(stack: Stack, n: int) -> str:
     return f"http://127.0.0.1:{stack.webhook_port}/hook/{n}"
 
 
-def subscribe(client: httpx.Client, stack: Stack, n: int) -> float:
-    """Creates subscription ``n`` of the topic; seconds its POST took."""
+def subscribe(client: httpx.Client, stack: Stack, n: int, url: str | None = None) -> float:
+    """Creates subscription ``n`` of the topic (its own endpoint, or ``url``); seconds its
+    POST took."""
     began = time.monotonic()
     create(
         client,
@@ -81,7 +86,7 @@ def subscribe(client: httpx.Client, stack: Stack, n: int) -> float:
             "name": f"s{n:04d}",
             "topic": TOPIC,
             "grouped": True,
-            "endpoint": {"url": endpoint(stack, n)},
+            "endpoint": {"url": url or endpoint(stack, n)},
         },
     )
     return time.monotonic() - began
@@ -193,7 +198,11 @@ def load(stack: Stack, count: int, rate: float, seconds: float) -> dict[str, Any
         stack.check_alive()
         time.sleep(1.0)
     elapsed = time.monotonic() - began
-    calls = {k: v for k, v in arrivals(stack).items() if f"#{phase.name}-" in k}
+    calls = {
+        k: v
+        for k, v in arrivals(stack).items()
+        if k.startswith("/hook/") and f"#{phase.name}-" in k
+    }
     cpu = cores_since(stack, before, elapsed)
     delays = []
     for key, (first, _) in calls.items():
@@ -216,6 +225,31 @@ def load(stack: Stack, count: int, rate: float, seconds: float) -> dict[str, Any
         "worker_cpu_ms_per_call": round(cpu_s * 1000 / max(len(calls), 1), 3),
         "produce_to_call_s": seconds_stats(delays),
     }
+
+
+def add_failing(stack: Stack, first: int, count: int) -> None:
+    """Subscriptions ``first`` .. ``first + count - 1`` of the topic, whose endpoints fail:
+    every other one answers 503 at once, the others never answer (the call times out)."""
+    with api_client(stack) as client:
+        for n in range(first, first + count):
+            kind = "fail" if n % 2 == 0 else "hang"
+            subscribe(client, stack, n, f"http://127.0.0.1:{stack.webhook_port}/{kind}/{n}")
+
+
+def beside_failing(baseline: dict[str, Any], load: dict[str, Any]) -> dict[str, Any]:
+    """The healthy subscriptions' produce-to-call times beside failing ones, against the same
+    load before those were added (same run)."""
+    before, after = baseline["produce_to_call_s"], load["produce_to_call_s"]
+    return {
+        key: {
+            "before_s": before.get(key),
+            "beside_failing_s": after.get(key),
+            "ratio": (
+                round(after[key] / before[key], 2) if before.get(key) and after.get(key) else None
+            ),
+        }
+        for key in ("p50", "p95", "p99")
+    } | {"calls_made": [baseline["calls_made"], load["calls_made"]]}
 
 
 def first_delivery(stack: Stack, n: int, timeout_s: float) -> dict[str, Any]:
@@ -268,6 +302,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--idle", type=float, default=30.0)
     parser.add_argument("--reach-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--failing",
+        type=int,
+        default=0,
+        help="after the load, add this many subscriptions whose endpoints fail (half answer "
+        "503, half never answer) and run the load again: the healthy ones' times beside them",
+    )
     args = parser.parse_args()
     quiet_client_logs()
     count = args.subscriptions
@@ -275,7 +316,16 @@ def main() -> None:
     figures: dict[str, Any] = {
         "settings": {
             k: getattr(args, k)
-            for k in ("subscriptions", "workers", "partitions", "rate", "seconds", "idle", "env")
+            for k in (
+                "subscriptions",
+                "workers",
+                "partitions",
+                "rate",
+                "seconds",
+                "idle",
+                "failing",
+                "env",
+            )
         }
     }
     with stack_running(
@@ -310,7 +360,13 @@ def main() -> None:
         print(f"idle: {figures['idle']}", flush=True)
         figures["load"] = load(stack, count, args.rate, args.seconds)
         print(f"load: {figures['load']}", flush=True)
-        figures["new_subscription"] = first_delivery(stack, count, timeout_s=120)
+        if args.failing:
+            add_failing(stack, count, args.failing)
+            again = load(stack, count, args.rate, args.seconds)
+            figures["load_beside_failing"] = again
+            figures["beside_failing"] = beside_failing(figures["load"], again)
+            print(f"beside {args.failing} failing: {figures['beside_failing']}", flush=True)
+        figures["new_subscription"] = first_delivery(stack, count + args.failing, timeout_s=120)
         print(f"a new subscription: {figures['new_subscription']}", flush=True)
     figures["verdicts"] = verdicts(figures)
     for name, verdict in figures["verdicts"].items():

@@ -118,11 +118,22 @@ HISTOGRAMS = {
 }
 
 
-# The webhook: a process of its own that answers at once and timestamps every call.
+# The webhook: a process of its own that answers at once and timestamps every call; a path
+# under /fail/ answers 503, one under /hang/ never answers (bench.fanout's failing endpoints).
+
+
+EMPTY = b"content-length: 0\r\n\r\n"
+
+
+def _line_end(head: bytes, start: int) -> int:
+    """Where the header line at ``start`` ends (the head's last line has no CRLF)."""
+    end = head.find(b"\r\n", start)
+    return len(head) if end < 0 else end
 
 
 class _Webhook(asyncio.Protocol):
     arrivals: dict[bytes, list[float]] = {}
+    answered = [0]  # messages that reached an endpoint answering 200 (GET /count)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport: Any = transport
@@ -137,7 +148,7 @@ class _Webhook(asyncio.Protocol):
             length = 0
             at = lower.find(b"content-length: ")
             if at >= 0:
-                length = int(head[at + 16 : head.find(b"\r\n", at)])
+                length = int(head[at + 16 : _line_end(head, at)])
             if len(self.buffer) < end + 4 + length:
                 return
             self.buffer = self.buffer[end + 4 + length :]
@@ -146,21 +157,28 @@ class _Webhook(asyncio.Protocol):
                 continue
             at = lower.find(b"\r\nx_message_id: ")
             if at >= 0:
-                message = head[at + 16 : head.find(b"\r\n", at + 2)]
+                message = head[at + 16 : _line_end(head, at + 2)]
                 target = head.split(b" ", 2)[1]
                 if target != b"/hook":
                     # Another endpoint (bench.fanout's one per subscription): by both.
                     message = target + b"#" + message
+                failing = target.startswith((b"/hang/", b"/fail/"))
                 seen = self.arrivals.get(message)
                 if seen is None:
                     self.arrivals[message] = [now, 1]
+                    self.answered[0] += not failing
                 else:
                     seen[1] += 1
-            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                if target.startswith(b"/hang/"):
+                    continue  # an endpoint that never answers: the caller's timeout ends it
+                if target.startswith(b"/fail/"):
+                    self.transport.write(b"HTTP/1.1 503 Service Unavailable\r\n%s" % EMPTY)
+                    continue
+            self.transport.write(b"HTTP/1.1 200 OK\r\n%s" % EMPTY)
 
     def _report(self, head: bytes) -> None:
         if head.startswith(b"GET /count"):
-            body = b"%d" % len(self.arrivals)
+            body = b"%d" % self.answered[0]
         else:  # GET /dump
             body = orjson.dumps({k.decode(): v for k, v in self.arrivals.items()})
         self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
