@@ -379,6 +379,7 @@ def serve(
             ingest_pattern(settings),
             guard.limits,
             retired,
+            stopping,
         )
         helpers.append(running.stop)
         keep_running(

@@ -40,6 +40,7 @@ from pyspark.sql.streaming.listener import (
 )
 from pyspark.sql.streaming.query import StreamingQuery
 
+from setu.errors import DependencyUnavailable
 from setu.limits import MessageLimits
 from setu.names import INGEST_QUERY_CHECKPOINT
 from setu.settings import Settings, is_local_master
@@ -61,6 +62,8 @@ NETWORK_BUFFER_WAIT_MS = "5"
 HEARTBEAT_INTERVAL = "2s"
 # How often the ingest topics are listed for new partitions (real-time mode).
 TOPICS_EVERY_S = 1.0
+# How long the job waits, at its start, for a Kafka that does not answer (until_kafka_answers).
+KAFKA_PATIENCE_S = 300.0
 
 
 def slots_needed(settings: Settings, partitions: int) -> int:
@@ -324,6 +327,34 @@ class QueryInputs:
         )
 
 
+def until_kafka_answers(
+    work: Callable[[], object],
+    stopping: threading.Event,
+    patience_s: float = KAFKA_PATIENCE_S,
+    pause_s: Callable[[int], float] = lambda tries: min(2.0**tries, 15.0),
+) -> None:
+    """Runs ``work`` (making the job's own topics), again while Kafka does not answer (a
+    broker restarting as the job starts), up to ``patience_s``; then, or once ``stopping`` is
+    set, raises the last failure. A job that exited at once was started again by its
+    supervisor, but showed as a failure for what is only a wait."""
+    deadline = time.monotonic() + patience_s
+    tries = 0
+    while True:
+        try:
+            work()
+            return
+        except (DependencyUnavailable, KafkaException) as exc:
+            tries += 1
+            pause = pause_s(tries)
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning(
+                "Kafka does not answer (%s); the ingest job asks again in %.0f s", exc, pause
+            )
+            if stopping.wait(pause):
+                raise
+
+
 class OperatorRun:
     """The driver's side of the operator's modes, for ``job.run``: makes the changelog, starts
     the marks follower, the counts follower and the batch listener; :meth:`start_query` starts
@@ -338,6 +369,7 @@ class OperatorRun:
         pattern: str,
         limits: Callable[[], Mapping[str, int]],
         retired: Callable[[], Collection[str]],
+        stopping: threading.Event | None = None,
     ) -> None:
         self._spark = spark
         self._settings = settings
@@ -354,8 +386,8 @@ class OperatorRun:
             client_config=client_config,
             shared_log=settings.shared_ingest_log_spec(),
         )
-        admin.ensure_producer_marks()
-        admin.ensure_shared_log()
+        until_kafka_answers(admin.ensure_producer_marks, stopping or threading.Event())
+        until_kafka_answers(admin.ensure_shared_log, stopping or threading.Event())
         self._follower = MarksFollower(bootstrap, publisher, client_config, retired).start()
         self._counts = stream.topic_counts(spark)
         self._counter = CountsFollower(stream.live_counts(spark, self._counts), metrics).start()

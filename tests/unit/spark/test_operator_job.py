@@ -3,11 +3,21 @@ again, when the query must start again, and the Spark properties of real-time mo
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
+import pytest
+
+from setu.errors import DependencyUnavailable
 from setu.settings import Settings
 from spark.metrics import IngestMetrics
-from spark.operator_job import CountsFollower, QueryInputs, has_committed, session_overrides
+from spark.operator_job import (
+    CountsFollower,
+    QueryInputs,
+    has_committed,
+    session_overrides,
+    until_kafka_answers,
+)
 from tests.unit.spark.scrapes import labels, samples
 
 
@@ -108,3 +118,29 @@ def test_the_counts_follower_adds_what_grew_and_never_counts_down() -> None:
     # Then the counter never went down, and goes on from the highest seen
     assert samples(metrics)[(messages, orders)] == 18
     assert samples(metrics)[(messages, dropped)] == 2
+
+
+def test_the_job_waits_for_kafka_to_answer_at_its_start_instead_of_exiting() -> None:
+    # A regression: a broker restarting as the job started made it exit (its topics' admin
+    # request unanswered); the 100-subscription crash runs counted it as a fault every time
+    tries: list[int] = []
+
+    def make_topics() -> None:
+        tries.append(1)
+        if len(tries) < 3:
+            raise DependencyUnavailable("Kafka did not answer the admin request in time")
+
+    until_kafka_answers(make_topics, threading.Event(), pause_s=lambda n: 0.01)
+    assert len(tries) == 3
+
+
+def test_the_job_gives_up_on_kafka_after_its_patience_or_when_asked_to_stop() -> None:
+    def away() -> None:
+        raise DependencyUnavailable("Kafka did not answer the admin request in time")
+
+    with pytest.raises(DependencyUnavailable):
+        until_kafka_answers(away, threading.Event(), patience_s=0.05, pause_s=lambda n: 0.01)
+    stopping = threading.Event()
+    stopping.set()
+    with pytest.raises(DependencyUnavailable):
+        until_kafka_answers(away, stopping, pause_s=lambda n: 60)
