@@ -198,11 +198,16 @@ def load(stack: Stack, count: int, rate: float, seconds: float) -> dict[str, Any
         stack.check_alive()
         time.sleep(1.0)
     elapsed = time.monotonic() - began
+    everything = arrivals(stack)
     calls = {
-        k: v
-        for k, v in arrivals(stack).items()
-        if k.startswith("/hook/") and f"#{phase.name}-" in k
+        k: v for k, v in everything.items() if k.startswith("/hook/") and f"#{phase.name}-" in k
     }
+    # Calls to the failing endpoints (--failing), each message's attempts counted
+    failing = [
+        int(v[1])
+        for k, v in everything.items()
+        if k.startswith(("/fail/", "/hang/")) and f"#{phase.name}-" in k
+    ]
     cpu = cores_since(stack, before, elapsed)
     delays = []
     for key, (first, _) in calls.items():
@@ -220,6 +225,8 @@ def load(stack: Stack, count: int, rate: float, seconds: float) -> dict[str, Any
         "calls_expected": expected,
         "calls_made": len(calls),
         "duplicate_calls": sum(int(v[1]) - 1 for v in calls.values()),
+        "failing_endpoint_calls": sum(failing),
+        "failing_endpoint_messages": len(failing),
         "calls_per_s": round(len(calls) / span, 1),
         "worker_cores": cpu,
         "worker_cpu_ms_per_call": round(cpu_s * 1000 / max(len(calls), 1), 3),
