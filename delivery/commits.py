@@ -84,16 +84,11 @@ class Commits:
         # What the last poll saw: (release version, partitions), and when.
         self._polled: tuple[int | None, frozenset[int]] | None = None
         self._polled_at_ms = 0
-        # Nothing read since the last commit tick found nothing to commit (the runner may
-        # rest: runner._resting); records arriving unsettle it (runner.on_batch).
-        self.settled = True
 
     def periodic(self, config: RunnerConfig) -> list[Periodic]:
-        # Commits rest once one found nothing to commit (:attr:`settled`); release polls rest
-        # too: the worker's watch wakes the runner when its release version changes.
         return [
-            Periodic(config.commit_interval_ms, self.commit, True),
-            Periodic(config.release_poll_ms, self.poll_releases, True),
+            Periodic(config.commit_interval_ms, self.commit),
+            Periodic(config.release_poll_ms, self.poll_releases),
             Periodic(config.dead_letter_trim_ms, self.trim_dead_letters),
         ]
 
@@ -114,9 +109,7 @@ class Commits:
                 if self._committed.get((tier, port.partition)) != offset:
                     offsets.append(self.position(port, tier, offset))
         if not offsets:
-            self.settled = True
             return
-        self.settled = False
         try:
             await consumer.call(lambda c: c.commit(offsets=offsets, asynchronous=False))
         except (TimeoutError, KafkaException) as exc:
@@ -167,15 +160,11 @@ class Commits:
             except Exception as exc:
                 log.warning("trimming dead letters of partition %d failed: %s", port.partition, exc)
 
-    def start_watching(
-        self, project: str, subscription: str, store: object, changed: Callable[[], None]
-    ) -> None:
-        """Hands the periodic reading of Redis to the worker's watch, if there is one;
-        ``changed`` is called when a reading differs from the one before (a release, a
-        breaker, Redis having lost this runner's writes)."""
+    def start_watching(self, project: str, subscription: str, store: object) -> None:
+        """Hands the periodic reading of Redis to the worker's watch, if there is one."""
         if self._watch is not None:
             verifiable = store if isinstance(store, DurableGroupStore) else None
-            self._watched = self._watch.watch(project, subscription, verifiable, changed)
+            self._watched = self._watch.watch(project, subscription, verifiable)
 
     @property
     def watched(self) -> Watched | None:

@@ -46,9 +46,8 @@ class Periodic(NamedTuple):
 
     interval_ms: int
     work: Callable[[], Awaitable[None]]
-    # While the runner has nothing to do (no record in memory, no call going, nothing left to
-    # commit), it waits for records, or the worker's reading of Redis changing, instead, up to
-    # runner.REST_S (runner._every): work that records or that reading make necessary.
+    # While the runner has nothing to do (no record in memory, no call going), it waits for
+    # records instead, up to a second (runner._every): work that only records make necessary.
     rests: bool = False
 
 
@@ -101,11 +100,9 @@ class SubscriptionGuards:
     ) -> list[Periodic]:
         """The guards' periodic work, given the runner's dispatcher, how many calls are being
         made, and whether the subscription is paused."""
-        # Idle, there are no outcomes to judge, and another worker's breaker matters from the
-        # first record on (which wakes the check).
-        work = [Periodic(POLICY_CHECK_MS, lambda: self.check(paused()), True)]
+        work = [Periodic(POLICY_CHECK_MS, lambda: self.check(paused()))]
         if self.budget is not None:
-            # Idle, the share is renewed every SLOT_IDLE_RENEW_MS anyway: a rested tick does.
+            # Idle, the share is renewed every SLOT_IDLE_RENEW_MS anyway: a tick a second does.
             renew = Periodic(SLOT_RENEW_MS, lambda: self.renew_slots(dispatcher, busy()), True)
             work.append(renew)
         return work

@@ -57,9 +57,8 @@ log = logging.getLogger(__name__)
 
 # How often back-pressure is looked at (delivery/flow.py) while there is anything to look at.
 BALANCE_MS = 50
-# The longest a resting periodic work waits for records (_every): below the 5 s of an idle
-# share's renewal and a shared breaker's word, so a rested report or share is still in time.
-REST_S = 4.0
+# The longest a resting periodic work waits for records (_every).
+REST_S = 1.0
 
 
 async def cancel_all(tasks: Sequence[asyncio.Task[Any]], every_s: float = 0.5) -> None:
@@ -190,7 +189,7 @@ class SubscriptionRunner:
             breaker=self.guards.breaker,
         )
         self.context.dispatcher = dispatcher
-        self.commits.start_watching(self.sub.project, self.sub.name, self.store, self._activity.set)
+        self.commits.start_watching(self.sub.project, self.sub.name, self.store)
         self.guards.watched = self.commits.watched
         consumer.start(list(self.tiers))
         background: list[asyncio.Task[None]] = []
@@ -238,8 +237,7 @@ class SubscriptionRunner:
         assert self.dispatcher is not None
         work: list[Periodic] = [
             *self.commits.periodic(self.config),
-            # Idle, unchanged reports are written every 5 s anyway (delivery/reporting.py).
-            Periodic(self.config.stats_interval_ms, self._report, True),
+            Periodic(self.config.stats_interval_ms, self._report),
             *self.guards.periodic(self.dispatcher, self._busy, lambda: not self.gate.is_set()),
         ]
         if self.attempts is not None:
@@ -250,14 +248,12 @@ class SubscriptionRunner:
 
     def _resting(self) -> bool:
         """Nothing to do until records arrive: none in memory or held back, no call going,
-        no 2xx waiting to be written, no attempt entry waiting, nothing left to commit
-        (:meth:`_every`)."""
+        no 2xx waiting to be written, no attempt entry waiting (:meth:`_every`)."""
         return (
             self.flow.idle()
             and not self._busy()
             and not self.writer.waiting
             and (self.attempts is None or self.attempts.empty)
-            and self.commits.settled
         )
 
     def _busy(self) -> int:
@@ -353,7 +349,6 @@ class SubscriptionRunner:
 
     def on_batch(self, messages: list[Message]) -> None:
         self._activity.set()
-        self.commits.settled = False
         tiers, ports = self.tiers, self.ports
         skipped = self.reporting.skipped_copies(ports)
         read_ms = now_ms()
@@ -484,9 +479,8 @@ class SubscriptionRunner:
 
     async def _every(self, periodic: Periodic) -> None:
         """Runs ``periodic`` every interval; one that rests waits, while the runner is
-        :meth:`_resting`, for records or a change in the worker's reading of Redis instead
-        (up to ``REST_S``), so a hundred idle subscriptions do not wake the loop thousands of
-        times a second."""
+        :meth:`_resting`, for records instead (up to ``REST_S``), so a hundred idle
+        subscriptions do not wake the loop thousands of times a second."""
         activity = self._activity
         while not self._stopped.is_set():
             if periodic.rests and self._resting():

@@ -29,7 +29,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -71,8 +71,6 @@ class Watched:
     # (partition, epoch, writes made, (epoch, writes) Redis held)
     checks: list[tuple[int, int, int, tuple[int, int]]] = field(default_factory=list)
     read_at: float = -math.inf  # monotonic seconds
-    # Called when a reading differs from the one before (the runner wakes: runner._every).
-    changed: Callable[[], None] | None = None
 
     def fresh(self) -> bool:
         return time.monotonic() - self.read_at < STALE_S
@@ -92,14 +90,8 @@ class StateWatch:
         self._every_s = every_s
         self._entries: set[Watched] = set()
 
-    def watch(
-        self,
-        project: str,
-        subscription: str,
-        store: Verifiable | None,
-        changed: Callable[[], None] | None = None,
-    ) -> Watched:
-        entry = Watched(project, subscription, store, changed=changed)
+    def watch(self, project: str, subscription: str, store: Verifiable | None) -> Watched:
+        entry = Watched(project, subscription, store)
         self._entries.add(entry)
         return entry
 
@@ -127,12 +119,9 @@ class StateWatch:
         )
         now = time.monotonic()
         for (entry, written), reading in zip(samples, readings, strict=True):
-            before = (entry.version, entry.breaker, entry.checks)
             entry.checks = [
                 (partition, *written[partition], held) for partition, held in reading.held.items()
             ]
             entry.version, entry.read_at = reading.release_version, now
             raw = reading.breaker
             entry.breaker = None if raw is None else dict(orjson.loads(raw))
-            if entry.changed is not None and before != (entry.version, entry.breaker, entry.checks):
-                entry.changed()

@@ -138,7 +138,7 @@ async def test_releases_are_polled_when_the_watch_saw_them_move_and_not_while_it
     # Given a runner's commits handing its reading of Redis to the worker's watch
     engine, store = Released(), Store()
     made, _ = commits(engine, Kafka(), [], store, StateWatch(None))  # type: ignore[arg-type]
-    made.start_watching("p", "s", store, lambda: None)
+    made.start_watching("p", "s", store)
     entry = made._watched
     assert isinstance(entry, Watched)
     # When nothing was read yet, every tick asks Redis itself

@@ -249,9 +249,6 @@ async def test_an_idle_runner_renews_its_share_when_records_arrive_not_four_time
         async def leave(self, worker: str) -> None:
             pass
 
-        async def shared_breaker(self) -> dict[str, Any] | None:
-            return None
-
     runner, _ = budgeted_runner(Budget())
     ticks: list[float] = []
     renew = runner.guards.renew_slots
@@ -275,57 +272,5 @@ async def test_an_idle_runner_renews_its_share_when_records_arrive_not_four_time
             break
         await asyncio.sleep(0.01)
     assert len(ticks) == started + 1
-    runner.stop()
-    await asyncio.wait_for(running, 10)
-
-
-async def test_an_idle_runner_commits_polls_and_reports_only_when_woken(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # A hundred idle subscriptions woke a worker's loop hundreds of times a second: each
-    # runner's commit, release poll, policy check and report ticked every second or two
-    monkeypatch.setattr("delivery.runner.REST_S", 60.0)
-
-    class Budget:
-        async def share(
-            self, worker: str, demand: int, busy: int, limit: int, ttl_ms: int = 3000
-        ) -> int:
-            return demand
-
-        async def leave(self, worker: str) -> None:
-            pass
-
-        async def shared_breaker(self) -> dict[str, Any] | None:
-            return None
-
-    runner, _ = budgeted_runner(Budget())
-    ticks: dict[str, int] = {"commit": 0, "releases": 0, "report": 0}
-
-    def counting(name: str, work: Any) -> Any:
-        async def counted(*args: Any) -> None:
-            ticks[name] += 1
-            await work(*args)
-
-        return counted
-
-    runner.commits.commit = counting("commit", runner.commits.commit)  # type: ignore[method-assign]
-    runner.commits.poll_releases = counting(  # type: ignore[method-assign]
-        "releases", runner.commits.poll_releases
-    )
-    runner._report = counting("report", runner._report)  # type: ignore[method-assign]
-    # Given an idle runner: it reports once at its start
-    running = asyncio.get_running_loop().create_task(runner.run())
-    await turns()
-    assert ticks == {"commit": 0, "releases": 0, "report": 1}
-    # When more than its commit, poll and report intervals pass, nothing ticks
-    await asyncio.sleep(2.5)
-    assert ticks == {"commit": 0, "releases": 0, "report": 1}
-    # Then records arriving (or its watch's reading changing) wake each of them at once
-    runner.on_batch([])
-    for _ in range(100):
-        if min(ticks.values()) >= 1 and ticks["report"] >= 2:
-            break
-        await asyncio.sleep(0.01)
-    assert ticks["commit"] >= 1 and ticks["releases"] >= 1 and ticks["report"] == 2
     runner.stop()
     await asyncio.wait_for(running, 10)
