@@ -256,10 +256,10 @@ class ReaderHub:
             self._leave(view)
 
     def _leave(self, view: SubscriptionView) -> None:
-        for (topic, _), cursors in self._owned.items():
-            if topic == view.main_topic and view.key in cursors:
+        for key, cursors in self._owned.items():
+            if key[0] == view.main_topic and view.key in cursors:
                 cursors.remove(view.key)
-                self._plan_catch_up((topic, _))
+                self._plan_catch_up(key)
         for topic in view.tier_topics:
             if self._tier_owner.get(topic) is view:
                 del self._tier_owner[topic]

@@ -369,7 +369,7 @@ class OperatorRun:
         pattern: str,
         limits: Callable[[], Mapping[str, int]],
         retired: Callable[[], Collection[str]],
-        stopping: threading.Event | None = None,
+        stopping: threading.Event,
     ) -> None:
         self._spark = spark
         self._settings = settings
@@ -386,8 +386,8 @@ class OperatorRun:
             client_config=client_config,
             shared_log=settings.shared_ingest_log_spec(),
         )
-        until_kafka_answers(admin.ensure_producer_marks, stopping or threading.Event())
-        until_kafka_answers(admin.ensure_shared_log, stopping or threading.Event())
+        until_kafka_answers(admin.ensure_producer_marks, stopping)
+        until_kafka_answers(admin.ensure_shared_log, stopping)
         self._follower = MarksFollower(bootstrap, publisher, client_config, retired).start()
         self._counts = stream.topic_counts(spark)
         self._counter = CountsFollower(stream.live_counts(spark, self._counts), metrics).start()
