@@ -39,6 +39,7 @@ from api.headers import SecurityHeaders
 from api.metrics import ApiMetrics, MetricsMiddleware
 from api.produce import ProduceFastPath
 from api.producer import AckedProducer, api_producer_config
+from api.provisioning import Provisioning
 from api.quotas import ProjectQuotas, QuotaGate
 from api.responses import install_error_handlers
 from api.stream_server import StreamServer, stream_config
@@ -139,21 +140,23 @@ async def open_services(
             settings.produce_quota_bytes_per_second or None,  # 0: no limit
         ),
     )
+    kafka_admin = KafkaTopics(
+        bootstrap,
+        replication_factor=settings.kafka_replication_factor,
+        max_message_bytes=settings.max_message_bytes,
+        # One patience for every Kafka request the API makes.
+        timeout_s=settings.produce_timeout_ms / 1000,
+        client_config=kafka,
+        dead_letter_retention_hours=settings.dead_letter_retention_hours,
+        shared_log=settings.shared_ingest_log_spec(),
+    )
     return Services(
         settings=settings,
         store=store,
         redis=redis_state,
         retired=redis_state.retired_topics(),
-        kafka_admin=KafkaTopics(
-            bootstrap,
-            replication_factor=settings.kafka_replication_factor,
-            max_message_bytes=settings.max_message_bytes,
-            # One patience for every Kafka request the API makes.
-            timeout_s=settings.produce_timeout_ms / 1000,
-            client_config=kafka,
-            dead_letter_retention_hours=settings.dead_letter_retention_hours,
-            shared_log=settings.shared_ingest_log_spec(),
-        ),
+        kafka_admin=kafka_admin,
+        provisioning=Provisioning(kafka_admin.ensure_subscription),
         kafka_reader=KafkaReader(bootstrap, kafka),
         producer=producer,
         topics=TopicCache(load_topic, shared_log=settings.shared_ingest_log()),
@@ -176,6 +179,7 @@ async def open_services(
 
 async def close_services(s: Services) -> None:
     try:
+        await s.provisioning.close()
         await s.producer.close()
     finally:
         await s.redis.close()

@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from api.auth import Authenticator
 from api.metrics import ApiMetrics
 from api.producer import AckedProducer
+from api.provisioning import Provisioning
 from api.quotas import ProjectQuotas, QuotaGate
 from api.topic_cache import TopicCache
 from setu.addresses import Resolver, system_resolver
@@ -46,6 +47,8 @@ class Services:
     auth: Authenticator
     quotas: ProjectQuotas
     gate: QuotaGate
+    # Makes new subscriptions' Kafka topics after their create is answered (api/provisioning.py).
+    provisioning: Provisioning
     # How webhook hosts are resolved when a subscription is written (docs/security.md §4).
     resolver: Resolver = system_resolver
 

@@ -1,9 +1,12 @@
 """The control plane's multi-step operations, ordered so that a failure at any step leaves a
 state that repeating the request repairs.
 
-- Create: check the store first (an equal record returns at once, a different one is a 409
-  before Kafka is touched), ensure the Kafka topics (idempotent), then insert the row. A crash
-  after the Kafka step leaves topics that the retried create adopts.
+- Create a topic: check the store first (an equal record returns at once, a different one is
+  a 409 before Kafka is touched), ensure the Kafka topics (idempotent), then insert the row. A
+  crash after the Kafka step leaves topics that the retried create adopts.
+- Create a subscription: check the store, insert the row, answer; its Kafka topics are made
+  in the background (api/provisioning.py) and by each worker before it runs the subscription,
+  so a failure or crash there loses nothing (docs/delivery.md, "A new subscription").
 - Delete: mark the row deleting (it vanishes from reads and from the workers' polling), remove
   the Kafka side (consumer group, then topics; a topic's ingest topic is emptied and kept, see
   ``state.retired_topics``), then Redis state, and only then the row. A crash in between leaves
@@ -105,11 +108,12 @@ async def create_subscription(s: Services, sub: Subscription) -> tuple[Subscript
     topic = await blocking(s.store.get_topic, sub.project, sub.topic)
     check_grouping(sub.grouped, topic)
     existing = await blocking(s.store.preflight_subscription, sub)
-    made = await blocking(s.kafka_admin.ensure_subscription, existing or sub, topic)
     if existing is not None:
+        s.provisioning.start(existing, topic)  # a retry after a crash finds its topics made
         return existing, False
-    async with undone_on_failure(s, made):
-        created = await blocking(s.store.create_subscription, sub)
+    created = await blocking(s.store.create_subscription, sub)
+    # Its Kafka topics are made after the answer (api/provisioning.py).
+    s.provisioning.start(created[0], topic)
     try:
         # A new subscription has no group state to rebuild (docs/design.md §4).
         await s.redis.groups(sub.project, sub.name).mark_loaded(range(topic.partitions))
@@ -117,7 +121,17 @@ async def create_subscription(s: Services, sub: Subscription) -> tuple[Subscript
         log.warning(
             "subscription %s/%s: could not mark its state loaded: %s", sub.project, sub.name, exc
         )
+    await announce(s)
     return created
+
+
+async def announce(s: Services) -> None:
+    """Tells the delivery workers a subscription changed, so they act on it within a second
+    instead of at their next listing; without Redis they still do at that listing."""
+    try:
+        await s.redis.announce_subscriptions()
+    except RedisError as exc:
+        log.warning("could not tell the workers of a subscription's change: %s", exc)
 
 
 async def update_subscription(s: Services, sub: Subscription, version: int) -> Subscription:
@@ -132,7 +146,9 @@ async def update_subscription(s: Services, sub: Subscription, version: int) -> S
     # More retry tiers need their topics before any worker may move a message there.
     made = await blocking(s.kafka_admin.ensure_subscription, sub, topic)
     async with undone_on_failure(s, made):
-        return await blocking(s.store.update_subscription, sub, version)
+        updated = await blocking(s.store.update_subscription, sub, version)
+    await announce(s)
+    return updated
 
 
 @asynccontextmanager
@@ -160,6 +176,9 @@ async def undone_on_failure(s: Services, made: list[str]) -> AsyncIterator[None]
 
 async def delete_subscription(s: Services, project: str, name: str) -> None:
     await blocking(s.store.mark_subscription_deleting, project, name)
+    await announce(s)
+    # Topics still being made for it would outlive the delete.
+    await s.provisioning.settled(project, name)
     await blocking(s.kafka_admin.delete_subscription, project, name)
     await clear_subscription_state(s.redis, project, name)
     await blocking(s.store.delete_subscription, project, name)

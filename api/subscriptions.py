@@ -240,6 +240,7 @@ async def rotate_signing_secret(
         secret,
         secret.created_at_ms + body.previous_expires_in_ms,
     )
+    await control.announce(services(request))
     return reply(
         SigningSecretsOut, {"signing_secrets": secrets_view(updated, secret.created_at_ms)}, 201
     )
@@ -278,6 +279,7 @@ async def _lifecycle(
 ) -> Response:
     store = services(request).store
     updated = await blocking(store.apply_lifecycle, project, subscription, action)
+    await control.announce(services(request))
     return reply(StateOut, {"state": updated.state.value})
 
 
@@ -315,6 +317,7 @@ async def stop(
     except RedisError as exc:
         raise DependencyUnavailable(f"Redis: {exc}") from exc
     stopped = await blocking(s.store.request_stop, project, subscription, StopMode(wanted.mode))
+    await control.announce(s)
     assert stopped.stop_requested_at_ms is not None
     deadline = time.monotonic() + wanted.wait_ms / 1000
     while True:

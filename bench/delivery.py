@@ -202,11 +202,15 @@ def serve_webhook(port: int, max_delay_ms: float, fail_tenth: bool, flaky_tenth:
 
 
 class _Fixed:
-    def __init__(self, subs: list[Subscription]) -> None:
+    def __init__(self, subs: list[Subscription], topic: Topic) -> None:
         self._subs = subs
+        self._topic = topic
 
     def list_subscriptions(self) -> list[Subscription]:
         return self._subs
+
+    def get_topic(self, project: str, name: str) -> Topic:
+        return self._topic
 
     def pause_by_policy(self, project: str, name: str, reason: str) -> None:
         raise RuntimeError(f"the benchmark's subscription would pause: {reason}")
@@ -237,6 +241,7 @@ def serve_worker(config: dict[str, Any]) -> None:
             filter=parse_filter(config["filter"]) if config.get("filter") else None,
         ),
     )
+    topic = bench_topic(sub.project, sub.grouped)  # as run_row made it
     settings = Settings(
         kafka_bootstrap=config["bootstrap"],
         redis_url=config["redis"],
@@ -249,14 +254,14 @@ def serve_worker(config: dict[str, Any]) -> None:
     profile_to = os.environ.get("SETU_BENCH_PROFILE")
     if not profile_to:
         try:
-            _run_loop(serve(settings, _Fixed([sub])))
+            _run_loop(serve(settings, _Fixed([sub], topic)))
         finally:
             tracing.current().shutdown()
         return
     import cProfile
 
     with cProfile.Profile() as profile:
-        _run_loop(serve(settings, _Fixed([sub])))
+        _run_loop(serve(settings, _Fixed([sub], topic)))
     profile.dump_stats(profile_to)
 
 
@@ -341,12 +346,17 @@ def flaky_figures(
     }
 
 
+def bench_topic(project: str, grouped: bool) -> Topic:
+    """The topic of every row: one partition, an hour's retention."""
+    return Topic(project, "t", grouped=grouped, partitions=1, retention_hours=1)
+
+
 def run_row(args: argparse.Namespace, row: str) -> dict[str, Any]:
     project = f"bench{uuid.uuid4().hex[:8]}"
     messages = args.memory_messages if row == "memory" else args.messages
     groups = row_groups(row, messages)
     admin = KafkaTopics(args.bootstrap)
-    topic = Topic(project, "t", grouped=groups is not None, partitions=1, retention_hours=1)
+    topic = bench_topic(project, groups is not None)
     sub_name = "s"
     admin.ensure_topic(topic)
     sub = Subscription(

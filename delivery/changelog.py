@@ -1,7 +1,8 @@
 """The group-state changelog of one subscription on Kafka, as a delivery worker uses it
-(:mod:`state.changelog`): written with the worker's producer, read with its reader. Before its
-first use, a subscription created by an older version is brought up to date: its changelog
-is made if it lacks one, and its DLQ takes the dead-letter retention set now."""
+(:mod:`state.changelog`): written with the worker's producer, read with its reader. The
+runner makes the topic before its first use when it is missing (a subscription created by an
+older version, or one whose topics the API has not made yet: ``prepare`` in
+delivery/worker.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,11 @@ from delivery.kafka_io import AsyncProducer
 from setu import names
 from setu.model import Subscription
 from state.changelog import Entry, KafkaChangelog, entry_of
-from state.kafka_admin import KafkaTopics
 from state.kafka_reader import KafkaReader
 
 
 def subscription_changelog(
-    sub: Subscription, producer: AsyncProducer, reader: KafkaReader, topics: KafkaTopics
+    sub: Subscription, producer: AsyncProducer, reader: KafkaReader
 ) -> KafkaChangelog:
     async def read(topic: str, partition: int, start: int) -> tuple[list[Entry], int]:
         begin = TopicPartition(topic, partition, start if start > 0 else OFFSET_BEGINNING)
@@ -33,12 +33,4 @@ def subscription_changelog(
                 entries.append(entry)
         return entries, tails.ends[(topic, partition)]
 
-    async def ensure() -> None:
-        main = names.main_topic(sub.project, sub.topic)
-        partitions = await asyncio.to_thread(topics.partition_count, main)
-        if partitions is None:
-            raise RuntimeError(f"the main log {main} of {sub.project}/{sub.name} is missing")
-        await asyncio.to_thread(topics.ensure_changelog, sub.project, sub.name, partitions)
-        await asyncio.to_thread(topics.adopt_dead_letter_retention, sub.project, sub.name)
-
-    return KafkaChangelog(names.state_topic(sub.project, sub.name), producer.send, read, ensure)
+    return KafkaChangelog(names.state_topic(sub.project, sub.name), producer.send, read)

@@ -121,6 +121,9 @@ class RunnerParts:
     # The worker's one look at Redis a second (delivery/watch.py); None: the runner asks on
     # its own every tick.
     watch: StateWatch | None = None
+    # Makes the subscription's own Kafka topics where missing, before anything reads or writes
+    # them (delivery/worker.py); None: they exist.
+    prepare: Callable[[], Awaitable[None]] | None = None
 
 
 class Background:

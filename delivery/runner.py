@@ -88,6 +88,7 @@ class SubscriptionRunner:
         self.metrics = (metrics or DeliveryMetrics()).subscription(sub.project, sub.name)
         self.config = config
         self.store = parts.store
+        self._prepare = parts.prepare
         self.sender = parts.sender
         self.reader = parts.reader
         self.attempts = (
@@ -176,6 +177,8 @@ class SubscriptionRunner:
     async def run(self) -> None:
         """Consumes until :meth:`stop`; raises what made it give up, if anything did."""
         loop = asyncio.get_running_loop()
+        if self._prepare is not None:
+            await self._prepare()
         await self._adopt_dropped_tiers()
         consumer = self._consumer
         budget = self.guards.budget

@@ -13,6 +13,9 @@ all of it in one pipeline a second:
   runner compares them at its next tick and raises ``StateLost`` as before;
 - per watched subscription, the breaker its workers share (``docs/policies.md`` §2), which
   the runner's policy check adopts instead of reading it itself;
+- the count of changes the API made to subscriptions' records, so that the worker lists
+  them at once when it moved (a new subscription's first delivery waits a second for this,
+  not a listing interval);
 - per watched subscription, its release version (``state.keys.release_version``), which
   ``RedisGroupStore.request_release`` raises in the same transaction as the request; the
   runner polls its releases when the version moved, when its partitions changed, and every
@@ -89,6 +92,10 @@ class StateWatch:
         self._client = client
         self._every_s = every_s
         self._entries: set[Watched] = set()
+        # Set when the API's change count of subscriptions moved (``keys.subscriptions_changed``):
+        # the worker lists them at once (``Worker.run``) and clears it.
+        self.subscriptions_changed = asyncio.Event()
+        self._changes: int | None = None
 
     def watch(self, project: str, subscription: str, store: Verifiable | None) -> Watched:
         entry = Watched(project, subscription, store)
@@ -108,15 +115,17 @@ class StateWatch:
                 await asyncio.wait_for(stop.wait(), self._every_s)
 
     async def read(self) -> None:
-        """One pipeline: every entry's release version, breaker and partitions' owner figures."""
+        """One pipeline: the subscriptions' change count, and every entry's release version,
+        breaker and partitions' owner figures."""
         # Counted before Redis is read (DurableGroupStore.verify says why).
         samples = [(e, dict(e.store.written()) if e.store else {}) for e in self._entries]
-        if not samples:
-            return
-        readings = await read_subscriptions(
+        changes, readings = await read_subscriptions(
             self._client,
             [(e.project, e.subscription, sorted(written)) for e, written in samples],
         )
+        if self._changes is not None and changes != self._changes:
+            self.subscriptions_changed.set()
+        self._changes = changes
         now = time.monotonic()
         for (entry, written), reading in zip(samples, readings, strict=True):
             entry.checks = [

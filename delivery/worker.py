@@ -1,11 +1,12 @@
 """``setu deliver``: runs the delivery of every subscription on this worker, or this worker's
 share when several run (they join the same consumer groups and Kafka balances partitions).
 
-Orchestration only. Every ``subscription_refresh_ms`` the worker lists subscriptions and makes
-its runners match: a new running or paused subscription gets a runner, a stopped or deleted
-one has its runner stopped (partitions drained, committed and released), a changed one is
-updated in place or restarted, pause and resume pause and resume dispatch. A runner that fails
-is started again after a short wait. SIGTERM or SIGINT stops everything gracefully.
+Orchestration only. Every ``subscription_refresh_ms``, and at once when the API announced a
+change (delivery/watch.py), the worker lists subscriptions and makes its runners match: a new
+running or paused subscription gets a runner, a stopped or deleted one has its runner stopped
+(partitions drained, committed and released), a changed one is updated in place or restarted,
+pause and resume pause and resume dispatch. A runner that fails is started again after a
+short wait. SIGTERM or SIGINT stops everything gracefully.
 
 A Redis heartbeat key with a TTL says the worker is alive; :func:`check` reads it for
 ``setu deliver --check`` (Kubernetes probes).
@@ -19,7 +20,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -40,7 +41,7 @@ from delivery.watch import StateWatch
 from delivery.webhook import WebhookSender
 from setu import logs
 from setu.limits import MessageLimits
-from setu.model import Notifications, Subscription, SubscriptionState
+from setu.model import Notifications, Subscription, SubscriptionState, Topic
 from setu.settings import Settings
 from state import workers
 from state.attempt_log import RedisAttemptLog
@@ -66,6 +67,11 @@ class SubscriptionSource(Protocol):
     """Where subscriptions come from (the metadata store, or a fixed list in tests)."""
 
     def list_subscriptions(self) -> list[Subscription]: ...
+
+    def get_topic(self, project: str, name: str) -> Topic:
+        """The topic a subscription reads (its partitions and retention shape the
+        subscription's own Kafka topics)."""
+        ...
 
     def pause_by_policy(self, project: str, name: str, reason: str) -> object:
         """Pauses a running subscription with ``reason`` (docs/policies.md §3)."""
@@ -134,7 +140,7 @@ def runner_parts(
     the process's producer for copies, and the call budget it shares with other workers."""
     budget = RedisDeliveryBudget(client, sub.project, sub.name)
     reader = KafkaReader(config.bootstrap, config.client_config)
-    changelog = subscription_changelog(sub, producer, reader, topics)
+    changelog = subscription_changelog(sub, producer, reader)
     return RunnerParts(
         store=DurableGroupStore(RedisGroupStore(client, sub.project, sub.name), changelog),
         sender=WebhookSender(sub, http, shared_rate=budget.take_rate),
@@ -152,7 +158,18 @@ def runner_parts(
         events=events,
         retention=partial(_in_thread, topics.retention_ms),
         watch=watch,
+        prepare=partial(_make_topics, source, topics, sub),
     )
+
+
+async def _make_topics(source: SubscriptionSource, topics: KafkaTopics, sub: Subscription) -> None:
+    """Makes the subscription's retry tiers, DLQ and changelog where they are missing (the API
+    makes them after a create is answered, and may not have: docs/delivery.md, "A new
+    subscription"); with all of them there, one request to Kafka."""
+    topic = await asyncio.to_thread(source.get_topic, sub.project, sub.topic)
+    made = await asyncio.to_thread(topics.ensure_subscription, sub, topic)
+    if made:
+        log.info("subscription %s/%s: made its Kafka topics %s", sub.project, sub.name, made)
 
 
 async def _in_thread(call: Callable[[str], int | None], topic: str) -> int | None:
@@ -225,6 +242,7 @@ async def serve(
             ),
             metrics,
         ),
+        watch.subscriptions_changed,
     )
     metrics.watch(lambda: _on_loop(loop, worker.figures))
     server = None
@@ -313,6 +331,16 @@ async def _heartbeat(client: Redis[bytes], name: str, stop: asyncio.Event) -> No
             await asyncio.wait_for(stop.wait(), HEARTBEAT_INTERVAL_S)
 
 
+async def _first_of(events: Sequence[asyncio.Event], timeout_s: float) -> None:
+    """Returns when one of ``events`` is set, or after ``timeout_s``."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
 @dataclass(eq=False)
 class _Slot:
     sub: Subscription
@@ -328,9 +356,13 @@ class Worker:
         self,
         source: SubscriptionSource,
         make_runner: Callable[[Subscription], SubscriptionRunner],
+        changed: asyncio.Event | None = None,
     ) -> None:
         self._source = source
         self._make_runner = make_runner
+        # Set when the subscriptions changed (delivery/watch.py): list them now, not at the
+        # next interval.
+        self._changed = changed or asyncio.Event()
         self.slots: dict[tuple[str, str], _Slot] = {}
 
     def figures(self) -> list[RunnerFigures]:
@@ -340,14 +372,14 @@ class Worker:
     async def run(self, stop: asyncio.Event, refresh_s: float) -> None:
         try:
             while not stop.is_set():
+                self._changed.clear()
                 try:
                     subs = await asyncio.to_thread(self._source.list_subscriptions)
                 except Exception as exc:  # the store may be briefly away; keep what runs
                     log.warning("listing subscriptions failed: %s", exc)
                 else:
                     await self.reconcile(subs)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), refresh_s)
+                await _first_of((stop, self._changed), refresh_s)
         finally:
             await asyncio.gather(*(self._retire(key) for key in list(self.slots)))
 

@@ -391,10 +391,12 @@ class SubscriptionReading:
 
 async def read_subscriptions(
     client: Redis[bytes], wanted: Sequence[tuple[str, str, Sequence[int]]]
-) -> list[SubscriptionReading]:
-    """For each (project, subscription, partitions) of ``wanted``, in one pipeline: its release
-    version, its shared breaker, and each partition's owner figures."""
+) -> tuple[int, list[SubscriptionReading]]:
+    """In one pipeline: the subscriptions' change count (``keys.subscriptions_changed``) and,
+    for each (project, subscription, partitions) of ``wanted``, its release version, its
+    shared breaker, and each partition's owner figures."""
     pipe = client.pipeline(transaction=False)
+    pipe.get(keys.subscriptions_changed())
     for project, subscription, partitions in wanted:
         pipe.get(keys.release_version(project, subscription))
         pipe.get(keys.breaker(project, subscription))
@@ -402,12 +404,13 @@ async def read_subscriptions(
             pipe.get(keys.owner_epoch(project, subscription, partition))
             pipe.get(keys.owner_writes(project, subscription, partition))
     replies = iter(await pipe.execute())
+    changed = int(next(replies) or 0)
     out = []
     for _, _, partitions in wanted:
         version, breaker = next(replies), next(replies)
         held = {p: held_by_redis(next(replies), next(replies)) for p in partitions}
         out.append(SubscriptionReading(int(version or 0), breaker, held))
-    return out
+    return changed, out
 
 
 class RedisGroupStore:

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.cimpl import NewTopic
@@ -389,6 +389,8 @@ class KafkaTopics:
         """Creates the topics of ``specs`` that do not exist yet and waits until all are
         usable; returns the names it created. When it fails part-way, it deletes what it
         created (best effort) before raising, so a failed request leaves nothing behind."""
+        if self._all_usable(specs):
+            return []
         created: list[str] = []
         try:
             self._create_all(specs, created)
@@ -435,6 +437,24 @@ class KafkaTopics:
                 time.sleep(0.2)
             pending = waiting
         self._await_visible(specs, deadline)
+
+    def _all_usable(self, specs: Sequence[TopicSpec]) -> bool:
+        """Whether every topic of ``specs`` exists with its partition count and a leader for
+        each partition, asked in one request (a worker asks this before each subscription it
+        runs: the usual answer is yes). Any doubt says no, and the caller takes the long way."""
+        try:
+            futures = self._admin.describe_topics(
+                TopicCollection([s.name for s in specs]), request_timeout=self._timeout_s
+            )
+            for spec in specs:
+                described = futures[spec.name].result(timeout=self._timeout_s)
+                if len(described.partitions) != spec.partitions or any(
+                    p.leader is None for p in described.partitions
+                ):
+                    return False
+        except (KafkaException, concurrent.futures.TimeoutError):
+            return False
+        return True
 
     def _await_visible(self, specs: Sequence[TopicSpec], deadline: float) -> None:
         """Waits until metadata shows every topic with a leader for each partition, so a 2xx

@@ -146,6 +146,14 @@ def events_stream() -> str:
     return f"{PREFIX}:events"
 
 
+def subscriptions_changed() -> str:
+    """Integer the API raises after each change to a subscription's record (made, updated,
+    started, stopped, paused, resumed, deleted). Workers read it once a second and list the
+    subscriptions at once when it moved, rather than at their next regular listing
+    (delivery/watch.py); losing it loses nothing but that head start."""
+    return f"{PREFIX}:subscriptions:changed"
+
+
 def producer_marks(project: str, topic: str) -> str:
     """Hash producer_id -> "<topic incarnation>:<highest sequence id accepted into the main
     log>" (written by ingest; read with :mod:`state.producer_marks`)."""

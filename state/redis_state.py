@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
+from state import keys
 from state.attempt_log import RedisAttemptLog
 from state.groups import RedisGroupStore
 from state.ingest_status import read_status_async
@@ -46,6 +47,11 @@ class RedisState:
 
     async def ingest_status(self) -> dict[str, str]:
         return await read_status_async(self._client)
+
+    async def announce_subscriptions(self) -> None:
+        """Tells the workers that a subscription's record changed
+        (``keys.subscriptions_changed``)."""
+        await self._client.incr(keys.subscriptions_changed())
 
     async def answers(self) -> None:
         """Raises unless Redis answers a PING (the health report)."""

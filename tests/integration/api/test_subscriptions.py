@@ -18,6 +18,7 @@ from setu.names import dlq_topic, retry_topic
 from state import keys
 from state.ingest_status import RedisIngestStatus
 from tests.integration.api.support import Api, assert_error, drop_project, running_api, unique
+from tests.waiting import wait_for_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 # A signing secret with a 20-byte key (at least 16 are required).
@@ -55,12 +56,14 @@ async def test_create_starts_running_with_its_kafka_topics(api: Api, project: st
     assert view["grouped"] is True  # as its topic
     assert view["has_signing_secret"] is True
     assert "signing_secret" not in view and SECRET not in created.text
-    for name in (
-        retry_topic(project, "s", 1),
-        retry_topic(project, "s", 2),
-        dlq_topic(project, "s"),
-    ):
-        assert await partitions(api, name) == 3
+    # And its Kafka topics are made right after the answer (docs/delivery.md, "A new
+    # subscription"), with the topic's partitions, and no tier more than its delays
+    made = [retry_topic(project, "s", 1), retry_topic(project, "s", 2), dlq_topic(project, "s")]
+
+    async def all_made() -> bool:
+        return [await partitions(api, name) for name in made] == [3, 3, 3]
+
+    await wait_for_async("the subscription's Kafka topics", all_made, 15)
     assert await partitions(api, retry_topic(project, "s", 3)) is None
     fetched = await api.client.get(f"/v1/projects/{project}/subscriptions/s")
     assert fetched.json() == view

@@ -194,8 +194,11 @@ class World:
         grouped: bool = True,
         delays_ms: tuple[int, ...] = (200, 400),
         policy: DeadLetterPolicy = DeadLetterPolicy.PARK,
+        make_topics: bool = True,
         **extra: Any,
     ) -> Subscription:
+        """Stores a subscription, with its Kafka topics made first unless ``make_topics`` is
+        False (as when the API answered a create and stopped before it made them)."""
         sub = Subscription(
             project=self.project,
             name=name,
@@ -206,7 +209,8 @@ class World:
             dead_letter_policy=policy,
             **extra,
         )
-        self.topics.ensure_subscription(sub, self.store.get_topic(self.project, topic))
+        if make_topics:
+            self.topics.ensure_subscription(sub, self.store.get_topic(self.project, topic))
         stored, _ = self.store.create_subscription(sub)
         return stored
 
