@@ -36,6 +36,7 @@ from delivery.metrics import DeliveryMetrics, RunnerFigures
 from delivery.parts import ConsumerPort, RunnerConfig, RunnerParts
 from delivery.readers import ReaderHub, reader_config
 from delivery.runner import SubscriptionRunner
+from delivery.topics import SubscriptionTopics
 from delivery.views import SubscriptionView
 from delivery.watch import StateWatch
 from delivery.webhook import WebhookSender
@@ -131,6 +132,7 @@ def runner_parts(
     http: HttpClient,
     source: SubscriptionSource,
     topics: KafkaTopics,
+    made_topics: SubscriptionTopics,
     events: EventSink | None = None,
     consumer: Callable[..., ConsumerPort] = ConsumerThread,
     watch: StateWatch | None = None,
@@ -158,18 +160,8 @@ def runner_parts(
         events=events,
         retention=partial(_in_thread, topics.retention_ms),
         watch=watch,
-        prepare=partial(_make_topics, source, topics, sub),
+        prepare=partial(made_topics.ensure, sub),
     )
-
-
-async def _make_topics(source: SubscriptionSource, topics: KafkaTopics, sub: Subscription) -> None:
-    """Makes the subscription's retry tiers, DLQ and changelog where they are missing (the API
-    makes them after a create is answered, and may not have: docs/delivery.md, "A new
-    subscription"); with all of them there, one request to Kafka."""
-    topic = await asyncio.to_thread(source.get_topic, sub.project, sub.topic)
-    made = await asyncio.to_thread(topics.ensure_subscription, sub, topic)
-    if made:
-        log.info("subscription %s/%s: made its Kafka topics %s", sub.project, sub.name, made)
 
 
 async def _in_thread(call: Callable[[str], int | None], topic: str) -> int | None:
@@ -226,6 +218,7 @@ async def serve(
         metrics.events,
     )
     watch = StateWatch(client)
+    made_topics = SubscriptionTopics(source.get_topic, topics)
     events_stop = asyncio.Event()
     event_tasks = [
         loop.create_task(sink.run(events_stop)),
@@ -238,7 +231,17 @@ async def serve(
             sub,
             config,
             runner_parts(
-                sub, config, client, producer, http, source, topics, sink, consumer, watch
+                sub,
+                config,
+                client,
+                producer,
+                http,
+                source,
+                topics,
+                made_topics,
+                sink,
+                consumer,
+                watch,
             ),
             metrics,
         ),

@@ -260,20 +260,29 @@ class KafkaTopics:
     def _configure(self, spec: TopicSpec) -> None:
         """Sets ``spec``'s config on its existing topic (a kept ingest topic takes the new
         topic's retention)."""
-        resource = ConfigResource(
-            ConfigResource.Type.TOPIC,
-            spec.name,
-            incremental_configs=[
-                ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
-                for name, value in spec.config.items()
-            ],
-        )
-        futures = self._admin.incremental_alter_configs([resource])
+        self._configure_all([spec])
+
+    def _configure_all(self, specs: Sequence[TopicSpec]) -> None:
+        """:meth:`_configure` for many topics in one request."""
+        if not specs:
+            return
+        resources = [
+            ConfigResource(
+                ConfigResource.Type.TOPIC,
+                spec.name,
+                incremental_configs=[
+                    ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+                    for name, value in spec.config.items()
+                ],
+            )
+            for spec in specs
+        ]
+        futures = self._admin.incremental_alter_configs(resources)
         deadline = time.monotonic() + self._timeout_s
-        for future in futures.values():
+        for resource, future in futures.items():
             error = _error_of(future, deadline - time.monotonic())
             if error is not None:
-                raise _translate(error, f"to configure {spec.name}")
+                raise _translate(error, f"to configure {resource.name}")
 
     def delete_topic(self, topic: Topic) -> None:
         """Deletes the topic's Kafka topics but its ingest topic, which is emptied instead
@@ -315,6 +324,57 @@ class KafkaTopics:
         if dlq not in created:  # one made before: it takes the retention set now
             self._configure(next(s for s in specs if s.name == dlq))
         return created
+
+    def ensure_subscriptions(
+        self, subs: Sequence[tuple[Subscription, Topic]]
+    ) -> dict[tuple[str, str], BaseException | None]:
+        """:meth:`ensure_subscription` for many subscriptions at once (a worker taking over
+        a hundred of them): one request learns which topics exist, the missing ones of all
+        subscriptions are made in one more, and the DLQs take the dead-letter retention in a
+        third. Returns, per (project, subscription), None or what failed it; when the
+        batch's create fails, each subscription is tried alone so one refusal (a topic with
+        another partition count) fails only its own."""
+        specs = {
+            (sub.project, sub.name): subscription_specs(
+                sub,
+                topic,
+                self._replication,
+                self._max_message_bytes,
+                self._dead_letter_retention_hours,
+            )
+            for sub, topic in subs
+        }
+        everything = [spec for group in specs.values() for spec in group]
+        usable = self._usable(everything)
+        missing = [spec for spec in everything if spec.name not in usable]
+        out: dict[tuple[str, str], BaseException | None] = dict.fromkeys(specs)
+        created: set[str] = set()
+        try:
+            created.update(self._ensure(missing) if missing else [])
+        except Exception:
+            log.warning("making the topics of %d subscriptions at once failed", len(specs))
+            for sub, topic in subs:
+                key = (sub.project, sub.name)
+                if any(spec in missing for spec in specs[key]):
+                    try:
+                        created.update(self.ensure_subscription(sub, topic))
+                    except Exception as exc:
+                        out[key] = exc
+            return out
+        if created:
+            log.info("made Kafka topics %s", sorted(created))
+        dlqs = [
+            spec
+            for key, group in specs.items()
+            for spec in group
+            if spec.name == names.dlq_topic(*key) and spec.name not in created
+        ]
+        try:
+            self._configure_all(dlqs)
+        except Exception as exc:
+            for key in specs:
+                out[key] = exc
+        return out
 
     def adopt_dead_letter_retention(self, project: str, subscription: str) -> None:
         """Gives an existing DLQ the dead-letter retention set now (a subscription made
@@ -440,21 +500,32 @@ class KafkaTopics:
 
     def _all_usable(self, specs: Sequence[TopicSpec]) -> bool:
         """Whether every topic of ``specs`` exists with its partition count and a leader for
-        each partition, asked in one request (a worker asks this before each subscription it
-        runs: the usual answer is yes). Any doubt says no, and the caller takes the long way."""
+        each partition (a worker asks this before each subscription it runs: the usual
+        answer is yes). Any doubt says no, and the caller takes the long way."""
+        return len(self._usable(specs)) == len({spec.name for spec in specs})
+
+    def _usable(self, specs: Sequence[TopicSpec]) -> set[str]:
+        """The names of ``specs`` whose topics exist with their partition count and a leader
+        for each partition, asked in one request; a topic in doubt is left out."""
+        if not specs:
+            return set()
         try:
             futures = self._admin.describe_topics(
-                TopicCollection([s.name for s in specs]), request_timeout=self._timeout_s
+                TopicCollection(list({s.name for s in specs})), request_timeout=self._timeout_s
             )
-            for spec in specs:
+        except KafkaException:
+            return set()
+        usable = set()
+        for spec in specs:
+            try:
                 described = futures[spec.name].result(timeout=self._timeout_s)
-                if len(described.partitions) != spec.partitions or any(
-                    p.leader is None for p in described.partitions
-                ):
-                    return False
-        except (KafkaException, concurrent.futures.TimeoutError):
-            return False
-        return True
+            except (KafkaException, concurrent.futures.TimeoutError):
+                continue
+            if len(described.partitions) == spec.partitions and all(
+                p.leader is not None for p in described.partitions
+            ):
+                usable.add(spec.name)
+        return usable
 
     def _await_visible(self, specs: Sequence[TopicSpec], deadline: float) -> None:
         """Waits until metadata shows every topic with a leader for each partition, so a 2xx

@@ -99,6 +99,35 @@ def test_more_tiers_are_added_to_an_existing_subscription(admin: KafkaTopics, to
     admin.delete_subscription(p, "s")
 
 
+def test_many_subscriptions_are_made_at_once_and_one_refusal_fails_only_its_own(
+    admin: KafkaTopics, topic: Topic, kafka_bootstrap: str
+) -> None:
+    # Given a subscription whose topics exist, two whose topics were never made, and one
+    # whose DLQ exists with another partition count
+    p = topic.project
+    admin.ensure_topic(topic)
+    subs = [Subscription(p, f"s{i}", "orders", Endpoint("https://h")) for i in range(4)]
+    admin.ensure_subscription(subs[0], topic)
+    admin.ensure_subscription(subs[3], Topic(p, "orders", partitions=2))
+    admin.remove([f"setu.{p}.s3.rq.1", f"setu.{p}.s3.rq.2", f"setu.{p}.s3.rq.3"])
+    try:
+        # When all four are ensured together
+        outcomes = admin.ensure_subscriptions([(sub, topic) for sub in subs])
+        # Then the three that can be are whole, with the topic's partitions
+        assert [outcomes[(p, f"s{i}")] for i in range(3)] == [None, None, None]
+        for i in range(3):
+            owned = [f"setu.{p}.s{i}.{t}" for t in ("rq.1", "rq.2", "rq.3", "dlq", "state")]
+            assert [admin.partition_count(name) for name in owned] == [3] * 5
+            dlq = config_of(kafka_bootstrap, f"setu.{p}.s{i}.dlq")
+            assert dlq["retention.ms"] == "-1"  # dead letters kept for ever by default
+        # And the fourth fails alone, naming the conflict
+        assert isinstance(outcomes[(p, "s3")], Conflict)
+        assert "2 partitions" in str(outcomes[(p, "s3")])
+    finally:
+        for sub in subs:
+            admin.delete_subscription(p, sub.name)
+
+
 def test_unreachable_kafka_is_503() -> None:
     admin = KafkaTopics("127.0.0.1:1", timeout_s=1)
     with pytest.raises(DependencyUnavailable):
