@@ -183,6 +183,7 @@ async def close_services(s: Services) -> None:
         await s.producer.close()
     finally:
         await s.redis.close()
+        await blocking(s.kafka_reader.close)
         s.store.close()
 
 

@@ -124,43 +124,50 @@ def _run_loop(main: object) -> None:
         asyncio.run(main)  # type: ignore[arg-type]
 
 
-def runner_parts(
-    sub: Subscription,
-    config: RunnerConfig,
-    client: Redis[bytes],
-    producer: AsyncProducer,
-    http: HttpClient,
-    source: SubscriptionSource,
-    topics: KafkaTopics,
-    made_topics: SubscriptionTopics,
-    events: EventSink | None = None,
-    consumer: Callable[..., ConsumerPort] = ConsumerThread,
-    watch: StateWatch | None = None,
-) -> RunnerParts:
+@dataclass(frozen=True)
+class Shared:
+    """What every runner of one worker process shares, made once by :func:`serve`."""
+
+    config: RunnerConfig
+    client: Redis[bytes]
+    producer: AsyncProducer
+    http: HttpClient
+    source: SubscriptionSource
+    topics: KafkaTopics
+    made_topics: SubscriptionTopics
+    # Group-less reads (changelogs, tails); it keeps a few consumers between them.
+    reader: KafkaReader
+    events: EventSink | None = None
+    consumer: Callable[..., ConsumerPort] = ConsumerThread
+    watch: StateWatch | None = None
+
+
+def runner_parts(sub: Subscription, shared: Shared) -> RunnerParts:
     """The collaborators of ``sub``'s runner in a delivery process: its group store in Redis,
-    its webhook sender on the shared HTTP client, a reader and a consumer thread of its own,
-    the process's producer for copies, and the call budget it shares with other workers."""
+    its webhook sender on the shared HTTP client, the worker's reader, a consumer (or a view
+    of the worker's readers), the process's producer for copies, and the call budget it
+    shares with other workers."""
+    client, config = shared.client, shared.config
     budget = RedisDeliveryBudget(client, sub.project, sub.name)
-    reader = KafkaReader(config.bootstrap, config.client_config)
-    changelog = subscription_changelog(sub, producer, reader)
+    changelog = subscription_changelog(sub, shared.producer, shared.reader)
     return RunnerParts(
         store=DurableGroupStore(RedisGroupStore(client, sub.project, sub.name), changelog),
-        sender=WebhookSender(sub, http, shared_rate=budget.take_rate),
-        reader=reader,
-        copies=producer,
+        sender=WebhookSender(sub, shared.http, shared_rate=budget.take_rate),
+        reader=shared.reader,
+        copies=shared.producer,
         reports=RedisWorkers(client),
-        consumer=consumer,
+        consumer=shared.consumer,
         attempts=(
             RedisAttemptLog(client, sub.project, sub.name, config.attempt_log_hours)
             if config.attempt_log_hours > 0
             else None
         ),
-        pause=partial(_pause, source, sub.project, sub.name),
+        pause=partial(_pause, shared.source, sub.project, sub.name),
         budget=budget,
-        events=events,
-        retention=partial(_in_thread, topics.retention_ms),
-        watch=watch,
-        prepare=partial(made_topics.ensure, sub),
+        events=shared.events,
+        retention=partial(_in_thread, shared.topics.retention_ms),
+        watch=shared.watch,
+        prepare=partial(shared.made_topics.ensure, sub),
     )
 
 
@@ -206,7 +213,8 @@ async def serve(
         client_config=kafka,
         attempt_log_hours=settings.attempt_log_hours,
     )
-    consumer, hub = readers(settings, config, loop)
+    reader = KafkaReader(config.bootstrap, config.client_config)
+    consumer, hub = readers(settings, config, loop, reader)
     metrics = DeliveryMetrics()
     stream = RedisEventStream(client)
     sink = EventSink(stream, metrics.events)
@@ -218,33 +226,28 @@ async def serve(
         metrics.events,
     )
     watch = StateWatch(client)
-    made_topics = SubscriptionTopics(source.get_topic, topics)
     events_stop = asyncio.Event()
     event_tasks = [
         loop.create_task(sink.run(events_stop)),
         loop.create_task(notifier.run(events_stop)),
         loop.create_task(watch.run(events_stop)),
     ]
+    shared = Shared(
+        config,
+        client,
+        producer,
+        http,
+        source,
+        topics,
+        SubscriptionTopics(source.get_topic, topics),
+        reader,
+        sink,
+        consumer,
+        watch,
+    )
     worker = Worker(
         source,
-        lambda sub: SubscriptionRunner(
-            sub,
-            config,
-            runner_parts(
-                sub,
-                config,
-                client,
-                producer,
-                http,
-                source,
-                topics,
-                made_topics,
-                sink,
-                consumer,
-                watch,
-            ),
-            metrics,
-        ),
+        lambda sub: SubscriptionRunner(sub, config, runner_parts(sub, shared), metrics),
         watch.subscriptions_changed,
     )
     metrics.watch(lambda: _on_loop(loop, worker.figures))
@@ -274,6 +277,7 @@ async def serve(
         if hub is not None:
             await hub.close()
         await producer.close()
+        await asyncio.to_thread(reader.close)
         http.close()
         with contextlib.suppress(Exception):
             await RedisWorkers(client).stop_beating(name)
@@ -283,13 +287,15 @@ async def serve(
 
 
 def readers(
-    settings: Settings, config: RunnerConfig, loop: asyncio.AbstractEventLoop
+    settings: Settings,
+    config: RunnerConfig,
+    loop: asyncio.AbstractEventLoop,
+    reader: KafkaReader,
 ) -> tuple[Callable[..., ConsumerPort], ReaderHub | None]:
     """How runners read (``SETU_DELIVERY_READERS``): a consumer thread each, or views of one
     started :class:`ReaderHub` (decision 0011), which the caller closes."""
     if settings.delivery_readers == "per-subscription":
         return ConsumerThread, None
-    reader = KafkaReader(config.bootstrap, config.client_config)
     hub = ReaderHub(
         lambda group: reader_config(
             config.bootstrap, group, config.worker_id, config.limits, config.client_config

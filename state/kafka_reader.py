@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TypeVar, cast
 
@@ -39,6 +40,8 @@ POLL_BATCH = 500
 # How long a watermark read is tried again while a partition's leader moves (a broker
 # restarting, a node lost: docs/design.md §7), before it fails its caller.
 WATERMARK_TIMEOUT_S = 10.0
+# Group-less consumers a reader keeps between reads (KafkaReader._borrowed).
+IDLE_CONSUMERS = 2
 
 
 def record_of(tier: int, msg: Message, read_ms: int = 0) -> Record:
@@ -160,17 +163,51 @@ class KafkaReader:
             "enable.auto.commit": False,
             "enable.partition.eof": False,
         }
+        self._idle: list[Consumer] = []  # see _borrowed
+
+    @contextmanager
+    def _borrowed(self) -> Iterator[Consumer]:
+        """A group-less consumer of the pool, or a new one when none is free. It goes back
+        unassigned when the read went well, and is closed otherwise (or when the pool is
+        full): a consumer's creation and first connection cost more than most reads here
+        (a worker taking over a hundred subscriptions reads each partition's changelog
+        twice), and librdkafka's client keeps its connections between reads."""
+        try:
+            consumer = self._idle.pop()
+        except IndexError:
+            consumer = Consumer(self._config, logger=log)
+        try:
+            yield consumer
+        except BaseException:
+            consumer.close()
+            raise
+        try:
+            consumer.unassign()
+        except KafkaException:
+            consumer.close()
+            return
+        if len(self._idle) < IDLE_CONSUMERS:
+            self._idle.append(consumer)
+        else:
+            consumer.close()
+
+    def close(self) -> None:
+        """Closes the consumers kept for later reads."""
+        while self._idle:
+            self._idle.pop().close()
 
     def tails(self, starts: Sequence[TopicPartition], timeout_s: float = 60.0) -> Tails:
         """Every record from each start offset (OFFSET_BEGINNING for none) to the end, with
         the end and the first offset of each partition as they were when reading began."""
         tails = Tails()
         out = tails.records
-        consumer = Consumer(self._config, logger=log)
-        try:
+        with self._borrowed() as consumer:
             ends: dict[tuple[str, int], int] = {}
             todo = []
             deadline = time.monotonic() + WATERMARK_TIMEOUT_S
+            # The next offset each partition's reading takes: a record before it (one a
+            # consumer of the pool fetched for an earlier read) is not taken twice.
+            nexts: dict[tuple[str, int], int] = {}
             for tp in starts:
                 low, high = watermarks(consumer, tp, deadline, wait_for_missing=False)
                 start = tp.offset if tp.offset >= 0 else low
@@ -179,6 +216,7 @@ class KafkaReader:
                 tails.lows[(tp.topic, tp.partition)] = low
                 if max(start, low) < high:
                     ends[(tp.topic, tp.partition)] = high
+                    nexts[(tp.topic, tp.partition)] = max(start, low)
                     todo.append(TopicPartition(tp.topic, tp.partition, max(start, low)))
             if not todo:
                 return tails
@@ -193,22 +231,20 @@ class KafkaReader:
                         continue
                     key = (topic, partition)
                     end = ends.get(key)
-                    if end is None or offset >= end:
+                    if end is None or offset >= end or offset < nexts[key]:
                         continue
+                    nexts[key] = offset + 1
                     out[key].append(msg)
                     if offset >= end - 1:
                         del ends[key]
             return tails
-        finally:
-            consumer.close()
 
     def read(
         self, topic: str, partition: int, start: int, budget: int
     ) -> tuple[list[Message], int, bool]:
         """Up to ``budget`` records of one partition from ``start`` (clamped to the log start):
         the records, the offset to continue from, and whether the end was reached."""
-        consumer = Consumer(self._config, logger=log)
-        try:
+        with self._borrowed() as consumer:
             tp = TopicPartition(topic, partition)
             deadline = time.monotonic() + WATERMARK_TIMEOUT_S
             low, high = watermarks(consumer, tp, deadline, wait_for_missing=False)
@@ -229,19 +265,14 @@ class KafkaReader:
                     out.append(msg)
                     position = offset + 1
             return out, position, position >= high
-        finally:
-            consumer.close()
 
     def first_offset(self, topic: str, partition: int) -> int:
         """The first offset retention left in one partition."""
-        consumer = Consumer(self._config, logger=log)
-        try:
+        with self._borrowed() as consumer:
             deadline = time.monotonic() + WATERMARK_TIMEOUT_S
             tp = TopicPartition(topic, partition)
             low, _ = watermarks(consumer, tp, deadline, wait_for_missing=False)
             return low
-        finally:
-            consumer.close()
 
     def existing(self, topics: Sequence[str]) -> set[str]:
         """Which of ``topics`` exist now."""
