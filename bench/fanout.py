@@ -12,8 +12,12 @@ once on a path per subscription (``/hook/<n>``) and timestamps every call.
    reached its main log (the ingest job's start on a fresh stack is not fan-out), then
    ``--subscriptions`` grouped subscriptions of it, one after the other, each with its own
    endpoint: how long each ``POST .../subscriptions`` took.
-2. **One message to all.** One message is produced; how long it took to reach each endpoint
-   (from its produce), and how many it reached within ``--reach-timeout``.
+2. **One message to all.** One message is produced right after the last create was
+   answered; how long it took to reach each endpoint (from its produce), and how many it
+   reached within ``--reach-timeout``. A create is answered before the subscription's Kafka
+   topics exist and before any worker runs it (docs/delivery.md, "A new subscription"), so
+   this figure includes the making of every subscription's topics and the workers' takeover
+   of all of them; the load below measures subscriptions already running.
 3. **Idle.** For ``--idle`` seconds: each worker's cores, threads and resident memory.
 4. **Load.** ``--rate`` messages a second for ``--seconds`` (open loop, as ``bench.latency``)
    over 1,000 groups: the webhook calls a second reached, the workers' cores per call, and

@@ -275,13 +275,16 @@ class KafkaReader:
             return low
 
     def existing(self, topics: Sequence[str]) -> set[str]:
-        """Which of ``topics`` exist now."""
-        consumer = Consumer(self._config, logger=log)
-        try:
-            known = consumer.list_topics(timeout=10).topics
-            return {t for t in topics if t in known and known[t].error is None}
-        finally:
-            consumer.close()
+        """Which of ``topics`` exist now, asked topic by topic: every runner asks at its
+        start, and the whole cluster's metadata (thousands of partitions with many
+        subscriptions) is far more than these few names."""
+        found = set()
+        with self._borrowed() as consumer:
+            for topic in topics:
+                described = consumer.list_topics(topic=topic, timeout=10).topics.get(topic)
+                if described is not None and described.error is None:
+                    found.add(topic)
+        return found
 
     def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int:
         """The first offset at or after ``timestamp_ms``, or the end when there is none."""
