@@ -56,6 +56,7 @@ from state.quota_buckets import RedisQuotaBuckets
 from state.redis_clients import async_redis
 from state.redis_state import RedisState
 from state.sealing import required_sealer
+from state.subscription_topics import SubscriptionTopics
 
 # Every router the API serves (the access test walks their routes: docs/security.md §3).
 ROUTERS = (
@@ -156,7 +157,7 @@ async def open_services(
         redis=redis_state,
         retired=redis_state.retired_topics(),
         kafka_admin=kafka_admin,
-        provisioning=Provisioning(kafka_admin.ensure_subscription),
+        provisioning=Provisioning(SubscriptionTopics(store.get_topic, kafka_admin)),
         kafka_reader=KafkaReader(bootstrap, kafka),
         producer=producer,
         topics=TopicCache(load_topic, shared_log=settings.shared_ingest_log()),

@@ -109,11 +109,11 @@ async def create_subscription(s: Services, sub: Subscription) -> tuple[Subscript
     check_grouping(sub.grouped, topic)
     existing = await blocking(s.store.preflight_subscription, sub)
     if existing is not None:
-        s.provisioning.start(existing, topic)  # a retry after a crash finds its topics made
+        s.provisioning.start(existing)  # a retry after a crash finds its topics made
         return existing, False
     created = await blocking(s.store.create_subscription, sub)
     # Its Kafka topics are made after the answer (api/provisioning.py).
-    s.provisioning.start(created[0], topic)
+    s.provisioning.start(created[0])
     try:
         # A new subscription has no group state to rebuild (docs/design.md §4).
         await s.redis.groups(sub.project, sub.name).mark_loaded(range(topic.partitions))

@@ -3,7 +3,8 @@
 A subscription's retry tiers, DLQ and changelog used to be made inside the create request,
 which then took 150 ms on an idle broker and over a second with a hundred subscriptions
 being served. The answer now waits only for the metadata row (docs/delivery.md, "A new
-subscription"): the API starts making the topics at once, in the background, and every
+subscription"): the API starts making the topics at once, in the background and in batches
+with those of other subscriptions created meanwhile (state/subscription_topics.py), and every
 delivery worker makes sure they exist before it runs the subscription (``prepare`` of its
 runner), so a create whose background work failed or was cut short by a restart loses
 nothing: the topics are made before any message could go to them.
@@ -17,36 +18,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 
-from setu.model import Subscription, Topic
+from setu.model import Subscription
+from state.subscription_topics import SubscriptionTopics
 
 log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 15.0
 
-Ensure = Callable[[Subscription, Topic], object]
-
 
 class Provisioning:
     """The background tasks that make subscriptions' Kafka topics (see the module doc)."""
 
-    def __init__(self, ensure: Ensure) -> None:
-        self._ensure = ensure  # blocking: KafkaTopics.ensure_subscription
+    def __init__(self, topics: SubscriptionTopics) -> None:
+        self._topics = topics
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
 
-    def start(self, sub: Subscription, topic: Topic) -> None:
+    def start(self, sub: Subscription) -> None:
         """Starts making ``sub``'s topics unless that is under way already."""
         key = (sub.project, sub.name)
         if key in self._tasks:
             return
-        task = asyncio.get_running_loop().create_task(self._make(sub, topic))
+        task = asyncio.get_running_loop().create_task(self._make(sub))
         self._tasks[key] = task
         task.add_done_callback(lambda _: self._tasks.pop(key, None))
 
-    async def _make(self, sub: Subscription, topic: Topic) -> None:
+    async def _make(self, sub: Subscription) -> None:
         try:
-            await asyncio.to_thread(self._ensure, sub, topic)
+            await self._topics.ensure(sub)
         except Exception as exc:  # the workers make them before they run it
             log.warning(
                 "subscription %s/%s: its Kafka topics were not made in the background (%s); "

@@ -36,7 +36,6 @@ from delivery.metrics import DeliveryMetrics, RunnerFigures
 from delivery.parts import ConsumerPort, RunnerConfig, RunnerParts
 from delivery.readers import ReaderHub, reader_config
 from delivery.runner import SubscriptionRunner
-from delivery.topics import SubscriptionTopics
 from delivery.views import SubscriptionView
 from delivery.watch import StateWatch
 from delivery.webhook import WebhookSender
@@ -54,6 +53,7 @@ from state.groups import RedisGroupStore
 from state.kafka_admin import KafkaTopics
 from state.kafka_reader import KafkaReader
 from state.redis_clients import async_redis, close, sync_redis
+from state.subscription_topics import SubscriptionTopics
 from state.workers import RedisWorkers
 
 log = logging.getLogger(__name__)

@@ -5,45 +5,56 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Sequence
 
 import pytest
 
 from api.provisioning import Provisioning
 from setu.model import Endpoint, Subscription, Topic
+from state.subscription_topics import SubscriptionTopics
 
 SUB = Subscription("p", "s", "t", Endpoint("https://example.com/hook"))
-TOPIC = Topic("p", "t")
+Outcomes = dict[tuple[str, str], BaseException | None]
+
+
+class Kafka:
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.release = threading.Event()
+        self.batches: list[list[str]] = []
+        self.error = error
+
+    def ensure_subscriptions(self, pairs: Sequence[tuple[Subscription, Topic]]) -> Outcomes:
+        self.batches.append([s.name for s, _ in pairs])
+        self.release.wait(10)
+        return {(s.project, s.name): self.error for s, _ in pairs}
+
+
+def provisioning(kafka: Kafka) -> Provisioning:
+    return Provisioning(SubscriptionTopics(Topic, kafka))  # type: ignore[arg-type]
 
 
 async def test_a_delete_waits_for_the_topics_being_made_and_one_make_runs_at_a_time() -> None:
-    release = threading.Event()
-    calls: list[str] = []
-
-    def ensure(sub: Subscription, topic: Topic) -> None:
-        calls.append(sub.name)
-        release.wait(10)
-
-    made = Provisioning(ensure)
-    made.start(SUB, TOPIC)
-    made.start(SUB, TOPIC)  # a repeated create while the first is under way
+    kafka = Kafka()
+    made = provisioning(kafka)
+    made.start(SUB)
+    made.start(SUB)  # a repeated create while the first is under way
     waiting = asyncio.ensure_future(made.settled("p", "s"))
     await asyncio.sleep(0.2)
     assert not waiting.done()  # the delete would remove topics still being made
-    release.set()
+    kafka.release.set()
     await asyncio.wait_for(waiting, 5)
-    assert calls == ["s"]
+    assert kafka.batches == [["s"]]
     await made.settled("p", "other")  # nothing under way: returns at once
 
 
 async def test_a_failed_make_is_logged_and_left_to_the_workers(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    def ensure(sub: Subscription, topic: Topic) -> None:
-        raise RuntimeError("Kafka did not answer")
-
-    made = Provisioning(ensure)
+    kafka = Kafka(RuntimeError("Kafka did not answer"))
+    kafka.release.set()
+    made = provisioning(kafka)
     with caplog.at_level(logging.WARNING):
-        made.start(SUB, TOPIC)
+        made.start(SUB)
         await made.settled("p", "s")
         await made.close()
     assert "p/s: its Kafka topics were not made in the background (Kafka did not answer)" in (

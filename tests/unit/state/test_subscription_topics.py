@@ -1,4 +1,4 @@
-"""A worker makes the topics of the runners it starts in batches (delivery/topics.py)."""
+"""Subscriptions' Kafka topics made in batches (state/subscription_topics.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from delivery.topics import SubscriptionTopics
 from setu.errors import Conflict
 from setu.model import Endpoint, Subscription, Topic
+from state.subscription_topics import SubscriptionTopics
 
 
 def sub(name: str) -> Subscription:
