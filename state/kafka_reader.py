@@ -144,7 +144,16 @@ def watermarks(
     KafkaException otherwise."""
 
     def ask(timeout_s: float) -> tuple[int, int]:
-        low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION:
+                raise
+            # The client's own metadata lacks the partition: a consumer kept between reads
+            # (KafkaReader._borrowed) asked before the topic was made. Seen with 100 new
+            # subscriptions' changelogs read right after they were made; ask it afresh once.
+            consumer.list_topics(topic=tp.topic, timeout=timeout_s)
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
         return int(low), int(high)
 
     return _asked_again(ask, _MOVING | _MISSING if wait_for_missing else _MOVING, deadline)

@@ -68,3 +68,25 @@ def test_reads_one_after_another_each_get_exactly_their_records(
         assert reader.first_offset(topic, 0) == 0
     finally:
         reader.close()
+
+
+def test_a_topic_made_after_the_readers_consumers_were_kept_can_be_read_at_once(
+    kafka_bootstrap: str, topic: str
+) -> None:
+    # Given a reader whose kept consumer read another topic before this one existed
+    reader = KafkaReader(kafka_bootstrap)
+    admin = KafkaTopics(kafka_bootstrap)
+    name = f"late-{uuid.uuid4().hex[:10]}"
+    try:
+        produce(kafka_bootstrap, topic, 0, ["x"])
+        assert len(reader.tails([TopicPartition(topic, 0, 0)]).records[(topic, 0)]) == 1
+        # When a new changelog is made and read at once (a new subscription's takeover)
+        admin.ensure_changelog("reader", name, 2)
+        made = state_topic("reader", name)
+        produce(kafka_bootstrap, made, 1, ["y"])
+        tails = reader.tails([TopicPartition(made, 1, OFFSET_BEGINNING)])
+        # Then its records are there
+        assert [m.value() for m in tails.records[(made, 1)]] == [b"y"]
+    finally:
+        reader.close()
+        admin.remove([state_topic("reader", name)])
