@@ -23,9 +23,9 @@ once on a path per subscription (``/hook/<n>``) and timestamps every call.
    over 1,000 groups: the webhook calls a second reached, the workers' cores per call, and
    the time from each message's scheduled produce to each endpoint's call.
 5. **Beside failing subscriptions** (``--failing K``). K more subscriptions of the topic whose
-   endpoints fail (half answer 503, half never answer), then the load again: the healthy
-   subscriptions' produce-to-call times against the load before (one slow or failing
-   subscription must not slow the others of its topic).
+   endpoints fail (half answer 503, half never answer); once each has been called (it runs),
+   the load again: the healthy subscriptions' produce-to-call times against the load before
+   (one slow or failing subscription must not slow the others of its topic).
 6. **A new subscription.** One more is created and a message produced every 0.2 s until its
    endpoint gets one: how long after its creation.
 
@@ -247,6 +247,22 @@ def add_failing(stack: Stack, first: int, count: int) -> None:
             subscribe(client, stack, n, f"http://127.0.0.1:{stack.webhook_port}/{kind}/{n}")
 
 
+def until_called(stack: Stack, subscriptions: range, timeout_s: float) -> float | None:
+    """Seconds until the endpoint of every subscription in ``subscriptions`` was called once
+    (each runs: a worker took it over); None when one was not within ``timeout_s``. The load
+    beside failing subscriptions measures them running, not their creation: making their
+    topics and taking them over while the load runs is a burst of its own on the broker."""
+    began = time.monotonic()
+    wanted = {n: (f"/fail/{n}#", f"/hang/{n}#") for n in subscriptions}
+    while time.monotonic() - began < timeout_s:
+        called = list(arrivals(stack))
+        if all(any(k.startswith(paths) for k in called) for paths in wanted.values()):
+            return round(time.monotonic() - began, 1)
+        stack.check_alive()
+        time.sleep(0.5)
+    return None
+
+
 def beside_failing(baseline: dict[str, Any], load: dict[str, Any]) -> dict[str, Any]:
     """The healthy subscriptions' produce-to-call times beside failing ones, against the same
     load before those were added (same run)."""
@@ -373,6 +389,10 @@ def main() -> None:
         print(f"load: {figures['load']}", flush=True)
         if args.failing:
             add_failing(stack, count, args.failing)
+            figures["failing_running_s"] = until_called(
+                stack, range(count, count + args.failing), args.reach_timeout
+            )
+            print(f"failing ones called after {figures['failing_running_s']} s", flush=True)
             again = load(stack, count, args.rate, args.seconds)
             figures["load_beside_failing"] = again
             figures["beside_failing"] = beside_failing(figures["load"], again)
