@@ -12,12 +12,14 @@ once on a path per subscription (``/hook/<n>``) and timestamps every call.
    reached its main log (the ingest job's start on a fresh stack is not fan-out), then
    ``--subscriptions`` grouped subscriptions of it, one after the other, each with its own
    endpoint: how long each ``POST .../subscriptions`` took.
-2. **One message to all.** One message is produced right after the last create was
-   answered; how long it took to reach each endpoint (from its produce), and how many it
-   reached within ``--reach-timeout``. A create is answered before the subscription's Kafka
+2. **One message to all.** One message on each partition (a group each) is produced right
+   after the last create was answered; how long each took to reach each endpoint (from its
+   produce), and how many endpoints got all of them within ``--reach-timeout`` (then every
+   worker runs its share of every subscription, and the idle and load phases below measure
+   subscriptions already running). A create is answered before the subscription's Kafka
    topics exist and before any worker runs it (docs/delivery.md, "A new subscription"), so
    this figure includes the making of every subscription's topics and the workers' takeover
-   of all of them; the load below measures subscriptions already running.
+   of all of them.
 3. **Idle.** For ``--idle`` seconds: each worker's cores, threads and resident memory.
 4. **Load.** ``--rate`` messages a second for ``--seconds`` (open loop, as ``bench.latency``)
    over 1,000 groups: the webhook calls a second reached, the workers' cores per call, and
@@ -61,6 +63,7 @@ from bench.latency import (
 )
 from bench.machine import footprint, quiet_client_logs, service_arguments, write_result
 from setu import names
+from setu.partitioner import partition_for
 
 TOPIC = "events"
 # How long the load's calls are waited for once it ended.
@@ -126,21 +129,36 @@ def reached(stack: Stack, message_id: str, endpoints: range) -> dict[int, float]
     return out
 
 
-def reach_all(stack: Stack, count: int, timeout_s: float) -> dict[str, Any]:
-    """One message to every endpoint: seconds from its produce to each endpoint's call."""
-    message_id = f"one-{uuid.uuid4().hex[:6]}"
+def reach_all(stack: Stack, count: int, partitions: int, timeout_s: float) -> dict[str, Any]:
+    """One message on each partition of the topic to every endpoint (so every worker's share
+    of every subscription is running once they all arrived): seconds from each produce to
+    each endpoint's call, and how many endpoints got all of them."""
+    ids = one_per_partition(partitions)
     with api_client(stack) as client:
-        sent = produce(client, stack, message_id)
+        sent = {message_id: produce(client, stack, message_id) for message_id in ids}
     deadline = time.monotonic() + timeout_s
-    got: dict[int, float] = {}
+    got: dict[str, dict[int, float]] = {}
     while time.monotonic() < deadline:
         stack.check_alive()
-        got = reached(stack, message_id, range(count))
-        if len(got) == count:
+        got = {message_id: reached(stack, message_id, range(count)) for message_id in ids}
+        if all(len(at) == count for at in got.values()):
             break
         time.sleep(1.0)
-    delays = [t - sent for t in got.values()]
-    return {"endpoints": count, "reached": len(got), **seconds_stats(delays)}
+    delays = [t - sent[message_id] for message_id, at in got.items() for t in at.values()]
+    whole = sum(all(n in at for at in got.values()) for n in range(count))
+    return {"endpoints": count, "messages": len(ids), "reached": whole, **seconds_stats(delays)}
+
+
+def one_per_partition(partitions: int) -> list[str]:
+    """Message ids (each its own group) whose groups land on each partition once."""
+    run = uuid.uuid4().hex[:6]
+    found: dict[int, str] = {}
+    n = 0
+    while len(found) < partitions:
+        message_id = f"one-{run}-{n}"
+        found.setdefault(partition_for(message_id.encode(), partitions), message_id)
+        n += 1
+    return [found[p] for p in range(partitions)]
 
 
 def ingest_ready(client: httpx.Client, stack: Stack, timeout_s: float) -> float:
@@ -376,7 +394,7 @@ def main() -> None:
             figures["create_all_s"] = round(time.monotonic() - began, 1)
             figures["create_ms"] = stats_ms(took)
         print(f"creating {count}: {figures['create_ms']}", flush=True)
-        figures["one_message"] = reach_all(stack, count, args.reach_timeout)
+        figures["one_message"] = reach_all(stack, count, args.partitions, args.reach_timeout)
         print(f"one message to all: {figures['one_message']}", flush=True)
         before = worker_cpu(stack)
         time.sleep(args.idle)
