@@ -201,6 +201,9 @@ def cores_since(stack: Stack, before: dict[str, float], seconds: float) -> dict[
     return {name: round((now[name] - before[name]) / seconds, 3) for name in now}
 
 
+SLOW_S = 2.0
+
+
 def load(stack: Stack, count: int, rate: float, seconds: float) -> dict[str, Any]:
     """``rate`` msg/s for ``seconds``; then waits up to 120 s for every call."""
     phase = Phase(f"load{uuid.uuid4().hex[:4]}", rate, dedup=False)
@@ -232,9 +235,17 @@ def load(stack: Stack, count: int, rate: float, seconds: float) -> dict[str, Any
     ]
     cpu = cores_since(stack, before, elapsed)
     delays = []
+    slow: dict[str, int] = {}  # endpoint -> calls later than SLOW_S
+    last_slow_due = None
+    start_due = min((s.due for s in accepted.values()), default=0.0)
     for key, (first, _) in calls.items():
-        message = key.split("#", 1)[1]
-        delays.append(first - accepted[message].due)
+        endpoint, message = key.split("#", 1)
+        delay = first - accepted[message].due
+        delays.append(delay)
+        if delay > SLOW_S:
+            slow[endpoint] = slow.get(endpoint, 0) + 1
+            due = accepted[message].due - start_due
+            last_slow_due = due if last_slow_due is None else max(last_slow_due, due)
     first_call = min((v[0] for v in calls.values()), default=0.0)
     last_call = max((v[0] for v in calls.values()), default=0.0)
     span = max(last_call - first_call, 1e-9)
@@ -252,6 +263,15 @@ def load(stack: Stack, count: int, rate: float, seconds: float) -> dict[str, Any
         "calls_per_s": round(len(calls) / span, 1),
         "worker_cores": cpu,
         "worker_cpu_ms_per_call": round(cpu_s * 1000 / max(len(calls), 1), 3),
+        # Where the calls later than SLOW_S were: how many, at how many endpoints (the five
+        # with most), and the last one's produce time into the load (a warm-up ends early).
+        "slow_calls": {
+            "over_s": SLOW_S,
+            "calls": sum(slow.values()),
+            "endpoints": len(slow),
+            "most": sorted(slow.items(), key=lambda kv: -kv[1])[:5],
+            "last_due_s": None if last_slow_due is None else round(last_slow_due, 1),
+        },
         "produce_to_call_s": seconds_stats(delays),
     }
 
