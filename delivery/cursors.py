@@ -16,7 +16,7 @@ ask it where to read and whom to hand each record to.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 
@@ -35,14 +35,18 @@ class Cursor:
 @dataclass(slots=True)
 class Turn:
     """A catch-up turn: read from ``offset``, at most ``records`` records, for ``riders``: the
-    cursors that were at ``offset`` when it began and have taken every record offered since
-    (one that missed a record, was sought or left drops out of the turn)."""
+    cursors that were at or past ``offset`` when it began and have taken every record offered
+    since from their own next offset on (one that missed a record, was sought or left drops
+    out of the turn)."""
 
     offset: int
     records: int
     riders: set[str]
     # The offset the catch-up reader must offer next in this turn (see offer_catch_up).
     expect: int = 0
+    # Riders that took a record in this turn: they go to the back of the round when it ends
+    # (one whose next offset the turn did not reach keeps its place).
+    served: set[str] = field(default_factory=set)
 
 
 class PartitionCursors:
@@ -156,7 +160,9 @@ class PartitionCursors:
     def turn(self) -> Turn | None:
         """The catch-up turn to read now (the current one until it ends), or None when no
         cursor needs one. A new turn serves the cursor served longest ago, and every other
-        waiting cursor at the same offset."""
+        waiting cursor at or past its offset: each takes the turn's records from its own
+        next offset on, so cursors a few records apart (a hundred subscriptions taken over
+        at once) are served by one pass, not one seek and read each."""
         if self._turn is not None:
             return self._turn
         if self.asking_first:
@@ -167,7 +173,7 @@ class PartitionCursors:
         order = {name: i for i, name in enumerate(self._served)}
         first = min(waiting, key=lambda name: order.get(name, -1))
         offset = self._cursors[first].next
-        riders = {n for n in waiting if self._cursors[n].next == offset}
+        riders = {n for n in waiting if self._cursors[n].next >= offset}
         self._turn = Turn(offset, self.turn_records, riders, offset)
         return self._turn
 
@@ -216,6 +222,7 @@ class PartitionCursors:
                 continue
             cursor.next = offset + 1
             takers.append(name)
+            turn.served.add(name)
             self._follow(name)
         turn.records -= 1
         if turn.records <= 0 or not turn.riders:
@@ -231,6 +238,7 @@ class PartitionCursors:
         for name in list(turn.riders):
             cursor = self._cursors[name]
             cursor.next = max(cursor.next, end)
+            turn.served.add(name)
             self._follow(name)
         self._end_turn()
 
@@ -259,8 +267,8 @@ class PartitionCursors:
         turn, self._turn = self._turn, None
         if turn is None:
             return
-        # Those who rode to the end go to the back of the round.
-        for name in sorted(turn.riders):
+        # Those who rode to the end and were served go to the back of the round.
+        for name in sorted(turn.riders & turn.served):
             if name in self._served:
                 self._served.remove(name)
             self._served.append(name)

@@ -179,6 +179,23 @@ def test_behind_cursors_at_different_places_are_served_in_turns() -> None:
     assert part.taken["near"] == [20, 21, 22]
 
 
+def test_cursors_a_few_records_apart_are_caught_up_in_one_pass() -> None:
+    # Given ten cursors two records apart behind the live reader (subscriptions taken over
+    # at once, each from its own committed offset)
+    starts = {f"s{n}": 2 * n for n in range(10)}
+    part = partition_of(30, {**starts, "live": 30}, turn_records=100)
+    # When the catch-up reader reads
+    turns = []
+    while any(part.cursors.follows(name) is Reader.CATCH_UP for name in starts):
+        turn = part.cursors.turn()
+        if turn is not None and (not turns or turns[-1] is not turn):
+            turns.append(turn)
+        part.step_catch_up()
+    # Then one turn served them all, each from its own place
+    assert len(turns) == 1
+    assert all(part.taken[name] == list(range(start, 30)) for name, start in starts.items())
+
+
 def test_a_sought_cursor_reads_on_from_its_new_place() -> None:
     part = Partition(PartitionCursors())
     for n in range(10):
