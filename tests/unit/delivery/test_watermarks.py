@@ -19,6 +19,11 @@ class NewTopic:
     def __init__(self, *errors: int) -> None:
         self.errors = list(errors)
         self.calls = 0
+        self.refreshes = 0  # metadata asked for the topic
+
+    def list_topics(self, topic: str, timeout: float) -> object:
+        self.refreshes += 1
+        return object()
 
     def get_watermark_offsets(
         self, tp: TopicPartition, timeout: float, cached: bool
@@ -48,7 +53,7 @@ def test_a_new_topic_is_read_once_its_partitions_are_known_and_led(errors: tuple
 
 
 def test_a_missing_topic_is_reported_at_once_when_it_may_not_exist() -> None:
-    consumer = NewTopic(KafkaError._UNKNOWN_PARTITION)
+    consumer = NewTopic(KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_PARTITION)
     with pytest.raises(KafkaException):
         watermarks(
             consumer,  # type: ignore[arg-type]
@@ -56,7 +61,19 @@ def test_a_missing_topic_is_reported_at_once_when_it_may_not_exist() -> None:
             time.monotonic() + 5,
             wait_for_missing=False,
         )
-    assert consumer.calls == 1
+    assert (consumer.calls, consumer.refreshes) == (2, 1)  # asked again once, after metadata
+
+
+def test_a_topic_made_after_the_client_last_asked_for_metadata_is_read() -> None:
+    # A consumer kept between reads does not know a changelog made since (state/kafka_reader.py)
+    consumer = NewTopic(KafkaError._UNKNOWN_PARTITION)
+    found = watermarks(
+        consumer,  # type: ignore[arg-type]
+        TopicPartition("t", 0),
+        time.monotonic() + 5,
+        wait_for_missing=False,
+    )
+    assert found == (3, 7) and (consumer.calls, consumer.refreshes) == (2, 1)
 
 
 def test_a_partition_without_a_leader_past_the_deadline_is_an_error() -> None:
