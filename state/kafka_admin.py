@@ -262,8 +262,11 @@ class KafkaTopics:
         topic's retention)."""
         self._configure_all([spec])
 
-    def _configure_all(self, specs: Sequence[TopicSpec]) -> None:
-        """:meth:`_configure` for many topics in one request."""
+    def _configure_all(self, specs: Sequence[TopicSpec], *, skip_unknown: bool = False) -> None:
+        """:meth:`_configure` for many topics in one request. ``skip_unknown``: a topic the
+        broker says does not exist is left alone, not an error: one another process (the
+        API, another worker) made a moment ago, with this config, which the broker does not
+        serve yet (seen with a hundred subscriptions made at once)."""
         if not specs:
             return
         resources = [
@@ -281,8 +284,12 @@ class KafkaTopics:
         deadline = time.monotonic() + self._timeout_s
         for resource, future in futures.items():
             error = _error_of(future, deadline - time.monotonic())
-            if error is not None:
-                raise _translate(error, f"to configure {resource.name}")
+            if error is None:
+                continue
+            if skip_unknown and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                log.info("%s is not served yet: its config is left as it was made", resource.name)
+                continue
+            raise _translate(error, f"to configure {resource.name}")
 
     def delete_topic(self, topic: Topic) -> None:
         """Deletes the topic's Kafka topics but its ingest topic, which is emptied instead
@@ -322,7 +329,7 @@ class KafkaTopics:
         created = self._ensure(specs)
         dlq = names.dlq_topic(sub.project, sub.name)
         if dlq not in created:  # one made before: it takes the retention set now
-            self._configure(next(s for s in specs if s.name == dlq))
+            self._configure_all([next(s for s in specs if s.name == dlq)], skip_unknown=True)
         return created
 
     def ensure_subscriptions(
@@ -351,8 +358,12 @@ class KafkaTopics:
         created: set[str] = set()
         try:
             created.update(self._ensure(missing) if missing else [])
-        except Exception:
-            log.warning("making the topics of %d subscriptions at once failed", len(specs))
+        except Exception as exc:
+            log.warning(
+                "making the topics of %d subscriptions at once failed (%s): one at a time",
+                len(specs),
+                exc,
+            )
             for sub, topic in subs:
                 key = (sub.project, sub.name)
                 if any(spec in missing for spec in specs[key]):
@@ -370,7 +381,7 @@ class KafkaTopics:
             if spec.name == names.dlq_topic(*key) and spec.name not in created
         ]
         try:
-            self._configure_all(dlqs)
+            self._configure_all(dlqs, skip_unknown=True)
         except Exception as exc:
             for key in specs:
                 out[key] = exc
