@@ -114,8 +114,7 @@ class RunConfig:
     drain_timeout_s: float = 300.0
     quiet_s: float = 5.0
     min_kill_events: int = 1
-    # Chaos goes on past ``duration_s`` (by at most ``max_extension_s``) until the run has
-    # ``min_kill_events`` kills and faults and until each of these
+    # Chaos goes on past ``duration_s`` (by at most ``max_extension_s``) until each of these
     # components was killed this often: a slow machine starts the ingest job late, and a short
     # run would otherwise kill it less often than the run means to.
     min_kills_by_component: dict[str, int] = field(default_factory=dict)
@@ -390,22 +389,12 @@ class CrashRun:
                 short[name] = kills
         return short
 
-    def _events_short(self) -> int:
-        """How many kills and faults the run still lacks for ``min_kill_events``."""
-        done = self.events.count("kill") + self.events.count("fault")
-        return max(0, self.config.min_kill_events - done)
-
     async def _until_min_kills(self, hard_deadline: float) -> None:
-        """Keeps chaos going until every component had its minimum of kills and the run its
-        minimum of kills and faults (a node's wipe holds the chaos loop for a minute or more
-        while the node is fenced, replaced and joins again), or until ``hard_deadline``; the
-        report says how long chaos ran past its duration."""
+        """Keeps chaos going until every component had its minimum of kills, or until
+        ``hard_deadline``; the report says how long chaos ran past its duration."""
         started = time.monotonic()
-        while time.monotonic() < hard_deadline:
-            short, lacking = self._kills_short(), self._events_short()
-            if not short and not lacking:
-                break
-            self._log(f"chaos goes on: too few kills of {short}, {lacking} events short")
+        while (short := self._kills_short()) and time.monotonic() < hard_deadline:
+            self._log(f"chaos goes on: too few kills of {short}")
             await asyncio.sleep(min(5.0, max(0.0, hard_deadline - time.monotonic())))
         self.chaos_extended_s = round(time.monotonic() - started, 1)
 
