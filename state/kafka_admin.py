@@ -357,7 +357,7 @@ class KafkaTopics:
         out: dict[tuple[str, str], BaseException | None] = dict.fromkeys(specs)
         created: set[str] = set()
         try:
-            created.update(self._ensure(missing) if missing else [])
+            created.update(self._make(missing) if missing else [])
         except Exception as exc:
             log.warning(
                 "making the topics of %d subscriptions at once failed (%s): one at a time",
@@ -366,7 +366,7 @@ class KafkaTopics:
             )
             for sub, topic in subs:
                 key = (sub.project, sub.name)
-                if any(spec in missing for spec in specs[key]):
+                if any(spec.name not in usable for spec in specs[key]):
                     try:
                         created.update(self.ensure_subscription(sub, topic))
                     except Exception as exc:
@@ -386,19 +386,6 @@ class KafkaTopics:
             for key in specs:
                 out[key] = exc
         return out
-
-    def adopt_dead_letter_retention(self, project: str, subscription: str) -> None:
-        """Gives an existing DLQ the dead-letter retention set now (a subscription made
-        before it was set, or when the delete policy had taken the topic's retention)."""
-        self._configure(
-            TopicSpec(
-                names.dlq_topic(project, subscription),
-                0,
-                dead_letter_config(
-                    self._dead_letter_retention_hours, self._replication, self._max_message_bytes
-                ),
-            )
-        )
 
     def ensure_changelog(self, project: str, subscription: str, partitions: int) -> list[str]:
         """Makes the subscription's group-state changelog if it is missing (a subscription
@@ -462,6 +449,10 @@ class KafkaTopics:
         created (best effort) before raising, so a failed request leaves nothing behind."""
         if self._all_usable(specs):
             return []
+        return self._make(specs)
+
+    def _make(self, specs: Sequence[TopicSpec]) -> list[str]:
+        """:meth:`_ensure` without first asking whether all exist (the caller just did)."""
         created: list[str] = []
         try:
             self._create_all(specs, created)
