@@ -336,3 +336,39 @@ async def test_a_fault_that_cannot_be_injected_now_does_not_take_every_turn(
     assert tried >= 2 and kills >= 2 * tried - 2
     for component in components:
         component.stop()
+
+
+async def test_kills_go_on_while_a_slow_fault_runs_and_the_fault_ends_before_the_loop(
+    tmp_path: Path,
+) -> None:
+    # Given an API, a worker and a fault that takes a while (a node's disk being replaced)
+    events = EventLog()
+    components = _nodes(tmp_path, events, "api", "worker")
+    for component in components:
+        component.start()
+    seen: dict[str, int] = {}
+    release = asyncio.Event()
+
+    async def slow() -> None:
+        seen["kills_at_start"] = events.count("kill")
+        await release.wait()
+        seen["kills_at_end"] = events.count("kill")
+
+    chaos = Chaos(
+        components, events, random.Random(3), (0.02, 0.05), (0.0, 0.02), faults={"f": slow}
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(chaos.run(stop))
+    # When chaos runs while the fault is under way
+    await asyncio.sleep(1.0)
+    stop.set()
+    await asyncio.sleep(0.2)
+    # Then the loop waits for the fault to end before it ends
+    assert not task.done()
+    release.set()
+    await task
+    # And the components were killed meanwhile, and the fault ran once (never twice at once)
+    assert seen["kills_at_end"] - seen["kills_at_start"] >= 5
+    assert events.count("fault", "f") == 1
+    for component in components:
+        component.stop()
