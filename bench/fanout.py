@@ -41,8 +41,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -356,6 +360,28 @@ def verdicts(figures: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def own_kafka(args: argparse.Namespace) -> Iterator[str]:
+    """The bootstrap to run on: ``--bootstrap``, or that of a cluster of ``--kafka-nodes``
+    started here (and stopped afterwards) when that is given."""
+    if args.kafka_nodes <= 0:
+        yield args.bootstrap
+        return
+    from cli.jars import resolve_kafka_jars
+    from cli.kafka_cluster import LocalKafkaCluster
+    from setu.settings import Settings
+
+    home = Path(tempfile.mkdtemp(prefix="setu-fanout-kafka-"))
+    libs = resolve_kafka_jars(Settings())[0].parent
+    cluster = LocalKafkaCluster.on_free_ports(home, libs, size=args.kafka_nodes, heap="1g")
+    cluster.start(120.0)
+    print(f"kafka: {args.kafka_nodes} nodes at {cluster.bootstrap} ({home})", flush=True)
+    try:
+        yield cluster.bootstrap
+    finally:
+        cluster.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     service_arguments(parser)
@@ -367,6 +393,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--idle", type=float, default=30.0)
     parser.add_argument("--reach-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--kafka-nodes",
+        type=int,
+        default=0,
+        help="run on a Kafka cluster of this many nodes of its own (topics with one replica, "
+        "spread over them) instead of --bootstrap: a broker keeps a file open for each of its "
+        "partitions, and 1,000 subscriptions' topics are more than one broker here may open",
+    )
     parser.add_argument(
         "--failing",
         type=int,
@@ -390,12 +424,19 @@ def main() -> None:
                 "idle",
                 "failing",
                 "env",
+                "kafka_nodes",
             )
         }
     }
-    with stack_running(
-        args, project, prefix="setu-fanout-", more_workers=args.workers - 1
-    ) as stack:
+    with (
+        own_kafka(args) as bootstrap,
+        stack_running(
+            argparse.Namespace(**{**vars(args), "bootstrap": bootstrap}),
+            project,
+            prefix="setu-fanout-",
+            more_workers=args.workers - 1,
+        ) as stack,
+    ):
         with api_client(stack) as client:
             create(client, "/v1/projects", {"name": project})
             create(
