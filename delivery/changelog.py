@@ -6,8 +6,6 @@ delivery/worker.py)."""
 
 from __future__ import annotations
 
-import asyncio
-
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from delivery.kafka_io import AsyncProducer
@@ -22,7 +20,7 @@ def subscription_changelog(
 ) -> KafkaChangelog:
     async def read(topic: str, partition: int, start: int) -> tuple[list[Entry], int]:
         begin = TopicPartition(topic, partition, start if start > 0 else OFFSET_BEGINNING)
-        tails = await asyncio.to_thread(reader.tails, [begin])
+        tails = await reader.tails_together([begin])
         entries = []
         for msg in tails.get((topic, partition), []):
             offset = msg.offset()

@@ -62,7 +62,7 @@ async def take_over(
         starts.append(
             TopicPartition(topics[tier], partition, OFFSET_BEGINNING if offset is None else offset)
         )
-    tails = await asyncio.to_thread(reader.tails, starts)
+    tails = await reader.tails_together(starts)
     tail: list[Record] = []
     for tier in tail_tiers:
         for msg in tails.get((topics[tier], partition), []):

@@ -187,6 +187,26 @@ def _translate(error: KafkaError, what: str) -> SetuError:
     return DependencyUnavailable(f"Kafka failed {what}: {error.str()}")
 
 
+# Kafka's controller refuses a CreateTopics request of more than 10,000 partitions
+# ("Excessively large number of partitions per request"): a worker taking over 1,000 new
+# subscriptions asks for 30,000 at once. Smaller requests also keep each one's time short.
+MAX_PARTITIONS_PER_REQUEST = 2_000
+
+
+def by_partitions(specs: Sequence[TopicSpec], limit: int) -> list[list[TopicSpec]]:
+    """``specs`` in order, cut into runs of at most ``limit`` partitions (a topic with more
+    is a run of its own)."""
+    runs: list[list[TopicSpec]] = []
+    size = 0
+    for spec in specs:
+        if not runs or size + spec.partitions > limit:
+            runs.append([])
+            size = 0
+        runs[-1].append(spec)
+        size += spec.partitions
+    return runs
+
+
 class KafkaTopics:
     """Creates and deletes the Kafka topics of Setu topics and subscriptions."""
 
@@ -466,6 +486,12 @@ class KafkaTopics:
         return created
 
     def _create_all(self, specs: Sequence[TopicSpec], created: list[str]) -> None:
+        """Creates ``specs`` in requests of at most :data:`MAX_PARTITIONS_PER_REQUEST`
+        partitions, each given the timeout, and waits until all are usable."""
+        for chunk in by_partitions(specs, MAX_PARTITIONS_PER_REQUEST):
+            self._create_chunk(chunk, created)
+
+    def _create_chunk(self, specs: Sequence[TopicSpec], created: list[str]) -> None:
         deadline = time.monotonic() + self._timeout_s
         pending = list(specs)
         while pending:
@@ -531,22 +557,17 @@ class KafkaTopics:
 
     def _await_visible(self, specs: Sequence[TopicSpec], deadline: float) -> None:
         """Waits until metadata shows every topic with a leader for each partition, so a 2xx
-        means usable now."""
-        for spec in specs:
-            while not self._has_leaders(spec.name, max(deadline - time.monotonic(), 0.5)):
-                if time.monotonic() > deadline:
-                    raise DependencyUnavailable(f"Kafka topic {spec.name} did not appear in time")
-                time.sleep(0.05)
-
-    def _has_leaders(self, kafka_topic: str, timeout_s: float) -> bool:
-        try:
-            meta = self._admin.list_topics(topic=kafka_topic, timeout=timeout_s)
-        except KafkaException as exc:
-            raise DependencyUnavailable(f"Kafka metadata: {exc}") from exc
-        described = meta.topics.get(kafka_topic)
-        if described is None or described.error is not None or not described.partitions:
-            return False
-        return all(p.leader >= 0 and p.error is None for p in described.partitions.values())
+        means usable now: asked for all of them at once, again for those not yet usable."""
+        pending = list(specs)
+        while pending:
+            usable = self._usable(pending)
+            pending = [spec for spec in pending if spec.name not in usable]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                shown = ", ".join(spec.name for spec in pending[:5])
+                raise DependencyUnavailable(f"Kafka topics did not appear in time: {shown}")
+            time.sleep(0.05)
 
     def _delete(self, kafka_topics: Sequence[str]) -> None:
         deadline = time.monotonic() + self._timeout_s

@@ -15,7 +15,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TypeVar, cast
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from setu.envelope import H_PRODUCED_AT
 from setu.ordering.records import Record, parse_record
@@ -61,6 +69,14 @@ class Tails:
 
     def get(self, key: tuple[str, int], default: list[Message]) -> list[Message]:
         return self.records.get(key, default)
+
+    def part(self, keys: Collection[tuple[str, int]]) -> Tails:
+        """What was read of ``keys`` only (one caller's share of a read made for many)."""
+        return Tails(
+            {k: v for k, v in self.records.items() if k in keys},
+            {k: v for k, v in self.ends.items() if k in keys},
+            {k: v for k, v in self.lows.items() if k in keys},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +175,111 @@ def watermarks(
     return _asked_again(ask, _MOVING | _MISSING if wait_for_missing else _MOVING, deadline)
 
 
+def all_watermarks(
+    consumer: Consumer, tps: Sequence[TopicPartition], deadline: float
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """:func:`watermarks` of many partitions in two requests to each leader (first offsets,
+    then ends: ListOffsets with the earliest and latest markers, under the consumer's
+    isolation level as a watermark read), however many partitions: a worker taking over a
+    thousand subscriptions asks for tens of thousands. A partition either request did not
+    answer (a topic the client does not know yet, a leader moving) is asked alone, as
+    :func:`watermarks` does."""
+    keys = list(dict.fromkeys((tp.topic, tp.partition) for tp in tps))
+    found: dict[tuple[str, int], tuple[int, int]] = {}
+    if len(keys) > 1:
+        timeout_s = max(0.1, deadline - time.monotonic())
+        try:
+            lows = consumer.offsets_for_times(
+                [TopicPartition(t, p, OFFSET_BEGINNING) for t, p in keys], timeout=timeout_s
+            )
+            highs = consumer.offsets_for_times(
+                [TopicPartition(t, p, OFFSET_END) for t, p in keys], timeout=timeout_s
+            )
+        except KafkaException:
+            lows = highs = []
+        for low, high in zip(lows, highs, strict=False):
+            if low.error is None and high.error is None and min(low.offset, high.offset) >= 0:
+                found[(low.topic, low.partition)] = (int(low.offset), int(high.offset))
+    for topic, partition in keys:
+        if (topic, partition) not in found:
+            found[(topic, partition)] = watermarks(
+                consumer, TopicPartition(topic, partition), deadline, wait_for_missing=False
+            )
+    return found
+
+
+# Partitions one read together takes at most (KafkaReader.tails_together), and how many such
+# reads run at once: one slow read (a long tail) does not hold every caller.
+TOGETHER_PARTITIONS = 2_000
+TOGETHER_READS = 2
+
+
+class _TailBatches:
+    """Concurrent :meth:`KafkaReader.tails_together` calls of one event loop, served by a few
+    reads in worker threads, each for as many callers as its partition bound allows."""
+
+    def __init__(self, reader: KafkaReader) -> None:
+        self._reader = reader
+        self._waiting: list[tuple[list[TopicPartition], asyncio.Future[Tails]]] = []
+        self._reads: set[asyncio.Task[None]] = set()
+
+    async def tails(self, starts: Sequence[TopicPartition]) -> Tails:
+        future: asyncio.Future[Tails] = asyncio.get_running_loop().create_future()
+        self._waiting.append((list(starts), future))
+        # A read that just ended is done before its callback leaves the set.
+        if sum(not read.done() for read in self._reads) < TOGETHER_READS:
+            task = asyncio.get_running_loop().create_task(self._serve())
+            self._reads.add(task)
+            task.add_done_callback(self._reads.discard)
+        return await future
+
+    def _next_batch(self) -> list[tuple[list[TopicPartition], asyncio.Future[Tails]]]:
+        """Waiting callers whose partitions are distinct (one partition read from two
+        starts at once would read from the lower), up to the bound; the rest wait."""
+        batch: list[tuple[list[TopicPartition], asyncio.Future[Tails]]] = []
+        rest: list[tuple[list[TopicPartition], asyncio.Future[Tails]]] = []
+        keys: set[tuple[str, int]] = set()
+        for starts, future in self._waiting:
+            if future.done():
+                continue  # its caller was cancelled
+            own = {(tp.topic, tp.partition) for tp in starts}
+            if batch and (own & keys or len(keys) + len(own) > TOGETHER_PARTITIONS):
+                rest.append((starts, future))
+                continue
+            batch.append((starts, future))
+            keys |= own
+        self._waiting = rest
+        return batch
+
+    async def _serve(self) -> None:
+        while batch := self._next_batch():
+            everything = [tp for starts, _ in batch for tp in starts]
+            try:
+                read = await asyncio.to_thread(self._reader.tails, everything)
+            except Exception as exc:
+                if len(batch) == 1:
+                    _settle(batch[0][1], exc)
+                    continue
+                # Each on its own: one partition that cannot be read fails only its caller.
+                for starts, future in batch:
+                    try:
+                        _settle(future, await asyncio.to_thread(self._reader.tails, starts))
+                    except Exception as alone:
+                        _settle(future, alone)
+                continue
+            for starts, future in batch:
+                _settle(future, read.part({(tp.topic, tp.partition) for tp in starts}))
+
+
+def _settle(future: asyncio.Future[Tails], outcome: Tails | BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
 class KafkaReader:
     """Short reads outside the consumer group: tails and offsets for a time. Blocking; call
     the methods in a worker thread."""
@@ -173,6 +294,7 @@ class KafkaReader:
             "enable.partition.eof": False,
         }
         self._idle: list[Consumer] = []  # see _borrowed
+        self._together: _TailBatches | None = None
 
     @contextmanager
     def _borrowed(self) -> Iterator[Consumer]:
@@ -217,8 +339,9 @@ class KafkaReader:
             # The next offset each partition's reading takes: a record before it (one a
             # consumer of the pool fetched for an earlier read) is not taken twice.
             nexts: dict[tuple[str, int], int] = {}
+            marks = all_watermarks(consumer, starts, deadline)
             for tp in starts:
-                low, high = watermarks(consumer, tp, deadline, wait_for_missing=False)
+                low, high = marks[(tp.topic, tp.partition)]
                 start = tp.offset if tp.offset >= 0 else low
                 out[(tp.topic, tp.partition)] = []
                 tails.ends[(tp.topic, tp.partition)] = high
@@ -247,6 +370,16 @@ class KafkaReader:
                     if offset >= end - 1:
                         del ends[key]
             return tails
+
+    async def tails_together(self, starts: Sequence[TopicPartition]) -> Tails:
+        """:meth:`tails` of ``starts``, read in one go with those other callers on this
+        event loop ask for meanwhile: a worker taking over a thousand subscriptions reads
+        their tiers' and changelogs' tails in a few reads, not a few thousand (every read
+        asks each partition's watermarks and most of those tails are empty). Call it from
+        one event loop only."""
+        if self._together is None:
+            self._together = _TailBatches(self)
+        return await self._together.tails(starts)
 
     def read(
         self, topic: str, partition: int, start: int, budget: int

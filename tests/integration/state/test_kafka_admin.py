@@ -11,6 +11,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from setu.errors import Conflict, DependencyUnavailable
 from setu.model import Endpoint, RetryPolicy, Subscription, Topic
+from state import kafka_admin
 from state.kafka_admin import KafkaTopics
 
 pytestmark = pytest.mark.integration
@@ -123,6 +124,32 @@ def test_many_subscriptions_are_made_at_once_and_one_refusal_fails_only_its_own(
         # And the fourth fails alone, naming the conflict
         assert isinstance(outcomes[(p, "s3")], Conflict)
         assert "2 partitions" in str(outcomes[(p, "s3")])
+    finally:
+        for sub in subs:
+            admin.delete_subscription(p, sub.name)
+
+
+def test_subscriptions_whose_topics_exceed_one_request_are_made_in_several(
+    admin: KafkaTopics,
+    topic: Topic,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a broker that takes at most 7 partitions a request (Kafka's own limit is 10,000,
+    # which 1,000 subscriptions' topics pass: 30,000 partitions)
+    monkeypatch.setattr(kafka_admin, "MAX_PARTITIONS_PER_REQUEST", 7)
+    p = topic.project
+    admin.ensure_topic(topic)
+    subs = [Subscription(p, f"s{i}", "orders", Endpoint("https://h")) for i in range(3)]
+    try:
+        # When three new subscriptions (15 topics of 3 partitions) are ensured together
+        outcomes = admin.ensure_subscriptions([(sub, topic) for sub in subs])
+        # Then each is whole, made in the batch without falling back to one at a time
+        assert list(outcomes.values()) == [None, None, None]
+        for i in range(3):
+            owned = [f"setu.{p}.s{i}.{t}" for t in ("rq.1", "rq.2", "rq.3", "dlq", "state")]
+            assert [admin.partition_count(name) for name in owned] == [3] * 5
+        assert "one at a time" not in caplog.text
     finally:
         for sub in subs:
             admin.delete_subscription(p, sub.name)

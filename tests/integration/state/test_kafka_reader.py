@@ -3,15 +3,17 @@ reads (state/kafka_reader.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
 from setu.names import state_topic
 from state.kafka_admin import KafkaTopics
-from state.kafka_reader import KafkaReader
+from state.kafka_reader import KafkaReader, Tails, all_watermarks, watermarks
 
 pytestmark = pytest.mark.integration
 
@@ -90,3 +92,95 @@ def test_a_topic_made_after_the_readers_consumers_were_kept_can_be_read_at_once(
     finally:
         reader.close()
         admin.remove([state_topic("reader", name)])
+
+
+def values(tails: Tails, key: tuple[str, int]) -> list[bytes | None]:
+    return [m.value() for m in tails.records[key]]
+
+
+async def test_many_callers_at_once_get_exactly_their_own_tails_in_one_read(
+    kafka_bootstrap: str, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two changelogs with records (a worker taking over many subscriptions at once)
+    admin = KafkaTopics(kafka_bootstrap)
+    name = f"other-{uuid.uuid4().hex[:10]}"
+    admin.ensure_changelog("reader", name, 2)
+    other = state_topic("reader", name)
+    reader = KafkaReader(kafka_bootstrap)
+    reads: list[int] = []
+    tails = reader.tails
+
+    def counted(starts: list[TopicPartition], timeout_s: float = 60.0) -> Tails:
+        reads.append(len(starts))
+        return tails(starts, timeout_s)
+
+    monkeypatch.setattr(reader, "tails", counted)
+    try:
+        produce(kafka_bootstrap, topic, 0, ["a0", "a1", "a2"])
+        produce(kafka_bootstrap, other, 1, ["b0", "b1"])
+        asks = {
+            "a-all": [TopicPartition(topic, 0, OFFSET_BEGINNING)],
+            "a-empty": [TopicPartition(topic, 1, OFFSET_BEGINNING)],
+            "b-both": [TopicPartition(other, 0, 0), TopicPartition(other, 1, 1)],
+            "gone": [TopicPartition(f"setu.reader.gone-{uuid.uuid4().hex[:8]}.state", 0, 0)],
+        }
+        # When each asks at the same moment, one of them for a topic that does not exist
+        found = dict(
+            zip(
+                asks,
+                await asyncio.gather(
+                    *(reader.tails_together(starts) for starts in asks.values()),
+                    return_exceptions=True,
+                ),
+                strict=True,
+            )
+        )
+        # Then each gets its own partitions' records from its start, and their ends
+        a_all, a_empty, b_both = found["a-all"], found["a-empty"], found["b-both"]
+        assert isinstance(a_all, Tails) and isinstance(a_empty, Tails)
+        assert isinstance(b_both, Tails)
+        assert values(a_all, (topic, 0)) == [b"a0", b"a1", b"a2"]
+        assert set(a_all.records) == {(topic, 0)} and a_all.ends == {(topic, 0): 3}
+        assert values(a_empty, (topic, 1)) == [] and a_empty.ends == {(topic, 1): 0}
+        assert values(b_both, (other, 1)) == [b"b1"] and values(b_both, (other, 0)) == []
+        assert b_both.ends == {(other, 0): 0, (other, 1): 2}
+        # And only the caller of the missing topic fails
+        assert isinstance(found["gone"], KafkaException)
+        # And the four were read together first (then each alone, as one failed)
+        assert reads[0] == 5
+        # When the same partition is asked from two starts at once
+        low, high = await asyncio.gather(
+            reader.tails_together([TopicPartition(topic, 0, 0)]),
+            reader.tails_together([TopicPartition(topic, 0, 2)]),
+        )
+        # Then each read starts where it asked
+        assert values(low, (topic, 0)) == [b"a0", b"a1", b"a2"]
+        assert values(high, (topic, 0)) == [b"a2"]
+    finally:
+        reader.close()
+        admin.remove([other])
+
+
+def test_watermarks_of_many_partitions_at_once_are_those_asked_one_by_one(
+    kafka_bootstrap: str, topic: str
+) -> None:
+    # Given a partition with records, one without, and one the client never heard of
+    produce(kafka_bootstrap, topic, 0, ["a0", "a1"])
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "reader-marks"})
+    try:
+        deadline = time.monotonic() + 10
+        parts = [TopicPartition(topic, 0), TopicPartition(topic, 1)]
+        # When their watermarks are asked all at once
+        marks = all_watermarks(consumer, parts, deadline)
+        # Then they are what a read of each alone says
+        assert marks == {
+            (tp.topic, tp.partition): watermarks(consumer, tp, deadline, wait_for_missing=False)
+            for tp in parts
+        }
+        assert marks[(topic, 0)] == (0, 2)
+        # And a partition that does not exist fails the ask, as alone
+        gone = TopicPartition(f"gone-{uuid.uuid4().hex}", 0)
+        with pytest.raises(KafkaException):
+            all_watermarks(consumer, [*parts, gone], deadline)
+    finally:
+        consumer.close()
