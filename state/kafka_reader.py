@@ -22,8 +22,10 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
+    TopicCollection,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient
 
 from setu.envelope import H_PRODUCED_AT
 from setu.ordering.records import Record, parse_record
@@ -48,6 +50,9 @@ POLL_BATCH = 500
 # How long a watermark read is tried again while a partition's leader moves (a broker
 # restarting, a node lost: docs/design.md §7), before it fails its caller.
 WATERMARK_TIMEOUT_S = 10.0
+# How long a failed ask of many partitions' watermarks is asked again before each topic is
+# asked on its own (all_watermarks).
+TOGETHER_AGAIN_S = 2.0
 # Group-less consumers a reader keeps between reads (KafkaReader._borrowed).
 IDLE_CONSUMERS = 2
 
@@ -181,31 +186,56 @@ def all_watermarks(
     """:func:`watermarks` of many partitions in two requests to each leader (first offsets,
     then ends: ListOffsets with the earliest and latest markers, under the consumer's
     isolation level as a watermark read), however many partitions: a worker taking over a
-    thousand subscriptions asks for tens of thousands. A partition either request did not
-    answer (a topic the client does not know yet, a leader moving) is asked alone, as
-    :func:`watermarks` does."""
+    thousand subscriptions asks for tens of thousands. A topic that does not exist fails
+    such an ask whole: it is asked again for :data:`TOGETHER_AGAIN_S`, then each topic on
+    its own; a partition still without an
+    answer (its topic missing, a leader moving) is asked alone, as :func:`watermarks` does,
+    and raises as it does."""
     keys = list(dict.fromkeys((tp.topic, tp.partition) for tp in tps))
     found: dict[tuple[str, int], tuple[int, int]] = {}
     if len(keys) > 1:
-        timeout_s = max(0.1, deadline - time.monotonic())
-        try:
-            lows = consumer.offsets_for_times(
-                [TopicPartition(t, p, OFFSET_BEGINNING) for t, p in keys], timeout=timeout_s
-            )
-            highs = consumer.offsets_for_times(
-                [TopicPartition(t, p, OFFSET_END) for t, p in keys], timeout=timeout_s
-            )
-        except KafkaException:
-            lows = highs = []
-        for low, high in zip(lows, highs, strict=False):
-            if low.error is None and high.error is None and min(low.offset, high.offset) >= 0:
-                found[(low.topic, low.partition)] = (int(low.offset), int(high.offset))
+        together = _asked_together(consumer, keys, deadline)
+        # A topic made a moment ago may not be on every broker yet: asked again for a while.
+        again = min(deadline, time.monotonic() + TOGETHER_AGAIN_S)
+        while together is None and time.monotonic() < again:
+            time.sleep(0.2)
+            together = _asked_together(consumer, keys, deadline)
+        if together is None:
+            by_topic: dict[str, list[tuple[str, int]]] = {}
+            for key in keys:
+                by_topic.setdefault(key[0], []).append(key)
+            together = {}
+            for own in by_topic.values():
+                together.update(_asked_together(consumer, own, deadline) or {})
+        found.update(together)
     for topic, partition in keys:
         if (topic, partition) not in found:
             found[(topic, partition)] = watermarks(
                 consumer, TopicPartition(topic, partition), deadline, wait_for_missing=False
             )
     return found
+
+
+def _asked_together(
+    consumer: Consumer, keys: Sequence[tuple[str, int]], deadline: float
+) -> dict[tuple[str, int], tuple[int, int]] | None:
+    """The watermarks of ``keys`` in one ask of their first offsets and one of their ends:
+    those answered, or None when the ask failed whole."""
+    timeout_s = max(0.1, deadline - time.monotonic())
+    try:
+        lows = consumer.offsets_for_times(
+            [TopicPartition(t, p, OFFSET_BEGINNING) for t, p in keys], timeout=timeout_s
+        )
+        highs = consumer.offsets_for_times(
+            [TopicPartition(t, p, OFFSET_END) for t, p in keys], timeout=timeout_s
+        )
+    except KafkaException:
+        return None
+    return {
+        (low.topic, low.partition): (int(low.offset), int(high.offset))
+        for low, high in zip(lows, highs, strict=True)
+        if low.error is None and high.error is None and min(low.offset, high.offset) >= 0
+    }
 
 
 # Partitions one read together takes at most (KafkaReader.tails_together), and how many such
@@ -285,6 +315,11 @@ class KafkaReader:
     the methods in a worker thread."""
 
     def __init__(self, bootstrap: str, client_config: Mapping[str, str] | None = None) -> None:
+        self._client_config: dict[str, str | int | float | bool] = {
+            "bootstrap.servers": bootstrap,
+            **(client_config or {}),
+        }
+        self._admin: AdminClient | None = None  # see existing
         self._config = {
             "bootstrap.servers": bootstrap,
             **(client_config or {}),
@@ -416,16 +451,26 @@ class KafkaReader:
             low, _ = watermarks(consumer, tp, deadline, wait_for_missing=False)
             return low
 
-    def existing(self, topics: Sequence[str]) -> set[str]:
-        """Which of ``topics`` exist now, asked topic by topic: every runner asks at its
-        start, and the whole cluster's metadata (thousands of partitions with many
-        subscriptions) is far more than these few names."""
+    def existing(self, topics: Sequence[str], timeout_s: float = 10.0) -> set[str]:
+        """Which of ``topics`` exist now, in one request naming them: every runner asks at
+        its start (a thousand at a worker's start), and the whole cluster's metadata
+        (thousands of partitions with many subscriptions) is far more than these names."""
+        if not topics:
+            return set()
+        if self._admin is None:
+            self._admin = AdminClient(dict(self._client_config), logger=log)
+        futures = self._admin.describe_topics(
+            TopicCollection(list(dict.fromkeys(topics))), request_timeout=timeout_s
+        )
         found = set()
-        with self._borrowed() as consumer:
-            for topic in topics:
-                described = consumer.list_topics(topic=topic, timeout=10).topics.get(topic)
-                if described is not None and described.error is None:
-                    found.add(topic)
+        for name, future in futures.items():
+            try:
+                future.result(timeout=timeout_s)
+            except KafkaException as exc:
+                if exc.args[0].code() in _MISSING:
+                    continue
+                raise
+            found.add(name)
         return found
 
     def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int:

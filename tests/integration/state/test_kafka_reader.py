@@ -184,3 +184,17 @@ def test_watermarks_of_many_partitions_at_once_are_those_asked_one_by_one(
             all_watermarks(consumer, [*parts, gone], deadline)
     finally:
         consumer.close()
+
+
+def test_which_topics_exist_is_asked_in_one_go(kafka_bootstrap: str, topic: str) -> None:
+    # Given a reader and a changelog of two partitions
+    reader = KafkaReader(kafka_bootstrap)
+    try:
+        gone = f"setu.reader.gone-{uuid.uuid4().hex[:8]}.rq.4"
+        # When a runner asks which of its possible tiers exist, one of them never made
+        found = reader.existing([topic, gone, topic])
+        # Then only the one made is named, and an empty ask asks nothing
+        assert found == {topic}
+        assert reader.existing([]) == set()
+    finally:
+        reader.close()
