@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 TURN_RECORDS = 2048
 # A catch-up seek (or assignment) the client refused is asked again after this long.
 CATCH_UP_RETRY_S = 0.05
-# Takeovers of one main partition run for this many subscriptions at once.
+# Takeovers that run at once in a worker (ReaderHub._takeovers).
 TAKEOVER_CONCURRENCY = 16
 
 
@@ -182,6 +182,9 @@ class ReaderHub:
         self._asking_first: set[tuple[str, int]] = set()  # see _ask_first
         self._started = False
         self._closing = False
+        # Takeovers at once, whether of an assignment or of runners starting (a thousand new
+        # subscriptions): each holds Redis connections and Kafka reads while it runs.
+        self._takeovers = asyncio.Semaphore(TAKEOVER_CONCURRENCY)
         # Resolves with the error when a reader ended on its own (see _reader_ended).
         self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         self.membership: ReaderThread
@@ -286,13 +289,12 @@ class ReaderHub:
         for tp in partitions:
             self._owned[(tp.topic, tp.partition)] = PartitionCursors(self._turn_records)
             by_topic[tp.topic].append(tp.partition)
-        await _bounded(
-            [
+        await asyncio.gather(
+            *(
                 self._take_over(view, indices)
                 for topic, indices in by_topic.items()
                 for view in list(self._views.get(topic, ()))
-            ],
-            TAKEOVER_CONCURRENCY,
+            )
         )
         starts = []
         for tp in partitions:
@@ -310,7 +312,8 @@ class ReaderHub:
 
     async def _take_over(self, view: SubscriptionView, partitions: list[int]) -> None:
         try:
-            starts = await view.take_over(partitions)
+            async with self._takeovers:
+                starts = await view.take_over(partitions)
         except Exception as exc:
             view.fail(exc)
             return
@@ -528,13 +531,3 @@ def _failed(msg: Message, reader: str) -> bool:
     if error.code() != KafkaError._PARTITION_EOF:
         log.warning("%s reader: %s", reader, error)
     return True
-
-
-async def _bounded(work: Sequence[Awaitable[None]], limit: int) -> None:
-    gate = asyncio.Semaphore(limit)
-
-    async def one(item: Awaitable[None]) -> None:
-        async with gate:
-            await item
-
-    await asyncio.gather(*(one(item) for item in work))

@@ -392,18 +392,19 @@ class SubscriptionReading:
 async def read_subscriptions(
     client: Redis[bytes], wanted: Sequence[tuple[str, str, Sequence[int]]]
 ) -> tuple[int, list[SubscriptionReading]]:
-    """In one pipeline: the subscriptions' change count (``keys.subscriptions_changed``) and,
-    for each (project, subscription, partitions) of ``wanted``, its release version, its
-    shared breaker, and each partition's owner figures."""
-    pipe = client.pipeline(transaction=False)
-    pipe.get(keys.subscriptions_changed())
+    """In one ``MGET``: the subscriptions' change count (``keys.subscriptions_changed``)
+    and, for each (project, subscription, partitions) of ``wanted``, its release version,
+    its shared breaker, and each partition's owner figures. (A pipeline of one ``GET`` per
+    key cost a worker serving 1,000 subscriptions a third of its event loop: 8,000 commands
+    built and parsed every second.)"""
+    names = [keys.subscriptions_changed()]
     for project, subscription, partitions in wanted:
-        pipe.get(keys.release_version(project, subscription))
-        pipe.get(keys.breaker(project, subscription))
+        names.append(keys.release_version(project, subscription))
+        names.append(keys.breaker(project, subscription))
         for partition in partitions:
-            pipe.get(keys.owner_epoch(project, subscription, partition))
-            pipe.get(keys.owner_writes(project, subscription, partition))
-    replies = iter(await pipe.execute())
+            names.append(keys.owner_epoch(project, subscription, partition))
+            names.append(keys.owner_writes(project, subscription, partition))
+    replies = iter(await client.mget(names))
     changed = int(next(replies) or 0)
     out = []
     for _, _, partitions in wanted:
