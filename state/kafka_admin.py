@@ -502,7 +502,7 @@ class KafkaTopics:
                 ],
                 request_timeout=self._timeout_s,
             )
-            waiting = []
+            existing = []
             for spec in pending:
                 error = _error_of(futures[spec.name], deadline - time.monotonic())
                 if error is None:
@@ -510,7 +510,13 @@ class KafkaTopics:
                     continue
                 if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise _translate(error, f"to create {spec.name}")
-                count = self.partition_count(spec.name, max(deadline - time.monotonic(), 0.5))
+                existing.append(spec)
+            # Made by another process (the API and every worker may make a new
+            # subscription's topics at once), or being deleted: their counts in one ask.
+            counts = self._counts([spec.name for spec in existing])
+            waiting = []
+            for spec in existing:
+                count = counts.get(spec.name)
                 if count is None:
                     # Still being deleted, or not yet in this broker's metadata: try again.
                     waiting.append(spec)
@@ -525,6 +531,25 @@ class KafkaTopics:
                 time.sleep(0.2)
             pending = waiting
         self._await_visible(specs, deadline)
+
+    def _counts(self, kafka_topics: Sequence[str]) -> dict[str, int]:
+        """The partition counts of those of ``kafka_topics`` the broker describes, in one
+        request; a topic it does not (yet) know is left out."""
+        if not kafka_topics:
+            return {}
+        try:
+            futures = self._admin.describe_topics(
+                TopicCollection(list(dict.fromkeys(kafka_topics))), request_timeout=self._timeout_s
+            )
+        except KafkaException as exc:
+            raise DependencyUnavailable(f"Kafka metadata: {exc}") from exc
+        counts = {}
+        for name, future in futures.items():
+            try:
+                counts[name] = len(future.result(timeout=self._timeout_s).partitions)
+            except (KafkaException, concurrent.futures.TimeoutError):
+                continue
+        return counts
 
     def _all_usable(self, specs: Sequence[TopicSpec]) -> bool:
         """Whether every topic of ``specs`` exists with its partition count and a leader for
