@@ -346,7 +346,7 @@ class KafkaTopics:
             self._max_message_bytes,
             self._dead_letter_retention_hours,
         )
-        created = self._ensure(specs)
+        created = self._ensure(specs, keep=True)
         dlq = names.dlq_topic(sub.project, sub.name)
         if dlq not in created:  # one made before: it takes the retention set now
             self._configure_all([next(s for s in specs if s.name == dlq)], skip_unknown=True)
@@ -360,7 +360,9 @@ class KafkaTopics:
         subscriptions are made in one more, and the DLQs take the dead-letter retention in a
         third. Returns, per (project, subscription), None or what failed it; when the
         batch's create fails, each subscription is tried alone so one refusal (a topic with
-        another partition count) fails only its own."""
+        another partition count) fails only its own. What the batch made stays: deleting it
+        pulled topics from under runners already using them (1,000 new subscriptions,
+        each made by the API and by two workers at once)."""
         specs = {
             (sub.project, sub.name): subscription_specs(
                 sub,
@@ -377,7 +379,7 @@ class KafkaTopics:
         out: dict[tuple[str, str], BaseException | None] = dict.fromkeys(specs)
         created: set[str] = set()
         try:
-            created.update(self._make(missing) if missing else [])
+            created.update(self._make(missing, keep=True) if missing else [])
         except Exception as exc:
             log.warning(
                 "making the topics of %d subscriptions at once failed (%s): one at a time",
@@ -415,7 +417,8 @@ class KafkaTopics:
                 changelog_spec(
                     project, subscription, partitions, self._replication, self._max_message_bytes
                 )
-            ]
+            ],
+            keep=True,
         )
 
     def ensure_producer_marks(self) -> list[str]:
@@ -463,21 +466,23 @@ class KafkaTopics:
             return None
         return len(described.partitions)
 
-    def _ensure(self, specs: Sequence[TopicSpec]) -> list[str]:
+    def _ensure(self, specs: Sequence[TopicSpec], *, keep: bool = False) -> list[str]:
         """Creates the topics of ``specs`` that do not exist yet and waits until all are
         usable; returns the names it created. When it fails part-way, it deletes what it
-        created (best effort) before raising, so a failed request leaves nothing behind."""
+        created (best effort) before raising, so a failed request leaves nothing behind;
+        with ``keep``, what it made stays (a subscription's topics: the subscription
+        exists, and another process may be using them already)."""
         if self._all_usable(specs):
             return []
-        return self._make(specs)
+        return self._make(specs, keep=keep)
 
-    def _make(self, specs: Sequence[TopicSpec]) -> list[str]:
+    def _make(self, specs: Sequence[TopicSpec], *, keep: bool = False) -> list[str]:
         """:meth:`_ensure` without first asking whether all exist (the caller just did)."""
         created: list[str] = []
         try:
             self._create_all(specs, created)
         except BaseException:
-            if created:
+            if created and not keep:
                 try:
                     self._delete(created)
                 except Exception:

@@ -101,7 +101,7 @@ def test_more_tiers_are_added_to_an_existing_subscription(admin: KafkaTopics, to
 
 
 def test_many_subscriptions_are_made_at_once_and_one_refusal_fails_only_its_own(
-    admin: KafkaTopics, topic: Topic, kafka_bootstrap: str
+    admin: KafkaTopics, topic: Topic, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a subscription whose topics exist, two whose topics were never made, and one
     # whose DLQ exists with another partition count
@@ -111,9 +111,19 @@ def test_many_subscriptions_are_made_at_once_and_one_refusal_fails_only_its_own(
     admin.ensure_subscription(subs[0], topic)
     admin.ensure_subscription(subs[3], Topic(p, "orders", partitions=2))
     admin.remove([f"setu.{p}.s3.rq.1", f"setu.{p}.s3.rq.2", f"setu.{p}.s3.rq.3"])
+    removed: list[str] = []
+    remove = admin._delete
+
+    def recorded(names: list[str]) -> None:
+        removed.extend(names)
+        remove(names)
+
+    monkeypatch.setattr(admin, "_delete", recorded)
     try:
         # When all four are ensured together
         outcomes = admin.ensure_subscriptions([(sub, topic) for sub in subs])
+        # Then nothing the batch made is removed when it fails (others may use it already)
+        assert removed == []
         # Then the three that can be are whole, with the topic's partitions
         assert [outcomes[(p, f"s{i}")] for i in range(3)] == [None, None, None]
         for i in range(3):
