@@ -15,6 +15,7 @@ from delivery.engine import PartitionEngine
 from delivery.guards import breaker_report
 from delivery.metrics import RunnerFigures, SubscriptionMetrics
 from setu.clock import now_ms
+from setu.errors import DependencyUnavailable
 from setu.model import Subscription
 from setu.ordering.groups import Standing, standing
 from setu.ordering.tiers import DLQ, MAIN
@@ -145,10 +146,15 @@ class RunnerReporting:
         self.oldest_failed = await self._store.oldest_unhealthy()
         if self.retention_ms is None and self._retention is not None:
             tier = self._topics[1] if self.sub.retry.tiers else self._topics[MAIN]
-            self.retention_ms = {
-                Standing.RETRYING: await self._retention(tier),
-                Standing.DEAD_LETTERED: await self._retention(self._topics[DLQ]),
-            }
+            try:
+                self.retention_ms = {
+                    Standing.RETRYING: await self._retention(tier),
+                    Standing.DEAD_LETTERED: await self._retention(self._topics[DLQ]),
+                }
+            except DependencyUnavailable as exc:
+                # Asked again at the next report: a topic just made is not on every broker
+                # at once (1,000 new subscriptions' runners failed on this).
+                log.info("%s/%s: retention not read yet: %s", self.sub.project, self.sub.name, exc)
         report = {**figures, "at": at}
         await self._reports.report(self.sub.project, self.sub.name, self._worker_id, report)
         self._last = (figures, at)

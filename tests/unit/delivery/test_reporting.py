@@ -10,6 +10,7 @@ import pytest
 
 from delivery.breaker import CircuitBreaker
 from delivery.reporting import QUIET_REPORT_MS, RunnerReporting
+from setu.errors import DependencyUnavailable
 from setu.ordering.tiers import DLQ, MAIN
 from state.groups_stub import StubGroupStore
 from state.workers import STATS_FRESH_MS, StubWorkers
@@ -113,3 +114,38 @@ async def test_unchanged_figures_are_told_again_only_every_few_seconds(
     [report] = await workers.fresh("p", "s", clock[0])
     assert report["at"] == clock[0]
     assert QUIET_REPORT_MS * 2 <= STATS_FRESH_MS
+
+
+async def test_a_retention_kafka_cannot_tell_yet_is_asked_again_and_the_report_goes_out() -> None:
+    # Given a runner whose DLQ's retention the broker cannot tell at first (a topic just made
+    # is not on every broker at once)
+    workers = StubWorkers()
+    asked: list[str] = []
+
+    async def retention(topic: str) -> int | None:
+        asked.append(topic)
+        if len(asked) == 1:
+            raise DependencyUnavailable("Kafka: Unknown topic or partition")
+        return 86_400_000
+
+    sub = subscription()
+    made = RunnerReporting(
+        sub,
+        "w",
+        workers,
+        StubGroupStore(),
+        {MAIN: "main", 1: "rq.1", 2: "rq.2", DLQ: "dlq"},
+        CircuitBreaker(sub.policies.circuit_breaker, "s"),
+        Metrics(),  # type: ignore[arg-type]
+        retention,
+    )
+    engines: dict[int, Any] = {0: Engine()}
+    # When it reports
+    await made.report(engines, paused=False, slots=8)
+    # Then the report is written all the same, the retention left unknown
+    [report] = await workers.fresh("p", "s", 0)
+    assert report["partitions"] == [0] and made.retention_ms is None
+    # And the next report that is written asks again and learns it
+    await made.report(engines, paused=True, slots=8)
+    assert made.retention_ms is not None
+    assert set(made.retention_ms.values()) == {86_400_000}
