@@ -3,10 +3,13 @@
     python -m bench.fanout [--bootstrap 127.0.0.1:9092] [--redis redis://127.0.0.1:6379/0]
                            [--subscriptions 1000] [--workers 2] [--partitions 6]
                            [--rate 100] [--seconds 60] [--idle 30] [--reach-timeout 300]
+                           [--kafka-nodes 3]
 
 Setu's own processes as deployed (``setu api``, ``setu ingest`` and ``--workers`` of
-``setu deliver``, as in ``bench.latency``) on one broker; one webhook process answers 200 at
-once on a path per subscription (``/hook/<n>``) and timestamps every call.
+``setu deliver``, as in ``bench.latency``) on one broker, or on a cluster of its own with
+``--kafka-nodes`` (needed from a few hundred subscriptions: each adds 30 partitions, and one
+broker here may keep 20,000 files open); one webhook process answers 200 at once on a path per
+subscription (``/hook/<n>``) and timestamps every call.
 
 1. **Creating.** One grouped topic of ``--partitions`` partitions; once a first message of it
    reached its main log (the ingest job's start on a fresh stack is not fan-out), then
@@ -42,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import shutil
 import tempfile
 import time
 import uuid
@@ -363,7 +367,7 @@ def verdicts(figures: dict[str, Any]) -> dict[str, Any]:
 @contextlib.contextmanager
 def own_kafka(args: argparse.Namespace) -> Iterator[str]:
     """The bootstrap to run on: ``--bootstrap``, or that of a cluster of ``--kafka-nodes``
-    started here (and stopped afterwards) when that is given."""
+    started here (stopped afterwards, and its folder removed unless ``--keep``)."""
     if args.kafka_nodes <= 0:
         yield args.bootstrap
         return
@@ -380,6 +384,8 @@ def own_kafka(args: argparse.Namespace) -> Iterator[str]:
         yield cluster.bootstrap
     finally:
         cluster.stop()
+        if not args.keep:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def main() -> None:
