@@ -146,6 +146,14 @@ async def run_for(chaos: Chaos, seconds: float) -> None:
     await task
 
 
+def _started(tmp_path: Path, events: EventLog, *names: str) -> list[Component]:
+    """:func:`_nodes`, each started."""
+    components = _nodes(tmp_path, events, *names)
+    for component in components:
+        component.start()
+    return components
+
+
 def _nodes(
     tmp_path: Path, events: EventLog, *names: str, min_uptime_s: float = 0.0
 ) -> list[Component]:
@@ -319,9 +327,7 @@ async def test_a_fault_that_cannot_be_injected_now_does_not_take_every_turn(
 ) -> None:
     # Given an API, a worker and a fault that is always skipped (say, a replica never in sync)
     events = EventLog()
-    components = _nodes(tmp_path, events, "api", "worker")
-    for component in components:
-        component.start()
+    components = _started(tmp_path, events, "api", "worker")
 
     async def never_now() -> None:
         raise FaultSkipped("the replica is not in sync")
@@ -343,9 +349,7 @@ async def test_kills_go_on_while_a_slow_fault_runs_and_the_fault_ends_before_the
 ) -> None:
     # Given an API, a worker and a fault that takes a while (a node's disk being replaced)
     events = EventLog()
-    components = _nodes(tmp_path, events, "api", "worker")
-    for component in components:
-        component.start()
+    components = _started(tmp_path, events, "api", "worker")
     seen: dict[str, int] = {}
     release = asyncio.Event()
 

@@ -4,6 +4,7 @@ report to the API."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -43,7 +44,11 @@ class Port:
         self.engine = Engine()
 
 
-def reporting(metrics: Metrics, workers: StubWorkers) -> RunnerReporting:
+def reporting(
+    metrics: Metrics,
+    workers: StubWorkers,
+    retention: Callable[[str], Awaitable[int | None]] | None = None,
+) -> RunnerReporting:
     sub = subscription()
     return RunnerReporting(
         sub,
@@ -53,6 +58,7 @@ def reporting(metrics: Metrics, workers: StubWorkers) -> RunnerReporting:
         {MAIN: "main", 1: "rq.1", 2: "rq.2", DLQ: "dlq"},
         CircuitBreaker(sub.policies.circuit_breaker, "s"),
         metrics,  # type: ignore[arg-type]
+        retention,
     )
 
 
@@ -128,17 +134,7 @@ async def test_a_retention_kafka_cannot_tell_yet_is_asked_again_and_the_report_g
             raise DependencyUnavailable("Kafka: Unknown topic or partition")
         return 86_400_000
 
-    sub = subscription()
-    made = RunnerReporting(
-        sub,
-        "w",
-        workers,
-        StubGroupStore(),
-        {MAIN: "main", 1: "rq.1", 2: "rq.2", DLQ: "dlq"},
-        CircuitBreaker(sub.policies.circuit_breaker, "s"),
-        Metrics(),  # type: ignore[arg-type]
-        retention,
-    )
+    made = reporting(Metrics(), workers, retention)
     engines: dict[int, Any] = {0: Engine()}
     # When it reports
     await made.report(engines, paused=False, slots=8)
