@@ -540,21 +540,28 @@ class KafkaTopics:
     def _counts(self, kafka_topics: Sequence[str]) -> dict[str, int]:
         """The partition counts of those of ``kafka_topics`` the broker describes, in one
         request; a topic it does not (yet) know is left out."""
-        if not kafka_topics:
-            return {}
         try:
-            futures = self._admin.describe_topics(
-                TopicCollection(list(dict.fromkeys(kafka_topics))), request_timeout=self._timeout_s
-            )
+            described = self._described(kafka_topics)
         except KafkaException as exc:
             raise DependencyUnavailable(f"Kafka metadata: {exc}") from exc
-        counts = {}
+        return {name: len(topic.partitions) for name, topic in described.items()}
+
+    def _described(self, kafka_topics: Sequence[str]) -> dict[str, Any]:
+        """Each of ``kafka_topics`` the broker describes, asked in one request; one it does
+        not know, or does not answer for in time, is left out. Raises KafkaException when
+        the request cannot be made."""
+        if not kafka_topics:
+            return {}
+        futures = self._admin.describe_topics(
+            TopicCollection(list(dict.fromkeys(kafka_topics))), request_timeout=self._timeout_s
+        )
+        described = {}
         for name, future in futures.items():
             try:
-                counts[name] = len(future.result(timeout=self._timeout_s).partitions)
+                described[name] = future.result(timeout=self._timeout_s)
             except (KafkaException, concurrent.futures.TimeoutError):
                 continue
-        return counts
+        return described
 
     def _all_usable(self, specs: Sequence[TopicSpec]) -> bool:
         """Whether every topic of ``specs`` exists with its partition count and a leader for
@@ -565,25 +572,17 @@ class KafkaTopics:
     def _usable(self, specs: Sequence[TopicSpec]) -> set[str]:
         """The names of ``specs`` whose topics exist with their partition count and a leader
         for each partition, asked in one request; a topic in doubt is left out."""
-        if not specs:
-            return set()
         try:
-            futures = self._admin.describe_topics(
-                TopicCollection(list({s.name for s in specs})), request_timeout=self._timeout_s
-            )
+            described = self._described([spec.name for spec in specs])
         except KafkaException:
             return set()
-        usable = set()
-        for spec in specs:
-            try:
-                described = futures[spec.name].result(timeout=self._timeout_s)
-            except (KafkaException, concurrent.futures.TimeoutError):
-                continue
-            if len(described.partitions) == spec.partitions and all(
-                p.leader is not None for p in described.partitions
-            ):
-                usable.add(spec.name)
-        return usable
+        return {
+            spec.name
+            for spec in specs
+            if (topic := described.get(spec.name)) is not None
+            and len(topic.partitions) == spec.partitions
+            and all(p.leader is not None for p in topic.partitions)
+        }
 
     def _await_visible(self, specs: Sequence[TopicSpec], deadline: float) -> None:
         """Waits until metadata shows every topic with a leader for each partition, so a 2xx

@@ -188,9 +188,8 @@ def all_watermarks(
     isolation level as a watermark read), however many partitions: a worker taking over a
     thousand subscriptions asks for tens of thousands. A topic that does not exist fails
     such an ask whole: it is asked again for :data:`TOGETHER_AGAIN_S`, then each topic on
-    its own; a partition still without an
-    answer (its topic missing, a leader moving) is asked alone, as :func:`watermarks` does,
-    and raises as it does."""
+    its own; a partition still without an answer (its topic missing, a leader moving) is
+    asked alone, as :func:`watermarks` does, and raises as it does."""
     keys = list(dict.fromkeys((tp.topic, tp.partition) for tp in tps))
     found: dict[tuple[str, int], tuple[int, int]] = {}
     if len(keys) > 1:
@@ -321,8 +320,7 @@ class KafkaReader:
         }
         self._admin: AdminClient | None = None  # see existing
         self._config = {
-            "bootstrap.servers": bootstrap,
-            **(client_config or {}),
+            **self._client_config,
             # Never joins or commits: it only assigns partitions.
             "group.id": "setu-delivery-reader",
             "enable.auto.commit": False,
