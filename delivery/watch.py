@@ -6,7 +6,9 @@ holds what it wrote (``DurableGroupStore.verify``: a server that restarted empty
 promoted before it had the last writes, keys restored from an older snapshot) and whether an
 operator asked for groups or dead letters to be released. With a hundred subscriptions that
 was hundreds of round trips a second from a worker doing nothing. :class:`StateWatch` reads
-all of it in one pipeline a second:
+all of it in one request a second, on a Redis connection of its own (``worker.serve``): in the
+runners' shared pool it waited behind their commands under load, went stale, and every runner
+then asked Redis itself, which loaded the pool further:
 
 - per watched partition, the owner epoch and write count Redis holds, beside the count its
   owner made, sampled just before the read (the rule of ``DurableGroupStore.verify``); the

@@ -225,7 +225,12 @@ async def serve(
         instance,
         metrics.events,
     )
-    watch = StateWatch(client)
+    # Its own connection: behind the runners' commands in the shared pool, the reading went
+    # stale under load and every runner then asked Redis itself (delivery/watch.py).
+    watch_client: Redis[bytes] = async_redis(
+        settings, settings.redis_url, max_connections=1, socket_timeout=10
+    )
+    watch = StateWatch(watch_client)
     events_stop = asyncio.Event()
     event_tasks = [
         loop.create_task(sink.run(events_stop)),
@@ -281,6 +286,7 @@ async def serve(
         http.close()
         with contextlib.suppress(Exception):
             await RedisWorkers(client).stop_beating(name)
+        await close(watch_client)
         await close(client)
     if hub is not None and hub.failed.done():
         raise RuntimeError("a shared reader failed") from hub.failed.result()

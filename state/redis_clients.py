@@ -67,10 +67,16 @@ class _BlockingSentinelPool(
     ``BlockingConnectionPool`` does (the Sentinel pool only finds the address)."""
 
 
-def async_redis(settings: Settings, url: str, **timeouts: Any) -> redis.asyncio.Redis[bytes]:
+def async_redis(
+    settings: Settings, url: str, max_connections: int | None = None, **timeouts: Any
+) -> redis.asyncio.Redis[bytes]:
     """An asyncio client of the Redis (or Sentinel-named primary) of ``settings``, whose
-    commands wait for a connection when all of its pool's are busy (module doc)."""
-    pool = {"max_connections": settings.redis_max_connections, "timeout": POOL_WAIT_S}
+    commands wait for a connection when all of its pool's are busy (module doc), holding at
+    most ``max_connections`` of them (None: ``SETU_REDIS_MAX_CONNECTIONS``)."""
+    pool = {
+        "max_connections": max_connections or settings.redis_max_connections,
+        "timeout": POOL_WAIT_S,
+    }
     if not settings.redis_sentinels:
         blocking: Any = redis.asyncio.BlockingConnectionPool.from_url(url, **pool, **timeouts)
         # The client owns the pool, and closes it with itself. (types-redis predates from_pool.)
