@@ -28,6 +28,10 @@ from spark.dedup_state import PartitionMarks, checkpoint_fs
 EARLIEST = -2
 """The Kafka source's ``startingOffsets`` value for a partition's first offset."""
 
+NO_OFFSETS = "-"
+"""A source's line in a batch's ``offsets/`` entry when it had no offsets: Spark writes it for
+a Kafka source whose pattern matched no topic yet (a job started before any topic existed)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Committed:
@@ -54,6 +58,8 @@ def last_committed(checkpoint: str) -> Committed | None:
     # "v1", the batch's metadata, then one line per source: the job has one, the Kafka source.
     if len(lines) < 3:
         raise ValueError(f"{root}/offsets/{batch} has no source offsets")
+    if lines[2] == NO_OFFSETS:
+        return Committed(batch, {})  # no ingest topic existed yet: nothing was read
     source: dict[str, dict[str, int]] = json.loads(lines[2])
     offsets = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in source.items()}
     return Committed(batch, offsets)

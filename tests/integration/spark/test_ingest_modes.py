@@ -160,3 +160,30 @@ def test_past_its_partition_limit_the_job_goes_on_in_micro_batches(
         assert job.running(), job.log_tail()
     finally:
         job.stop()
+
+
+def test_a_job_stopped_before_any_topic_existed_starts_again_and_reads_the_topic_made_since(
+    world: IngestWorld, tmp_path: Path
+) -> None:
+    # Given the job ran before any topic of its project existed, and committed a batch then
+    # (`setu dev up` on a new data dir, stopped before anything was produced)
+    env = {"SETU_SPARK_REALTIME_BATCH_S": "5"}  # the shortest Spark allows
+    commits = tmp_path / "checkpoint" / "operator" / "commits"
+    first = run_ingest(world, tmp_path, env=env)
+    try:
+        wait_for("a committed batch", lambda: commits.is_dir() and any(commits.iterdir()), 120)
+    finally:
+        first.stop()
+    # When a topic is made and written to, and the job starts again on the same checkpoint
+    world.create_topic("t", partitions=1)
+    world.send("t", "m1", producer_id="p", sequence_id=1, group_id="g")
+    world.flush()
+    log = world.main_log("t")
+    again = run_ingest(world, tmp_path, env=env)
+    try:
+        # Then it runs, and the message reaches the main log
+        log.wait_for_ids({"m1"}, 180)
+        assert again.running(), again.log_tail()
+        assert "ingest query failed" not in again.log_tail(400)
+    finally:
+        again.stop()

@@ -62,3 +62,20 @@ def test_the_operator_is_seeded_with_the_marks_of_committed_batches_only(
     batch(tmp_path, 1, {TOPIC: {"0": 9}}, committed=True)
     batch(tmp_path, 2, {TOPIC: {"0": 12}}, committed=False)
     assert seed_marks(str(tmp_path), last_committed(str(tmp_path))) == [(TOPIC, 0, committed_marks)]
+
+
+def test_a_batch_committed_before_any_topic_existed_is_a_committed_batch_that_read_nothing(
+    tmp_path: Path,
+) -> None:
+    # Given a batch as Spark commits it when the pattern matched no topic yet: its source's
+    # offsets line is "-" (as the job's own checkpoint had after `setu dev up`, stopped before
+    # any topic was made)
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    (tmp_path / "offsets" / "1").write_text('v1\n{"batchWatermarkMs":0,"conf":{}}\n-')
+    (tmp_path / "commits" / "1").write_text('v2\n{"nextBatchWatermarkMs":0}')
+    # Then it is the last committed batch, and every partition starts at its first offset
+    committed = last_committed(str(tmp_path))
+    assert committed is not None
+    assert (committed.batch, committed.offsets) == (1, {})
+    assert json.loads(starting_offsets(committed, {TOPIC: 1})) == {TOPIC: {"0": EARLIEST}}
