@@ -148,8 +148,10 @@ class Settings(BaseSettings):
     # Seconds a real-time mode batch lasts: how often the query checkpoints, so at most how much
     # a crash replays (delivery skips it); records go on as they come all the same. Each batch
     # boundary pauses records for about half a second to two (docs/latency.md): 120 s keeps
-    # those pauses out of the 99th percentile at 200 msg/s, where 30 s did not.
-    spark_realtime_batch_s: int = Field(default=120, ge=1)
+    # those pauses out of the 99th percentile at 200 msg/s, where 30 s did not. Spark refuses
+    # batches under 5 s (spark.sql.streaming.realTimeMode.minBatchDuration): the query failed
+    # at every start instead of the setting being refused.
+    spark_realtime_batch_s: int = Field(default=120, ge=5)
     spark_master: str = "local[2]"
     # Spark's Kafka connector (spark-sql-kafka-0-10) fetched from Maven Central: the newest
     # served there for the installed pyspark's major version, which may trail pyspark's own

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from setu.errors import DependencyUnavailable
 from setu.settings import Settings
@@ -144,3 +145,14 @@ def test_the_job_gives_up_on_kafka_after_its_patience_or_when_asked_to_stop() ->
     stopping.set()
     with pytest.raises(DependencyUnavailable):
         until_kafka_answers(away, stopping, pause_s=lambda n: 60)
+
+
+def test_a_real_time_batch_shorter_than_spark_allows_is_refused_with_the_setting_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Spark refuses batches under 5 s: the job failed at every start instead
+    monkeypatch.setenv("SETU_SPARK_REALTIME_BATCH_S", "2")
+    with pytest.raises(ValidationError, match="spark_realtime_batch_s"):
+        Settings()
+    monkeypatch.setenv("SETU_SPARK_REALTIME_BATCH_S", "5")
+    assert Settings().spark_realtime_batch_s == 5
