@@ -9,12 +9,39 @@ A missing variable fails the test that needs it: integration tests never skip si
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
+
+
+# How long the process may take to exit once the run has ended and its summary is printed.
+EXIT_GRACE_S = 120.0
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Ends the process if it is still there :data:`EXIT_GRACE_S` after the run, with the
+    run's exit status and every thread's stack: a client library's thread that a test left
+    behind must not hold the result (or CI) at interpreter exit."""
+
+    def end_if_stuck() -> None:
+        time.sleep(EXIT_GRACE_S)
+        print(
+            f"tests: the process has not exited {EXIT_GRACE_S:.0f} s after the run; "
+            f"its threads follow, then it ends with the run's status {int(exitstatus)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        faulthandler.dump_traceback(all_threads=True)
+        os._exit(int(exitstatus))
+
+    threading.Thread(target=end_if_stuck, name="exit-watchdog", daemon=True).start()
 
 
 def _required_env(name: str) -> str:
