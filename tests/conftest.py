@@ -20,7 +20,6 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-
 # How long the process may take to exit once the run has ended and its summary is printed.
 EXIT_GRACE_S = 120.0
 
