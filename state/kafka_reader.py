@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -318,7 +319,8 @@ class KafkaReader:
             "bootstrap.servers": bootstrap,
             **(client_config or {}),
         }
-        self._admin: AdminClient | None = None  # see existing
+        self._admin: AdminClient | None = None  # see _admin_client
+        self._admin_made = threading.Lock()
         self._config = {
             **self._client_config,
             # Never joins or commits: it only assigns partitions.
@@ -455,9 +457,7 @@ class KafkaReader:
         (thousands of partitions with many subscriptions) is far more than these names."""
         if not topics:
             return set()
-        if self._admin is None:
-            self._admin = AdminClient(dict(self._client_config), logger=log)
-        futures = self._admin.describe_topics(
+        futures = self._admin_client().describe_topics(
             TopicCollection(list(dict.fromkeys(topics))), request_timeout=timeout_s
         )
         found = set()
@@ -470,6 +470,15 @@ class KafkaReader:
                 raise
             found.add(name)
         return found
+
+    def _admin_client(self) -> AdminClient:
+        """The reader's admin client, made at its first use, once: runners ask from many
+        threads at once, and a second client made meanwhile replaced the first, whose
+        requests in flight then failed ("Handle is terminating") and failed their runners."""
+        with self._admin_made:
+            if self._admin is None:
+                self._admin = AdminClient(dict(self._client_config), logger=log)
+            return self._admin
 
     def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> int:
         """The first offset at or after ``timestamp_ms``, or the end when there is none."""

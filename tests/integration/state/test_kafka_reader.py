@@ -4,14 +4,19 @@ reads (state/kafka_reader.py)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from setu.names import state_topic
+from state import kafka_reader
 from state.kafka_admin import KafkaTopics
 from state.kafka_reader import KafkaReader, Tails, all_watermarks, watermarks
 
@@ -198,3 +203,33 @@ def test_which_topics_exist_is_asked_in_one_go(kafka_bootstrap: str, topic: str)
         assert reader.existing([]) == set()
     finally:
         reader.close()
+
+
+def test_runners_starting_at_once_all_learn_which_topics_exist(
+    kafka_bootstrap: str, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a worker's new reader, and its runners all starting at once (each asks which of
+    # its dropped tiers exist, in a thread: two runners of 100 failed with "Handle is
+    # terminating" when each made the reader's admin client and one was dropped in use), on
+    # a machine where making a client takes a while (a loaded one: 50 ms here)
+    def slow_admin(config: dict[str, Any], **kwargs: Any) -> AdminClient:
+        time.sleep(0.05)
+        return AdminClient(config, **kwargs)
+
+    monkeypatch.setattr(kafka_reader, "AdminClient", slow_admin)
+    for _ in range(3):
+        reader = KafkaReader(kafka_bootstrap)
+        together = threading.Barrier(16)
+
+        def ask(reader: KafkaReader = reader, together: threading.Barrier = together) -> set[str]:
+            together.wait()
+            return reader.existing([topic])
+
+        try:
+            # When sixteen ask together
+            with ThreadPoolExecutor(16) as threads:
+                asks = [threads.submit(ask) for _ in range(16)]
+                # Then every one of them is answered
+                assert [a.result(timeout=30) for a in asks] == [{topic}] * 16
+        finally:
+            reader.close()
