@@ -191,6 +191,9 @@ def _translate(error: KafkaError, what: str) -> SetuError:
 # ("Excessively large number of partitions per request"): a worker taking over 1,000 new
 # subscriptions asks for 30,000 at once. Smaller requests also keep each one's time short.
 MAX_PARTITIONS_PER_REQUEST = 2_000
+# A batch of subscriptions' topics that Kafka was too slow to show is asked this many times in
+# all, the whole batch each time, before its subscriptions fail (their callers try again).
+BATCH_ATTEMPTS = 2
 
 
 def by_partitions(specs: Sequence[TopicSpec], limit: int) -> list[list[TopicSpec]]:
@@ -358,9 +361,11 @@ class KafkaTopics:
         """:meth:`ensure_subscription` for many subscriptions at once (a worker taking over
         a hundred of them): one request learns which topics exist, the missing ones of all
         subscriptions are made in one more, and the DLQs take the dead-letter retention in a
-        third. Returns, per (project, subscription), None or what failed it; when the
-        batch's create fails, each subscription is tried alone so one refusal (a topic with
-        another partition count) fails only its own. What the batch made stays: deleting it
+        third. Returns, per (project, subscription), None or what failed it; when Kafka
+        refuses the batch, each subscription is tried alone so one refusal (a topic with
+        another partition count) fails only its own; when Kafka is too slow to show the
+        topics, the whole batch is asked again (:data:`BATCH_ATTEMPTS`), then each
+        subscription still missing some fails with that, for its caller to try again. What the batch made stays: deleting it
         pulled topics from under runners already using them (1,000 new subscriptions,
         each made by the API and by two workers at once)."""
         specs = {
@@ -374,26 +379,43 @@ class KafkaTopics:
             for sub, topic in subs
         }
         everything = [spec for group in specs.values() for spec in group]
-        usable = self._usable(everything)
-        missing = [spec for spec in everything if spec.name not in usable]
         out: dict[tuple[str, str], BaseException | None] = dict.fromkeys(specs)
         created: set[str] = set()
-        try:
-            created.update(self._make(missing, keep=True) if missing else [])
-        except Exception as exc:
-            log.warning(
-                "making the topics of %d subscriptions at once failed (%s): one at a time",
-                len(specs),
-                exc,
-            )
-            for sub, topic in subs:
-                key = (sub.project, sub.name)
-                if any(spec.name not in usable for spec in specs[key]):
-                    try:
-                        created.update(self.ensure_subscription(sub, topic))
-                    except Exception as exc:
+        for attempt in range(1, BATCH_ATTEMPTS + 1):
+            usable = self._usable(everything)
+            missing = [spec for spec in everything if spec.name not in usable]
+            try:
+                created.update(self._make(missing, keep=True) if missing else [])
+                break
+            except DependencyUnavailable as exc:
+                # Kafka slow to show them (thousands of partitions made at once, by the API
+                # and each worker): one subscription at a time would wait as long for each.
+                if attempt < BATCH_ATTEMPTS:
+                    log.warning(
+                        "making the topics of %d subscriptions at once: %s; asking again",
+                        len(specs),
+                        exc,
+                    )
+                    continue
+                usable = self._usable(everything)
+                for key, group in specs.items():
+                    if any(spec.name not in usable for spec in group):
                         out[key] = exc
-            return out
+                return out
+            except Exception as exc:
+                log.warning(
+                    "making the topics of %d subscriptions at once failed (%s): one at a time",
+                    len(specs),
+                    exc,
+                )
+                for sub, topic in subs:
+                    key = (sub.project, sub.name)
+                    if any(spec.name not in usable for spec in specs[key]):
+                        try:
+                            created.update(self.ensure_subscription(sub, topic))
+                        except Exception as alone:
+                            out[key] = alone
+                return out
         if created:
             log.info("made Kafka topics %s", sorted(created))
         dlqs = [

@@ -165,6 +165,85 @@ def test_subscriptions_whose_topics_exceed_one_request_are_made_in_several(
             admin.delete_subscription(p, sub.name)
 
 
+class SlowToShow:
+    """Kafka that shows a batch's topics only after ``waits`` waits for them ran out
+    (thousands of partitions made at once on a loaded broker): until then neither the wait
+    nor the usable check sees them. Records the subscriptions made one at a time."""
+
+    def __init__(self, admin: KafkaTopics, monkeypatch: pytest.MonkeyPatch, waits: int) -> None:
+        self.waits = waits
+        self.alone: list[str] = []
+        wait, usable, one = admin._await_visible, admin._usable, admin.ensure_subscription
+
+        def await_visible(specs: list[kafka_admin.TopicSpec], deadline: float) -> None:
+            if self.waits > 0:
+                self.waits -= 1
+                raise DependencyUnavailable("Kafka topics did not appear in time")
+            wait(specs, deadline)
+
+        def seen(specs: list[kafka_admin.TopicSpec]) -> set[str]:
+            return set() if self.waits > 0 else usable(specs)
+
+        def ensure_one(sub: Subscription, topic: Topic) -> list[str]:
+            self.alone.append(sub.name)
+            return one(sub, topic)
+
+        monkeypatch.setattr(admin, "_await_visible", await_visible)
+        monkeypatch.setattr(admin, "_usable", seen)
+        monkeypatch.setattr(admin, "ensure_subscription", ensure_one)
+
+
+def test_a_batch_kafka_is_slow_to_show_is_asked_again_whole_not_one_at_a_time(
+    admin: KafkaTopics,
+    topic: Topic,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given three new subscriptions, and Kafka slow to show their topics once
+    p = topic.project
+    admin.ensure_topic(topic)
+    subs = [Subscription(p, f"s{i}", "orders", Endpoint("https://h")) for i in range(3)]
+    kafka = SlowToShow(admin, monkeypatch, waits=1)
+    try:
+        # When they are ensured together
+        outcomes = admin.ensure_subscriptions([(sub, topic) for sub in subs])
+        # Then the batch is asked again and each is whole, none made one at a time
+        assert list(outcomes.values()) == [None, None, None]
+        assert "asking again" in caplog.text
+        assert kafka.alone == []
+        for i in range(3):
+            owned = [f"setu.{p}.s{i}.{t}" for t in ("rq.1", "rq.2", "rq.3", "dlq", "state")]
+            assert [admin.partition_count(name) for name in owned] == [3] * 5
+    finally:
+        for sub in subs:
+            admin.delete_subscription(p, sub.name)
+
+
+def test_a_batch_kafka_stays_too_slow_for_fails_each_subscription_for_its_caller_to_retry(
+    admin: KafkaTopics, topic: Topic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two new subscriptions, and Kafka too slow to show their topics every time
+    p = topic.project
+    admin.ensure_topic(topic)
+    subs = [Subscription(p, f"s{i}", "orders", Endpoint("https://h")) for i in range(2)]
+    kafka = SlowToShow(admin, monkeypatch, waits=kafka_admin.BATCH_ATTEMPTS + 1)
+    try:
+        # When they are ensured together
+        outcomes = admin.ensure_subscriptions([(sub, topic) for sub in subs])
+        # Then each fails with Kafka's slowness (its caller tries again), none alone
+        assert all(isinstance(o, DependencyUnavailable) for o in outcomes.values())
+        assert kafka.alone == []
+        # And once Kafka shows them, the next ask finds them whole
+        kafka.waits = 0
+        assert list(admin.ensure_subscriptions([(sub, topic) for sub in subs]).values()) == [
+            None,
+            None,
+        ]
+    finally:
+        for sub in subs:
+            admin.delete_subscription(p, sub.name)
+
+
 def test_unreachable_kafka_is_503() -> None:
     admin = KafkaTopics("127.0.0.1:1", timeout_s=1)
     with pytest.raises(DependencyUnavailable):
