@@ -365,9 +365,10 @@ class KafkaTopics:
         refuses the batch, each subscription is tried alone so one refusal (a topic with
         another partition count) fails only its own; when Kafka is too slow to show the
         topics, the whole batch is asked again (:data:`BATCH_ATTEMPTS`), then each
-        subscription still missing some fails with that, for its caller to try again. What the batch made stays: deleting it
-        pulled topics from under runners already using them (1,000 new subscriptions,
-        each made by the API and by two workers at once)."""
+        subscription still missing some fails with that, for its caller to try again.
+        What the batch made stays: deleting it pulled topics from under runners already
+        using them (1,000 new subscriptions, each made by the API and by two workers at
+        once)."""
         specs = {
             (sub.project, sub.name): subscription_specs(
                 sub,
@@ -408,14 +409,12 @@ class KafkaTopics:
                     len(specs),
                     exc,
                 )
-                for sub, topic in subs:
-                    key = (sub.project, sub.name)
-                    if any(spec.name not in usable for spec in specs[key]):
-                        try:
-                            created.update(self.ensure_subscription(sub, topic))
-                        except Exception as alone:
-                            out[key] = alone
-                return out
+                incomplete = [
+                    (sub, topic)
+                    for sub, topic in subs
+                    if any(spec.name not in usable for spec in specs[(sub.project, sub.name)])
+                ]
+                return {**out, **self._one_at_a_time(incomplete)}
         if created:
             log.info("made Kafka topics %s", sorted(created))
         dlqs = [
@@ -429,6 +428,19 @@ class KafkaTopics:
         except Exception as exc:
             for key in specs:
                 out[key] = exc
+        return out
+
+    def _one_at_a_time(
+        self, subs: Sequence[tuple[Subscription, Topic]]
+    ) -> dict[tuple[str, str], BaseException | None]:
+        """Each of ``subs`` ensured alone, so one refusal fails only its own."""
+        out: dict[tuple[str, str], BaseException | None] = {}
+        for sub, topic in subs:
+            try:
+                self.ensure_subscription(sub, topic)
+                out[(sub.project, sub.name)] = None
+            except Exception as exc:
+                out[(sub.project, sub.name)] = exc
         return out
 
     def ensure_changelog(self, project: str, subscription: str, partitions: int) -> list[str]:
