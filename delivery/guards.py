@@ -49,6 +49,11 @@ class Periodic(NamedTuple):
     # While the runner has nothing to do (no record in memory, no call going), it waits for
     # records instead, up to a second (runner._every): work that only records make necessary.
     rests: bool = False
+    # Whether Redis being unreachable or slow skips a round instead of failing the runner, for
+    # up to runner.PATIENCE_S: bookkeeping that the next round does again. Not so for work a
+    # limit rests on (the share of max_in_flight), nor for Redis found without this owner's
+    # writes (StateLost: the takeover rebuilds it).
+    patient: bool = True
 
 
 def breaker_report(view: BreakerView) -> dict[str, Any]:
@@ -103,7 +108,14 @@ class SubscriptionGuards:
         work = [Periodic(POLICY_CHECK_MS, lambda: self.check(paused()))]
         if self.budget is not None:
             # Idle, the share is renewed every SLOT_IDLE_RENEW_MS anyway: a tick a second does.
-            renew = Periodic(SLOT_RENEW_MS, lambda: self.renew_slots(dispatcher, busy()), True)
+            renew = Periodic(
+                SLOT_RENEW_MS,
+                lambda: self.renew_slots(dispatcher, busy()),
+                rests=True,
+                # Unrenewed, this worker's share lapses and another may be granted it while
+                # this one still calls with it.
+                patient=False,
+            )
             work.append(renew)
         return work
 

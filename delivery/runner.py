@@ -25,10 +25,12 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+import redis.exceptions
 from confluent_kafka import Message, TopicPartition
 
 from delivery.attempts import FLUSH_MS, AttemptRecorder
@@ -59,6 +61,13 @@ log = logging.getLogger(__name__)
 BALANCE_MS = 50
 # The longest a resting periodic work waits for records (_every).
 REST_S = 1.0
+# How long a patient periodic work may fail on Redis before the runner gives up (_every): a
+# Sentinel failover takes seconds, and a worker whose commands wait for its pool under load
+# recovers once the load passes. Failing at once turned a thousand subscriptions' takeovers
+# into a cascade: each failed runner was taken over again, which loaded Redis's pool more.
+PATIENCE_S = 30.0
+# Redis unreachable, or too slow (a pool with no free connection in time).
+REDIS_AWAY = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
 async def cancel_all(tasks: Sequence[asyncio.Task[Any]], every_s: float = 0.5) -> None:
@@ -485,6 +494,7 @@ class SubscriptionRunner:
         :meth:`_resting`, for records instead (up to ``REST_S``), so a hundred idle
         subscriptions do not wake the loop thousands of times a second."""
         activity = self._activity
+        failing_since: float | None = None
         while not self._stopped.is_set():
             if periodic.rests and self._resting():
                 activity.clear()  # no await since the look: nothing arrived in between
@@ -497,8 +507,32 @@ class SubscriptionRunner:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self.fail(exc)
-                return
+                now = time.monotonic()
+                if not periodic.patient or not isinstance(exc, REDIS_AWAY):
+                    self.fail(exc)
+                    return
+                if failing_since is None:
+                    failing_since = now
+                    log.warning(
+                        "subscription %s/%s: %s failed (%r); trying again for up to %.0f s",
+                        self.sub.project,
+                        self.sub.name,
+                        _name_of(periodic),
+                        exc,
+                        PATIENCE_S,
+                    )
+                elif now - failing_since >= PATIENCE_S:
+                    self.fail(exc)
+                    return
+                continue
+            if failing_since is not None:
+                failing_since = None
+                log.info(
+                    "subscription %s/%s: %s works again",
+                    self.sub.project,
+                    self.sub.name,
+                    _name_of(periodic),
+                )
 
     async def _balance(self) -> None:
         self.flow.balance()
@@ -527,3 +561,9 @@ class SubscriptionRunner:
         abandoned, outlived = await port.drain(self.config.drain_timeout_s, forced)
         self._abandoned += abandoned
         self._outlived = self._outlived or outlived
+
+
+def _name_of(periodic: Periodic) -> str:
+    """A periodic work's name for the log: its method's, or "periodic work"."""
+    name = str(getattr(periodic.work, "__name__", "")).strip("_")
+    return "periodic work" if name in ("", "<lambda>") else name

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
+import redis
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from delivery.effects import PartitionEffects
@@ -184,8 +186,6 @@ def budgeted_runner(budget: object) -> tuple[SubscriptionRunner, ConsumerStub]:
 
 async def test_redis_away_at_the_start_neither_ends_the_runner_nor_leaves_its_consumer() -> None:
     # Given a runner whose shared budget cannot be reached (Redis failing over)
-    import redis
-
     class AwayBudget:
         async def share(
             self, worker: str, demand: int, busy: int, limit: int, ttl_ms: int = 3000
@@ -274,3 +274,72 @@ async def test_an_idle_runner_renews_its_share_when_records_arrive_not_four_time
     assert len(ticks) == started + 1
     runner.stop()
     await asyncio.wait_for(running, 10)
+
+
+class AwayWorkers(StubWorkers):
+    """Reports that fail while ``away`` (Redis unreachable, or its pool busy past its wait)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.away = True
+        self.failed = 0
+
+    async def report(
+        self, project: str, subscription: str, worker_id: str, figures: Mapping[str, Any]
+    ) -> None:
+        if self.away:
+            self.failed += 1
+            raise redis.ConnectionError("No connection available.")
+        await super().report(project, subscription, worker_id, figures)
+
+
+def reporting_runner(workers: StubWorkers) -> SubscriptionRunner:
+    sub = subscription()
+    parts = RunnerParts(
+        store=StubGroupStore(),
+        sender=WebhookSender(sub, HttpClient(allow_private=True)),
+        reader=NoDroppedTiers(),  # type: ignore[arg-type]
+        copies=NoCopies(),
+        reports=workers,
+        consumer=ConsumerStub(Consumer(0)).factory,
+    )
+    config = RunnerConfig(bootstrap="127.0.0.1:1", worker_id="w", stats_interval_ms=10)
+    return SubscriptionRunner(sub, config, parts)
+
+
+async def until(condition: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_report_redis_cannot_take_for_a_while_is_sent_again_and_the_runner_goes_on() -> (
+    None
+):
+    # Given a runner whose reports Redis cannot take (a failover, or a pool busy under load)
+    workers = AwayWorkers()
+    runner = reporting_runner(workers)
+    running = asyncio.get_running_loop().create_task(runner.run())
+    # When several rounds fail
+    await until(lambda: workers.failed >= 5)
+    # Then the runner goes on, and once Redis takes them its report is there
+    assert not running.done(), "the runner gave up on a report"
+    workers.away = False
+    await until(lambda: bool(workers.reports))
+    assert not running.done()
+    runner.stop()
+    await asyncio.wait_for(running, 10)
+
+
+async def test_a_report_redis_cannot_take_past_the_patience_ends_the_runner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a runner whose reports Redis never takes, and a patience of 0.2 s
+    monkeypatch.setattr("delivery.runner.PATIENCE_S", 0.2)
+    workers = AwayWorkers()
+    runner = reporting_runner(workers)
+    # When it runs, then it gives up with Redis's error once the patience ran out (the
+    # worker starts it anew)
+    with pytest.raises(redis.ConnectionError):
+        await asyncio.wait_for(runner.run(), 10)
