@@ -96,6 +96,22 @@ def test_plan_rejects_messages_the_producer_will_publish() -> None:
     assert plan.rejected <= published
 
 
+def test_rejected_messages_come_early_in_their_lane_and_never_from_a_failing_group() -> None:
+    # A message first called in the drain (2xx to all), or waiting behind its parked failing
+    # group until then, is never rejected: a run ended with no 4xx at all
+    for seed in range(200):
+        plan = make_plan(SHAPE, seed)
+        early = {
+            record.message_id: record.group_id
+            for lane in range(10)
+            for seq in range(150)
+            if (record := make_record("r", 100, 10, lane, seq)).message_id in plan.rejected
+        }
+        assert set(early) == plan.rejected, seed
+        assert not set(early.values()) & set(plan.windows), seed
+        assert len(plan.rejected) == 5, seed
+
+
 def test_a_flaky_group_fails_each_message_its_first_calls_then_succeeds() -> None:
     # Given a plan whose group f fails each message's first two calls
     schedule = FailureSchedule(FailurePlan(flaky={"f": 2}))
