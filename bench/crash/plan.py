@@ -193,7 +193,7 @@ def make_plan(shape: PlanShape, seed: int) -> FailurePlan:
             start = shape.start_ms + rng.randint(0, max(0, shape.span_ms - length))
             spans.append((start, start + length))
         windows[group_name(index)] = tuple(sorted(spans))
-    rejected = set()
+    rejected: set[str] = set()
     down = {group_name(index) for index in failing}
     # From the first half of a lane, and never of a failing group: a message called first in
     # the drain (which answers 2xx to all) is never rejected, and a failing group's later
