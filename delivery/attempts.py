@@ -14,7 +14,7 @@ and counted (``setu_delivery_attempt_log_dropped_total``), never holding deliver
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 import orjson
@@ -69,6 +69,10 @@ class AttemptRecorder:
     @property
     def empty(self) -> bool:
         return not self._buffer
+
+    def flush_tick(self) -> Coroutine[Any, Any, None] | None:
+        """:meth:`flush` as periodic work: None with nothing to write."""
+        return self.flush() if self._buffer else None
 
     async def flush(self) -> None:
         if not self._buffer:

@@ -18,9 +18,9 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from delivery.effects import PartitionEffects
-from delivery.guards import Periodic
 from delivery.parts import ConsumerPort, RunnerConfig
 from delivery.replays import encode_marks
+from delivery.ticker import Periodic, awaiting
 from delivery.watch import BACKSTOP_MS, StateWatch, Watched
 from delivery.writer import StateWriter
 from setu.clock import now_ms
@@ -87,9 +87,9 @@ class Commits:
 
     def periodic(self, config: RunnerConfig) -> list[Periodic]:
         return [
-            Periodic(config.commit_interval_ms, self.commit),
-            Periodic(config.release_poll_ms, self.poll_releases),
-            Periodic(config.dead_letter_trim_ms, self.trim_dead_letters),
+            Periodic(config.commit_interval_ms, self.commit_tick),
+            Periodic(config.release_poll_ms, self.releases_tick),
+            Periodic(config.dead_letter_trim_ms, awaiting(self.trim_dead_letters)),
         ]
 
     def assigned(self, tier: int, partition: int) -> None:
@@ -103,11 +103,7 @@ class Commits:
         consumer = self._consumer
         if not consumer.running:
             return
-        offsets: list[TopicPartition] = []
-        for port in list(self._ports.values()):
-            for tier, offset in port.engine.committable().items():
-                if self._committed.get((tier, port.partition)) != offset:
-                    offsets.append(self.position(port, tier, offset))
+        offsets = self._uncommitted()
         if not offsets:
             return
         try:
@@ -125,6 +121,22 @@ class Commits:
         for tp in offsets:
             self._committed[(self._tiers[tp.topic], tp.partition)] = tp.offset
         self.committed(offsets)
+
+    def commit_tick(self) -> Coroutine[Any, Any, None] | None:
+        """:meth:`commit` as periodic work: None when nothing waits to be written or
+        committed."""
+        if self._writer.idle and (not self._consumer.running or not self._uncommitted()):
+            return None
+        return self.commit()
+
+    def _uncommitted(self) -> list[TopicPartition]:
+        """What every engine says is safe to commit and was not committed yet."""
+        offsets: list[TopicPartition] = []
+        for port in list(self._ports.values()):
+            for tier, offset in port.engine.committable().items():
+                if self._committed.get((tier, port.partition)) != offset:
+                    offsets.append(self.position(port, tier, offset))
+        return offsets
 
     def position(self, port: PartitionEffects, tier: int, offset: int) -> TopicPartition:
         """What to commit for one tier partition; the main log's carries the ingest marks of
@@ -179,14 +191,23 @@ class Commits:
         """Picks up an operator's unsideline of groups and single dead letters, and checks
         that Redis still holds what this runner wrote (``GroupStore.poll_releases``); from
         the worker's watch's reading while it is fresh (delivery/watch.py)."""
+        pending = self.releases_tick()
+        if pending is not None:
+            await pending
+
+    def releases_tick(self) -> Coroutine[Any, Any, None] | None:
+        """:meth:`poll_releases` as periodic work: None when the worker's reading is fresh
+        and says nothing was released since the last poll."""
         watched = self._watched
         if watched is None or not watched.fresh():
-            await self._poll_releases()
-            return
+            return self._poll_releases()
         watched.verify()
         seen = (watched.version, frozenset(self._ports))
         if seen == self._polled and now_ms() - self._polled_at_ms < BACKSTOP_MS:
-            return
+            return None
+        return self._poll_seen(seen)
+
+    async def _poll_seen(self, seen: tuple[int | None, frozenset[int]]) -> None:
         await self._poll_releases()
         self._polled, self._polled_at_ms = seen, now_ms()
 

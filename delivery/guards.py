@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, NamedTuple
+from typing import Any
 
 from delivery.autopause import AutoPause
 from delivery.breaker import BreakerState, BreakerView, CircuitBreaker
 from delivery.dispatcher import Dispatcher
 from delivery.events import Emit
 from delivery.metrics import SubscriptionMetrics
+from delivery.ticker import Periodic
 from delivery.watch import Watched
 from setu.clock import now_ms
 from setu.model import Subscription, SubscriptionState
@@ -39,21 +40,6 @@ SLOT_QUIET_RENEW_MS = 1000
 SLOT_IDLE_RENEW_MS = 5000
 # How long a worker's word that its breaker is open lasts unless renewed (every policy check).
 SHARED_BREAKER_TTL_MS = 5_000
-
-
-class Periodic(NamedTuple):
-    """Work a runner does every ``interval_ms``."""
-
-    interval_ms: int
-    work: Callable[[], Awaitable[None]]
-    # While the runner has nothing to do (no record in memory, no call going), it waits for
-    # records instead, up to a second (runner._every): work that only records make necessary.
-    rests: bool = False
-    # Whether Redis being unreachable or slow skips a round instead of failing the runner, for
-    # up to runner.PATIENCE_S: bookkeeping that the next round does again. Not so for work a
-    # limit rests on (the share of max_in_flight), nor for Redis found without this owner's
-    # writes (StateLost: the takeover rebuilds it).
-    patient: bool = True
 
 
 def breaker_report(view: BreakerView) -> dict[str, Any]:
@@ -105,12 +91,12 @@ class SubscriptionGuards:
     ) -> list[Periodic]:
         """The guards' periodic work, given the runner's dispatcher, how many calls are being
         made, and whether the subscription is paused."""
-        work = [Periodic(POLICY_CHECK_MS, lambda: self.check(paused()))]
+        work = [Periodic(POLICY_CHECK_MS, lambda: self.check_tick(paused()))]
         if self.budget is not None:
             # Idle, the share is renewed every SLOT_IDLE_RENEW_MS anyway: a tick a second does.
             renew = Periodic(
                 SLOT_RENEW_MS,
-                lambda: self.renew_slots(dispatcher, busy()),
+                lambda: self.renew_tick(dispatcher, busy()),
                 rests=True,
                 # Unrenewed, this worker's share lapses and another may be granted it while
                 # this one still calls with it.
@@ -136,6 +122,12 @@ class SubscriptionGuards:
     async def renew_slots(self, dispatcher: Dispatcher, busy: int) -> None:
         """Asks for this worker's share of ``max_in_flight`` (state/delivery_budget.py): what
         it wants going, with headroom so a burst need not wait a round, and what it has."""
+        pending = self.renew_tick(dispatcher, busy)
+        if pending is not None:
+            await pending
+
+    def renew_tick(self, dispatcher: Dispatcher, busy: int) -> Coroutine[Any, Any, None] | None:
+        """:meth:`renew_slots` as periodic work: None when a renewal would change nothing."""
         assert self.budget is not None
         limit = self.sub.max_in_flight
         demand = dispatcher.demand()
@@ -150,7 +142,13 @@ class SubscriptionGuards:
             and dispatcher.size == ask
             and now - last[3] < quiet_ms
         ):
-            return
+            return None
+        return self._renew(dispatcher, ask, busy, limit, idle, now)
+
+    async def _renew(
+        self, dispatcher: Dispatcher, ask: int, busy: int, limit: int, idle: bool, now: int
+    ) -> None:
+        assert self.budget is not None
         ttl_ms = SLOT_IDLE_TTL_MS if idle else SLOT_ENTRY_TTL_MS
         # Until the answer arrives the pool keeps its size and may start that many calls
         # (records arriving meanwhile): they are held too, or another worker could be granted
@@ -163,12 +161,44 @@ class SubscriptionGuards:
 
     async def check(self, paused: bool) -> None:
         """Shares the breaker, then pauses the subscription when a policy says so."""
+        said = None
         if self.budget is not None:
-            await self._sync_breaker()
+            watched = self.watched
+            if watched is not None and watched.fresh():
+                shared = watched.breaker  # the worker's reading (delivery/watch.py)
+            else:
+                shared = await self.budget.shared_breaker()
+            said = self._sync_breaker(shared)
+        reason = self._pause_reason(paused)
+        if said is not None or reason is not None:
+            await self._act(said, reason)
+
+    def check_tick(self, paused: bool) -> Coroutine[Any, Any, None] | None:
+        """:meth:`check` as periodic work: None when the worker's reading of Redis is fresh
+        and there is nothing to publish or pause."""
+        said = None
+        if self.budget is not None:
+            watched = self.watched
+            if watched is None or not watched.fresh():
+                return self.check(paused)
+            said = self._sync_breaker(watched.breaker)
+        reason = self._pause_reason(paused)
+        if said is None and reason is None:
+            return None
+        return self._act(said, reason)
+
+    def _pause_reason(self, paused: bool) -> str | None:
+        """Why a policy pauses the subscription now, if one does and it is not paused yet."""
         if self._pause is None or self._pausing or paused:
-            return
-        reason = self.autopause.reason(self.breaker.rules.view(), now_ms())
-        if reason is None:
+            return None
+        return self.autopause.reason(self.breaker.rules.view(), now_ms())
+
+    async def _act(self, said: dict[str, Any] | None, reason: str | None) -> None:
+        """Publishes this worker's open breaker (``said``) and stores a policy's pause."""
+        if said is not None:
+            assert self.budget is not None
+            await self.budget.publish_breaker(said, SHARED_BREAKER_TTL_MS)
+        if reason is None or self._pause is None or self._pausing:
             return
         self._pausing = True
         sub = self.sub
@@ -189,31 +219,25 @@ class SubscriptionGuards:
             # A probe got through: the other workers may call again (_sync_breaker).
             self._background(self.budget.close_breaker(view.since_ms, SHARED_BREAKER_TTL_MS))
 
-    async def _sync_breaker(self) -> None:
-        """Shares the breaker with the subscription's other workers (delivery/breaker.py):
-        adopts another worker's open breaker, closes when another worker's probe got
-        through, carries an adopted outage on when its owner is gone, and publishes this
-        worker's own open breaker while it stays open."""
-        assert self.budget is not None
+    def _sync_breaker(self, shared: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Shares the breaker with the subscription's other workers (delivery/breaker.py),
+        given what they said (``shared``): adopts another worker's open breaker, closes when
+        another worker's probe got through, carries an adopted outage on when its owner is
+        gone; returns this worker's own open breaker to publish while it stays open."""
         breaker, rules = self.breaker, self.breaker.rules
-        watched = self.watched
-        if watched is not None and watched.fresh():
-            shared = watched.breaker  # the worker's reading (delivery/watch.py)
-        else:
-            shared = await self.budget.shared_breaker()
         word = None if shared is None else shared.get("state")
         if rules.state is BreakerState.CLOSED:
             if shared is not None and word == BreakerState.OPEN.value:
                 breaker.adopt(shared)
-            return
+            return None
         if word == BreakerState.CLOSED.value:
             breaker.release()  # another worker's probe got through
-            return
+            return None
         if rules.adopted and shared is None:
             rules.adopted = False  # its owner is gone: this worker carries the outage on
-        if not rules.adopted:
-            said = {**breaker_report(rules.view()), "state": BreakerState.OPEN.value}
-            await self.budget.publish_breaker(said, SHARED_BREAKER_TTL_MS)
+        if rules.adopted:
+            return None
+        return {**breaker_report(rules.view()), "state": BreakerState.OPEN.value}
 
 
 async def first(work: Callable[[], Awaitable[None]], what: str, sub: Subscription) -> None:

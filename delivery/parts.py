@@ -13,6 +13,7 @@ from confluent_kafka import Consumer
 
 from delivery.events import EventSink
 from delivery.kafka_io import RebalanceListener
+from delivery.ticker import Ticker
 from delivery.watch import StateWatch
 from delivery.webhook import WebhookSender
 from setu.envelope import KafkaHeaders
@@ -121,6 +122,9 @@ class RunnerParts:
     # The worker's one look at Redis a second (delivery/watch.py); None: the runner asks on
     # its own every tick.
     watch: StateWatch | None = None
+    # The worker's one timer for every runner's periodic work (delivery/ticker.py); None: the
+    # runner has one of its own.
+    ticker: Ticker | None = None
     # Makes the subscription's own Kafka topics where missing, before anything reads or writes
     # them (delivery/worker.py); None: they exist.
     prepare: Callable[[], Awaitable[None]] | None = None

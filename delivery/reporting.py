@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
 from delivery.breaker import CircuitBreaker
@@ -131,6 +131,15 @@ class RunnerReporting:
         """Tells the API this worker's share of the subscription (``engines`` by partition);
         figures that did not change are told again only every ``QUIET_REPORT_MS``, which keeps
         the report fresh (``state.workers.STATS_FRESH_MS``) at a fraction of the round trips."""
+        pending = self.report_tick(engines, paused, slots)
+        if pending is not None:
+            await pending
+
+    def report_tick(
+        self, engines: Mapping[int, PartitionEngine], paused: bool, slots: int | None
+    ) -> Coroutine[Any, Any, None] | None:
+        """:meth:`report` as periodic work: None while the figures are unchanged and were told
+        less than ``QUIET_REPORT_MS`` ago."""
         figures: dict[str, Any] = {
             "in_flight": sum(e.in_flight for e in engines.values()),
             "retry_backlog": sum(e.retry_backlog() for e in engines.values()),
@@ -142,7 +151,10 @@ class RunnerReporting:
         at = now_ms()
         last = self._last
         if last is not None and last[0] == figures and at - last[1] < QUIET_REPORT_MS:
-            return
+            return None
+        return self._send(figures, at)
+
+    async def _send(self, figures: dict[str, Any], at: int) -> None:
         self.oldest_failed = await self._store.oldest_unhealthy()
         if self.retention_ms is None and self._retention is not None:
             tier = self._topics[1] if self.sub.retry.tiers else self._topics[MAIN]

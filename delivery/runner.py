@@ -25,12 +25,10 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Coroutine
 from typing import Any
 
-import redis.exceptions
 from confluent_kafka import Message, TopicPartition
 
 from delivery.attempts import FLUSH_MS, AttemptRecorder
@@ -40,13 +38,14 @@ from delivery.effects import PartitionEffects, SubscriptionContext
 from delivery.engine import PartitionEngine
 from delivery.events import emitter
 from delivery.flow import PartitionFlow
-from delivery.guards import Periodic, SubscriptionGuards, first
+from delivery.guards import SubscriptionGuards, first
 from delivery.kafka_io import Assignment, consumer_config
 from delivery.metrics import DeliveryMetrics, RunnerFigures
 from delivery.parts import Background, RunnerConfig, RunnerParts
 from delivery.replays import decode_marks
 from delivery.reporting import RunnerReporting
 from delivery.takeover import take_over
+from delivery.ticker import Periodic, Ticker, Ticket
 from delivery.writer import StateWriter
 from setu import names
 from setu.clock import now_ms
@@ -59,26 +58,6 @@ log = logging.getLogger(__name__)
 
 # How often back-pressure is looked at (delivery/flow.py) while there is anything to look at.
 BALANCE_MS = 50
-# The longest a resting periodic work waits for records (_every).
-REST_S = 1.0
-# How long a patient periodic work may fail on Redis before the runner gives up (_every): a
-# Sentinel failover takes seconds, and a worker whose commands wait for its pool under load
-# recovers once the load passes. Failing at once turned a thousand subscriptions' takeovers
-# into a cascade: each failed runner was taken over again, which loaded Redis's pool more.
-PATIENCE_S = 30.0
-# Redis unreachable, or too slow (a pool with no free connection in time).
-REDIS_AWAY = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-
-
-async def cancel_all(tasks: Sequence[asyncio.Task[Any]], every_s: float = 0.5) -> None:
-    """Cancels ``tasks`` and waits until all ended, cancelling again those that are not: a
-    library call may swallow a cancellation (Python 3.11's ``asyncio.wait_for`` can), and a
-    housekeeping loop that went back to sleep would hold the runner's stop for its interval."""
-    while pending := [t for t in tasks if not t.done()]:
-        for task in pending:
-            task.cancel()
-        await asyncio.wait(pending, timeout=every_s)
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class SubscriptionRunner:
@@ -173,7 +152,10 @@ class SubscriptionRunner:
         self.gate = asyncio.Event()
         self.gate.set()
         self._stopped = asyncio.Event()
-        self._activity = asyncio.Event()  # records arrived (_every)
+        # The worker's one timer for every runner's periodic work (delivery/ticker.py).
+        self._ticker = parts.ticker if parts.ticker is not None else Ticker()
+        self._ticket: Ticket | None = None
+        self.label = f"subscription {sub.project}/{sub.name}"
         self._fatal: BaseException | None = None
         self.dispatcher: Dispatcher | None = None
         self._stop_mode = StopMode.GRACEFUL
@@ -204,7 +186,7 @@ class SubscriptionRunner:
         self.commits.start_watching(self.sub.project, self.sub.name, self.store)
         self.guards.watched = self.commits.watched
         consumer.start(list(self.tiers))
-        background: list[asyncio.Task[None]] = []
+        ticket: Ticket | None = None
         # From here on the consumer is in its group: whatever happens, it leaves it below
         # (a runner that left it behind would hold its partitions from its successor).
         try:
@@ -218,10 +200,7 @@ class SubscriptionRunner:
                     "share of max_in_flight",
                     self.sub,
                 )
-            background = [loop.create_task(self._every(p)) for p in self._periodic()]
-            background.append(
-                loop.create_task(self._every(Periodic(BALANCE_MS, self._balance, rests=True)))
-            )
+            self._ticket = ticket = self._ticker.add(self, self._periodic())
             stopped: asyncio.Future[Any] = loop.create_task(self._stopped.wait())
             ended: asyncio.Future[Any] = consumer.done
             await asyncio.wait([stopped, ended], return_when=asyncio.FIRST_COMPLETED)
@@ -230,7 +209,8 @@ class SubscriptionRunner:
                 error = consumer.done.exception()
                 self.fail(error or RuntimeError("the consumer stopped"))
         finally:
-            await cancel_all(background)
+            if ticket is not None:
+                await self._ticker.remove(ticket)
             await consumer.close()
             await dispatcher.close()
             if self.attempts is not None:
@@ -249,18 +229,18 @@ class SubscriptionRunner:
         assert self.dispatcher is not None
         work: list[Periodic] = [
             *self.commits.periodic(self.config),
-            Periodic(self.config.stats_interval_ms, self._report),
+            Periodic(self.config.stats_interval_ms, self._report_tick),
             *self.guards.periodic(self.dispatcher, self._busy, lambda: not self.gate.is_set()),
+            Periodic(BALANCE_MS, self._balance, rests=True),
         ]
         if self.attempts is not None:
-            attempts = self.attempts
             # Entries come from calls and records: resting, there are none to write.
-            work.append(Periodic(FLUSH_MS, attempts.flush, True))
+            work.append(Periodic(FLUSH_MS, self.attempts.flush_tick, True))
         return work
 
-    def _resting(self) -> bool:
+    def resting(self) -> bool:
         """Nothing to do until records arrive: none in memory or held back, no call going,
-        no 2xx waiting to be written, no attempt entry waiting (:meth:`_every`)."""
+        no 2xx waiting to be written, no attempt entry waiting (delivery/ticker.py)."""
         return (
             self.flow.idle()
             and not self._busy()
@@ -360,7 +340,8 @@ class SubscriptionRunner:
     # Consumer thread callbacks (on the loop)
 
     def on_batch(self, messages: list[Message]) -> None:
-        self._activity.set()
+        if self._ticket is not None:
+            self._ticker.wake(self._ticket)
         tiers, ports = self.tiers, self.ports
         skipped = self.reporting.skipped_copies(ports)
         read_ms = now_ms()
@@ -489,59 +470,19 @@ class SubscriptionRunner:
 
     # Periodic work
 
-    async def _every(self, periodic: Periodic) -> None:
-        """Runs ``periodic`` every interval; one that rests waits, while the runner is
-        :meth:`_resting`, for records instead (up to ``REST_S``), so a hundred idle
-        subscriptions do not wake the loop thousands of times a second."""
-        activity = self._activity
-        failing_since: float | None = None
-        while not self._stopped.is_set():
-            if periodic.rests and self._resting():
-                activity.clear()  # no await since the look: nothing arrived in between
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(activity.wait(), REST_S)
-            else:
-                await asyncio.sleep(periodic.interval_ms / 1000)
-            try:
-                await periodic.work()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                now = time.monotonic()
-                if not periodic.patient or not isinstance(exc, REDIS_AWAY):
-                    self.fail(exc)
-                    return
-                if failing_since is None:
-                    failing_since = now
-                    log.warning(
-                        "subscription %s/%s: %s failed (%r); trying again for up to %.0f s",
-                        self.sub.project,
-                        self.sub.name,
-                        _name_of(periodic),
-                        exc,
-                        PATIENCE_S,
-                    )
-                elif now - failing_since >= PATIENCE_S:
-                    self.fail(exc)
-                    return
-                continue
-            if failing_since is not None:
-                failing_since = None
-                log.info(
-                    "subscription %s/%s: %s works again",
-                    self.sub.project,
-                    self.sub.name,
-                    _name_of(periodic),
-                )
-
-    async def _balance(self) -> None:
+    def _balance(self) -> None:
         self.flow.balance()
         self.writer.nudge()
 
     async def _report(self) -> None:
+        pending = self._report_tick()
+        if pending is not None:
+            await pending
+
+    def _report_tick(self) -> Coroutine[Any, Any, None] | None:
         engines = {partition: port.engine for partition, port in self.ports.items()}
         slots = None if self.dispatcher is None else self.dispatcher.size
-        await self.reporting.report(engines, not self.gate.is_set(), slots)
+        return self.reporting.report_tick(engines, not self.gate.is_set(), slots)
 
     def figures(self) -> RunnerFigures:
         """Live figures for the worker's metrics (read at scrape time)."""
@@ -561,9 +502,3 @@ class SubscriptionRunner:
         abandoned, outlived = await port.drain(self.config.drain_timeout_s, forced)
         self._abandoned += abandoned
         self._outlived = self._outlived or outlived
-
-
-def _name_of(periodic: Periodic) -> str:
-    """A periodic work's name for the log: its method's, or "periodic work"."""
-    name = str(getattr(periodic.work, "__name__", "")).strip("_")
-    return "periodic work" if name in ("", "<lambda>") else name

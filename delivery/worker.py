@@ -36,6 +36,7 @@ from delivery.metrics import DeliveryMetrics, RunnerFigures
 from delivery.parts import ConsumerPort, RunnerConfig, RunnerParts
 from delivery.readers import ReaderHub, reader_config
 from delivery.runner import SubscriptionRunner
+from delivery.ticker import Ticker
 from delivery.views import SubscriptionView
 from delivery.watch import StateWatch
 from delivery.webhook import WebhookSender
@@ -140,6 +141,7 @@ class Shared:
     events: EventSink | None = None
     consumer: Callable[..., ConsumerPort] = ConsumerThread
     watch: StateWatch | None = None
+    ticker: Ticker | None = None
 
 
 def runner_parts(sub: Subscription, shared: Shared) -> RunnerParts:
@@ -167,6 +169,7 @@ def runner_parts(sub: Subscription, shared: Shared) -> RunnerParts:
         events=shared.events,
         retention=partial(_in_thread, shared.topics.retention_ms),
         watch=shared.watch,
+        ticker=shared.ticker,
         prepare=partial(shared.made_topics.ensure, sub),
     )
 
@@ -249,6 +252,7 @@ async def serve(
         sink,
         consumer,
         watch,
+        Ticker(),
     )
     worker = Worker(
         source,

@@ -140,7 +140,7 @@ async def test_a_pause_and_seek_of_a_given_up_partition_do_not_reach_its_next_as
 async def test_stopping_ends_housekeeping_that_swallowed_its_cancellation() -> None:
     # Given a housekeeping loop whose step swallows the cancellation meant to end it (as a
     # library call may) and then goes back to a long sleep
-    from delivery.runner import cancel_all
+    from delivery.ticker import cancel_all
 
     swallowed = asyncio.Event()
 
@@ -238,7 +238,7 @@ async def test_a_revocation_whose_state_changes_were_not_written_commits_nothing
 async def test_an_idle_runner_renews_its_share_when_records_arrive_not_four_times_a_second(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("delivery.runner.REST_S", 60.0)
+    monkeypatch.setattr("delivery.ticker.REST_S", 60.0)
 
     class Budget:
         async def share(
@@ -251,13 +251,13 @@ async def test_an_idle_runner_renews_its_share_when_records_arrive_not_four_time
 
     runner, _ = budgeted_runner(Budget())
     ticks: list[float] = []
-    renew = runner.guards.renew_slots
+    renew = runner.guards.renew_tick
 
-    async def counted(dispatcher: Any, busy: int) -> None:
+    def counted(dispatcher: Any, busy: int) -> Any:
         ticks.append(time.monotonic())
-        await renew(dispatcher, busy)
+        return renew(dispatcher, busy)
 
-    monkeypatch.setattr(runner.guards, "renew_slots", counted)
+    monkeypatch.setattr(runner.guards, "renew_tick", counted)
     # Given an idle runner (no records, no calls): its share is renewed once at the start
     running = asyncio.get_running_loop().create_task(runner.run())
     await turns()
@@ -336,7 +336,7 @@ async def test_a_report_redis_cannot_take_past_the_patience_ends_the_runner(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given a runner whose reports Redis never takes, and a patience of 0.2 s
-    monkeypatch.setattr("delivery.runner.PATIENCE_S", 0.2)
+    monkeypatch.setattr("delivery.ticker.PATIENCE_S", 0.2)
     workers = AwayWorkers()
     runner = reporting_runner(workers)
     # When it runs, then it gives up with Redis's error once the patience ran out (the
