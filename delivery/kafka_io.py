@@ -78,6 +78,10 @@ class Assignment:
     commit_now: list[TopicPartition]
     after_commit: Callable[[], Awaitable[None]] | None = None
     paused: list[TopicPartition] = field(default_factory=list)
+    # Tier partitions with nothing to read from their start: a shared reader need not fetch
+    # them until something is written there or sought (delivery/views.py); a consumer of the
+    # subscription's own reads them as any other.
+    idle: list[TopicPartition] = field(default_factory=list)
 
 
 def consumer_config(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from confluent_kafka import Consumer
 
@@ -95,6 +95,34 @@ class CopyWriter(Protocol):
         partition: int,
         records: Sequence[tuple[bytes, bytes | None, KafkaHeaders]],
     ) -> list[int]: ...
+
+
+@runtime_checkable
+class CopyAware(Protocol):
+    """A consumer that wants to know where its runner wrote copies: the shared tiers reader
+    does not fetch a tier partition with nothing to read until then (delivery/views.py)."""
+
+    def copied(self, topic: str, partition: int) -> None: ...
+
+
+class AnnouncedCopies:
+    """A :class:`CopyWriter` that tells ``consumer`` where each send wrote, also when it
+    failed part-way (some copies may be there)."""
+
+    def __init__(self, copies: CopyWriter, consumer: CopyAware) -> None:
+        self._copies = copies
+        self._consumer = consumer
+
+    async def send(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[tuple[bytes, bytes | None, KafkaHeaders]],
+    ) -> list[int]:
+        try:
+            return await self._copies.send(topic, partition, records)
+        finally:
+            self._consumer.copied(topic, partition)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from delivery.flow import PartitionFlow
 from delivery.guards import SubscriptionGuards, first
 from delivery.kafka_io import Assignment, consumer_config
 from delivery.metrics import DeliveryMetrics, RunnerFigures
-from delivery.parts import Background, RunnerConfig, RunnerParts
+from delivery.parts import AnnouncedCopies, Background, CopyAware, RunnerConfig, RunnerParts
 from delivery.replays import decode_marks
 from delivery.reporting import RunnerReporting
 from delivery.takeover import take_over
@@ -118,7 +118,11 @@ class SubscriptionRunner:
             project=sub.project,
             name=sub.name,
             topics=self.topics,
-            copies=parts.copies,
+            copies=(
+                AnnouncedCopies(parts.copies, self._consumer)
+                if isinstance(self._consumer, CopyAware)
+                else parts.copies
+            ),
             writer=self.writer,
             flow=self.flow,
             metrics=self.metrics,
@@ -378,6 +382,7 @@ class SubscriptionRunner:
             if tier == MAIN and tp.offset >= 0:
                 marks[tp.partition] = tp.metadata
         starts: list[TopicPartition] = []
+        idle: list[TopicPartition] = []
         commit_now: list[TopicPartition] = []
         seeks: dict[int, int] = {}
         rebuilt_before = self.store.rebuilt_after_loss
@@ -404,6 +409,7 @@ class SubscriptionRunner:
                 start = plan.starts.get(tier, -1001)  # OFFSET_INVALID: from the commit
                 starts.append(TopicPartition(self.topics[tier], partition, start))
                 self.commits.assigned(tier, partition)
+            idle.extend(TopicPartition(self.topics[tier], partition) for tier in plan.idle)
             if plan.seek_generation is not None:
                 commit_now.append(TopicPartition(self.topics[MAIN], partition, plan.starts[MAIN]))
                 seeks[partition] = plan.seek_generation
@@ -422,7 +428,7 @@ class SubscriptionRunner:
                 await self.store.mark_seek_applied(partition, generation)
 
         paused = self.flow.paused_at_start(by_index)
-        return Assignment(starts, commit_now, mark_seeks if seeks else None, paused)
+        return Assignment(starts, commit_now, mark_seeks if seeks else None, paused, idle)
 
     async def revoked(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         indices = sorted({tp.partition for tp in partitions})

@@ -41,6 +41,10 @@ class Takeover:
     starts: dict[int, int] = field(default_factory=dict)  # tiers not starting at the commit
     seek_generation: int | None = None  # to record once the seek offset is committed
     epoch: int = 0  # this owner's epoch of the partition
+    # Tiers with nothing to read from where their reading starts (their end reached): a
+    # shared tiers reader need not fetch them until something is written there or sought
+    # (docs/delivery.md, "What an idle subscription costs").
+    idle: set[int] = field(default_factory=set)
 
 
 async def take_over(
@@ -107,4 +111,10 @@ async def take_over(
     if revisit and dlq_committed is not None and min(revisit) < dlq_committed:
         plan.starts[DLQ] = min(revisit)
         plan.positions[DLQ] = min(revisit)
+    for tier in tail_tiers:
+        key = (topics[tier], partition)
+        begin = plan.starts.get(tier, committed[tier])
+        low = tails.lows.get(key, 0)
+        if key in tails.ends and max(low if begin is None else begin, low) >= tails.ends[key]:
+            plan.idle.add(tier)
     return plan

@@ -24,6 +24,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPartition
@@ -84,6 +85,14 @@ class _Recorder:
         self.commits.extend(offsets or [])
 
 
+@dataclass(slots=True)
+class _Dormant:
+    """A tier partition with nothing to read that the tiers consumer is not given."""
+
+    offset: int  # where its reading starts once woken
+    paused: bool  # what the runner last asked: paused or not
+
+
 class SubscriptionView:
     """One runner's consumer (see the module doc)."""
 
@@ -113,6 +122,9 @@ class SubscriptionView:
         self._main_paused: set[int] = set()
         # Tier partitions whose current assignment has run on the tiers consumer's thread.
         self._tier_live: set[tuple[str | None, int | None]] = set()
+        # Tier partitions with nothing to read, not assigned to the tiers consumer until a
+        # copy is written there or the runner seeks them (module doc).
+        self._dormant: dict[tuple[str, int], _Dormant] = {}
         self._lock = asyncio.Lock()  # take-overs and give-ups one at a time
         # Indices being taken over, and the tier work the runner asked for them meanwhile:
         # it runs once their tiers are assigned (a seek before it would be lost to the
@@ -235,10 +247,19 @@ class SubscriptionView:
                 tp.partition for tp in plan.paused if tp.topic == self.main_topic
             )
 
-            self._assign_tiers(wanted, tiers, paused)
+            idle = {(tp.topic, tp.partition) for tp in plan.idle}
+            held_paused = {(tp.topic, tp.partition) for tp in paused}
+            for tp in tiers:
+                key = (tp.topic, tp.partition)
+                if key in idle:
+                    self._dormant[key] = _Dormant(tp.offset, key in held_paused)
+            self._assign_tiers(
+                wanted,
+                [tp for tp in tiers if (tp.topic, tp.partition) not in idle],
+                [tp for tp in paused if (tp.topic, tp.partition) not in idle],
+            )
             for ops, then in held:
-                generations = {tp.partition: self._generation.get(tp.partition, 0) for _, tp in ops}
-                self._run_tier_ops(ops, generations, then, 0)
+                self._tier_ops(ops, then)
             if plan.commit_now:
                 await self._commit(plan.commit_now)
                 if plan.after_commit is not None:
@@ -302,8 +323,30 @@ class SubscriptionView:
 
     # Inside.
 
+    def copied(self, topic: str, partition: int) -> None:
+        """The runner wrote copies to a tier partition: the tiers consumer reads it from now
+        on, if it did not already."""
+        self._wake((topic, partition), None)
+
+    def _wake(self, key: tuple[str, int], offset: int | None) -> None:
+        """Assigns a dormant tier partition to the tiers consumer, from where its reading was
+        to start (or ``offset``: a seek), paused if the runner last asked so."""
+        dormant = self._dormant.pop(key, None)
+        if dormant is None:
+            return
+        topic, partition = key
+        start = TopicPartition(topic, partition, dormant.offset if offset is None else offset)
+        paused = [TopicPartition(topic, partition)] if dormant.paused else []
+        self._assign_tiers([partition], [start], paused)
+
     def _forget(self, partitions: list[int]) -> None:
-        tiers = [TopicPartition(t, p) for p in partitions for t in self.tier_topics]
+        tiers = [
+            TopicPartition(t, p)
+            for p in partitions
+            for t in self.tier_topics
+            # A dormant one was never given to the tiers consumer.
+            if self._dormant.pop((t, p), None) is None
+        ]
         self._tier_live.difference_update((tp.topic, tp.partition) for tp in tiers)
         for p in partitions:
             self._owned.discard(p)
@@ -338,8 +381,24 @@ class SubscriptionView:
         if any(tp.partition in self._taking for _, tp in tier_ops):
             self._held.append((tier_ops, then))  # run after the assignment (take_over)
             return
-        generations = {tp.partition: self._generation.get(tp.partition, 0) for _, tp in tier_ops}
-        self._run_tier_ops(tier_ops, generations, then, 0)
+        self._tier_ops(tier_ops, then)
+
+    def _tier_ops(
+        self, ops: list[tuple[str, TopicPartition]], then: Callable[[], None] | None
+    ) -> None:
+        """Runs ``ops`` (:meth:`_run_tier_ops`) but those of dormant partitions: their pause
+        or resume is kept for when they wake, and a seek wakes them at its offset."""
+        kept: list[tuple[str, TopicPartition]] = []
+        for op, tp in ops:
+            dormant = self._dormant.get((tp.topic, tp.partition))
+            if dormant is None:
+                kept.append((op, tp))
+            elif op == "seek":
+                self._wake((tp.topic, tp.partition), tp.offset)
+            else:
+                dormant.paused = op == "pause"
+        generations = {tp.partition: self._generation.get(tp.partition, 0) for _, tp in kept}
+        self._run_tier_ops(kept, generations, then, 0)
 
     def _run_tier_ops(
         self,

@@ -321,3 +321,94 @@ def test_a_view_whose_give_up_failed_leaves_no_cursor_for_its_successor() -> Non
         assert cursors.subscriptions() == [successor.key]
 
     asyncio.run(scenario())
+
+
+class IdleTiersRunner(FakeRunner):
+    """A runner whose takeover found nothing to read in the DLQ (its end reached), and
+    asked for it to start paused."""
+
+    async def assigned(self, committed: list[TopicPartition]) -> Assignment:
+        plan = await super().assigned(committed)
+        plan.idle = [TopicPartition(DLQ, 0)]
+        plan.paused = [TopicPartition(DLQ, 0)]
+        return plan
+
+
+def tier_work(hub: FakeHub, topic: str) -> list[tuple[str, Any]]:
+    return [(op, what) for op, what in hub.tiers.ran if what[0] == topic]
+
+
+def dlq_on_the_consumer(hub: FakeHub) -> tuple[int | None, bool]:
+    """Where the tiers consumer reads partition 0 of the DLQ from (None: not assigned), and
+    whether it is paused, from what ran on it."""
+    start, paused = None, False
+    for op, what in tier_work(hub, DLQ):
+        if op == "assign":
+            start, paused = what[2], False
+        elif op == "unassign":
+            start = None
+        elif op in ("pause", "resume"):
+            paused = op == "pause"
+    return start, paused
+
+
+def test_a_tier_partition_with_nothing_to_read_is_fetched_only_once_a_copy_is_written() -> None:
+    async def scenario() -> None:
+        hub, offsets = FakeHub(), FakeOffsets()
+        view = view_of(hub, offsets, IdleTiersRunner())
+        # Taken over: the retry tier with records is assigned, the empty DLQ is not
+        await view.take_over([0])
+        assert ("assign", (RQ1, 0, -2)) in hub.tiers.ran
+        assert tier_work(hub, DLQ) == []
+        # The runner resumes and pauses it again: nothing runs on the consumer
+        view.post(lambda c: c.resume([TopicPartition(DLQ, 0)]))
+        view.post(lambda c: c.pause([TopicPartition(DLQ, 0)]))
+        assert tier_work(hub, DLQ) == []
+        # A copy written there: assigned from where its reading starts, paused as asked
+        view.copied(DLQ, 0)
+        assert dlq_on_the_consumer(hub) == (-2, True)
+        # From then on its commands run as any tier's; a second copy assigns nothing again
+        ran = len(hub.tiers.ran)
+        view.copied(DLQ, 0)
+        view.post(lambda c: c.resume([TopicPartition(DLQ, 0)]))
+        assert hub.tiers.ran[ran:] == [("resume", (DLQ, 0))]
+        # Its records now reach the runner
+        assert (DLQ, 0) in view._tier_live
+
+    asyncio.run(scenario())
+
+
+def test_a_seek_wakes_a_dormant_tier_partition_at_its_offset_and_then_follows() -> None:
+    async def scenario() -> None:
+        hub, offsets = FakeHub(), FakeOffsets()
+        view = view_of(hub, offsets, IdleTiersRunner())
+        await view.take_over([0])
+        # An operator's release: the runner seeks the DLQ back to a dead letter
+        after: list[str] = []
+        view.post(lambda c: c.seek(TopicPartition(DLQ, 0, 3)), lambda: after.append("then"))
+        # Assigned at the sought offset (paused as it was asked), then the callback runs
+        assert dlq_on_the_consumer(hub) == (3, True)
+        for _ in range(50):
+            if after:
+                break
+            await asyncio.sleep(0.01)
+        assert after == ["then"]
+
+    asyncio.run(scenario())
+
+
+def test_giving_up_a_dormant_tier_partition_unassigns_only_what_was_assigned() -> None:
+    async def scenario() -> None:
+        hub, offsets = FakeHub(), FakeOffsets()
+        view = view_of(hub, offsets, IdleTiersRunner())
+        await view.take_over([0])
+        await view.give_up([0])
+        unassigned = [what for op, what in hub.tiers.ran if op == "unassign"]
+        assert unassigned == [(RQ1, 0)]
+        # Taken over again, it starts from its own plan, not the last one's
+        await view.take_over([0])
+        assert dlq_on_the_consumer(hub) == (None, False)
+        view.copied(DLQ, 0)
+        assert dlq_on_the_consumer(hub) == (-2, True)
+
+    asyncio.run(scenario())

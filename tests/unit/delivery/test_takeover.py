@@ -1,0 +1,78 @@
+"""Taking a partition index over (delivery/takeover.py): which tiers it finds with nothing to
+read, which a shared tiers reader then does not fetch (delivery/views.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from confluent_kafka import TopicPartition
+
+from delivery.takeover import take_over
+from setu import names
+from setu.ordering.tiers import DLQ, MAIN, topics_by_tier
+from state.groups_stub import StubGroupStore
+from state.kafka_reader import Tails
+from tests.unit.delivery.sim import subscription
+
+
+class Watermarks:
+    """A reader whose tails are empty, with each partition's first and end offsets."""
+
+    def __init__(self, marks: dict[str, tuple[int, int]]) -> None:
+        self.marks = marks  # topic -> (first offset, end offset)
+
+    async def tails_together(self, starts: Sequence[TopicPartition]) -> Tails:
+        tails = Tails()
+        for tp in starts:
+            low, end = self.marks[tp.topic]
+            tails.lows[(tp.topic, tp.partition)] = low
+            tails.ends[(tp.topic, tp.partition)] = end
+        return tails
+
+
+async def test_tiers_whose_reading_starts_at_their_end_are_idle() -> None:
+    sub = subscription()
+    topics = {tier: topic for topic, tier in topics_by_tier(sub).items()}
+    rq1, rq2 = (
+        names.retry_topic(sub.project, sub.name, 1),
+        names.retry_topic(sub.project, sub.name, 2),
+    )
+    marks = {
+        rq1: (0, 10),  # committed at its end: nothing to read
+        rq2: (0, 10),  # committed below its end: records to read
+        topics[DLQ]: (4, 4),  # never committed, empty (retention removed all): nothing
+    }
+    for tier, topic in topics.items():
+        if tier not in (MAIN, DLQ) and topic not in marks:
+            marks[topic] = (7, 9)  # never committed, holds records
+    committed: dict[int, int | None] = {tier: None for tier in topics}
+    committed[MAIN] = 3
+    committed[1], committed[2] = 10, 8
+    reader = Watermarks(marks)
+    plan = await take_over(
+        sub,
+        0,
+        committed,
+        topics,
+        StubGroupStore(),
+        reader,
+        now_ms=0,  # type: ignore[arg-type]
+    )
+    assert plan.idle == {1, DLQ}
+    assert MAIN not in plan.idle
+
+
+async def test_a_dlq_read_again_for_a_released_dead_letter_is_not_idle() -> None:
+    sub = subscription()
+    topics = {tier: topic for topic, tier in topics_by_tier(sub).items()}
+    marks = {topic: (0, 10) for tier, topic in topics.items() if tier != MAIN}
+    committed: dict[int, int | None] = dict.fromkeys(topics, 10)
+    # Nothing released: the DLQ, read to its end, is idle
+    plan = await take_over(sub, 0, committed, topics, StubGroupStore(), Watermarks(marks), 0)  # type: ignore[arg-type]
+    assert DLQ in plan.idle
+    # An operator released the dead letter at offset 6: the DLQ is read again from there
+    store = StubGroupStore()
+    await store.request_release(0, [], [6])
+    plan = await take_over(sub, 0, committed, topics, store, Watermarks(marks), 0)  # type: ignore[arg-type]
+    assert plan.starts[DLQ] == 6
+    assert DLQ not in plan.idle
