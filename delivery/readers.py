@@ -41,6 +41,12 @@ TURN_RECORDS = 2048
 CATCH_UP_RETRY_S = 0.05
 # Takeovers that run at once in a worker (ReaderHub._takeovers).
 TAKEOVER_CONCURRENCY = 16
+# How long a main partition's assignment waits for its subscriptions' takeovers before the
+# live reader starts on it. Takeovers not done by then go on and add their cursors when they
+# are, behind the live reader (the catch-up reader serves them until they reach it): waiting
+# for all of them held a worker's reading of its partitions for a minute with 200
+# subscriptions, and the group's next rebalance with it.
+TAKEOVER_WAIT_S = 2.0
 
 
 def reader_config(
@@ -162,14 +168,17 @@ class ReaderHub:
         low_offset: Callable[[str, int], int],
         group: str,
         turn_records: int = TURN_RECORDS,
+        end_offset: Callable[[str, int], int] | None = None,
     ) -> None:
         """``config(group)``: a reader's consumer settings; ``low_offset(topic, partition)``:
-        a partition's first offset (blocking, run in a thread); ``group``: the workers'
-        group (``SETU_DELIVERY_GROUP``)."""
+        a partition's first offset, ``end_offset`` its end (blocking, run in a thread; None:
+        the first offset); ``group``: the workers' group (``SETU_DELIVERY_GROUP``)."""
         self._group = group
         self._config = config
         self._low_offset = low_offset
+        self._end_offset = end_offset or low_offset
         self._turn_records = turn_records
+        self._pending_takeovers: set[asyncio.Task[None]] = set()
         self._views: dict[str, set[SubscriptionView]] = defaultdict(set)  # main topic -> views
         self._by_key: dict[str, SubscriptionView] = {}  # a cursor's key -> its view
         self._owned: dict[tuple[str, int], PartitionCursors] = {}
@@ -227,6 +236,9 @@ class ReaderHub:
 
     async def close(self) -> None:
         self._closing = True
+        for task in list(self._pending_takeovers):
+            task.cancel()
+        await asyncio.gather(*self._pending_takeovers, return_exceptions=True)
         if not self._started:
             return
         self.membership.subscribe([])
@@ -289,20 +301,26 @@ class ReaderHub:
         for tp in partitions:
             self._owned[(tp.topic, tp.partition)] = PartitionCursors(self._turn_records)
             by_topic[tp.topic].append(tp.partition)
-        await asyncio.gather(
-            *(
-                self._take_over(view, indices)
-                for topic, indices in by_topic.items()
-                for view in list(self._views.get(topic, ()))
-            )
-        )
+        loop = asyncio.get_running_loop()
+        takeovers = [
+            loop.create_task(self._take_over(view, indices))
+            for topic, indices in by_topic.items()
+            for view in list(self._views.get(topic, ()))
+        ]
+        self._pending_takeovers.update(takeovers)
+        for task in takeovers:
+            task.add_done_callback(self._pending_takeovers.discard)
+        if takeovers:
+            await asyncio.wait(takeovers, timeout=TAKEOVER_WAIT_S)
         starts = []
         for tp in partitions:
             key = (tp.topic, tp.partition)
             cursors = self._owned[key]
             start = cursors.live_start()
             if start is None:
-                start = await asyncio.to_thread(self._low_offset, tp.topic, tp.partition)
+                # No subscription taken over yet: from the end, where those still being
+                # taken over most likely are (an idle topic); any behind is caught up.
+                start = await asyncio.to_thread(self._end_offset, tp.topic, tp.partition)
                 cursors.live_next = start
             starts.append(TopicPartition(tp.topic, tp.partition, start))
             self._plan_catch_up(key)

@@ -312,6 +312,7 @@ def readers(
         ),
         reader.first_offset,
         settings.delivery_group,
+        end_offset=reader.end_offset,
     )
     hub.start(loop, config.worker_id)
     offsets = GroupOffsets(config.bootstrap, config.client_config)

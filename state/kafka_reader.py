@@ -451,6 +451,14 @@ class KafkaReader:
             low, _ = watermarks(consumer, tp, deadline, wait_for_missing=False)
             return low
 
+    def end_offset(self, topic: str, partition: int) -> int:
+        """The offset the next record written to one partition will get."""
+        with self._borrowed() as consumer:
+            deadline = time.monotonic() + WATERMARK_TIMEOUT_S
+            tp = TopicPartition(topic, partition)
+            _, high = watermarks(consumer, tp, deadline, wait_for_missing=False)
+            return high
+
     def existing(self, topics: Sequence[str], timeout_s: float = 10.0) -> set[str]:
         """Which of ``topics`` exist now, in one request naming them: every runner asks at
         its start (a thousand at a worker's start), and the whole cluster's metadata

@@ -412,3 +412,40 @@ def test_giving_up_a_dormant_tier_partition_unassigns_only_what_was_assigned() -
         assert dlq_on_the_consumer(hub) == (-2, True)
 
     asyncio.run(scenario())
+
+
+def test_the_live_reader_starts_without_waiting_for_a_slow_takeover_which_joins_it_later(
+    monkeypatch: Any,
+) -> None:
+    """A worker assigned main partitions with hundreds of subscriptions to take over read
+    none of them for a minute: the assignment waited for every takeover."""
+    from delivery.readers import ReaderHub
+
+    monkeypatch.setattr("delivery.readers.TAKEOVER_WAIT_S", 0.1)
+
+    async def scenario() -> None:
+        hub = ReaderHub(
+            lambda group: {},
+            lambda topic, partition: 0,
+            "setu.delivery",
+            end_offset=lambda t, p: 40,
+        )
+        hub.membership, hub.catch_up = FakeReader(), FakeReader()  # type: ignore[assignment]
+        hub.tiers = FakeTiers()  # type: ignore[assignment]
+        # Given a subscription whose takeover waits (its offsets are slow to come)
+        offsets = GatedOffsets()
+        view = view_of(hub, offsets)
+        # When the worker is assigned main partition 0
+        starts = await asyncio.wait_for(hub._main_assigned([TopicPartition(MAIN, 0)]), 5)
+        # Then the live reader starts at once, from the partition's end
+        assert [(tp.topic, tp.partition, tp.offset) for tp in starts] == [(MAIN, 0, 40)]
+        # And the takeover, once done, adds the subscription's cursor at its own offset
+        offsets.gate.set()
+        for _ in range(100):
+            if view.key in hub._owned[(MAIN, 0)]:
+                break
+            await asyncio.sleep(0.01)
+        assert view.key in hub._owned[(MAIN, 0)]
+        await hub.close()
+
+    asyncio.run(scenario())
