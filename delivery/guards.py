@@ -98,6 +98,8 @@ class SubscriptionGuards:
                 SLOT_RENEW_MS,
                 lambda: self.renew_tick(dispatcher, busy()),
                 rests=True,
+                # An idle share is renewed every SLOT_IDLE_RENEW_MS: a look at half that.
+                rest_ms=SLOT_IDLE_RENEW_MS // 2,
                 # Unrenewed, this worker's share lapses and another may be granted it while
                 # this one still calls with it.
                 patient=False,

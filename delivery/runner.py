@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 
 # How often back-pressure is looked at (delivery/flow.py) while there is anything to look at.
 BALANCE_MS = 50
+# How long work with nothing to do while its runner rests waits for records (ticker.Periodic).
+QUIET_REST_MS = 5000
 
 
 class SubscriptionRunner:
@@ -235,11 +237,13 @@ class SubscriptionRunner:
             *self.commits.periodic(self.config),
             Periodic(self.config.stats_interval_ms, self._report_tick),
             *self.guards.periodic(self.dispatcher, self._busy, lambda: not self.gate.is_set()),
-            Periodic(BALANCE_MS, self._balance, rests=True),
+            # Resting, there is nothing to balance and nothing to flush: a rest of 5 s, not 1,
+            # is a backstop only (records arriving wake them at once).
+            Periodic(BALANCE_MS, self._balance, rests=True, rest_ms=QUIET_REST_MS),
         ]
         if self.attempts is not None:
             # Entries come from calls and records: resting, there are none to write.
-            work.append(Periodic(FLUSH_MS, self.attempts.flush_tick, True))
+            work.append(Periodic(FLUSH_MS, self.attempts.flush_tick, True, QUIET_REST_MS))
         return work
 
     def resting(self) -> bool:

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 # Works due within this of each other run in one firing of the timer.
 GRAIN_S = 0.025
-# The longest a resting work waits for records.
+# The longest a resting work waits for records, unless it says otherwise (Periodic.rest_ms).
 REST_S = 1.0
 # How long a patient work may fail on Redis before its owner gives up: a Sentinel failover
 # takes seconds, and a worker whose commands wait for its pool under load recovers once the
@@ -56,8 +56,9 @@ class Periodic(NamedTuple):
     interval_ms: int
     work: Work
     # While the owner has nothing to do (Owner.resting), it waits for records instead, up to
-    # REST_S: work that only records make necessary.
+    # rest_ms (None: REST_S): work that only records make necessary.
     rests: bool = False
+    rest_ms: int | None = None
     # Whether Redis being unreachable or slow skips a round instead of failing the owner, for
     # up to PATIENCE_S: bookkeeping that the next round does again. Not so for work a limit
     # rests on (the share of max_in_flight), nor for Redis found without this owner's writes
@@ -186,14 +187,15 @@ class Ticker:
 
     def _run(self, entry: _Entry, now: float) -> None:
         periodic, ticket = entry.periodic, entry.ticket
+        rest_s = REST_S if periodic.rest_ms is None else periodic.rest_ms / 1000
         if (
             periodic.rests
             and not entry.woken
-            and now - entry.last < REST_S
+            and now - entry.last < rest_s
             and ticket.owner.resting()
         ):
             entry.resting = ticket.sleeping = True
-            self._schedule(entry, entry.last + REST_S)
+            self._schedule(entry, entry.last + rest_s)
             return
         entry.resting = entry.woken = False
         entry.last = now

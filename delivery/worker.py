@@ -196,6 +196,11 @@ async def serve(
     name = worker_id(settings)
     instance = f"{name}:{os.getpid()}"
     client: Redis[bytes] = async_redis(settings, settings.redis_url, socket_timeout=10)
+    # The runners' commands, gathered into pipelines (state/redis_clients.py, PipelinedRedis);
+    # the event stream's blocking reads keep the plain client.
+    runners_client: Redis[bytes] = async_redis(
+        settings, settings.redis_url, pipelined=True, socket_timeout=10
+    )
     limits = MessageLimits(settings.max_message_bytes)
     kafka = settings.kafka_client_config()
     producer = AsyncProducer(
@@ -242,7 +247,7 @@ async def serve(
     ]
     shared = Shared(
         config,
-        client,
+        runners_client,
         producer,
         http,
         source,
@@ -291,6 +296,7 @@ async def serve(
         with contextlib.suppress(Exception):
             await RedisWorkers(client).stop_beating(name)
         await close(watch_client)
+        await close(runners_client)
         await close(client)
     if hub is not None and hub.failed.done():
         raise RuntimeError("a shared reader failed") from hub.failed.result()

@@ -13,6 +13,7 @@ for more at a takeover, and every refused command stopped a subscription.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import redis
@@ -67,12 +68,79 @@ class _BlockingSentinelPool(
     ``BlockingConnectionPool`` does (the Sentinel pool only finds the address)."""
 
 
+# The most commands one pipeline of a PipelinedRedis carries.
+PIPELINE_MAX = 512
+
+
+class PipelinedRedis(redis.asyncio.Redis):  # type: ignore[type-arg]
+    """A client whose commands, from whatever task, go to Redis together: those asked in
+    one turn of the event loop are sent in one pipeline (not a transaction: each succeeds or
+    fails alone, in the order asked), on one connection. A delivery worker serving a thousand
+    subscriptions asked Redis for thousands of small things a second (state writes, outcome
+    trims, attempt logs, shares), one round trip and one pooled connection each: its hundred
+    connections were all waiting on a loop that could not read their answers fast enough,
+    and commands that waited past ``POOL_WAIT_S`` failed their runners. redis-py pipelines
+    only what one caller puts in one pipeline; this gathers across callers. Not for blocking
+    commands (``BLPOP``, ``XREAD BLOCK``): they would hold every command sent with them.
+    ``client.pipeline()`` and transactions go as they do on any client."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._asked: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()
+        if not self._asked:
+            loop.call_soon(self._send_asked)
+        self._asked.append((args, options, answer))
+        return await answer
+
+    def _send_asked(self) -> None:
+        asked, self._asked = self._asked, []
+        loop = asyncio.get_running_loop()
+        for start in range(0, len(asked), PIPELINE_MAX):
+            task = loop.create_task(self._send(asked[start : start + PIPELINE_MAX]))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _send(
+        self, batch: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]]
+    ) -> None:
+        try:
+            async with self.pipeline(transaction=False) as pipe:
+                for args, options, _ in batch:
+                    pipe.execute_command(*args, **options)
+                answers = await pipe.execute(raise_on_error=False)
+        except BaseException as exc:  # the connection failed: every command of it did
+            for _, _, answer in batch:
+                if not answer.done():
+                    answer.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        for (_, _, answer), result in zip(batch, answers, strict=True):
+            if answer.done():  # its caller was cancelled meanwhile
+                continue
+            if isinstance(result, Exception):
+                answer.set_exception(result)
+            else:
+                answer.set_result(result)
+
+
 def async_redis(
-    settings: Settings, url: str, max_connections: int | None = None, **timeouts: Any
+    settings: Settings,
+    url: str,
+    max_connections: int | None = None,
+    pipelined: bool = False,
+    **timeouts: Any,
 ) -> redis.asyncio.Redis[bytes]:
     """An asyncio client of the Redis (or Sentinel-named primary) of ``settings``, whose
     commands wait for a connection when all of its pool's are busy (module doc), holding at
-    most ``max_connections`` of them (None: ``SETU_REDIS_MAX_CONNECTIONS``)."""
+    most ``max_connections`` of them (None: ``SETU_REDIS_MAX_CONNECTIONS``); ``pipelined``:
+    a :class:`PipelinedRedis`."""
+    kind: Any = PipelinedRedis if pipelined else redis.asyncio.Redis
     pool = {
         "max_connections": max_connections or settings.redis_max_connections,
         "timeout": POOL_WAIT_S,
@@ -80,7 +148,7 @@ def async_redis(
     if not settings.redis_sentinels:
         blocking: Any = redis.asyncio.BlockingConnectionPool.from_url(url, **pool, **timeouts)
         # The client owns the pool, and closes it with itself. (types-redis predates from_pool.)
-        plain: redis.asyncio.Redis[bytes] = redis.asyncio.Redis.from_pool(blocking)  # type: ignore[attr-defined]
+        plain: redis.asyncio.Redis[bytes] = kind.from_pool(blocking)
         return plain
     sentinel = redis.asyncio.sentinel.Sentinel(
         sentinel_addresses(settings.redis_sentinels),
@@ -89,6 +157,7 @@ def async_redis(
     )
     client: redis.asyncio.Redis[bytes] = sentinel.master_for(
         settings.redis_sentinel_master,
+        redis_class=kind,
         connection_pool_class=_BlockingSentinelPool,
         **pool,
         **primary_options(url),

@@ -9,6 +9,7 @@ import asyncio
 import uuid
 
 import pytest
+import redis
 
 from setu.settings import Settings
 from state.redis_clients import async_redis, close
@@ -34,5 +35,73 @@ async def test_commands_beyond_the_pool_wait_for_a_connection_instead_of_failing
         # And the client works on
         assert await client.incr(key) == 1
         await client.delete(key)
+    finally:
+        await close(client)
+
+
+async def test_commands_asked_together_from_many_tasks_share_a_few_round_trips(
+    redis_url: str,
+) -> None:
+    # Given the pipelined client, whose pool's connections are counted as they are taken
+    settings = Settings(redis_url=redis_url)
+    client = async_redis(settings, redis_url, pipelined=True, socket_timeout=10)
+    taken = 0
+    get_connection = client.connection_pool.get_connection
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        nonlocal taken
+        taken += 1
+        return await get_connection(*args, **kwargs)
+
+    client.connection_pool.get_connection = counted  # type: ignore[method-assign]
+    key = f"pipelined-{uuid.uuid4().hex}"
+    try:
+        # When 2,000 tasks each ask for one increment at once
+        answers = await asyncio.gather(*(client.incr(key) for _ in range(2000)))
+        # Then each got its own answer, in the order asked, through a handful of round trips
+        assert answers == list(range(1, 2001))
+        assert taken <= 8, taken
+        assert int(await client.get(key) or 0) == 2000
+    finally:
+        await client.delete(key)
+        await close(client)
+
+
+async def test_a_failing_command_fails_alone_and_scripts_survive_a_flushed_cache(
+    redis_url: str,
+) -> None:
+    settings = Settings(redis_url=redis_url)
+    client = async_redis(settings, redis_url, pipelined=True, socket_timeout=10)
+    key = f"pipelined-{uuid.uuid4().hex}"
+    try:
+        await client.set(key, "text")
+        # A command Redis refuses (a list command on a string) fails; those beside it do not
+        results = await asyncio.gather(
+            client.get(key), client.lpush(key, "x"), client.strlen(key), return_exceptions=True
+        )
+        assert results[0] == b"text"
+        assert isinstance(results[1], redis.ResponseError)
+        assert results[2] == 4
+        # A script runs, also once Redis forgot it (loaded again on its NOSCRIPT answer)
+        script = client.register_script("return redis.call('STRLEN', KEYS[1])")
+        assert await script(keys=[key]) == 4
+        await client.script_flush()
+        assert await script(keys=[key]) == 4
+    finally:
+        await client.delete(key)
+        await close(client)
+
+
+async def test_a_connection_that_fails_fails_every_command_sent_on_it(redis_url: str) -> None:
+    # Given a pipelined client of a port where nothing listens
+    settings = Settings(redis_url="redis://127.0.0.1:1/0")
+    client = async_redis(settings, "redis://127.0.0.1:1/0", pipelined=True, socket_timeout=2)
+    try:
+        # Then every command asked together gets the connection's error, none hangs
+        results = await asyncio.wait_for(
+            asyncio.gather(*(client.get(f"k{n}") for n in range(10)), return_exceptions=True),
+            30,
+        )
+        assert all(isinstance(r, redis.ConnectionError) for r in results), results
     finally:
         await close(client)

@@ -220,3 +220,19 @@ async def test_removing_an_owner_cancels_its_work_in_progress_and_waits_for_it()
     await asyncio.wait_for(began.wait(), 5)
     await asyncio.wait_for(ticker.remove(ticket), 5)
     assert ended.is_set()
+
+
+async def test_a_work_may_rest_longer_or_shorter_than_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("delivery.ticker.REST_S", 60.0)
+    ticker = Ticker()
+    own, sentinel = Counted(), Counted()
+    ticket = ticker.add(
+        Owner(resting=True),
+        [Periodic(10, own, rests=True, rest_ms=100), Periodic(10, sentinel)],
+    )
+    # Its own rest of 100 ms, not the default minute
+    await until(lambda: own.rounds >= 3)
+    assert sentinel.rounds >= 5 * own.rounds
+    await ticker.remove(ticket)
