@@ -68,10 +68,6 @@ class _BlockingSentinelPool(
     ``BlockingConnectionPool`` does (the Sentinel pool only finds the address)."""
 
 
-# The most commands one pipeline of a PipelinedRedis carries.
-PIPELINE_MAX = 512
-
-
 class PipelinedRedis(redis.asyncio.Redis):  # type: ignore[type-arg]
     """A client whose commands, from whatever task, go to Redis together: those asked in
     one turn of the event loop are sent in one pipeline (not a transaction: each succeeds or
@@ -99,11 +95,10 @@ class PipelinedRedis(redis.asyncio.Redis):  # type: ignore[type-arg]
 
     def _send_asked(self) -> None:
         asked, self._asked = self._asked, []
-        loop = asyncio.get_running_loop()
-        for start in range(0, len(asked), PIPELINE_MAX):
-            task = loop.create_task(self._send(asked[start : start + PIPELINE_MAX]))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+        # One pipeline, however long: Redis runs its commands in the order asked.
+        task = asyncio.get_running_loop().create_task(self._send(asked))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     async def _send(
         self, batch: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]]
