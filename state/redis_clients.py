@@ -68,6 +68,10 @@ class _BlockingSentinelPool(
     ``BlockingConnectionPool`` does (the Sentinel pool only finds the address)."""
 
 
+# Pipelines a PipelinedRedis has out at once (each holds a connection while it is).
+PIPELINES_IN_FLIGHT = 4
+
+
 class PipelinedRedis(redis.asyncio.Redis):  # type: ignore[type-arg]
     """A client whose commands, from whatever task, go to Redis together: those asked in
     one turn of the event loop are sent in one pipeline (not a transaction: each succeeds or
@@ -84,21 +88,35 @@ class PipelinedRedis(redis.asyncio.Redis):  # type: ignore[type-arg]
         super().__init__(*args, **kwargs)
         self._asked: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]] = []
         self._sending: set[asyncio.Task[None]] = set()
+        self._due = False  # a send of what is asked is scheduled
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[Any] = loop.create_future()
-        if not self._asked:
-            loop.call_soon(self._send_asked)
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._asked.append((args, options, answer))
+        self._schedule()
         return await answer
 
+    def _schedule(self) -> None:
+        # While PIPELINES_IN_FLIGHT are out, what is asked waits for one to end and goes
+        # with everything asked meanwhile: a loop that falls behind sends fewer, longer
+        # pipelines instead of taking every connection of the pool.
+        if self._asked and not self._due and len(self._sending) < PIPELINES_IN_FLIGHT:
+            self._due = True
+            asyncio.get_running_loop().call_soon(self._send_asked)
+
     def _send_asked(self) -> None:
+        self._due = False
         asked, self._asked = self._asked, []
+        if not asked:
+            return
         # One pipeline, however long: Redis runs its commands in the order asked.
         task = asyncio.get_running_loop().create_task(self._send(asked))
         self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._sending.discard(task)
+        self._schedule()
 
     async def _send(
         self, batch: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]]

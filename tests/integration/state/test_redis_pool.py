@@ -105,3 +105,51 @@ async def test_a_connection_that_fails_fails_every_command_sent_on_it(redis_url:
         assert all(isinstance(r, redis.ConnectionError) for r in results), results
     finally:
         await close(client)
+
+
+async def test_many_callers_asking_turn_after_turn_hold_a_few_connections_at_most(
+    redis_url: str,
+) -> None:
+    # Given the pipelined client, whose pool counts the connections held at once
+    settings = Settings(redis_url=redis_url)
+    client = async_redis(settings, redis_url, pipelined=True, socket_timeout=10)
+    pool = client.connection_pool
+    held = most = 0
+    get_connection, release = pool.get_connection, pool.release
+
+    async def counted_get(*args: object, **kwargs: object) -> object:
+        nonlocal held, most
+        connection = await get_connection(*args, **kwargs)
+        held += 1
+        most = max(most, held)
+        return connection
+
+    async def counted_release(connection: object) -> None:
+        nonlocal held
+        held -= 1
+        await release(connection)  # type: ignore[arg-type]
+
+    pool.get_connection = counted_get  # type: ignore[method-assign]
+    pool.release = counted_release  # type: ignore[assignment]
+    key = f"pipelined-{uuid.uuid4().hex}"
+    # An increment Redis takes a millisecond over: a busy server, or a loop slow to read
+    slow_incr = client.register_script(
+        "local t = redis.call('TIME') local start = t[1] * 1000000 + t[2] "
+        "repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start > 1000 "
+        "return redis.call('INCR', KEYS[1])"
+    )
+
+    async def caller(n: int) -> None:
+        for i in range(20):
+            await slow_incr(keys=[key])
+            await asyncio.sleep((n * 7 + i) % 5 / 1000)  # callers out of step
+
+    try:
+        # When 300 callers each ask 20 times, one command after the other
+        await asyncio.gather(*(caller(n) for n in range(300)))
+        # Then all 6,000 were done, with no more than a few connections held at any time
+        assert int(await client.get(key) or 0) == 6000
+        assert most <= 4, most
+    finally:
+        await client.delete(key)
+        await close(client)
