@@ -152,10 +152,13 @@ class RunnerReporting:
         last = self._last
         if last is not None and last[0] == figures and at - last[1] < QUIET_REPORT_MS:
             return None
-        return self._send(figures, at)
+        # Only the owner of a partition holds its failed groups: one whose engines hold none
+        # has nothing to say of their age, and need not ask Redis every report.
+        unhealthy = any(e.states for e in engines.values())
+        return self._send(figures, at, unhealthy)
 
-    async def _send(self, figures: dict[str, Any], at: int) -> None:
-        self.oldest_failed = await self._store.oldest_unhealthy()
+    async def _send(self, figures: dict[str, Any], at: int, unhealthy: bool) -> None:
+        self.oldest_failed = await self._store.oldest_unhealthy() if unhealthy else {}
         if self.retention_ms is None and self._retention is not None:
             tier = self._topics[1] if self.sub.retry.tiers else self._topics[MAIN]
             try:

@@ -23,6 +23,7 @@ Contract (both :class:`RedisGroupStore` and :class:`state.groups_stub.StubGroupS
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -389,6 +390,17 @@ class SubscriptionReading:
     held: dict[int, tuple[int, int]]  # partition -> (owner epoch, writes) Redis holds
 
 
+@functools.lru_cache(maxsize=16_384)
+def _reading_keys(project: str, subscription: str, partitions: tuple[int, ...]) -> list[str]:
+    """The keys :func:`read_subscriptions` reads for one subscription, in its order: made
+    once, not each second for each of a worker's subscriptions."""
+    names = [keys.release_version(project, subscription), keys.breaker(project, subscription)]
+    for partition in partitions:
+        names.append(keys.owner_epoch(project, subscription, partition))
+        names.append(keys.owner_writes(project, subscription, partition))
+    return names
+
+
 async def read_subscriptions(
     client: Redis[bytes], wanted: Sequence[tuple[str, str, Sequence[int]]]
 ) -> tuple[int, list[SubscriptionReading]]:
@@ -399,11 +411,7 @@ async def read_subscriptions(
     built and parsed every second.)"""
     names = [keys.subscriptions_changed()]
     for project, subscription, partitions in wanted:
-        names.append(keys.release_version(project, subscription))
-        names.append(keys.breaker(project, subscription))
-        for partition in partitions:
-            names.append(keys.owner_epoch(project, subscription, partition))
-            names.append(keys.owner_writes(project, subscription, partition))
+        names.extend(_reading_keys(project, subscription, tuple(partitions)))
     replies = iter(await client.mget(names))
     changed = int(next(replies) or 0)
     out = []

@@ -12,6 +12,7 @@ import pytest
 from delivery.breaker import CircuitBreaker
 from delivery.reporting import QUIET_REPORT_MS, RunnerReporting
 from setu.errors import DependencyUnavailable
+from setu.ordering.groups import Standing
 from setu.ordering.tiers import DLQ, MAIN
 from state.groups_stub import StubGroupStore
 from state.workers import STATS_FRESH_MS, StubWorkers
@@ -31,9 +32,10 @@ class Metrics:
 
 
 class Engine:
-    def __init__(self) -> None:
+    def __init__(self, failed_groups: int = 1) -> None:
         self.stale_copies = self.replay_copies = 0
         self.in_flight = 2
+        self.states = {f"g{n}": object() for n in range(failed_groups)}
 
     def retry_backlog(self) -> int:
         return 3
@@ -145,3 +147,33 @@ async def test_a_retention_kafka_cannot_tell_yet_is_asked_again_and_the_report_g
     await made.report(engines, paused=True, slots=8)
     assert made.retention_ms is not None
     assert set(made.retention_ms.values()) == {86_400_000}
+
+
+class CountedStore(StubGroupStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    async def oldest_unhealthy(self) -> dict[Standing, int]:
+        self.asked += 1
+        return await super().oldest_unhealthy()
+
+
+async def test_only_a_worker_holding_failed_groups_asks_redis_for_their_age() -> None:
+    sub = subscription()
+    store = CountedStore()
+    made = RunnerReporting(
+        sub,
+        "w",
+        StubWorkers(),
+        store,
+        {MAIN: "main", 1: "rq.1", 2: "rq.2", DLQ: "dlq"},
+        CircuitBreaker(sub.policies.circuit_breaker, "s"),
+        Metrics(),  # type: ignore[arg-type]
+    )
+    # Its partitions hold no failed group: the report goes out without asking
+    await made.report({0: Engine(failed_groups=0)}, paused=False, slots=8)
+    assert (store.asked, made.oldest_failed) == (0, {})
+    # One of them holds one: the age is asked with the report
+    await made.report({0: Engine(failed_groups=1)}, paused=True, slots=8)
+    assert store.asked == 1
