@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 import redis.asyncio
+import redis.asyncio.client
 import redis.asyncio.sentinel
 import redis.sentinel
 from redis.connection import parse_url
@@ -80,9 +81,11 @@ class PipelinedRedis(redis.asyncio.Redis):  # type: ignore[type-arg]
     trims, attempt logs, shares), one round trip and one pooled connection each: its hundred
     connections were all waiting on a loop that could not read their answers fast enough,
     and commands that waited past ``POOL_WAIT_S`` failed their runners. redis-py pipelines
-    only what one caller puts in one pipeline; this gathers across callers. Not for blocking
-    commands (``BLPOP``, ``XREAD BLOCK``): they would hold every command sent with them.
-    ``client.pipeline()`` and transactions go as they do on any client."""
+    only what one caller puts in one pipeline; this gathers across callers, the commands of
+    a caller's own ``pipeline(transaction=False)`` included (in a row, in their order). Not
+    for blocking commands (``BLPOP``, ``XREAD BLOCK``): they would hold every command sent
+    with them. Transactions (and ``WATCH``) take a connection of their own, as on any
+    client."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -95,6 +98,23 @@ class PipelinedRedis(redis.asyncio.Redis):  # type: ignore[type-arg]
         self._asked.append((args, options, answer))
         self._schedule()
         return await answer
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Any:
+        if transaction:
+            return super().pipeline(transaction, shard_hint)
+        return _GatheredPipeline(self, shard_hint)
+
+    async def gathered(self, commands: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
+        """Answers to ``commands``, sent in a row with what else is asked: each an answer or
+        the exception Redis (or the connection) gave it."""
+        loop = asyncio.get_running_loop()
+        answers: list[asyncio.Future[Any]] = []
+        for args, options in commands:
+            answer: asyncio.Future[Any] = loop.create_future()
+            self._asked.append((args, options, answer))
+            answers.append(answer)
+        self._schedule()
+        return await asyncio.gather(*answers, return_exceptions=True)
 
     def _schedule(self) -> None:
         # While PIPELINES_IN_FLIGHT are out, what is asked waits for one to end and goes
@@ -122,7 +142,8 @@ class PipelinedRedis(redis.asyncio.Redis):  # type: ignore[type-arg]
         self, batch: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]]
     ) -> None:
         try:
-            async with self.pipeline(transaction=False) as pipe:
+            # A pipeline of redis-py's own (this client's would gather again).
+            async with super().pipeline(transaction=False) as pipe:
                 for args, options, _ in batch:
                     pipe.execute_command(*args, **options)
                 answers = await pipe.execute(raise_on_error=False)
@@ -140,6 +161,30 @@ class PipelinedRedis(redis.asyncio.Redis):  # type: ignore[type-arg]
                 answer.set_exception(result)
             else:
                 answer.set_result(result)
+
+
+class _GatheredPipeline(redis.asyncio.client.Pipeline):  # type: ignore[type-arg]
+    """A ``pipeline(transaction=False)`` of a :class:`PipelinedRedis`: its commands go with
+    the client's other commands instead of on a connection of their own."""
+
+    def __init__(self, client: PipelinedRedis, shard_hint: str | None) -> None:
+        super().__init__(client.connection_pool, client.response_callbacks, False, shard_hint)
+        self._client = client
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        if not self.command_stack or self.watching:
+            return list(await super().execute(raise_on_error))
+        if self.scripts:
+            await self.load_scripts()
+        try:
+            answers = await self._client.gathered(list(self.command_stack))
+        finally:
+            await self.reset()
+        if raise_on_error:
+            for answer in answers:
+                if isinstance(answer, Exception):
+                    raise answer
+        return answers
 
 
 def async_redis(

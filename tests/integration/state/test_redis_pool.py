@@ -153,3 +153,48 @@ async def test_many_callers_asking_turn_after_turn_hold_a_few_connections_at_mos
     finally:
         await client.delete(key)
         await close(client)
+
+
+async def test_callers_own_pipelines_go_with_the_rest_in_order_and_fail_as_pipelines_do(
+    redis_url: str,
+) -> None:
+    settings = Settings(redis_url=redis_url)
+    client = async_redis(settings, redis_url, pipelined=True, socket_timeout=10)
+    taken = 0
+    get_connection = client.connection_pool.get_connection
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        nonlocal taken
+        taken += 1
+        return await get_connection(*args, **kwargs)
+
+    client.connection_pool.get_connection = counted  # type: ignore[method-assign]
+    key = f"pipelined-{uuid.uuid4().hex}"
+
+    async def caller(n: int) -> list[object]:
+        pipe = client.pipeline(transaction=False)
+        pipe.rpush(f"{key}-{n}", "a")
+        pipe.rpush(f"{key}-{n}", "b")
+        pipe.lrange(f"{key}-{n}", 0, -1)
+        return list(await pipe.execute())
+
+    try:
+        # When 500 callers each run a pipeline of their own at once
+        answers = await asyncio.gather(*(caller(n) for n in range(500)))
+        # Then each got its commands' answers, in its order, through a handful of connections
+        assert answers == [[1, 2, [b"a", b"b"]]] * 500
+        assert taken <= 8, taken
+        # And a failing command fails the pipeline's execute, or is its answer on request
+        await client.set(key, "text")
+        pipe = client.pipeline(transaction=False)
+        pipe.lpush(key, "x")
+        pipe.get(key)
+        with pytest.raises(redis.ResponseError):
+            await pipe.execute()
+        pipe.lpush(key, "x")
+        pipe.get(key)
+        refused, value = await pipe.execute(raise_on_error=False)
+        assert isinstance(refused, redis.ResponseError) and value == b"text"
+    finally:
+        await client.delete(key, *(f"{key}-{n}" for n in range(500)))
+        await close(client)
