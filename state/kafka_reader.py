@@ -445,19 +445,17 @@ class KafkaReader:
 
     def first_offset(self, topic: str, partition: int) -> int:
         """The first offset retention left in one partition."""
-        with self._borrowed() as consumer:
-            deadline = time.monotonic() + WATERMARK_TIMEOUT_S
-            tp = TopicPartition(topic, partition)
-            low, _ = watermarks(consumer, tp, deadline, wait_for_missing=False)
-            return low
+        return self._watermarks(topic, partition)[0]
 
     def end_offset(self, topic: str, partition: int) -> int:
         """The offset the next record written to one partition will get."""
+        return self._watermarks(topic, partition)[1]
+
+    def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         with self._borrowed() as consumer:
             deadline = time.monotonic() + WATERMARK_TIMEOUT_S
             tp = TopicPartition(topic, partition)
-            _, high = watermarks(consumer, tp, deadline, wait_for_missing=False)
-            return high
+            return watermarks(consumer, tp, deadline, wait_for_missing=False)
 
     def existing(self, topics: Sequence[str], timeout_s: float = 10.0) -> set[str]:
         """Which of ``topics`` exist now, in one request naming them: every runner asks at
