@@ -390,19 +390,10 @@ class SubscriptionRunner:
         commit_now: list[TopicPartition] = []
         seeks: dict[int, int] = {}
         rebuilt_before = self.store.rebuilt_after_loss
-        indices = sorted(by_index.items())
-        # The partitions at once: each takeover's Kafka reads join those of the worker's other
-        # takeovers in one read (KafkaReader.tails_together), so one after another they took
-        # a read each.
-        plans = await asyncio.gather(
-            *(
-                take_over(
-                    self.sub, partition, offsets, self.topics, self.store, self.reader, now_ms()
-                )
-                for partition, offsets in indices
+        for partition, offsets in sorted(by_index.items()):
+            plan = await take_over(
+                self.sub, partition, offsets, self.topics, self.store, self.reader, now_ms()
             )
-        )
-        for (partition, offsets), plan in zip(indices, plans, strict=True):
             port = PartitionEffects(self.context, partition)
             port.engine = PartitionEngine(
                 self.sub,
