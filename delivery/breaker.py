@@ -113,6 +113,9 @@ class BreakerRules:
         # Open because another worker found the endpoint down (adopt), not on this worker's
         # own calls; such a breaker closes again when that worker's word goes (release).
         self.adopted = False
+        # When this worker's breaker last closed (None: never): another worker's word of an
+        # outage that began before is older than what this one learned since.
+        self.closed_at_ms: int | None = None
         # (second, calls, failures), oldest first, within the window.
         self._buckets: deque[list[int]] = deque()
         self.consecutive = 0  # failures since the last success
@@ -253,6 +256,7 @@ class BreakerRules:
         self._move(BreakerState.OPEN, now)
 
     def _close(self, now: int) -> None:
+        self.closed_at_ms = now
         self.adopted = False
         self.consecutive = 0
         self.outage_since_ms = None

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from delivery.autopause import AutoPause
-from delivery.breaker import BreakerState, BreakerView, CircuitBreaker
+from delivery.breaker import BreakerRules, BreakerState, BreakerView, CircuitBreaker
 from delivery.dispatcher import Dispatcher
 from delivery.events import Emit
 from delivery.metrics import SubscriptionMetrics
@@ -229,7 +229,7 @@ class SubscriptionGuards:
         breaker, rules = self.breaker, self.breaker.rules
         word = None if shared is None else shared.get("state")
         if rules.state is BreakerState.CLOSED:
-            if shared is not None and word == BreakerState.OPEN.value:
+            if shared is not None and word == BreakerState.OPEN.value and not _older(shared, rules):
                 breaker.adopt(shared)
             return None
         if word == BreakerState.CLOSED.value:
@@ -240,6 +240,14 @@ class SubscriptionGuards:
         if rules.adopted:
             return None
         return {**breaker_report(rules.view()), "state": BreakerState.OPEN.value}
+
+
+def _older(shared: dict[str, Any], rules: BreakerRules) -> bool:
+    """Whether another worker's open breaker opened before this one last closed: a word
+    this worker's probe has answered since (its own, published while it was open, read back
+    from a reading up to a few seconds old, re-opened a breaker that had just closed)."""
+    opened, closed = shared.get("since_ms"), rules.closed_at_ms
+    return closed is not None and isinstance(opened, int) and opened < closed
 
 
 async def first(work: Callable[[], Awaitable[None]], what: str, sub: Subscription) -> None:

@@ -210,3 +210,33 @@ async def test_another_workers_open_breaker_is_adopted_from_the_workers_reading(
     guarded.watched.read_at -= 60
     await guarded.check(paused=False)
     assert budget.reads == 1
+
+
+async def test_a_breaker_that_closed_does_not_open_again_on_a_word_older_than_its_close() -> None:
+    class Budget:
+        async def shared_breaker(self) -> dict[str, Any] | None:
+            return None
+
+        async def publish_breaker(self, view: dict[str, Any], ttl_ms: int) -> None:
+            pass
+
+        async def close_breaker(self, at_ms: int, ttl_ms: int) -> None:
+            pass
+
+    guarded = guards(Recorder(), budget=Budget())
+    rules = guarded.breaker.rules
+    # Given this worker's breaker open since t=1000, its word published, then closed by a
+    # probe at t=5000
+    rules._move(BreakerState.OPEN, 1000)
+    rules._close(5000)
+    own_word = {"state": "open", "since_ms": 1000, "failures": 5, "probe_at_ms": 10**13}
+    # When the worker's reading, a second old, still holds that word
+    guarded.watched = Watched("p", "s", None, breaker=own_word, read_at=time.monotonic())
+    await guarded.check(paused=False)
+    # Then the breaker stays closed
+    assert rules.state is BreakerState.CLOSED
+    # And an outage another worker found after that close is adopted
+    newer = {**own_word, "since_ms": 6000}
+    guarded.watched = Watched("p", "s", None, breaker=newer, read_at=time.monotonic())
+    await guarded.check(paused=False)
+    assert rules.state is BreakerState.OPEN
