@@ -179,7 +179,11 @@ class Ticker:
             for due, entry in due_now:
                 # Else rescheduled since (or run already), its owner left, or running.
                 if entry.due == due and not entry.ticket.gone and entry.task is None:
-                    self._run(entry, now)
+                    try:
+                        self._run(entry, now)
+                    except Exception as exc:  # its owner's fault (resting() raised)
+                        entry.ticket.gone = True
+                        entry.ticket.owner.fail(exc)
         finally:
             self._firing = False
             if heap:

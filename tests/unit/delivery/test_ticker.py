@@ -236,3 +236,18 @@ async def test_a_work_may_rest_longer_or_shorter_than_the_default(
     await until(lambda: own.rounds >= 3)
     assert sentinel.rounds >= 5 * own.rounds
     await ticker.remove(ticket)
+
+
+async def test_an_owner_that_raises_is_failed_and_the_others_go_on() -> None:
+    class Broken(Owner):
+        def resting(self) -> bool:
+            raise RuntimeError("a bug")
+
+    ticker = Ticker()
+    broken = Broken()
+    others = [Counted() for _ in range(5)]
+    ticker.add(broken, [Periodic(10, Counted(), rests=True)])
+    for work in others:
+        ticker.add(Owner(), [Periodic(10, work)])
+    await until(lambda: min(w.rounds for w in others) >= 5)
+    assert [str(e) for e in broken.failures] == ["a bug"]
