@@ -211,20 +211,16 @@ class Ticker:
         if pending is None:
             self._ended(entry, None)
             return
-        entry.task = asyncio.get_running_loop().create_task(self._finish(entry, pending))
+        # The coroutine is the task itself: one cancelled before its first step is closed
+        # by the task (a wrapper's would be left never awaited).
+        task = asyncio.get_running_loop().create_task(pending)
+        entry.task = task
+        task.add_done_callback(lambda done: self._finished(entry, done))
 
-    async def _finish(self, entry: _Entry, pending: Coroutine[Any, Any, None]) -> None:
-        try:
-            await pending
-        except asyncio.CancelledError:
-            entry.task = None
-            raise
-        except Exception as exc:
-            entry.task = None
-            self._ended(entry, exc)
-            return
+    def _finished(self, entry: _Entry, task: asyncio.Task[None]) -> None:
         entry.task = None
-        self._ended(entry, None)
+        if not task.cancelled():
+            self._ended(entry, task.exception())
 
     def _ended(self, entry: _Entry, error: BaseException | None) -> None:
         ticket, periodic = entry.ticket, entry.periodic
