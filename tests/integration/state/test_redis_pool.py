@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
 
 import pytest
 import redis
@@ -19,18 +18,23 @@ from state.redis_clients import async_redis, close
 pytestmark = pytest.mark.integration
 
 
-def count_connections_taken(client: redis.asyncio.Redis) -> Callable[[], int]:  # type: ignore[type-arg]
-    """Counts the connections ``client`` takes from its pool from now on."""
-    taken = 0
-    get_connection = client.connection_pool.get_connection
+def pipelined(redis_url: str) -> tuple[redis.asyncio.Redis, str]:  # type: ignore[type-arg]
+    """The pipelined client as a worker builds it, its connections named for Redis to count."""
+    name = f"pipelined-{uuid.uuid4().hex[:12]}"
+    settings = Settings(redis_url=redis_url)
+    return async_redis(
+        settings, redis_url, pipelined=True, socket_timeout=10, client_name=name
+    ), name
 
-    async def counted(*args: object, **kwargs: object) -> object:
-        nonlocal taken
-        taken += 1
-        return await get_connection(*args, **kwargs)
 
-    client.connection_pool.get_connection = counted  # type: ignore[method-assign]
-    return lambda: taken
+async def connections_named(redis_url: str, name: str) -> int:
+    """How many connections Redis has open under ``name`` (``CLIENT LIST``). A pool opens
+    one only when none of its own is free, so this is the most it held at once."""
+    probe: redis.asyncio.Redis = redis.asyncio.Redis.from_url(redis_url)  # type: ignore[type-arg]
+    try:
+        return sum(1 for c in await probe.client_list() if c.get("name") == name)
+    finally:
+        await probe.aclose()
 
 
 @pytest.mark.parametrize("max_connections", [100, 3])
@@ -58,17 +62,15 @@ async def test_commands_beyond_the_pool_wait_for_a_connection_instead_of_failing
 async def test_commands_asked_together_from_many_tasks_share_a_few_round_trips(
     redis_url: str,
 ) -> None:
-    # Given the pipelined client, whose pool's connections are counted as they are taken
-    settings = Settings(redis_url=redis_url)
-    client = async_redis(settings, redis_url, pipelined=True, socket_timeout=10)
-    taken = count_connections_taken(client)
+    # Given the pipelined client, whose connections Redis counts
+    client, name = pipelined(redis_url)
     key = f"pipelined-{uuid.uuid4().hex}"
     try:
         # When 2,000 tasks each ask for one increment at once
         answers = await asyncio.gather(*(client.incr(key) for _ in range(2000)))
         # Then each got its own answer, in the order asked, through a handful of round trips
         assert answers == list(range(1, 2001))
-        assert taken() <= 8, taken()
+        assert (opened := await connections_named(redis_url, name)) <= 8, opened
         assert int(await client.get(key) or 0) == 2000
     finally:
         await client.delete(key)
@@ -118,27 +120,8 @@ async def test_a_connection_that_fails_fails_every_command_sent_on_it(redis_url:
 async def test_many_callers_asking_turn_after_turn_hold_a_few_connections_at_most(
     redis_url: str,
 ) -> None:
-    # Given the pipelined client, whose pool counts the connections held at once
-    settings = Settings(redis_url=redis_url)
-    client = async_redis(settings, redis_url, pipelined=True, socket_timeout=10)
-    pool = client.connection_pool
-    held = most = 0
-    get_connection, release = pool.get_connection, pool.release
-
-    async def counted_get(*args: object, **kwargs: object) -> object:
-        nonlocal held, most
-        connection = await get_connection(*args, **kwargs)
-        held += 1
-        most = max(most, held)
-        return connection
-
-    async def counted_release(connection: object) -> None:
-        nonlocal held
-        held -= 1
-        await release(connection)  # type: ignore[arg-type]
-
-    pool.get_connection = counted_get  # type: ignore[method-assign]
-    pool.release = counted_release  # type: ignore[assignment]
+    # Given the pipelined client, whose connections Redis counts
+    client, name = pipelined(redis_url)
     key = f"pipelined-{uuid.uuid4().hex}"
     # An increment Redis takes a millisecond over: a busy server, or a loop slow to read
     slow_incr = client.register_script(
@@ -157,7 +140,7 @@ async def test_many_callers_asking_turn_after_turn_hold_a_few_connections_at_mos
         await asyncio.gather(*(caller(n) for n in range(300)))
         # Then all 6,000 were done, with no more than a few connections held at any time
         assert int(await client.get(key) or 0) == 6000
-        assert most <= 4, most
+        assert (most := await connections_named(redis_url, name)) <= 4, most
     finally:
         await client.delete(key)
         await close(client)
@@ -166,9 +149,7 @@ async def test_many_callers_asking_turn_after_turn_hold_a_few_connections_at_mos
 async def test_callers_own_pipelines_go_with_the_rest_in_order_and_fail_as_pipelines_do(
     redis_url: str,
 ) -> None:
-    settings = Settings(redis_url=redis_url)
-    client = async_redis(settings, redis_url, pipelined=True, socket_timeout=10)
-    taken = count_connections_taken(client)
+    client, name = pipelined(redis_url)
     key = f"pipelined-{uuid.uuid4().hex}"
 
     async def caller(n: int) -> list[object]:
@@ -183,7 +164,7 @@ async def test_callers_own_pipelines_go_with_the_rest_in_order_and_fail_as_pipel
         answers = await asyncio.gather(*(caller(n) for n in range(500)))
         # Then each got its commands' answers, in its order, through a handful of connections
         assert answers == [[1, 2, [b"a", b"b"]]] * 500
-        assert taken() <= 8, taken()
+        assert (opened := await connections_named(redis_url, name)) <= 8, opened
         # And a failing command fails the pipeline's execute, or is its answer on request
         await client.set(key, "text")
         pipe = client.pipeline(transaction=False)
