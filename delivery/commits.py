@@ -20,7 +20,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from delivery.effects import PartitionEffects
 from delivery.parts import ConsumerPort, RunnerConfig
 from delivery.replays import encode_marks
-from delivery.ticker import Periodic, awaiting
+from delivery.ticker import Periodic, at_once
 from delivery.watch import BACKSTOP_MS, StateWatch, Watched
 from delivery.writer import StateWriter
 from setu.clock import now_ms
@@ -89,7 +89,7 @@ class Commits:
         return [
             Periodic(config.commit_interval_ms, self.commit_tick),
             Periodic(config.release_poll_ms, self.releases_tick),
-            Periodic(config.dead_letter_trim_ms, awaiting(self.trim_dead_letters)),
+            Periodic(config.dead_letter_trim_ms, self.trim_dead_letters),
         ]
 
     def assigned(self, tier: int, partition: int) -> None:
@@ -191,9 +191,7 @@ class Commits:
         """Picks up an operator's unsideline of groups and single dead letters, and checks
         that Redis still holds what this runner wrote (``GroupStore.poll_releases``); from
         the worker's watch's reading while it is fresh (delivery/watch.py)."""
-        pending = self.releases_tick()
-        if pending is not None:
-            await pending
+        await at_once(self.releases_tick)
 
     def releases_tick(self) -> Coroutine[Any, Any, None] | None:
         """:meth:`poll_releases` as periodic work: None when the worker's reading is fresh

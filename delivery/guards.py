@@ -18,7 +18,7 @@ from delivery.breaker import BreakerRules, BreakerState, BreakerView, CircuitBre
 from delivery.dispatcher import Dispatcher
 from delivery.events import Emit
 from delivery.metrics import SubscriptionMetrics
-from delivery.ticker import Periodic
+from delivery.ticker import Periodic, Work, at_once
 from delivery.watch import Watched
 from setu.clock import now_ms
 from setu.model import Subscription, SubscriptionState
@@ -124,9 +124,7 @@ class SubscriptionGuards:
     async def renew_slots(self, dispatcher: Dispatcher, busy: int) -> None:
         """Asks for this worker's share of ``max_in_flight`` (state/delivery_budget.py): what
         it wants going, with headroom so a burst need not wait a round, and what it has."""
-        pending = self.renew_tick(dispatcher, busy)
-        if pending is not None:
-            await pending
+        await at_once(lambda: self.renew_tick(dispatcher, busy))
 
     def renew_tick(self, dispatcher: Dispatcher, busy: int) -> Coroutine[Any, Any, None] | None:
         """:meth:`renew_slots` as periodic work: None when a renewal would change nothing."""
@@ -163,37 +161,36 @@ class SubscriptionGuards:
 
     async def check(self, paused: bool) -> None:
         """Shares the breaker, then pauses the subscription when a policy says so."""
-        said = None
-        if self.budget is not None:
-            watched = self.watched
-            if watched is not None and watched.fresh():
-                shared = watched.breaker  # the worker's reading (delivery/watch.py)
-            else:
-                shared = await self.budget.shared_breaker()
-            said = self._sync_breaker(shared)
-        reason = self._pause_reason(paused)
-        if said is not None or reason is not None:
-            await self._act(said, reason)
+        await at_once(lambda: self.check_tick(paused))
 
     def check_tick(self, paused: bool) -> Coroutine[Any, Any, None] | None:
         """:meth:`check` as periodic work: None when the worker's reading of Redis is fresh
-        and there is nothing to publish or pause."""
+        (delivery/watch.py) and there is nothing to publish or pause."""
         said = None
         if self.budget is not None:
             watched = self.watched
             if watched is None or not watched.fresh():
-                return self.check(paused)
+                return self._check_asking(paused)
             said = self._sync_breaker(watched.breaker)
-        reason = self._pause_reason(paused)
+        return self._decided(said, paused)
+
+    async def _check_asking(self, paused: bool) -> None:
+        """:meth:`check` with the shared breaker read from Redis (no fresh reading)."""
+        assert self.budget is not None
+        said = self._sync_breaker(await self.budget.shared_breaker())
+        await at_once(lambda: self._decided(said, paused))
+
+    def _decided(
+        self, said: dict[str, Any] | None, paused: bool
+    ) -> Coroutine[Any, Any, None] | None:
+        """What is left to do once the breaker is shared: publish it (``said``) and store a
+        policy's pause, if either is due."""
+        reason = None
+        if self._pause is not None and not self._pausing and not paused:
+            reason = self.autopause.reason(self.breaker.rules.view(), now_ms())
         if said is None and reason is None:
             return None
         return self._act(said, reason)
-
-    def _pause_reason(self, paused: bool) -> str | None:
-        """Why a policy pauses the subscription now, if one does and it is not paused yet."""
-        if self._pause is None or self._pausing or paused:
-            return None
-        return self.autopause.reason(self.breaker.rules.view(), now_ms())
 
     async def _act(self, said: dict[str, Any] | None, reason: str | None) -> None:
         """Publishes this worker's open breaker (``said``) and stores a policy's pause."""
@@ -250,10 +247,10 @@ def _older(shared: dict[str, Any], rules: BreakerRules) -> bool:
     return closed is not None and isinstance(opened, int) and opened < closed
 
 
-async def first(work: Callable[[], Awaitable[None]], what: str, sub: Subscription) -> None:
+async def first(work: Work, what: str, sub: Subscription) -> None:
     """Runs ``work`` once now, logging a failure instead of raising it: periodic work done at
     once at the start, which its next round does again anyway."""
     try:
-        await work()
+        await at_once(work)
     except Exception as exc:
         log.warning("subscription %s/%s: first %s failed: %s", sub.project, sub.name, what, exc)

@@ -14,6 +14,7 @@ from delivery.breaker import CircuitBreaker
 from delivery.engine import PartitionEngine
 from delivery.guards import breaker_report
 from delivery.metrics import RunnerFigures, SubscriptionMetrics
+from delivery.ticker import at_once
 from setu.clock import now_ms
 from setu.errors import DependencyUnavailable
 from setu.model import Subscription
@@ -131,9 +132,7 @@ class RunnerReporting:
         """Tells the API this worker's share of the subscription (``engines`` by partition);
         figures that did not change are told again only every ``QUIET_REPORT_MS``, which keeps
         the report fresh (``state.workers.STATS_FRESH_MS``) at a fraction of the round trips."""
-        pending = self.report_tick(engines, paused, slots)
-        if pending is not None:
-            await pending
+        await at_once(lambda: self.report_tick(engines, paused, slots))
 
     def report_tick(
         self, engines: Mapping[int, PartitionEngine], paused: bool, slots: int | None

@@ -199,10 +199,10 @@ class SubscriptionRunner:
             # At once, not after the first interval: a stop asked for from now on waits for
             # this worker's confirmation (api/subscriptions.py, stop). Both are done again
             # every interval, so Redis being away at the start (a failover) stops nothing.
-            await first(self._report, "report", self.sub)
+            await first(self._report_tick, "report", self.sub)
             if budget is not None:
                 await first(
-                    lambda: self.guards.renew_slots(dispatcher, self._busy()),
+                    lambda: self.guards.renew_tick(dispatcher, self._busy()),
                     "share of max_in_flight",
                     self.sub,
                 )
@@ -483,11 +483,6 @@ class SubscriptionRunner:
     def _balance(self) -> None:
         self.flow.balance()
         self.writer.nudge()
-
-    async def _report(self) -> None:
-        pending = self._report_tick()
-        if pending is not None:
-            await pending
 
     def _report_tick(self) -> Coroutine[Any, Any, None] | None:
         engines = {partition: port.engine for partition, port in self.ports.items()}

@@ -115,6 +115,7 @@ async def take_over(
         key = (topics[tier], partition)
         begin = plan.starts.get(tier, committed[tier])
         low = tails.lows.get(key, 0)
-        if key in tails.ends and max(low if begin is None else begin, low) >= tails.ends[key]:
+        reading_from = low if begin is None else max(begin, low)
+        if key in tails.ends and reading_from >= tails.ends[key]:
             plan.idle.add(tier)
     return plan

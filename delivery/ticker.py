@@ -26,7 +26,7 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -66,13 +66,11 @@ class Periodic(NamedTuple):
     patient: bool = True
 
 
-def awaiting(work: Callable[[], Awaitable[None]]) -> Work:
-    """A work that always waits on I/O, as a :data:`Work`."""
-
-    async def run() -> None:
-        await work()
-
-    return run
+async def at_once(work: Work) -> None:
+    """Does ``work`` now, waiting for its I/O if it has any."""
+    pending = work()
+    if pending is not None:
+        await pending
 
 
 class Owner(Protocol):
@@ -147,9 +145,6 @@ class Ticker:
         """Stops ``ticket``'s works and waits until those running have ended."""
         ticket.gone = True
         await cancel_all([e.task for e in ticket.entries if e.task is not None])
-
-    def __len__(self) -> int:
-        return len(self._heap)
 
     def _schedule(self, entry: _Entry, due: float) -> None:
         entry.due = due
@@ -265,4 +260,4 @@ async def cancel_all(tasks: Sequence[asyncio.Task[Any]], every_s: float = 0.5) -
 def _name_of(periodic: Periodic) -> str:
     """A periodic work's name for the log: its function's, or "periodic work"."""
     name = str(getattr(periodic.work, "__name__", "")).strip("_")
-    return "periodic work" if name in ("", "<lambda>", "run") else name
+    return "periodic work" if name in ("", "<lambda>") else name

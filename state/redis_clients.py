@@ -94,9 +94,7 @@ class PipelinedRedis(redis.asyncio.Redis):  # type: ignore[type-arg]
         self._due = False  # a send of what is asked is scheduled
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
-        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._asked.append((args, options, answer))
-        self._schedule()
+        [answer] = self._ask([(args, options)])
         return await answer
 
     def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Any:
@@ -107,6 +105,12 @@ class PipelinedRedis(redis.asyncio.Redis):  # type: ignore[type-arg]
     async def gathered(self, commands: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
         """Answers to ``commands``, sent in a row with what else is asked: each an answer or
         the exception Redis (or the connection) gave it."""
+        return await asyncio.gather(*self._ask(commands), return_exceptions=True)
+
+    def _ask(
+        self, commands: list[tuple[tuple[Any, ...], dict[str, Any]]]
+    ) -> list[asyncio.Future[Any]]:
+        """Queues ``commands`` for the next pipeline, in their order; their answers to come."""
         loop = asyncio.get_running_loop()
         answers: list[asyncio.Future[Any]] = []
         for args, options in commands:
@@ -114,7 +118,7 @@ class PipelinedRedis(redis.asyncio.Redis):  # type: ignore[type-arg]
             self._asked.append((args, options, answer))
             answers.append(answer)
         self._schedule()
-        return await asyncio.gather(*answers, return_exceptions=True)
+        return answers
 
     def _schedule(self) -> None:
         # While PIPELINES_IN_FLIGHT are out, what is asked waits for one to end and goes
