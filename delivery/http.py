@@ -195,6 +195,11 @@ class _Connection(asyncio.Protocol):
 
     def send(self, request: bytes) -> asyncio.Future[Response]:
         assert self.transport is not None
+        if self.transport.is_closing():
+            # Pooled, and closed since (the server's FIN read, its connection_lost not yet
+            # run): nothing is sent, and the caller tries a new connection. uvloop raises on
+            # a write to a closed transport, where asyncio drops it.
+            raise _Stale()
         self.head = asyncio.get_running_loop().create_future()
         self.headers = {}
         self.excerpt = None

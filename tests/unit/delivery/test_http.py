@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
+import struct
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+import uvloop
 
 from delivery.http import (
     EXCERPT_BYTES,
@@ -142,6 +147,65 @@ async def test_a_pooled_connection_closed_by_the_server_is_replaced_transparentl
     assert response.status == 200
     assert [r.endswith(b"b") for r in server.requests] == [False, True]
     client.close()
+
+
+def resetting_server() -> socket.socket:
+    """A server that resets each connection as soon as it accepts it (one overwhelmed, or
+    behind a proxy that turns callers away), on a thread of its own."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(100)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return  # closed: the test ended
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return sock
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_connection_reset_before_the_request_is_written_fails_the_call_as_a_webhook_error(
+    loop: str,
+) -> None:
+    # A regression: under uvloop (the worker's loop), a connection the server closed before
+    # the call wrote its request raised RuntimeError instead of failing the call, and 257
+    # runners of a loaded 1,000-subscription worker stopped at once.
+    async def scenario() -> list[str]:
+        async def loaded() -> None:  # a busy worker: its loop turns take milliseconds
+            while not done.is_set():
+                time.sleep(0.003)  # noqa: ASYNC251 (blocking on purpose)
+                await asyncio.sleep(0)
+
+        done = asyncio.Event()
+        busy = asyncio.ensure_future(loaded())
+        client = HttpClient(allow_private=True)
+        hook = Target.parse(f"http://127.0.0.1:{sock.getsockname()[1]}/hook")
+        outcomes = []
+        try:
+            for _ in range(20):
+                try:
+                    await client.request("POST", hook, [], b"a", 1.0)
+                    outcomes.append("answered")
+                except HttpError:
+                    outcomes.append("webhook error")  # retried, as any failed call
+        finally:
+            done.set()
+            await busy
+            client.close()
+        return outcomes
+
+    sock = resetting_server()
+    try:
+        outcomes = (uvloop.run if loop == "uvloop" else asyncio.run)(scenario())
+    finally:
+        sock.close()
+    assert outcomes == ["webhook error"] * 20
 
 
 async def test_a_slow_answer_times_out(serve: Callable[..., Awaitable[Server]]) -> None:
