@@ -12,7 +12,7 @@ through the JVM de-duplication operator (decision 0008), and what the driver doe
 - Every second :class:`CountsFollower` adds the operator's per-topic counts to the metrics as
   they grow, tasks still running included (in real-time mode a task lasts the whole batch,
   ``SETU_SPARK_REALTIME_BATCH_S``, and Spark adds an accumulator's counts only as a task
-  ends); at each batch's end :class:`BatchListener` records the batch's duration.
+  ends), and :class:`BatchFollower` records each ended batch's duration.
 - The query reads the retired topics and the main topics' limits when it starts; when either
   changes, and in real-time mode when an ingest topic or partition appears (each one needs a
   task of its own), :class:`QueryInputs` tells ``job.keep_running`` to start it again.
@@ -31,13 +31,6 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from pyarrow import fs as pafs
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming.listener import (
-    QueryIdleEvent,
-    QueryProgressEvent,
-    QueryStartedEvent,
-    QueryTerminatedEvent,
-    StreamingQueryListener,
-)
 from pyspark.sql.streaming.query import StreamingQuery
 
 from setu.errors import DependencyUnavailable
@@ -112,43 +105,80 @@ def session_overrides(settings: Settings, partitions: int = 0) -> dict[str, str]
     return conf
 
 
-class BatchListener(StreamingQueryListener):
-    """Records each batch's end and duration in the ingest metrics."""
+class BatchFollower:
+    """Records each batch's end and duration in the ingest metrics, from the running query's
+    progress (read every second by :class:`CountsFollower`'s thread).
+
+    Not a ``StreamingQueryListener``: Spark calls a listener's ``onQueryStarted`` on the
+    query's thread before ``start()`` returns, and a Python listener makes that a call into
+    the driver's Python process. One start blocked there for good on a loaded machine, with
+    the query already holding its name: every later start in the session failed. Polling
+    needs nothing of the query's start."""
 
     def __init__(self, metrics: IngestMetrics) -> None:
         self._metrics = metrics
+        self._query: StreamingQuery | None = None
+        self._last_id = -1
 
-    def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802 (Spark's name)
-        pass
+    def follow(self, query: StreamingQuery) -> None:
+        """From now on, the batches of ``query`` (a query started again from its checkpoint
+        carries on its batch ids; those it ran before are not counted again)."""
+        self._query, self._last_id = query, -1
 
-    def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802
-        durations = event.progress.durationMs
-        seconds = durations.get("triggerExecution", 0) / 1000
-        self._metrics.batch_written({}, seconds)
+    def catch_up(self) -> None:
+        query = self._query
+        if query is None:
+            return
+        last = query.lastProgress
+        if not last:
+            return
+        # An idle query's progress names its next batch and ran nothing.
+        newest = last["batchId"] if executed(last) else last["batchId"] - 1
+        if newest <= self._last_id:
+            return
+        # Several batches may end between two looks (short micro-batches): the run's recent
+        # progress says which.
+        one = executed(last) and newest == self._last_id + 1
+        for progress in [last] if one else query.recentProgress:
+            if progress["batchId"] > self._last_id and executed(progress):
+                self._batch_ended(progress)
+
+    def _batch_ended(self, progress: Mapping[str, Any]) -> None:
+        self._last_id = progress["batchId"]
+        durations = progress["durationMs"]
+        self._metrics.batch_written({}, durations.get("triggerExecution", 0) / 1000)
         # Where a batch's time went (planning, the offset and commit logs, the tasks):
         # in real-time mode the part outside the tasks is the pause records wait at a batch's
         # end (docs/latency.md).
         log.info(
             "batch %s ended: %s",
-            event.progress.batchId,
+            progress["batchId"],
             ", ".join(f"{k} {v} ms" for k, v in sorted(durations.items())),
         )
 
-    def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802
-        pass
 
-    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:  # noqa: N802
-        pass
+def executed(progress: Mapping[str, Any]) -> bool:
+    """Whether a progress update is a batch's end (an idle query's update runs nothing: it
+    names the next batch and has no ``addBatch``)."""
+    return "addBatch" in progress["durationMs"]
 
 
 class CountsFollower:
     """Adds the operator's per-topic counts (:func:`spark.stream.live_counts`) to the ingest
-    metrics every ``every_s``. A failed task's counts leave the live totals (its records are
-    read again), so each topic's counts only ever rise to the highest seen."""
+    metrics every ``every_s``, and has ``batches`` look at the query's progress as often. A
+    failed task's counts leave the live totals (its records are read again), so each topic's
+    counts only ever rise to the highest seen."""
 
-    def __init__(self, live: Any, metrics: IngestMetrics, every_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        live: Any,
+        metrics: IngestMetrics,
+        every_s: float = 1.0,
+        batches: BatchFollower | None = None,
+    ) -> None:
         self._live = live
         self._metrics = metrics
+        self._batches = batches
         self._every_s = every_s
         self._seen: dict[str, tuple[int, int]] = {}
         self._stopping = threading.Event()
@@ -172,14 +202,19 @@ class CountsFollower:
     def stop(self) -> None:
         self._stopping.set()
         self._thread.join(10)
-        self.catch_up()
+        self._look()
+
+    def _look(self) -> None:
+        try:
+            self.catch_up()
+            if self._batches is not None:
+                self._batches.catch_up()
+        except Exception:  # the JVM going away as the job stops
+            log.debug("could not read the operator's counts or progress", exc_info=True)
 
     def _main(self) -> None:
         while not self._stopping.wait(self._every_s):
-            try:
-                self.catch_up()
-            except Exception:  # the JVM going away as the job stops
-                log.debug("could not read the operator's counts", exc_info=True)
+            self._look()
 
 
 def ingest_partitions(admin: AdminClient, pattern: str) -> dict[str, int]:
@@ -357,7 +392,7 @@ def until_kafka_answers(
 
 class OperatorRun:
     """The driver's side of the operator's modes, for ``job.run``: makes the changelog, starts
-    the marks follower, the counts follower and the batch listener; :meth:`start_query` starts
+    the marks follower and the counts and batch followers; :meth:`start_query` starts
     the query (again), :meth:`changed` says when it must, :meth:`stop` ends the helpers."""
 
     def __init__(
@@ -390,9 +425,9 @@ class OperatorRun:
         until_kafka_answers(admin.ensure_shared_log, stopping)
         self._follower = MarksFollower(bootstrap, publisher, client_config, retired).start()
         self._counts = stream.topic_counts(spark)
-        self._counter = CountsFollower(stream.live_counts(spark, self._counts), metrics).start()
-        self._listener = BatchListener(metrics)
-        spark.streams.addListener(self._listener)
+        self._batches = BatchFollower(metrics)
+        live = stream.live_counts(spark, self._counts)
+        self._counter = CountsFollower(live, metrics, batches=self._batches).start()
         self._inputs = QueryInputs(settings, pattern, limits, retired)
 
     def start_query(self) -> StreamingQuery:
@@ -421,6 +456,7 @@ class OperatorRun:
             realtime=realtime,
         )
         self._metrics.watch(lambda: (query.isActive, query.lastProgress))
+        self._batches.follow(query)
         log.info(
             "ingest query %s started in %s mode (%s)",
             query.id,
@@ -456,6 +492,5 @@ class OperatorRun:
         return self._inputs.reading()
 
     def stop(self) -> None:
-        self._spark.streams.removeListener(self._listener)
         self._counter.stop()
         self._follower.stop()

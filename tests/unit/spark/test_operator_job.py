@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -13,6 +14,7 @@ from setu.errors import DependencyUnavailable
 from setu.settings import Settings
 from spark.metrics import IngestMetrics
 from spark.operator_job import (
+    BatchFollower,
     CountsFollower,
     QueryInputs,
     has_committed,
@@ -156,3 +158,74 @@ def test_a_real_time_batch_shorter_than_spark_allows_is_refused_with_the_setting
         Settings()
     monkeypatch.setenv("SETU_SPARK_REALTIME_BATCH_S", "5")
     assert Settings().spark_realtime_batch_s == 5
+
+
+class Progressing:
+    """A query as the batch follower sees it: its last and recent progress (Spark keeps the
+    run's recent ones, oldest first)."""
+
+    def __init__(self) -> None:
+        self.recentProgress: list[dict[str, Any]] = []
+
+    @property
+    def lastProgress(self) -> dict[str, Any] | None:  # noqa: N802
+        return self.recentProgress[-1] if self.recentProgress else None
+
+    def ran(self, batch_id: int, ms: int) -> None:
+        durations = {"addBatch": ms - 10, "walCommit": 5, "triggerExecution": ms}
+        self.recentProgress.append({"batchId": batch_id, "durationMs": durations})
+
+    def idled(self, next_id: int) -> None:
+        durations = {"latestOffset": 1, "triggerExecution": 1}
+        self.recentProgress.append({"batchId": next_id, "durationMs": durations})
+
+
+def batches_seen(metrics: IngestMetrics) -> tuple[float, float]:
+    scrape = samples(metrics)
+    return scrape[("setu_ingest_batches_total", ())], scrape[("setu_ingest_batch_seconds_sum", ())]
+
+
+def test_the_batch_follower_counts_each_ended_batch_once_and_never_an_idle_update() -> None:
+    metrics = IngestMetrics()
+    follower = BatchFollower(metrics)
+    query = Progressing()
+    follower.follow(query)  # type: ignore[arg-type]
+    # A query that has not ended a batch yet: nothing
+    follower.catch_up()
+    assert batches_seen(metrics) == (0, 0)
+    # One batch ended, looked at twice: counted once, with its duration
+    query.ran(0, 1000)
+    follower.catch_up()
+    follower.catch_up()
+    assert batches_seen(metrics) == (1, 1.0)
+    # The query idles: its updates name the next batch, which has not run
+    query.idled(1)
+    follower.catch_up()
+    query.idled(1)
+    follower.catch_up()
+    assert batches_seen(metrics) == (1, 1.0)
+    # Three short batches end between two looks, the last followed by an idle update
+    query.ran(1, 100)
+    query.ran(2, 200)
+    query.ran(3, 300)
+    query.idled(4)
+    follower.catch_up()
+    assert batches_seen(metrics) == (4, 1.6)
+
+
+def test_a_query_started_again_from_its_checkpoint_counts_only_its_own_batches() -> None:
+    metrics = IngestMetrics()
+    follower = BatchFollower(metrics)
+    first = Progressing()
+    follower.follow(first)  # type: ignore[arg-type]
+    first.ran(500, 1000)
+    follower.catch_up()
+    # The query fails and starts again: its batch ids go on from the checkpoint's, and its
+    # progress is its own run's
+    again = Progressing()
+    follower.follow(again)  # type: ignore[arg-type]
+    follower.catch_up()
+    again.ran(501, 2000)
+    again.ran(502, 3000)
+    follower.catch_up()
+    assert batches_seen(metrics) == (3, 6.0)
