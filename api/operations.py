@@ -24,6 +24,7 @@ from pydantic import Field
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
+from api import control
 from api.auth import allow, authorize, caller
 from api.context import blocking, services
 from api.health import ingest_state
@@ -576,9 +577,9 @@ async def unsideline(
 )
 @allow(Permission.OPERATE)
 async def seek(request: Request, project: str, subscription: str, body: SeekBody) -> Response:
-    sub = await blocking(
-        services(request).store.request_seek, project, subscription, body.timestamp_ms
-    )
+    s = services(request)
+    sub = await blocking(s.store.request_seek, project, subscription, body.timestamp_ms)
+    await control.announce(s)
     return reply(
         SeekOut,
         {

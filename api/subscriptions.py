@@ -257,7 +257,9 @@ async def rotate_signing_secret(
 async def remove_signing_secret(
     request: Request, project: str, subscription: str, secret_id: str
 ) -> Response:
-    await blocking(services(request).store.remove_signing_secret, project, subscription, secret_id)
+    s = services(request)
+    await blocking(s.store.remove_signing_secret, project, subscription, secret_id)
+    await control.announce(s)
     return Response(status_code=204)
 
 

@@ -50,7 +50,7 @@ from state.delivery_budget import RedisDeliveryBudget
 from state.durable_groups import DurableGroupStore
 from state.event_stream import RedisEventStream
 from state.group_offsets import GroupNotEmpty, GroupOffsets
-from state.groups import RedisGroupStore
+from state.groups import RedisGroupStore, announce_subscriptions
 from state.kafka_admin import KafkaTopics
 from state.kafka_reader import KafkaReader
 from state.redis_clients import async_redis, close, sync_redis
@@ -164,7 +164,7 @@ def runner_parts(sub: Subscription, shared: Shared) -> RunnerParts:
             if config.attempt_log_hours > 0
             else None
         ),
-        pause=partial(_pause, shared.source, sub.project, sub.name),
+        pause=partial(_pause, shared.source, client, sub.project, sub.name),
         budget=budget,
         events=shared.events,
         retention=partial(_in_thread, shared.topics.retention_ms),
@@ -178,8 +178,15 @@ async def _in_thread(call: Callable[[str], int | None], topic: str) -> int | Non
     return await asyncio.to_thread(call, topic)
 
 
-async def _pause(source: SubscriptionSource, project: str, name: str, reason: str) -> None:
+async def _pause(
+    source: SubscriptionSource, client: Redis[bytes], project: str, name: str, reason: str
+) -> None:
     await asyncio.to_thread(source.pause_by_policy, project, name, reason)
+    # The other workers serving it pause it within a second, not at their backstop listing.
+    try:
+        await announce_subscriptions(client)
+    except redis.RedisError as exc:
+        log.warning("could not tell the workers of %s/%s's pause: %s", project, name, exc)
 
 
 async def serve(

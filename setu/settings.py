@@ -186,7 +186,11 @@ class Settings(BaseSettings):
     # How long each message's attempts are kept for GET .../messages/{id} (docs/design.md §9);
     # 0 keeps none.
     attempt_log_hours: int = Field(default=24, ge=0, le=24 * 30)
-    subscription_refresh_ms: int = 2_000
+    # How often a worker lists every subscription whatever Redis's change count says: a
+    # backstop, since every writer of a subscription's record raises that count and the
+    # workers list at once when it moves (docs/delivery.md, "Workers hear of it within a
+    # second"). Each listing reads and parses every subscription.
+    subscription_refresh_ms: int = Field(default=30_000, ge=100)
     # How a worker reads: a consumer of its own per subscription (``per-subscription``), or
     # one reader per worker and topic shared by the topic's subscriptions (``shared``,
     # docs/decisions/0011-shared-readers.md, being built).

@@ -401,6 +401,14 @@ def _reading_keys(project: str, subscription: str, partitions: tuple[int, ...]) 
     return names
 
 
+async def announce_subscriptions(client: Redis[bytes]) -> None:
+    """Raises the subscriptions' change count (``keys.subscriptions_changed``): every worker
+    lists the subscriptions within a second (delivery/watch.py) instead of at its backstop
+    listing. Called by every writer of a subscription's record, the API and a worker's
+    policy pause alike."""
+    await client.incr(keys.subscriptions_changed())
+
+
 async def read_subscriptions(
     client: Redis[bytes], wanted: Sequence[tuple[str, str, Sequence[int]]]
 ) -> tuple[int, list[SubscriptionReading]]:

@@ -33,6 +33,7 @@ from setu.errors import Conflict, DependencyUnavailable, InvalidInput, SetuError
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
 from setu.model import Subscription, Topic
 from state.group_offsets import ADMIN_REQUEST_TIMEOUT_S
+from state.kafka_reader import COORDINATOR_MOVING
 
 _REQUEST_ERRORS = frozenset(
     {
@@ -658,11 +659,16 @@ class KafkaTopics:
             error = _error_of(futures[group], deadline - time.monotonic())
             if error is None or error.code() == KafkaError.GROUP_ID_NOT_FOUND:
                 return
-            if error.code() != KafkaError.NON_EMPTY_GROUP:
+            # A coordinator that moved or is still loading its groups (a broker just started
+            # or failed over) answers the same request soon: asked again until the deadline.
+            moving = error.code() in COORDINATOR_MOVING
+            if error.code() != KafkaError.NON_EMPTY_GROUP and not moving:
                 raise _translate(error, f"to delete consumer group {group}")
             if time.monotonic() > deadline:
+                if moving:
+                    raise _translate(error, f"to delete consumer group {group}")
                 raise Conflict(
                     f"consumer group {group} still has members; workers leave it once they "
                     "see the deletion, so repeat the DELETE shortly"
                 )
-            time.sleep(0.5)
+            time.sleep(0.2 if moving else 0.5)

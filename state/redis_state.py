@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from state import keys
 from state.attempt_log import RedisAttemptLog
-from state.groups import RedisGroupStore
+from state.groups import RedisGroupStore, announce_subscriptions
 from state.ingest_status import read_status_async
 from state.producer_marks import marks_loaded, read_last_sequence
 from state.redis_clients import close
@@ -51,7 +50,7 @@ class RedisState:
     async def announce_subscriptions(self) -> None:
         """Tells the workers that a subscription's record changed
         (``keys.subscriptions_changed``)."""
-        await self._client.incr(keys.subscriptions_changed())
+        await announce_subscriptions(self._client)
 
     async def answers(self) -> None:
         """Raises unless Redis answers a PING (the health report)."""

@@ -426,6 +426,44 @@ async def test_lifecycle_actions_change_the_stored_state(api: Api, project: str)
     assert (await api.client.get(base)).json()["version"] == 1
 
 
+async def test_every_change_to_a_subscription_tells_the_workers(
+    api: Api, project: str, redis_url: str
+) -> None:
+    # The workers list subscriptions at once when the change count moves, and otherwise only
+    # at their backstop listing (docs/delivery.md, "Workers hear of it within a second"): a
+    # change that did not raise it reached them half a minute late.
+    await make_topic(api, project)
+    base = f"/v1/projects/{project}/subscriptions/s"
+    redis = aioredis.Redis.from_url(redis_url)
+
+    async def count() -> int:
+        return int(await redis.get(keys.subscriptions_changed()) or 0)
+
+    created = await api.client.post(
+        f"/v1/projects/{project}/subscriptions", json=body(signing_secret=SECRET)
+    )
+    [first] = created.json()["signing_secrets"]
+    changes: list[tuple[str, str, dict[str, Any] | None]] = [
+        ("PUT", base, {"version": 1, "endpoint": {"url": HOOK + "/v2"}}),
+        ("POST", base + "/signing-secrets", {"signing_secret": NEXT_SECRET}),
+        ("DELETE", f"{base}/signing-secrets/{first['id']}", None),
+        ("POST", base + "/pause", None),
+        ("POST", base + "/resume", None),
+        ("POST", base + "/stop", None),
+        ("POST", base + "/seek", {"timestamp_ms": now_ms() - 60_000}),
+        ("POST", base + "/start", None),
+        ("DELETE", base, None),
+    ]
+    try:
+        for method, url, payload in changes:
+            before = await count()
+            answer = await api.client.request(method, url, json=payload)
+            assert answer.is_success, (method, url, answer.text)
+            assert await count() > before, f"{method} {url} did not tell the workers"
+    finally:
+        await redis.aclose()  # type: ignore[attr-defined]
+
+
 async def test_delete_removes_topics_and_redis_state(
     api: Api, project: str, redis_url: str
 ) -> None:

@@ -152,6 +152,41 @@ def test_a_dead_letter_window_pauses_a_subscription_that_dead_letters_too_much(
     ), reason
 
 
+def test_a_policy_pause_reaches_every_worker_before_their_next_listing(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    # Given two workers that list subscriptions only every two minutes, sharing a
+    # subscription whose endpoint refuses every message (dead-lettered at once) and which
+    # pauses at "more than 2 of the last 4"
+    world.topic("t", partitions=4)
+    world.subscription(
+        receiver.url,
+        policies=Policies(dead_letter_window=DeadLetterWindow(size=4, threshold=2)),
+    )
+    for n in range(2):
+        start_worker(worker_id=f"w{n}-{world.project}", subscription_refresh_ms=120_000)
+    wait_for(
+        "two workers sharing the partitions",
+        lambda: sum(1 for r in world.worker_reports() if r["partitions"]) == 2,
+    )
+    groups = [f"g{i}" for i in range(8)]
+    for group in groups:
+        receiver.answer(group, 400)
+        world.publish("t", group)
+    # When a worker's policy check pauses it
+    wait_for(
+        "the policy pause",
+        lambda: world.store.get_subscription(world.project, "s").state is SubscriptionState.PAUSED,
+    )
+    # Then both workers pause it within seconds, not at their next listing (the worker that
+    # stored the pause told them all, as the API does)
+    wait_for(
+        "both workers paused",
+        lambda: [r["paused"] for r in world.worker_reports()] == [True, True],
+        timeout_s=30,
+    )
+
+
 def breakers(world: World) -> list[str]:
     """The breaker state each worker running ``s`` last reported."""
     return [r["breaker"]["state"] for r in world.worker_reports()]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from setu.errors import DependencyUnavailable
 from setu.model import Endpoint, Subscription, Topic
@@ -90,3 +93,40 @@ def test_a_batch_kafka_stays_too_slow_for_fails_each_subscription_for_its_caller
     # And once Kafka shows them, the next ask finds them whole
     kafka.waits = 0
     assert list(admin.ensure_subscriptions(subscriptions(2)).values()) == [None, None]
+
+
+class MovingCoordinator:
+    """An admin client whose group coordinator answers ``answers`` in turn to a delete (a
+    broker just started, or its coordinator moved), then deletes the group."""
+
+    def __init__(self, *answers: int) -> None:
+        self.answers = list(answers)
+        self.asked = 0
+
+    def delete_consumer_groups(self, groups: list[str], **_: object) -> dict[str, Any]:
+        self.asked += 1
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        if self.answers:
+            done.set_exception(KafkaException(KafkaError(self.answers.pop(0))))
+        else:
+            done.set_result(None)
+        return {groups[0]: done}
+
+
+def test_a_group_delete_waits_out_a_coordinator_that_moves_or_loads() -> None:
+    # A regression: a subscription's DELETE right after the broker started answered 503
+    # ("Not coordinator") where asking again a moment later deletes it.
+    admin = KafkaTopics("127.0.0.1:1", timeout_s=5)
+    fake = MovingCoordinator(KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS)
+    admin._admin = fake  # type: ignore[assignment]
+    admin._delete_group("setu.sub.p.s")
+    assert fake.asked == 3
+
+
+def test_a_group_delete_still_fails_on_what_asking_again_does_not_mend() -> None:
+    admin = KafkaTopics("127.0.0.1:1", timeout_s=5)
+    fake = MovingCoordinator(KafkaError.GROUP_AUTHORIZATION_FAILED)
+    admin._admin = fake  # type: ignore[assignment]
+    with pytest.raises(DependencyUnavailable):
+        admin._delete_group("setu.sub.p.s")
+    assert fake.asked == 1
