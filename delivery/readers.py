@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import threading
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -329,9 +330,10 @@ class ReaderHub:
         return starts
 
     async def _take_over(self, view: SubscriptionView, partitions: list[int]) -> None:
+        queued = time.monotonic()
         try:
             async with self._takeovers:
-                starts = await view.take_over(partitions)
+                starts = await view.take_over(partitions, time.monotonic() - queued)
         except Exception as exc:
             view.fail(exc)
             return

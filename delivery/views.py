@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -40,6 +41,31 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _VIEW_NUMBERS = itertools.count(1)
 OFFSET_INVALID = -1001
+
+
+# A take-over slower than this logs where its time went (a new subscription's first delivery
+# waits for it).
+SLOW_TAKEOVER_S = 5.0
+
+
+class _Steps:
+    """How long each step of a take-over took, for the log."""
+
+    def __init__(self, queued_s: float) -> None:
+        self._last = time.monotonic()
+        self._start = self._last - queued_s
+        self._taken = [("a slot", queued_s)]
+
+    def done(self, step: str) -> None:
+        now = time.monotonic()
+        self._taken.append((step, now - self._last))
+        self._last = now
+
+    def log_if_slow(self, what: str) -> None:
+        total = self._last - self._start
+        if total >= SLOW_TAKEOVER_S:
+            spent = ", ".join(f"{step} {seconds:.1f} s" for step, seconds in self._taken)
+            log.info("%s took %.1f s: %s", what, total, spent)
 
 
 class Flowing:
@@ -204,10 +230,13 @@ class SubscriptionView:
         if kept:
             self._listener.on_batch(kept)
 
-    async def take_over(self, partitions: list[int]) -> dict[int, int]:
+    async def take_over(self, partitions: list[int], queued_s: float = 0.0) -> dict[int, int]:
         """Takes partition indices over with the runner: main-log start offset per index
-        (< 0: the partition's first offset); its tiers are assigned to the tiers consumer."""
+        (< 0: the partition's first offset); its tiers are assigned to the tiers consumer.
+        ``queued_s``: how long it waited for a take-over slot of the hub (for the log)."""
+        steps = _Steps(queued_s)
         async with self._lock:
+            steps.done("its turn")
             # Given up meanwhile (a revocation that ran before this take-over): not taken.
             wanted = [
                 p for p in partitions if p not in self._owned and self._hub.owns(self.main_topic, p)
@@ -218,15 +247,19 @@ class SubscriptionView:
                 raise GroupNotEmpty(
                     f"{self.group} has members: a worker of the earlier layout still serves it"
                 )
+            steps.done("the group's membership")
             topics = [self.main_topic, *self.tier_topics]
             asked = [TopicPartition(t, p) for p in wanted for t in topics]
             committed = await self._offsets.committed(self.group, asked)
+            steps.done("its offsets")
             self._taking.update(wanted)
             try:
                 plan = await self._listener.assigned(committed)
             finally:
                 self._taking.difference_update(wanted)
                 held, self._held = self._held, []
+            steps.done("its state and tiers")
+            steps.log_if_slow(f"{self.group}: take-over of partitions {wanted}")
             known = {(tp.topic, tp.partition): tp.offset for tp in committed}
             main: dict[int, int] = {}
             tiers: list[TopicPartition] = []
