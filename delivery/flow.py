@@ -256,7 +256,10 @@ class PartitionFlow:
     def idle(self) -> bool:
         """Nothing in memory and nothing held back: :meth:`balance` has nothing to do until
         records arrive."""
-        return self._unheld() and not any(self.buffered().values())
+        # No dict of every (partition, tier) here: asked of each runner at each of its ticks.
+        return self._unheld() and not any(
+            port.engine.open_count(tier) for port in self._ports.values() for tier in self._topics
+        )
 
     def _unheld(self) -> bool:
         return self._full_since is None and not any(

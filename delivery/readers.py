@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any

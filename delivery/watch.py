@@ -15,7 +15,7 @@ then asked Redis itself, which loaded the pool further:
   runner compares them at its next tick and raises ``StateLost`` as before;
 - per watched subscription, the breaker its workers share (``docs/policies.md`` §2), which
   the runner's policy check adopts instead of reading it itself;
-- the count of changes the API made to subscriptions' records, so that the worker lists
+- the count of changes made to subscriptions' records (by the API, or a worker's policy), so that the worker lists
   them at once when it moved (a new subscription's first delivery waits a second for this,
   not a listing interval);
 - per watched subscription, its release version (``state.keys.release_version``), which
@@ -41,15 +41,17 @@ from typing import Any, Protocol
 import orjson
 from redis.asyncio import Redis
 
-from state.groups import read_subscriptions
+from state.groups import parse_reading, read_subscriptions
 
 log = logging.getLogger(__name__)
 
 EVERY_S = 1.0
 # Past this since its last reading an entry says nothing: its runner asks Redis itself.
 STALE_S = 5.0
-# How often a runner polls its releases even when the version did not move.
-BACKSTOP_MS = 30_000
+# How often a runner polls its releases even when the version did not move (a release the
+# version did not count: none is known, since the request raises it in its own transaction).
+# Every 30 s, a thousand runners' polls were a twentieth of an idle worker's CPU.
+BACKSTOP_MS = 300_000
 
 
 class Verifiable(Protocol):
@@ -76,6 +78,10 @@ class Watched:
     # (partition, epoch, writes made, (epoch, writes) Redis held)
     checks: list[tuple[int, int, int, tuple[int, int]]] = field(default_factory=list)
     read_at: float = -math.inf  # monotonic seconds
+    # The last reading's raw values and this owner's figures sampled before it: a reading
+    # equal to both changes nothing and is not parsed again.
+    raw: list[bytes | None] | None = None
+    written: Mapping[int, tuple[int, int]] | None = None
 
     def fresh(self) -> bool:
         return time.monotonic() - self.read_at < STALE_S
@@ -120,19 +126,25 @@ class StateWatch:
         """One pipeline: the subscriptions' change count, and every entry's release version,
         breaker and partitions' owner figures."""
         # Counted before Redis is read (DurableGroupStore.verify says why).
-        samples = [(e, dict(e.store.written()) if e.store else {}) for e in self._entries]
-        changes, readings = await read_subscriptions(
+        samples = [(e, e.store.written() if e.store else {}) for e in self._entries]
+        asked = [sorted(written) for _, written in samples]
+        changes, raws = await read_subscriptions(
             self._client,
-            [(e.project, e.subscription, sorted(written)) for e, written in samples],
+            [(e.project, e.subscription, p) for (e, _), p in zip(samples, asked, strict=True)],
         )
         if self._changes is not None and changes != self._changes:
             self.subscriptions_changed.set()
         self._changes = changes
         now = time.monotonic()
-        for (entry, written), reading in zip(samples, readings, strict=True):
+        for (entry, written), partitions, raw in zip(samples, asked, raws, strict=True):
+            entry.read_at = now
+            if raw == entry.raw and written == entry.written:
+                continue  # nothing moved since the last reading: what it found stands
+            reading = parse_reading(raw, partitions)
             entry.checks = [
                 (partition, *written[partition], held) for partition, held in reading.held.items()
             ]
-            entry.version, entry.read_at = reading.release_version, now
-            raw = reading.breaker
-            entry.breaker = None if raw is None else dict(orjson.loads(raw))
+            entry.version = reading.release_version
+            word = reading.breaker
+            entry.breaker = None if word is None else dict(orjson.loads(word))
+            entry.raw, entry.written = raw, written

@@ -210,3 +210,28 @@ async def test_the_workers_one_reading_notices_lost_writes_and_requested_release
     entry.read_at = 0.0
     await watch.read()
     assert entry.read_at == 0.0
+
+
+async def test_a_reading_that_finds_redis_as_before_still_notices_a_lost_new_write(
+    redis_client: tuple[Redis[bytes], str],
+) -> None:
+    # The reading leaves values that did not move since the last one unparsed: one whose
+    # Redis values are exactly as before must still be checked when the owner wrote since.
+    client, project = redis_client
+    store, epoch = await owner_of_a_parked_group(client, project)
+    watch = StateWatch(client)
+    entry = watch.watch(project, "s", store)
+    await watch.read()
+    await watch.read()  # nothing moved: the same finding, read again
+    entry.verify()
+    held_before = await client.get(keys.owner_writes(project, "s", 1))
+    # When the owner writes once more, and Redis comes back without that write (its count as
+    # the last reading saw it)
+    await store.apply(
+        StateWrite(1, "g", touches_group=True, expected_version=1, state=parked(2, 2)), epoch
+    )
+    await client.set(keys.owner_writes(project, "s", 1), held_before or b"0")
+    await watch.read()
+    # Then the reading says so
+    with pytest.raises(StateLost):
+        entry.verify()
