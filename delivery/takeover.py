@@ -18,6 +18,8 @@ assigning it and the first record being read.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -30,6 +32,33 @@ from setu.ordering.state import PartitionSnapshot
 from setu.ordering.tiers import DLQ, MAIN, is_retry
 from state.groups import GroupStore
 from state.kafka_reader import KafkaReader, record_of
+
+log = logging.getLogger(__name__)
+
+
+# A take-over slower than this logs where its time went (a new subscription's first delivery
+# waits for it).
+SLOW_TAKEOVER_S = 5.0
+
+
+class Steps:
+    """How long each step of a take-over took, for the log."""
+
+    def __init__(self, queued_s: float = 0.0) -> None:
+        self._last = time.monotonic()
+        self._start = self._last - queued_s
+        self._taken = [("a slot", queued_s)] if queued_s else []
+
+    def done(self, step: str) -> None:
+        now = time.monotonic()
+        self._taken.append((step, now - self._last))
+        self._last = now
+
+    def log_if_slow(self, what: str) -> None:
+        total = self._last - self._start
+        if total >= SLOW_TAKEOVER_S:
+            spent = ", ".join(f"{step} {seconds:.1f} s" for step, seconds in self._taken)
+            log.info("%s took %.1f s: %s", what, total, spent)
 
 
 @dataclass(slots=True)
@@ -58,7 +87,9 @@ async def take_over(
 ) -> Takeover:
     """Prepares ``partition`` of ``sub`` (see the module doc). ``committed`` maps each tier to
     its committed offset, None when the group never committed there."""
+    steps = Steps()
     epoch = await store.claim(partition)
+    steps.done("claim")
     tail_tiers = [t for t in committed if is_retry(t) or t == DLQ]
     starts = []
     for tier in tail_tiers:
@@ -67,6 +98,7 @@ async def take_over(
             TopicPartition(topics[tier], partition, OFFSET_BEGINNING if offset is None else offset)
         )
     tails = await reader.tails_together(starts)
+    steps.done("tiers' tails")
     tail: list[Record] = []
     for tier in tail_tiers:
         for msg in tails.get((topics[tier], partition), []):
@@ -75,6 +107,7 @@ async def take_over(
             except ValueError:
                 continue
     snapshot = await store.load(partition)
+    steps.done("load")
     known = {t: o for t, o in committed.items() if o is not None}
     writes, _ = missing_writes(
         partition,
@@ -93,6 +126,7 @@ async def take_over(
     if DLQ in tail_tiers:
         await store.trim_dead_letters(partition, tails.lows[(topics[DLQ], partition)])
     snapshot = await store.load(partition)
+    steps.done("recovery and load")
 
     plan = Takeover(snapshot, dict(known), epoch=epoch)
     if sub.seek_to_ms is not None and sub.seek_generation > snapshot.seek_generation:
@@ -118,4 +152,6 @@ async def take_over(
         reading_from = low if begin is None else max(begin, low)
         if key in tails.ends and reading_from >= tails.ends[key]:
             plan.idle.add(tier)
+    steps.done("seek and starts")
+    steps.log_if_slow(f"subscription {sub.project}/{sub.name}: partition {partition}")
     return plan

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -34,6 +33,7 @@ from delivery.flow import SEEK_RETRIES_QUIET, SEEK_RETRY_MAX_S
 from delivery.kafka_io import RebalanceListener
 from delivery.parts import SEEK_RETRY_S
 from delivery.readers import ReaderHub
+from delivery.takeover import Steps
 from state.group_offsets import GroupNotEmpty, GroupOffsets
 
 log = logging.getLogger(__name__)
@@ -41,31 +41,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _VIEW_NUMBERS = itertools.count(1)
 OFFSET_INVALID = -1001
-
-
-# A take-over slower than this logs where its time went (a new subscription's first delivery
-# waits for it).
-SLOW_TAKEOVER_S = 5.0
-
-
-class _Steps:
-    """How long each step of a take-over took, for the log."""
-
-    def __init__(self, queued_s: float) -> None:
-        self._last = time.monotonic()
-        self._start = self._last - queued_s
-        self._taken = [("a slot", queued_s)]
-
-    def done(self, step: str) -> None:
-        now = time.monotonic()
-        self._taken.append((step, now - self._last))
-        self._last = now
-
-    def log_if_slow(self, what: str) -> None:
-        total = self._last - self._start
-        if total >= SLOW_TAKEOVER_S:
-            spent = ", ".join(f"{step} {seconds:.1f} s" for step, seconds in self._taken)
-            log.info("%s took %.1f s: %s", what, total, spent)
 
 
 class Flowing:
@@ -234,7 +209,7 @@ class SubscriptionView:
         """Takes partition indices over with the runner: main-log start offset per index
         (< 0: the partition's first offset); its tiers are assigned to the tiers consumer.
         ``queued_s``: how long it waited for a take-over slot of the hub (for the log)."""
-        steps = _Steps(queued_s)
+        steps = Steps(queued_s)
         async with self._lock:
             steps.done("its turn")
             # Given up meanwhile (a revocation that ran before this take-over): not taken.

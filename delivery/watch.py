@@ -15,9 +15,9 @@ then asked Redis itself, which loaded the pool further:
   runner compares them at its next tick and raises ``StateLost`` as before;
 - per watched subscription, the breaker its workers share (``docs/policies.md`` §2), which
   the runner's policy check adopts instead of reading it itself;
-- the count of changes made to subscriptions' records (by the API, or a worker's policy), so that the worker lists
-  them at once when it moved (a new subscription's first delivery waits a second for this,
-  not a listing interval);
+- the count of changes made to subscriptions' records (by the API, or a worker's policy),
+  so that the worker lists them at once when it moved (a new subscription's first delivery
+  waits a second for this, not a listing interval);
 - per watched subscription, its release version (``state.keys.release_version``), which
   ``RedisGroupStore.request_release`` raises in the same transaction as the request; the
   runner polls its releases when the version moved, when its partitions changed, and every
