@@ -46,6 +46,7 @@ from state.groups import parse_reading, read_subscriptions
 log = logging.getLogger(__name__)
 
 EVERY_S = 1.0
+_NOTHING: Mapping[int, tuple[int, int]] = {}
 # Past this since its last reading an entry says nothing: its runner asks Redis itself.
 STALE_S = 5.0
 # How often a runner polls its releases even when the version did not move (a release the
@@ -82,6 +83,15 @@ class Watched:
     # equal to both changes nothing and is not parsed again.
     raw: list[bytes | None] | None = None
     written: Mapping[int, tuple[int, int]] | None = None
+    # The partitions of the last figures sampled (the store gives the same mapping while
+    # they do not change): not sorted again each second.
+    _sampled: Mapping[int, tuple[int, int]] | None = None
+    _partitions: list[int] = field(default_factory=list)
+
+    def partitions_of(self, written: Mapping[int, tuple[int, int]]) -> list[int]:
+        if written is not self._sampled:
+            self._sampled, self._partitions = written, sorted(written)
+        return self._partitions
 
     def fresh(self) -> bool:
         return time.monotonic() - self.read_at < STALE_S
@@ -126,8 +136,8 @@ class StateWatch:
         """One pipeline: the subscriptions' change count, and every entry's release version,
         breaker and partitions' owner figures."""
         # Counted before Redis is read (DurableGroupStore.verify says why).
-        samples = [(e, e.store.written() if e.store else {}) for e in self._entries]
-        asked = [sorted(written) for _, written in samples]
+        samples = [(e, e.store.written() if e.store else _NOTHING) for e in self._entries]
+        asked = [e.partitions_of(written) for e, written in samples]
         changes, raws = await read_subscriptions(
             self._client,
             [(e.project, e.subscription, p) for (e, _), p in zip(samples, asked, strict=True)],
