@@ -386,7 +386,7 @@ def serve(
             running.start_query,
             stopping,
             reporter,
-            metrics.batches,
+            running.batches,
             stale=running.changed,
             # A real-time batch lasts SETU_SPARK_REALTIME_BATCH_S: it is not waited for, and
             # what it wrote is replayed (and skipped by delivery) after the next start.

@@ -119,13 +119,21 @@ class BatchFollower:
         self._metrics = metrics
         self._query: StreamingQuery | None = None
         self._last_id = -1
+        # The counts follower's thread looks every second, the job's own thread after a
+        # failure (OperatorRun.batches): one look at a time, so no batch counts twice.
+        self._looking = threading.Lock()
 
     def follow(self, query: StreamingQuery) -> None:
         """From now on, the batches of ``query`` (a query started again from its checkpoint
         carries on its batch ids; those it ran before are not counted again)."""
-        self._query, self._last_id = query, -1
+        with self._looking:
+            self._query, self._last_id = query, -1
 
     def catch_up(self) -> None:
+        with self._looking:
+            self._catch_up()
+
+    def _catch_up(self) -> None:
         query = self._query
         if query is None:
             return
@@ -467,6 +475,15 @@ class OperatorRun:
 
     def changed(self) -> bool:
         return self._inputs.changed()
+
+    def batches(self) -> int:
+        """Batches this process wrote, the running (or just failed) query's last ones counted
+        now: ``job.keep_running`` asks after a failure whether one ended since the start."""
+        try:
+            self._batches.catch_up()
+        except Exception:  # the JVM going away as the job stops
+            log.debug("could not read the query's progress", exc_info=True)
+        return self._metrics.batches()
 
     def _check_slots(self, partitions: int) -> None:
         """Raises when the real-time query could not get its slots: :class:`SlotsShort` on a
