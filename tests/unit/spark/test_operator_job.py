@@ -229,4 +229,3 @@ def test_a_query_started_again_from_its_checkpoint_counts_only_its_own_batches()
     again.ran(502, 3000)
     follower.catch_up()
     assert batches_seen(metrics) == (3, 6.0)
-
