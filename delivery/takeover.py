@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -30,35 +29,11 @@ from setu.ordering.fencing import KEEP_FENCES
 from setu.ordering.records import Record
 from setu.ordering.state import PartitionSnapshot
 from setu.ordering.tiers import DLQ, MAIN, is_retry
+from setu.steps import Steps
 from state.groups import GroupStore
 from state.kafka_reader import KafkaReader, record_of
 
 log = logging.getLogger(__name__)
-
-
-# A take-over slower than this logs where its time went (a new subscription's first delivery
-# waits for it).
-SLOW_TAKEOVER_S = 5.0
-
-
-class Steps:
-    """How long each step of a take-over took, for the log."""
-
-    def __init__(self, queued_s: float = 0.0) -> None:
-        self._last = time.monotonic()
-        self._start = self._last - queued_s
-        self._taken = [("a slot", queued_s)] if queued_s else []
-
-    def done(self, step: str) -> None:
-        now = time.monotonic()
-        self._taken.append((step, now - self._last))
-        self._last = now
-
-    def log_if_slow(self, what: str) -> None:
-        total = self._last - self._start
-        if total >= SLOW_TAKEOVER_S:
-            spent = ", ".join(f"{step} {seconds:.1f} s" for step, seconds in self._taken)
-            log.info("%s took %.1f s: %s", what, total, spent)
 
 
 @dataclass(slots=True)
@@ -87,7 +62,7 @@ async def take_over(
 ) -> Takeover:
     """Prepares ``partition`` of ``sub`` (see the module doc). ``committed`` maps each tier to
     its committed offset, None when the group never committed there."""
-    steps = Steps()
+    steps = Steps(log)
     epoch = await store.claim(partition)
     steps.done("claim")
     tail_tiers = [t for t in committed if is_retry(t) or t == DLQ]

@@ -33,7 +33,7 @@ from delivery.flow import SEEK_RETRIES_QUIET, SEEK_RETRY_MAX_S
 from delivery.kafka_io import RebalanceListener
 from delivery.parts import SEEK_RETRY_S
 from delivery.readers import ReaderHub
-from delivery.takeover import Steps
+from setu.steps import Steps
 from state.group_offsets import GroupNotEmpty, GroupOffsets
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ class SubscriptionView:
         """Takes partition indices over with the runner: main-log start offset per index
         (< 0: the partition's first offset); its tiers are assigned to the tiers consumer.
         ``queued_s``: how long it waited for a take-over slot of the hub (for the log)."""
-        steps = Steps(queued_s)
+        steps = Steps(log, queued_s)
         async with self._lock:
             steps.done("its turn")
             # Given up meanwhile (a revocation that ran before this take-over): not taken.

@@ -19,6 +19,7 @@ never reorders one; records of failed groups are recognised by their groups' don
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 from setu.ordering.fencing import KEEP_FENCES
@@ -30,6 +31,7 @@ from setu.ordering.state import (
     StateLost,
     StateWrite,
 )
+from setu.steps import Steps
 from state.changelog import (
     PENDING,
     ChangelogIO,
@@ -43,6 +45,8 @@ from state.changelog import (
     seek_record,
 )
 from state.groups import RedisGroupStore, UnhealthyPage
+
+log = logging.getLogger(__name__)
 
 
 class DurableGroupStore:
@@ -63,9 +67,11 @@ class DurableGroupStore:
     # Ownership
 
     async def claim(self, partition: int) -> int:
+        steps = Steps(log)
         replay = PartitionReplay()
         entries, end = await self._log.read(partition, 0)
         replay.feed_all(entries, end)
+        steps.done("changelog read")
         held_epoch = await self.redis.owner_epoch(partition)
         epoch = max(held_epoch, replay.epoch) + 1
         records: list[ChangelogRecord] = []
@@ -86,10 +92,13 @@ class DurableGroupStore:
             self.rebuilt_after_loss += 1
         records += [replay.record_for(key, epoch) for key in sorted(replay.stale)]
         records.append(owner_record(epoch, fences))
+        steps.done("Redis's figures")
         await self._log.append(partition, records)
+        steps.done("changelog write")
         # Whatever the previous owner wrote before this claim counts too.
         entries, end = await self._log.read(partition, replay.end)
         replay.feed_all(entries, end)
+        steps.done("changelog read again")
         await self.redis.restore(
             partition,
             epoch,
@@ -104,6 +113,8 @@ class DurableGroupStore:
         self._writes[partition] = 0
         self._written = None
         self._fences[partition] = {e: dict(f) for e, f in replay.fences.items()}
+        steps.done("restore")
+        steps.log_if_slow(f"{self.redis.label}: claim of partition {partition}")
         return epoch
 
     async def record_fences(

@@ -450,6 +450,7 @@ class RedisGroupStore:
         self._redis = redis
         self._project = project
         self._sub = subscription
+        self.label = f"subscription {project}/{subscription}"  # for the log
         self._apply_script = redis.register_script(_APPLY)
         self._adopt_script = redis.register_script(_ADOPT_LEGACY)
         self._index_script = redis.register_script(_INDEX_OLDER)
