@@ -20,12 +20,18 @@ class Clock:
         return self.now
 
 
-def test_slow_work_logs_each_steps_share_and_a_slot_waited_for(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    clock = Clock()
-    monkeypatch.setattr(steps.time, "monotonic", clock)
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> Clock:
+    """The steps' clock, moved by the test; the log captured."""
+    fake = Clock()
+    monkeypatch.setattr(steps.time, "monotonic", fake)
     caplog.set_level(logging.INFO, "tests.steps")
+    return fake
+
+
+def test_slow_work_logs_each_steps_share_and_a_slot_waited_for(
+    clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
     timed = Steps(log, queued_s=3.0)
     clock.now += 0.5
     timed.done("offsets")
@@ -38,11 +44,8 @@ def test_slow_work_logs_each_steps_share_and_a_slot_waited_for(
 
 
 def test_work_faster_than_the_threshold_logs_nothing(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = Clock()
-    monkeypatch.setattr(steps.time, "monotonic", clock)
-    caplog.set_level(logging.INFO, "tests.steps")
     timed = Steps(log)
     clock.now += steps.SLOW_S - 0.1
     timed.done("all of it")
