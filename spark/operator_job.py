@@ -111,9 +111,10 @@ class BatchFollower:
 
     Not a ``StreamingQueryListener``: Spark calls a listener's ``onQueryStarted`` on the
     query's thread before ``start()`` returns, and a Python listener makes that a call into
-    the driver's Python process. One start blocked there for good on a loaded machine, with
-    the query already holding its name: every later start in the session failed. Polling
-    needs nothing of the query's start."""
+    the driver's Python process. On a loaded CI machine one start never returned, with the
+    query already holding its name, and every later start in the session failed; the
+    listener was the one step of that start waiting on the Python side (the hang was not
+    reproduced here). Polling needs nothing of the query's start."""
 
     def __init__(self, metrics: IngestMetrics) -> None:
         self._metrics = metrics
