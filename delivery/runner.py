@@ -51,6 +51,7 @@ from setu import names
 from setu.clock import now_ms
 from setu.model import StopMode, Subscription, SubscriptionState
 from setu.ordering.tiers import MAIN, topics_by_tier
+from setu.together import all_or_none
 from state.group_offsets import GroupNotEmpty
 from state.kafka_reader import record_of
 
@@ -390,10 +391,16 @@ class SubscriptionRunner:
         commit_now: list[TopicPartition] = []
         seeks: dict[int, int] = {}
         rebuilt_before = self.store.rebuilt_after_loss
-        for partition, offsets in sorted(by_index.items()):
-            plan = await take_over(
-                self.sub, partition, offsets, self.topics, self.store, self.reader, now_ms()
-            )
+        # The partitions' preparations touch nothing in common (their own Redis keys,
+        # changelog partitions and tails), so they run at once: each waits mostly on round
+        # trips, and a worker taking over a thousand subscriptions waits on those in turn.
+        indices = sorted(by_index)
+        plans = await all_or_none(
+            take_over(self.sub, p, by_index[p], self.topics, self.store, self.reader, now_ms())
+            for p in indices
+        )
+        for partition, plan in zip(indices, plans, strict=True):
+            offsets = by_index[partition]
             port = PartitionEffects(self.context, partition)
             port.engine = PartitionEngine(
                 self.sub,
