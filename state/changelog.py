@@ -79,9 +79,12 @@ class Entry:
 class ChangelogIO(Protocol):
     """Where one subscription's changelog lives (Kafka; a list in unit tests)."""
 
-    async def append(self, partition: int, records: Sequence[ChangelogRecord]) -> None:
+    async def append(
+        self, partition: int, records: Sequence[ChangelogRecord]
+    ) -> Sequence[int] | None:
         """Writes ``records`` in order to ``partition``; returns once all are acknowledged
-        by every in-sync replica, else raises."""
+        by every in-sync replica, else raises. Returns the records' offsets when the writer
+        learns them (None when it does not)."""
 
     async def read(self, partition: int, start: int) -> tuple[list[Entry], int]:
         """Every record of ``partition`` from ``start`` (0: its beginning) to its end as it
@@ -298,9 +301,17 @@ class KafkaChangelog:
             await self._ensure()
             self._ensure = None
 
-    async def append(self, partition: int, records: Sequence[ChangelogRecord]) -> None:
+    async def append(
+        self, partition: int, records: Sequence[ChangelogRecord]
+    ) -> Sequence[int] | None:
         await self._ready()
-        await self._send(self.topic, partition, [(r.key, r.value, r.headers()) for r in records])
+        sent = await self._send(
+            self.topic, partition, [(r.key, r.value, r.headers()) for r in records]
+        )
+        # The delivery worker's producer answers with the offsets; the API's does not.
+        if isinstance(sent, list) and len(sent) == len(records):
+            return [int(offset) for offset in sent]
+        return None
 
     async def read(self, partition: int, start: int) -> tuple[list[Entry], int]:
         if self._read is None:
