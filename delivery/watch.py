@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import orjson
 from redis.asyncio import Redis
 
-from state.groups import parse_reading, read_subscriptions
+from state.groups import RepeatedRead, parse_reading, read_subscriptions
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,7 @@ class StateWatch:
 
     def __init__(self, client: Redis[bytes], every_s: float = EVERY_S) -> None:
         self._client = client
+        self._repeated = RepeatedRead()
         self._every_s = every_s
         self._entries: set[Watched] = set()
         # Set when the API's change count of subscriptions moved (``keys.subscriptions_changed``):
@@ -141,6 +142,7 @@ class StateWatch:
         changes, raws = await read_subscriptions(
             self._client,
             [(e.project, e.subscription, p) for (e, _), p in zip(samples, asked, strict=True)],
+            self._repeated,
         )
         if self._changes is not None and changes != self._changes:
             self.subscriptions_changed.set()

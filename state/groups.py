@@ -26,11 +26,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
 
 from setu.clock import now_ms
@@ -409,8 +411,46 @@ async def announce_subscriptions(client: Redis[bytes]) -> None:
     await client.incr(keys.subscriptions_changed())
 
 
+class RepeatedRead:
+    """An ``MGET`` sent again and again with mostly the same names (the state watch's, each
+    second): its command is packed once and sent as it is while the names stay the same.
+    Packing is Python; at 1,000 subscriptions it was 4.0 ms of the 4.4 ms of a worker's CPU
+    a reading cost, where sending the packed command and parsing the answer took 0.2 ms."""
+
+    def __init__(self) -> None:
+        self._names: list[str] = []
+        self._packed: Any = None
+
+    async def mget(self, client: Redis[bytes], names: list[str]) -> list[bytes | None]:
+        try:
+            return await self._mget(client, names)
+        except (RedisConnectionError, RedisTimeoutError):
+            # A connection Redis closed since the last reading (a restart, a failover): once
+            # more on a new one, as the client's own commands do.
+            return await self._mget(client, names)
+
+    async def _mget(self, client: Redis[bytes], names: list[str]) -> list[bytes | None]:
+        pool = client.connection_pool
+        connection = await pool.get_connection()
+        try:
+            if self._packed is None or names != self._names:
+                self._packed = connection.pack_command("MGET", *names)
+                self._names = names
+            await connection.send_packed_command(self._packed)
+            replies: list[bytes | None] = await connection.read_response()
+        except BaseException:
+            # A reply half read would be taken for the next command's.
+            await connection.disconnect()
+            raise
+        finally:
+            await pool.release(connection)
+        return replies
+
+
 async def read_subscriptions(
-    client: Redis[bytes], wanted: Sequence[tuple[str, str, Sequence[int]]]
+    client: Redis[bytes],
+    wanted: Sequence[tuple[str, str, Sequence[int]]],
+    repeated: RepeatedRead | None = None,
 ) -> tuple[int, list[list[bytes | None]]]:
     """In one ``MGET``: the subscriptions' change count (``keys.subscriptions_changed``)
     and, for each (project, subscription, partitions) of ``wanted``, the raw values of its
@@ -419,11 +459,12 @@ async def read_subscriptions(
     its last reading unparsed: most of them, each second (parsing them all was a tenth of an
     idle worker's CPU at 1,000 subscriptions). (A pipeline of one ``GET`` per key cost a
     worker serving 1,000 subscriptions a third of its event loop: 8,000 commands built and
-    parsed every second.)"""
+    parsed every second.) ``repeated``: the caller's :class:`RepeatedRead`, for a reading
+    made again and again."""
     names = [keys.subscriptions_changed()]
     for project, subscription, partitions in wanted:
         names.extend(_reading_keys(project, subscription, tuple(partitions)))
-    replies = await client.mget(names)
+    replies = await (client.mget(names) if repeated is None else repeated.mget(client, names))
     changed = int(replies[0] or 0)
     out = []
     at = 1

@@ -65,7 +65,11 @@ def parked(n: int, version: int = 1) -> GroupState:
 
 
 async def forget(client: Redis[bytes], project: str) -> None:
-    found = [k async for k in client.scan_iter(match=keys.subscription_pattern(project, "s"))]
+    await forget_subscription(client, project, "s")
+
+
+async def forget_subscription(client: Redis[bytes], project: str, name: str) -> None:
+    found = [k async for k in client.scan_iter(match=keys.subscription_pattern(project, name))]
     if found:
         await client.delete(*found)
 
@@ -288,3 +292,33 @@ async def test_a_reading_that_finds_redis_as_before_still_notices_a_lost_new_wri
     # Then the reading says so
     with pytest.raises(StateLost):
         entry.verify()
+
+
+async def test_the_reading_goes_on_after_redis_closed_its_connection_and_follows_new_entries(
+    redis_client: tuple[Redis[bytes], str], redis_url: str
+) -> None:
+    client, project = redis_client
+    store, _ = await owner_of_a_parked_group(client, project)
+    # Given the worker's reading on a connection of its own, which has read once
+    watch_client: Redis[bytes] = Redis.from_url(redis_url)
+    try:
+        watch = StateWatch(watch_client)
+        entry = watch.watch(project, "s", store)
+        await watch.read()
+        entry.verify()
+        # When Redis closes that connection (a restart, a failover)
+        own_id = await watch_client.client_id()
+        await client.client_kill_filter(_id=own_id)
+        # And an operator asks for a release, and a second subscription is watched
+        before = entry.version
+        await RedisGroupStore(client, project, "s").request_release(1, ["g"], [])
+        other = watch.watch(project, "s2", None)
+        await RedisGroupStore(client, project, "s2").request_release(0, ["h"], [])
+        await watch.read()
+        # Then the next reading finds both, read on a new connection
+        assert before is not None and entry.version == before + 1
+        assert other.version == 1
+        assert await watch_client.client_id() != own_id
+    finally:
+        await watch_client.aclose()  # type: ignore[attr-defined]
+        await forget_subscription(client, project, "s2")
