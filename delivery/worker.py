@@ -42,6 +42,7 @@ from delivery.watch import StateWatch
 from delivery.webhook import WebhookSender
 from setu import logs
 from setu.limits import MessageLimits
+from setu.loop_lag import LoopLag
 from setu.model import Notifications, Subscription, SubscriptionState, Topic
 from setu.settings import Settings
 from state import workers
@@ -251,6 +252,7 @@ async def serve(
         loop.create_task(sink.run(events_stop)),
         loop.create_task(notifier.run(events_stop)),
         loop.create_task(watch.run(events_stop)),
+        loop.create_task(LoopLag().run(events_stop)),
     ]
     shared = Shared(
         config,
