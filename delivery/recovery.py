@@ -13,7 +13,9 @@ Copies made from a dead letter delivered again are the exception: the DLQ is rea
 its committed offset, so the source's offset says nothing. A single letter's copy still needs
 its change while the letter is pending release; a lap's first copy while the group's state
 could still start that lap (:func:`setu.ordering.groups.lap_pending`) and the copy itself has no
-recorded outcome (a copy of an earlier lap of a group released again looks pending too).
+recorded outcome (a copy of an earlier lap of a group released again looks pending too). A lap's
+later copy, moved up from a retry tier, needs its change only while the state has the lap in
+that tier.
 """
 
 from __future__ import annotations
@@ -176,6 +178,15 @@ def _recorded(
     tier, offset = origin
     if tier == DLQ and kind is groups.Kind.LAP:
         return not groups.lap_pending(states.get(copy.group or ""), copy.message_id, offset)
+    if kind is groups.Kind.LAP and (
+        groups.route_lap(states.get(copy.group or ""), tier, copy.message_id)
+        is not groups.Route.DELIVER
+    ):
+        # A lap moving up from a retry tier is missing only while the state has the lap there.
+        # This is an earlier lap's copy, perhaps from before the group healed and failed again,
+        # in a tier the new state's done marks do not cover: taken for the lap in progress, it
+        # would put the group on a lap of another message than its head.
+        return True
     if tier == DLQ and not kind.ordered:
         return offset not in pending
     if offset < committed.get(tier, -1) or (tier, offset) in outcomes:

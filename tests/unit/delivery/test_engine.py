@@ -818,3 +818,38 @@ def test_a_group_that_healed_before_redis_forgot_is_not_held_by_its_old_copies()
     world.drain()
     assert world.first["g2"] == [first, second, third]
     assert "g2" not in world.store.groups
+
+
+def test_a_group_that_healed_on_laps_and_parked_again_is_delivered_after_redis_forgets() -> None:
+    # Given g2 dead-lettered and released while its endpoint failed each message twice: both
+    # went on laps (g2-2's up to rq.2) and were delivered, g2 healed; nothing is committed
+    world = World(subscription(delays=(100, 200)))
+    ids = [world.publish("g2") for _ in range(2)]
+    poll_all(world)
+    answer_all(world, {"g2": 400})
+    world.release("g2")
+    run_flaky(world, failures=2)
+    assert kinds(world, 2) == [("g2-2", "lap")]
+    assert "g2" not in world.store.groups
+    # And Redis forgot: g2's messages read again from the main log were answered 400, and g2
+    # parked again on new letters
+    world.redis_forgets()
+    poll_all(world)
+    answer_all(world, {"g2": 400})
+    assert world.store.groups["g2"][1].head == "g2-1"
+    # When Redis forgets again, and g2 gets a new message while its endpoint still answers 400
+    world.redis_forgets()
+    ids.append(world.publish("g2"))
+    for _ in range(3):
+        settle(world)
+        poll_all(world)
+        answer_all(world, {"g2": 400})
+        world.tick(300)
+    # Then g2-2's lap copy in rq.2, from before g2 healed, was not taken for a lap in progress:
+    # g2 still parks on its first new letter
+    state = world.store.groups["g2"][1]
+    assert (state.head, state.dlq_from, state.lap) == ("g2-1", 2, 0)
+    # And once released with the endpoint healed, g2 is delivered in order and healthy again
+    world.drain()
+    assert world.first["g2"] == ids
+    assert "g2" not in world.store.groups
