@@ -38,6 +38,12 @@ SLOT_HEADROOM = 4
 # nothing going) writes an entry that lives SLOT_IDLE_TTL_MS (10 s), every SLOT_IDLE_RENEW_MS.
 SLOT_QUIET_RENEW_MS = 1000
 SLOT_IDLE_RENEW_MS = 5000
+# Idle this long, a runner gives its share back (asks for none) and stops renewing it until
+# calls are wanted again; its first record then waits for one renewal, a Redis round trip.
+# A thousand idle subscriptions renewing their headroom every 5 s were 200 scripts a second
+# and about a sixth of an idle worker's CPU (docs/delivery.md, "What an idle subscription
+# costs").
+SLOT_DORMANT_MS = 30_000
 # How long a worker's word that its breaker is open lasts unless renewed (every policy check).
 SHARED_BREAKER_TTL_MS = 5_000
 
@@ -79,6 +85,8 @@ class SubscriptionGuards:
         self.watched: Watched | None = None
         # The last renewal of the share: (ask, busy, granted, when in ms).
         self._last_share: tuple[int, int, int, int] | None = None
+        # Since when nothing was wanted and nothing going (ms; None: something is).
+        self._idle_since: int | None = None
         self.breaker = CircuitBreaker(
             sub.policies.circuit_breaker,
             f"subscription {sub.project}/{sub.name}",
@@ -135,6 +143,14 @@ class SubscriptionGuards:
         now = now_ms()
         last = self._last_share
         idle = demand == 0 and busy == 0
+        if not idle:
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = now
+        elif now - self._idle_since >= SLOT_DORMANT_MS:
+            if last is not None and last[:3] == (0, 0, 0) and dispatcher.size == 0:
+                return None  # holds nothing, wants nothing: nothing to renew
+            ask = 0
         quiet_ms = SLOT_IDLE_RENEW_MS if idle else SLOT_QUIET_RENEW_MS
         if (
             last is not None

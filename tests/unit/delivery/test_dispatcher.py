@@ -199,3 +199,23 @@ async def test_a_held_failure_counts_as_calling_until_it_reaches_the_engine() ->
     await settle_within(lambda: caller.results == ["m1"], 2 * HOLD_S)
     assert caller.calling == 0
     await pool.close()
+
+
+async def test_a_pool_given_back_to_nothing_holds_its_calls_and_makes_them_once_granted() -> None:
+    # Given an idle pool whose share was given back (delivery/guards.py, SLOT_DORMANT_MS)
+    sender, caller, gate = Sender(), Caller(), asyncio.Event()
+    gate.set()
+    pool = Dispatcher(sender, gate, 4, lambda exc: None)  # type: ignore[arg-type]
+    await asyncio.sleep(0)  # its coroutines wait for calls
+    pool.resize(0)
+    # When calls arrive before the next share is granted
+    for n in range(3):
+        pool.submit(caller, attempt(n))
+    # Then none is made (the worker holds no slot), yet all are wanted
+    await settle(lambda: len(pool._workers) == 0)
+    assert sender.sent == [] and pool.demand() == 3
+    # And once a share is granted, every one of them is made
+    pool.resize(5)
+    await settle(lambda: len(caller.results) == 3)
+    assert sorted(sender.sent) == ["m0", "m1", "m2"]
+    await pool.close()

@@ -8,8 +8,11 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+import pytest
+
+from delivery import guards as guards_module
 from delivery.breaker import BreakerState
-from delivery.guards import SubscriptionGuards
+from delivery.guards import SLOT_DORMANT_MS, SubscriptionGuards
 from delivery.metrics import DeliveryMetrics
 from delivery.watch import Watched
 from setu.outcome import Outcome, Verdict
@@ -240,3 +243,50 @@ async def test_a_breaker_that_closed_does_not_open_again_on_a_word_older_than_it
     guarded.watched = Watched("p", "s", None, breaker=newer, read_at=time.monotonic())
     await guarded.check(paused=False)
     assert rules.state is BreakerState.OPEN
+
+
+async def test_a_long_idle_share_is_given_back_and_asked_again_when_calls_are_wanted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Budget:
+        def __init__(self) -> None:
+            self.asks: list[int] = []
+
+        async def share(
+            self, worker: str, demand: int, busy: int, limit: int, ttl_ms: int = 3000
+        ) -> int:
+            self.asks.append(demand)
+            return demand  # granted in full
+
+    class Pool:
+        size = 0
+        wanted = 0
+
+        def demand(self) -> int:
+            return self.wanted
+
+        def resize(self, size: int) -> None:
+            self.size = size
+
+    clock = [1_000_000]
+    monkeypatch.setattr(guards_module, "now_ms", lambda: clock[0])
+    budget, pool = Budget(), Pool()
+    guarded = guards(Recorder(), budget=budget)
+    # Given an idle subscription holding its headroom
+    await guarded.renew_slots(pool, busy=0)  # type: ignore[arg-type]
+    assert budget.asks == [4] and pool.size == 4
+    # When it stays idle past the dormant time, renewed every few seconds meanwhile
+    for _ in range(SLOT_DORMANT_MS // 2_500):
+        clock[0] += 2_500
+        await guarded.renew_slots(pool, busy=0)  # type: ignore[arg-type]
+    # Then it gave its share back once, and renews nothing more while idle
+    assert budget.asks[-1] == 0 and pool.size == 0
+    asked = len(budget.asks)
+    for _ in range(100):
+        clock[0] += 2_500
+        await guarded.renew_slots(pool, busy=0)  # type: ignore[arg-type]
+    assert len(budget.asks) == asked
+    # And a record wanting a call asks for a share at once, with headroom
+    pool.wanted = 1
+    await guarded.renew_slots(pool, busy=0)  # type: ignore[arg-type]
+    assert budget.asks[-1] == 5 and pool.size == 5
