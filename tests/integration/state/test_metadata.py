@@ -338,3 +338,30 @@ def test_a_rotation_holds_two_secrets_and_removing_one_ends_it(
         subscription(), signing_secrets=(SigningSecret("other-id", "whsec_y"),)
     )
     assert with_topic.create_subscription(again)[1] is False
+
+
+def test_every_listing_of_all_subscriptions_shows_each_change_since_the_last(
+    with_topic: MetadataStore,
+) -> None:
+    # A full listing reuses what it decoded for rows that did not change: every kind of
+    # change must still show at the next one.
+    store = with_topic
+    store.create_subscription(subscription(name="a"))
+    store.create_subscription(subscription(name="b"))
+    first = {s.name: s for s in store.list_subscriptions()}
+    assert set(first) == {"a", "b"}
+    # When one is paused (its version stays), another's configuration is replaced, a third
+    # is created and the first is marked for deletion
+    store.apply_lifecycle("p", "a", LifecycleAction.PAUSE)
+    changed = dataclasses.replace(first["b"], max_in_flight=3)
+    store.update_subscription(changed, first["b"].version)
+    store.create_subscription(subscription(name="c"))
+    # Then the next full listing shows all of it
+    second = {s.name: s for s in store.list_subscriptions()}
+    assert second["a"].state is SubscriptionState.PAUSED
+    assert second["b"].max_in_flight == 3
+    assert set(second) == {"a", "b", "c"}
+    store.mark_subscription_deleting("p", "a")
+    assert {s.name for s in store.list_subscriptions()} == {"b", "c"}
+    # And an unchanged row reads the same as a fresh decoding
+    assert store.list_subscriptions()[0] == store.get_subscription("p", "b")
