@@ -2,7 +2,8 @@
 
     python -m bench.fanout [--bootstrap 127.0.0.1:9092] [--redis redis://127.0.0.1:6379/0]
                            [--subscriptions 1000] [--workers 2] [--partitions 6]
-                           [--rate 100] [--seconds 60] [--idle 30] [--reach-timeout 300]
+                           [--rate 100] [--seconds 60] [--settle 45] [--idle 30]
+                           [--reach-timeout 300]
                            [--kafka-nodes 3]
 
 Setu's own processes as deployed (``setu api``, ``setu ingest`` and ``--workers`` of
@@ -23,7 +24,10 @@ subscription (``/hook/<n>``) and timestamps every call.
    topics exist and before any worker runs it (docs/delivery.md, "A new subscription"), so
    this figure includes the making of every subscription's topics and the workers' takeover
    of all of them.
-3. **Idle.** For ``--idle`` seconds: each worker's cores, threads and resident memory.
+3. **Idle.** After ``--settle`` seconds of quiet (their cores are reported too, as
+   ``idle_settling``: a runner gives its share of ``max_in_flight`` back after 30 s idle,
+   docs/delivery.md), for ``--idle`` seconds: each worker's cores, threads and resident
+   memory. A subscription idle for minutes is the common case the target speaks of.
    Then **one message to all, running**: as in 2, with every subscription running (the
    fan-out itself, without the making and taking over of a thousand new subscriptions).
 4. **Load.** ``--rate`` messages a second for ``--seconds`` (open loop, as ``bench.latency``)
@@ -406,6 +410,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--idle", type=float, default=30.0)
+    parser.add_argument("--settle", type=float, default=45.0)
     parser.add_argument("--reach-timeout", type=float, default=300.0)
     parser.add_argument(
         "--kafka-nodes",
@@ -435,6 +440,7 @@ def main() -> None:
                 "partitions",
                 "rate",
                 "seconds",
+                "settle",
                 "idle",
                 "failing",
                 "env",
@@ -471,6 +477,11 @@ def main() -> None:
         print(f"creating {count}: {figures['create_ms']}", flush=True)
         figures["one_message"] = reach_all(stack, count, args.partitions, args.reach_timeout)
         print(f"one message to all: {figures['one_message']}", flush=True)
+        if args.settle:
+            before = worker_cpu(stack)
+            time.sleep(args.settle)
+            figures["idle_settling"] = {"cores": cores_since(stack, before, args.settle)}
+            print(f"idle, settling: {figures['idle_settling']}", flush=True)
         before = worker_cpu(stack)
         time.sleep(args.idle)
         figures["idle"] = {
