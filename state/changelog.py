@@ -79,12 +79,9 @@ class Entry:
 class ChangelogIO(Protocol):
     """Where one subscription's changelog lives (Kafka; a list in unit tests)."""
 
-    async def append(
-        self, partition: int, records: Sequence[ChangelogRecord]
-    ) -> Sequence[int] | None:
+    async def append(self, partition: int, records: Sequence[ChangelogRecord]) -> None:
         """Writes ``records`` in order to ``partition``; returns once all are acknowledged
-        by every in-sync replica, else raises. Returns the records' offsets when the writer
-        learns them (None when it does not)."""
+        by every in-sync replica, else raises."""
 
     async def read(self, partition: int, start: int) -> tuple[list[Entry], int]:
         """Every record of ``partition`` from ``start`` (0: its beginning) to its end as it
@@ -301,17 +298,9 @@ class KafkaChangelog:
             await self._ensure()
             self._ensure = None
 
-    async def append(
-        self, partition: int, records: Sequence[ChangelogRecord]
-    ) -> Sequence[int] | None:
+    async def append(self, partition: int, records: Sequence[ChangelogRecord]) -> None:
         await self._ready()
-        sent = await self._send(
-            self.topic, partition, [(r.key, r.value, r.headers()) for r in records]
-        )
-        # The delivery worker's producer answers with the offsets; the API's does not.
-        if isinstance(sent, list) and len(sent) == len(records):
-            return [int(offset) for offset in sent]
-        return None
+        await self._send(self.topic, partition, [(r.key, r.value, r.headers()) for r in records])
 
     async def read(self, partition: int, start: int) -> tuple[list[Entry], int]:
         if self._read is None:

@@ -36,7 +36,6 @@ from state.changelog import (
     PENDING,
     ChangelogIO,
     ChangelogRecord,
-    Entry,
     PartitionReplay,
     letter_record,
     owner_record,
@@ -94,23 +93,12 @@ class DurableGroupStore:
         records += [replay.record_for(key, epoch) for key in sorted(replay.stale)]
         records.append(owner_record(epoch, fences))
         steps.done("Redis's figures")
-        offsets = await self._log.append(partition, records)
+        await self._log.append(partition, records)
         steps.done("changelog write")
-        if offsets is not None and list(offsets) == list(
-            range(replay.end, replay.end + len(records))
-        ):
-            # Nothing came between the read and these records: the changelog is what was
-            # read and what was written, with no need to read it back.
-            written = [
-                Entry(r.key, r.value, r.epoch, offset)
-                for r, offset in zip(records, offsets, strict=True)
-            ]
-            replay.feed_all(written, replay.end + len(records))
-        else:
-            # Whatever the previous owner wrote before this claim counts too.
-            entries, end = await self._log.read(partition, replay.end)
-            replay.feed_all(entries, end)
-            steps.done("changelog read again")
+        # Whatever the previous owner wrote before this claim counts too.
+        entries, end = await self._log.read(partition, replay.end)
+        replay.feed_all(entries, end)
+        steps.done("changelog read again")
         await self.redis.restore(
             partition,
             epoch,
