@@ -150,30 +150,36 @@ async def test_a_pool_asking_for_less_holds_its_size_until_it_shrank() -> None:
     assert budget.said_busy == [3, 1]
 
 
+class GrantingBudget:
+    """A budget that grants every ask in full, recording the asks and their entries' TTLs."""
+
+    def __init__(self) -> None:
+        self.asks: list[int] = []
+        self.ttls: list[int] = []
+
+    async def share(
+        self, worker: str, demand: int, busy: int, limit: int, ttl_ms: int = 3000
+    ) -> int:
+        self.asks.append(demand)
+        self.ttls.append(ttl_ms)
+        return demand
+
+
+class DemandPool:
+    """A dispatcher pool reduced to its demand and size."""
+
+    size = 0
+    wanted = 0
+
+    def demand(self) -> int:
+        return self.wanted
+
+    def resize(self, size: int) -> None:
+        self.size = size
+
+
 async def test_an_idle_share_is_renewed_seldom_and_a_change_at_once() -> None:
-    class Budget:
-        def __init__(self) -> None:
-            self.asks: list[int] = []
-            self.ttls: list[int] = []
-
-        async def share(
-            self, worker: str, demand: int, busy: int, limit: int, ttl_ms: int = 3000
-        ) -> int:
-            self.asks.append(demand)
-            self.ttls.append(ttl_ms)
-            return demand  # granted in full
-
-    class Pool:
-        size = 0
-        wanted = 0
-
-        def demand(self) -> int:
-            return self.wanted
-
-        def resize(self, size: int) -> None:
-            self.size = size
-
-    budget, pool = Budget(), Pool()
+    budget, pool = GrantingBudget(), DemandPool()
     guarded = guards(Recorder(), budget=budget)
     # An idle subscription's tick comes four times a second: only the first writes its share
     for _ in range(4):
@@ -248,29 +254,9 @@ async def test_a_breaker_that_closed_does_not_open_again_on_a_word_older_than_it
 async def test_a_long_idle_share_is_given_back_and_asked_again_when_calls_are_wanted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    class Budget:
-        def __init__(self) -> None:
-            self.asks: list[int] = []
-
-        async def share(
-            self, worker: str, demand: int, busy: int, limit: int, ttl_ms: int = 3000
-        ) -> int:
-            self.asks.append(demand)
-            return demand  # granted in full
-
-    class Pool:
-        size = 0
-        wanted = 0
-
-        def demand(self) -> int:
-            return self.wanted
-
-        def resize(self, size: int) -> None:
-            self.size = size
-
     clock = [1_000_000]
     monkeypatch.setattr(guards_module, "now_ms", lambda: clock[0])
-    budget, pool = Budget(), Pool()
+    budget, pool = GrantingBudget(), DemandPool()
     guarded = guards(Recorder(), budget=budget)
     # Given an idle subscription holding its headroom
     await guarded.renew_slots(pool, busy=0)  # type: ignore[arg-type]
