@@ -133,7 +133,12 @@ class ReaderThread(ConsumerThread):
             self._has_partitions = bool(consumer.assignment())
         if self._has_partitions:
             return True
-        consumer.poll(POLL_TIMEOUT_S)  # serves rebalances and callbacks meanwhile
+        # Serves rebalances and callbacks meanwhile. One that assigned partitions (the
+        # membership's, inside this poll) may be followed within it by their first record:
+        # handed over like any, or the cursors would take the next one and skip it.
+        first = consumer.poll(POLL_TIMEOUT_S)
+        if first is not None:
+            self._loop.call_soon_threadsafe(self._listener.on_batch, [first])
         return False
 
     def _run_commands(self, consumer: Consumer) -> None:
