@@ -13,28 +13,9 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from delivery.cursors import PartitionCursors
 from delivery.readers import ReaderHub
+from tests.unit.delivery.main_log import MAIN, Record
 
-MAIN = "setu.p.t"
 KEY = (MAIN, 0)
-
-
-class Record:
-    """A main-log record as the client hands it over."""
-
-    def __init__(self, offset: int) -> None:
-        self._offset = offset
-
-    def topic(self) -> str:
-        return MAIN
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
-
-    def error(self) -> None:
-        return None
 
 
 class RefusingReader:

@@ -12,27 +12,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from delivery.readers import ReaderHub, ReaderThread
-
-MAIN = "setu.p.t"
-
-
-class Record:
-    """A main-log record as the client hands it over."""
-
-    def __init__(self, offset: int) -> None:
-        self._offset = offset
-
-    def topic(self) -> str:
-        return MAIN
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
-
-    def error(self) -> None:
-        return None
+from tests.unit.delivery.main_log import MAIN, Record
 
 
 class GroupConsumer:
