@@ -2,9 +2,11 @@
 
 One ``confluent_kafka.Producer`` is shared by every request (``acks=all``, idempotent,
 the Java client's partitioner: setu/producer_settings.py). A background
-thread polls it; delivery reports are collected there and handed to the event loop in one
-``call_soon_threadsafe`` per poll round, where they resolve the futures that requests await.
-``produce()`` itself only enqueues, so the event loop never blocks on Kafka.
+the event loop polls it (``poll(0)``, which never blocks) every millisecond while records wait
+for their delivery reports, and rests while none do; the reports of one poll resolve the
+futures that requests await, and each streaming receiver hears of its reports once per poll.
+``produce()`` itself only enqueues, so the event loop never blocks on Kafka. (A poll thread
+cost a GIL hand-over per report; measured in docs/streaming.md, "What a message costs".)
 
 Contract:
 
@@ -20,16 +22,14 @@ Contract:
 - A full local queue (BufferError) is waited out in 5 ms steps until the ack deadline, then
   reported as DependencyUnavailable: back-pressure first, refusal only when Kafka keeps up
   with nothing for a whole timeout.
-- After a fatal error (possible with idempotence) the poll thread replaces the librdkafka
+- After a fatal error (possible with idempotence) the poller replaces the librdkafka
   instance; records it still held are reported as failed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -49,7 +49,9 @@ Record = tuple[bytes, bytes, KafkaHeaders]
 _NO_ACK = "no acknowledgement from Kafka in time"
 _QUEUE_FULL = "Kafka producer queue stayed full"
 _QUEUE_FULL_WAIT_S = 0.005
+# The poller's rest while no record waits for its report, and its round while some do.
 _POLL_S = 0.05
+_POLL_BUSY_S = 0.001
 # librdkafka reports every record within message.timeout.ms; this margin only guards against
 # a report that never comes (e.g. a record stranded in a replaced instance).
 _ACK_MARGIN_S = 2.0
@@ -81,6 +83,11 @@ class Reports:
 
     def settle(self, index: int, error: str | None) -> None:
         raise NotImplementedError
+
+    def settled(self) -> None:
+        """Called once after each hand-over of reports that settled at least one of this
+        receiver's records: the moment to act on all of them at once (streaming answers
+        them in one ACK, docs/streaming.md "Acknowledgements")."""
 
 
 class _Batch(Reports):
@@ -116,11 +123,15 @@ def _expire(target: asyncio.Future[Any] | _Batch) -> None:
 
 
 def _settle_all(reports: list[tuple[Any, int, str | None]]) -> None:
+    touched: dict[Reports, None] = {}
     for target, index, error in reports:
         if isinstance(target, Reports):
             target.settle(index, error)
+            touched[target] = None
         elif not target.done():
             target.set_result(error)
+    for receiver in touched:
+        receiver.settled()
 
 
 def _produce_error(exc: KafkaException) -> Exception:
@@ -140,9 +151,10 @@ class AckedProducer:
         self._producer = Producer(self._config)
         self._reports: list[tuple[Any, int, str | None]] = []
         self._fatal: KafkaError | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._stopped = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._next_poll: asyncio.TimerHandle | None = None
+        self._resting = False
         # Waiting sends by deadline slot (loop time / _SWEEP_S); a send leaves its slot when it
         # completes, so only live waiters are held.
         self._waiting: dict[int, set[Any]] = {}
@@ -155,18 +167,16 @@ class AckedProducer:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._poll_forever, name="setu-producer-poll")
-        self._thread.daemon = True
-        self._thread.start()
+        self._schedule_poll(_POLL_S)
         self._sweeper = self._loop.create_task(self._sweep_forever())
 
     async def close(self, timeout_s: float = 10.0) -> None:
         """Stops polling, waits up to ``timeout_s`` for outstanding reports, resolves them."""
-        self._stop.set()
+        self._stopped = True
+        if self._next_poll is not None:
+            self._next_poll.cancel()
         if self._sweeper is not None:
             self._sweeper.cancel()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
         await asyncio.to_thread(self._producer.flush, timeout_s)
         reports, self._reports = self._reports, []
         _settle_all(reports)
@@ -217,6 +227,7 @@ class AckedProducer:
                     headers=headers,  # type: ignore[arg-type]
                     on_delivery=partial(self._on_single, future),
                 )
+                self._wake_poller()
                 return future
             except BufferError:
                 if loop.time() > deadline:
@@ -262,6 +273,7 @@ class AckedProducer:
             else:
                 batch.sent += 1
             index += 1
+        self._wake_poller()
         for rest in range(index, len(records)):
             batch.errors[rest] = _QUEUE_FULL
         batch.sealed = True
@@ -312,6 +324,16 @@ class AckedProducer:
             return False
         except KafkaException as exc:
             raise _produce_error(exc) from exc
+        if self._resting:
+            self._wake_poller()
+        elif (
+            self._next_poll is not None
+            and self._fatal is None
+            and self._next_poll.when() - _POLL_BUSY_S <= self._loop_time()
+        ):
+            # Records keep coming: poll with them rather than wake up for the timer as well.
+            self._next_poll.cancel()
+            self._poll()
         return True
 
     @property
@@ -335,12 +357,13 @@ class AckedProducer:
                 for target in self._waiting.pop(slot):
                     _expire(target)
 
+    def _loop_time(self) -> float:
+        return self._running_loop().time()
+
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             raise RuntimeError("AckedProducer.start() was not called")
         return self._loop
-
-    # Everything below runs on the poll thread (or in close(), after that thread ended).
 
     def _on_single(
         self, future: asyncio.Future[str | None], error: KafkaError | None, _: Any
@@ -358,20 +381,35 @@ class AckedProducer:
         else:
             log.warning("Kafka producer: %s", error.str())
 
-    def _poll_forever(self) -> None:
-        while not self._stop.is_set():
+    def _schedule_poll(self, delay: float) -> None:
+        assert self._loop is not None
+        self._resting = delay > _POLL_BUSY_S
+        self._next_poll = self._loop.call_later(delay, self._poll)
+
+    def _poll(self) -> None:
+        """Serves librdkafka's callbacks (reports, errors, its log) and settles the reports,
+        then polls again in a millisecond while records wait for theirs, else rests until a
+        record is handed in (``_wake_poller``) or ``_POLL_S`` passed."""
+        if self._stopped:
+            return
+        try:
             if self._fatal is not None:
                 self._replace()
-            self._producer.poll(_POLL_S)
-            self._hand_over()
+            self._producer.poll(0)
+            if self._reports:
+                reports, self._reports = self._reports, []
+                _settle_all(reports)
+        except Exception:
+            # Whatever failed, the poller goes on: every later request depends on it.
+            log.exception("Kafka producer: serving its reports failed")
+        finally:
+            self._schedule_poll(_POLL_BUSY_S if len(self._producer) else _POLL_S)
 
-    def _hand_over(self) -> None:
-        if not self._reports or self._loop is None:
-            return
-        reports, self._reports = self._reports, []
-        # A closed loop means nobody waits for these reports any more.
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(_settle_all, reports)
+    def _wake_poller(self) -> None:
+        """A record was handed in while the poller rested: its report is polled for soon."""
+        if self._resting and not self._stopped and self._next_poll is not None:
+            self._next_poll.cancel()
+            self._schedule_poll(_POLL_BUSY_S)
 
     def _replace(self) -> None:
         old = self._producer
