@@ -226,6 +226,7 @@ async def start_stream_server(s: Services) -> StreamServer | None:
             buffer_bytes=settings.stream_buffer_bytes,
             max_sessions=settings.stream_max_sessions,
             lease_ms=settings.stream_lease_ms,
+            ack_delay_ms=settings.stream_ack_delay_ms,
         ),
     )
     await server.start()

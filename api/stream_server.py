@@ -112,6 +112,7 @@ class StreamConfig:
     buffer_bytes: int
     max_sessions: int
     lease_ms: int
+    ack_delay_s: float = 0.0
 
 
 def stream_config(
@@ -124,6 +125,7 @@ def stream_config(
     buffer_bytes: int,
     max_sessions: int,
     lease_ms: int,
+    ack_delay_ms: int = 0,
 ) -> StreamConfig:
     """The listener's settings; the frame limit defaults to the largest message plus room."""
     return StreamConfig(
@@ -134,6 +136,7 @@ def stream_config(
         buffer_bytes,
         max_sessions,
         lease_ms,
+        ack_delay_ms / 1000,
     )
 
 
@@ -396,6 +399,9 @@ class _Stream(Reports):
     def settle(self, index: int, error: str | None) -> None:
         self.session.reported(self, index, error)
 
+    def settled(self) -> None:
+        self.session.answer_reports()
+
 
 class Greeting:
     """One connection before its session opens, on its bare socket: the listener reads its
@@ -478,6 +484,7 @@ class Session:
         self.available = 0  # credits the client holds, as far as this side knows
         self.owed = 0  # credits earned and not yet sent in an ACK
         self.wake = asyncio.Event()
+        self._ack_timer: asyncio.TimerHandle | None = None
         self.error: str | None = None
         self.restarting = False
         self.timed_out = False
@@ -849,7 +856,42 @@ class Session:
         stream.ok += 1
         self.s.metrics.observe_ack("stream", time.perf_counter() - started)
         stream.tracker.acked(sequence)
-        self._earn(1)
+        self.owed += 1  # answered by answer_reports, after every report of this hand-over
+
+    def answer_reports(self) -> None:
+        """After a hand-over of Kafka's reports. The ACK waits up to the listener's ACK delay
+        (``SETU_STREAM_ACK_DELAY_MS``) so that the reports of several rounds leave in one
+        frame, unless the client is short of credits or a stream waits to end; it is written
+        from a timer, not the flush task, so a report round costs no task wake-up
+        (docs/streaming.md, "Acknowledgements"). The ACK frames a client leaves unread are
+        bounded by its credits, so these writes need no drain."""
+        if self.error is not None or self.ending:
+            self.wake.set()  # _end waits for the last reports
+            return
+        if self._ack_timer is not None:
+            return
+        delay = self.server.config.ack_delay_s
+        if (
+            delay
+            and self.available > self.server.config.credits // 4
+            and not self._ending_streams()
+        ):
+            self._ack_timer = asyncio.get_running_loop().call_later(delay, self._answer)
+        else:
+            self._answer()
+
+    def _answer(self) -> None:
+        self._ack_timer = None
+        if self.error is not None or self.ending:
+            return
+        self._ack()
+        if self._ending_streams():
+            self.wake.set()
+
+    def _ending_streams(self) -> bool:
+        """Whether a stream EOS closed has all its writes acknowledged: the flush task ends
+        it (that needs Redis)."""
+        return any(stream.closing and not stream.written for stream in self.streams.values())
 
     def _earn(self, credits: int) -> None:
         self.owed += credits

@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     # Bytes of messages all sessions together may have written and not yet acknowledged by
     # Kafka; sessions stop being read beyond it, so the API's memory stays bounded.
     stream_buffer_bytes: int = Field(default=64 * MIB, ge=MIB)
+    # How long a session may hold Kafka's acknowledgements back to answer several in one ACK
+    # (docs/streaming.md, "Acknowledgements"); 0: one ACK per report round.
+    stream_ack_delay_ms: int = Field(default=5, ge=0, le=10_000)
     stream_max_sessions: int = Field(default=1_000, ge=1)
     # Sessions one API key may hold at once on a replica; unset: a quarter of
     # SETU_STREAM_MAX_SESSIONS, so no one key takes every slot.

@@ -149,6 +149,12 @@ class AsyncStreamProducer:
         self._heard = 0  # frames received on this connection
         self._runner: asyncio.Task[None] | None = None
         self._started: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Guards what sending touches (the next id, kept messages, credits, the outbox, the
+        # connection): :class:`StreamProducer`'s callers send from their own threads.
+        self._lock = threading.Lock()
+        # Called on the loop's thread whenever something a waiting sender waits for changed.
+        self._on_change: Callable[[], None] | None = None
         self.reconnects = 0
 
     # -- what a caller uses -----------------------------------------------------------------
@@ -177,7 +183,8 @@ class AsyncStreamProducer:
         """Connects; returns the sequence id the stream resumes from."""
         if self._runner is not None:
             raise RuntimeError("start() was called already")
-        self._started = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self._started = self._loop.create_future()
         self._runner = asyncio.create_task(self._run())
         await self._started
         return self._next
@@ -197,37 +204,66 @@ class AsyncStreamProducer:
         see :meth:`flush`). Waits while the server grants no credit. ``headers`` are ``X_*``
         headers for the webhook, as with HTTP produce, and the Content-Type and W3C trace
         context travel with the message too (docs/streaming.md, "Headers")."""
+        if sequence_id is not None and sequence_id < self._next:
+            raise ValueError(f"sequence ids must increase: {sequence_id} < {self._next}")
+        key = group_id.encode() if group_id is not None else None
+        block = header_block(headers, content_type, traceparent, tracestate)
+        while True:
+            with self._lock:
+                sent = self._enqueue(key, body, block, sequence_id)
+            if sent is not None:
+                break
+            await self._wait(lambda: self._ready and self._credits > 0)
+        outbox, writer = self._outbox, self._writer
+        if len(outbox) >= _OUTBOX_FRAMES and writer is not None:
+            self._write_outbox(outbox)
+            await writer.drain()
+        return sent
+
+    def _enqueue(
+        self,
+        key: bytes | None,
+        body: bytes,
+        block: tuple[tuple[bytes, bytes], ...] | None,
+        sequence_id: int | None,
+    ) -> int | None:
+        """With the lock held: a MESSAGE with the next id (or ``sequence_id``), a credit spent
+        on it, kept until acknowledged and put in the outbox; None when the stream is not
+        open or has no credit. Frames enqueued before the loop next runs leave in one write:
+        one system call, and for a sending thread one wake-up of the loop, for many."""
+        if self._fatal is not None:
+            raise self._fatal
+        if not (self._ready and self._credits > 0):
+            return None
         if sequence_id is None:
             sequence_id = self._next
         elif sequence_id < self._next:
             raise ValueError(f"sequence ids must increase: {sequence_id} < {self._next}")
-        key = group_id.encode() if group_id is not None else None
-        block = header_block(headers, content_type, traceparent, tracestate)
         frame = frames.message_frame(self.stream_id, sequence_id, key, body, block)
-        if not (self._ready and self._credits > 0):
-            await self._wait(lambda: self._ready and self._credits > 0)
         self._next = sequence_id + 1
         self._kept.append((sequence_id, frame))
         self._credits -= 1
-        # Frames sent in one turn of the loop leave in one write: one system call for many.
-        outbox, writer = self._outbox, self._writer
+        outbox = self._outbox
         outbox.append(frame)
         if len(outbox) == 1:
-            asyncio.get_running_loop().call_soon(self._write_outbox, writer, outbox)
-        elif len(outbox) >= _OUTBOX_FRAMES:
-            self._write_outbox(writer, outbox)
-            assert writer is not None
-            await writer.drain()
+            loop = self._loop
+            assert loop is not None
+            if self._on_change is None:  # sent on the loop's own thread
+                loop.call_soon(self._write_outbox, outbox)
+            else:
+                loop.call_soon_threadsafe(self._write_outbox, outbox)
         return sequence_id
 
-    def _write_outbox(self, writer: asyncio.StreamWriter | None, outbox: list[bytes]) -> None:
+    def _write_outbox(self, outbox: list[bytes]) -> None:
         """Writes the frames :meth:`send` gathered in ``outbox``, unless they were written
         already or the connection they were meant for is gone: then they are dropped (each is
         kept until acknowledged, and goes again after a reconnect)."""
-        if outbox is not self._outbox:
-            return
-        self._outbox = []
-        if writer is not None and writer is self._writer:
+        with self._lock:
+            if outbox is not self._outbox:
+                return
+            self._outbox = []
+            writer = self._writer
+        if writer is not None:
             writer.write(b"".join(outbox))
             self._sent += 1
 
@@ -294,6 +330,8 @@ class AsyncStreamProducer:
 
     def _wake(self) -> None:
         self._changed.set()
+        if self._on_change is not None:
+            self._on_change()
 
     async def _run(self) -> None:
         attempt = 0
@@ -311,11 +349,12 @@ class AsyncStreamProducer:
             except frames.FrameError as exc:
                 self._fatal = StreamError("protocol_error", str(exc))
             finally:
-                self._ready = False
-                if self._writer is not None:
-                    self._writer.close()
-                    self._writer = None
-                self._outbox = []  # kept: they go again after the reconnect
+                with self._lock:
+                    self._ready = False
+                    writer, self._writer = self._writer, None
+                    self._outbox = []  # kept: they go again after the reconnect
+                if writer is not None:
+                    writer.close()
                 self._wake()
             if self._fatal is not None:
                 if self._started is not None and not self._started.done():
@@ -347,7 +386,8 @@ class AsyncStreamProducer:
         if not isinstance(ok, frames.Ok):
             raise _unexpected(ok, "OK")
         self._idle_s = _idle_timeout(ok)
-        self._credits = ok.initial_credits - 1
+        with self._lock:
+            self._credits = ok.initial_credits - 1
         name = self.stream_name.encode()
         writer.write(frames.encode(frames.Notify(self.stream_id, name, self._durable)))
         answer = await asyncio.wait_for(source.next(), self._connect_timeout_s)
@@ -362,13 +402,16 @@ class AsyncStreamProducer:
             raise _Reconnect(f"stream {self.stream_name} is open in another session")
         self._resume_at(answer.point_of_reference)
         # What the server does not hold goes again, before anything new.
+        # (Nothing else sends while the stream is not ready.)
         for _, message in list(self._kept):
             while self._credits <= 0:
                 self._on_frame(await source.next())
-            self._credits -= 1
+            with self._lock:
+                self._credits -= 1
             writer.write(message)
             await writer.drain()
-        self._ready = True
+        with self._lock:
+            self._ready = True
         if self._started is not None and not self._started.done():
             self._started.set_result(None)
         self._wake()
@@ -382,10 +425,11 @@ class AsyncStreamProducer:
                 point,
                 self._next,
             )
-        self._durable = max(self._durable, point)
-        self._next = max(self._next, point)
-        while self._kept and self._kept[0][0] < point:
-            self._kept.popleft()
+        with self._lock:
+            self._durable = max(self._durable, point)
+            self._next = max(self._next, point)
+            while self._kept and self._kept[0][0] < point:
+                self._kept.popleft()
 
     async def _read(self, source: _FrameSource) -> None:
         assert self._writer is not None
@@ -419,8 +463,11 @@ class AsyncStreamProducer:
                 )
                 writer.transport.abort()
                 return
-            if self._sent == sent and self._ready and self._credits > 0 and not self._closing:
-                self._credits -= 1
+            with self._lock:
+                idle = self._sent == sent and self._ready and self._credits > 0
+                if idle and not self._closing:
+                    self._credits -= 1
+            if idle and not self._closing:
                 writer.write(boundary)
                 self._sent += 1
             sent = self._sent
@@ -428,17 +475,19 @@ class AsyncStreamProducer:
     def _on_frame(self, frame: frames.Frame) -> None:
         self._heard += 1
         if isinstance(frame, frames.Ack):
-            self._credits += frame.credits
-            for stream_id, point in frame.acks:
-                if stream_id != self.stream_id:
-                    continue
-                self._eos_acked = self._eos_sent
-                if point > self._durable:
-                    self._durable = point
-                    while self._kept and self._kept[0][0] < point:
-                        self._kept.popleft()
-                    if self._on_durable is not None:
-                        self._on_durable(point)
+            moved = 0
+            with self._lock:
+                self._credits += frame.credits
+                for stream_id, point in frame.acks:
+                    if stream_id != self.stream_id:
+                        continue
+                    self._eos_acked = self._eos_sent
+                    if point > self._durable:
+                        moved = self._durable = point
+                        while self._kept and self._kept[0][0] < point:
+                            self._kept.popleft()
+            if moved and self._on_durable is not None:
+                self._on_durable(moved)
             self._wake()
         elif isinstance(frame, frames.Restart):
             raise _Reconnect("the server restarts")
@@ -489,19 +538,28 @@ def _unexpected(frame: frames.Frame, wanted: str) -> Exception:
 
 class StreamProducer:
     """:class:`AsyncStreamProducer` for code without an event loop: it runs one of its own in
-    a background thread; every method blocks until done. Same arguments."""
+    a background thread. :meth:`send` puts the message in the outbox from the caller's thread
+    and returns without waiting for that thread (it waits only for a credit); the loop's
+    thread writes what the sends gathered, woken once per write, not once per send. Every
+    other method blocks until done. Same arguments; callers may send from several threads."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self._producer: AsyncStreamProducer = self._call(self._make(args, kwargs))
+        self._changed = threading.Condition(self._producer._lock)
+        self._producer._on_change = self._notify
 
     async def _make(self, args: Any, kwargs: Any) -> AsyncStreamProducer:
         return AsyncStreamProducer(*args, **kwargs)
 
     def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
 
     @property
     def next_sequence(self) -> int:
@@ -525,17 +583,17 @@ class StreamProducer:
         traceparent: str | None = None,
         tracestate: str | None = None,
     ) -> int:
-        return self._call(
-            self._producer.send(
-                body,
-                group_id=group_id,
-                sequence_id=sequence_id,
-                headers=headers,
-                content_type=content_type,
-                traceparent=traceparent,
-                tracestate=tracestate,
+        producer = self._producer
+        if sequence_id is not None and sequence_id < producer.next_sequence:
+            raise ValueError(
+                f"sequence ids must increase: {sequence_id} < {producer.next_sequence}"
             )
-        )
+        key = group_id.encode() if group_id is not None else None
+        block = header_block(headers, content_type, traceparent, tracestate)
+        with self._changed:
+            while (sent := producer._enqueue(key, body, block, sequence_id)) is None:
+                self._changed.wait()
+        return sent
 
     def flush(self) -> None:
         self._call(self._producer.flush())

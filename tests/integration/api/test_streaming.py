@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -364,6 +365,70 @@ async def test_a_frame_over_the_limit_is_refused_before_it_is_read(api: Api) -> 
     assert await raw.closed()
 
 
+# An API that holds acknowledgements back for up to 2 s, with few credits.
+SLOW_ACK_MS, SLOW_ACK_CREDITS = 2_000, 16
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def slow_acks(
+    kafka_bootstrap: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Api]:
+    async with running_api(
+        tmp_path_factory.mktemp("slow-ack-api"),
+        kafka_bootstrap=kafka_bootstrap,
+        redis_url=redis_url,
+        stream_port=0,
+        stream_credits=SLOW_ACK_CREDITS,
+        stream_ack_delay_ms=SLOW_ACK_MS,
+    ) as running:
+        yield running
+
+
+async def test_reports_that_come_close_together_are_answered_in_one_ack(slow_acks: Api) -> None:
+    project = await new_project(slow_acks)
+    raw = await Raw.open(slow_acks)
+    assert isinstance(await raw.next(), frames.Ok)
+    raw.send(frames.Notify(1, f"{project}/t/together".encode(), 0))
+    await raw.until(frames.NotifyAck)
+    # One message acknowledged first: the Kafka client knows the topic from here on
+    raw.send(message(0))
+    while not (await raw.until(frames.Ack)).acks:
+        pass
+    # Six messages 10 ms apart: Kafka reports them in several rounds
+    for n in range(1, 7):
+        raw.send(message(n))
+        await asyncio.sleep(0.01)
+    point, answers = 1, 0
+    while point < 7:
+        ack = await raw.until(frames.Ack)
+        if ack.acks:
+            answers += 1
+            point = max(p for _, p in ack.acks)
+    # One ACK answers them (two if the first report came alone), not one per round
+    assert point == 7
+    assert answers <= 2, answers
+    raw.send(frames.EosMessage(1, 6))
+    raw.close()
+    await drop_project(slow_acks.client, project)
+
+
+async def test_a_producer_short_of_credits_is_answered_without_the_delay(slow_acks: Api) -> None:
+    project = await new_project(slow_acks)
+    producer = AsyncStreamProducer(address(slow_acks), ADMIN_KEY, project, "t", "short")
+    await producer.start()
+
+    async def send_all() -> None:
+        for n in range(200):
+            await producer.send(b"m", group_id=f"g{n % 5}")
+        await producer.flush()
+
+    # 200 messages on 16 credits: held 2 s per ACK, this would take 25 s
+    await asyncio.wait_for(send_all(), 15)
+    assert producer.durable == 200
+    await producer.close()
+    await drop_project(slow_acks.client, project)
+
+
 async def test_the_blocking_producer_streams_too(api: Api, project: str) -> None:
     def stream() -> int:
         with StreamProducer(address(api), ADMIN_KEY, project, "t", "sync") as producer:
@@ -378,6 +443,51 @@ async def test_the_blocking_producer_streams_too(api: Api, project: str) -> None
     ids = sorted(headers_of(record)[H_MESSAGE_ID].decode() for record in found)
     assert ids == sorted(f"sync:{n}" for n in range(30))
     assert await asyncio.to_thread(ingest_count, api, project) == 30
+
+
+async def test_the_blocking_producer_sends_from_several_threads_without_waiting_for_its_own(
+    api: Api, project: str
+) -> None:
+    def stream() -> tuple[bool, int]:
+        with StreamProducer(address(api), ADMIN_KEY, project, "t", "threads") as producer:
+            # Its loop's thread held up: sends return all the same (each has a credit)
+            held, release = threading.Event(), threading.Event()
+
+            def hold() -> None:
+                held.set()
+                release.wait(30)
+
+            producer._loop.call_soon_threadsafe(hold)
+            assert held.wait(10)
+            first = threading.Thread(
+                target=lambda: [producer.send(b"h", group_id="h") for _ in range(10)]
+            )
+            first.start()
+            first.join(10)
+            returned_while_held = not first.is_alive()
+            release.set()
+            first.join()
+            # Four threads at once: every message numbered once, none lost
+            senders = [
+                threading.Thread(
+                    target=lambda t=t: [producer.send(b"t", group_id=f"g{t}") for _ in range(100)]
+                )
+                for t in range(4)
+            ]
+            for sender in senders:
+                sender.start()
+            for sender in senders:
+                sender.join()
+            producer.flush()
+            return returned_while_held, producer.durable
+
+    returned_while_held, durable = await asyncio.to_thread(stream)
+    assert returned_while_held
+    assert durable == 410
+    found = await asyncio.to_thread(ingest_records, api, project, 410)
+    ids = sorted(headers_of(record)[H_MESSAGE_ID].decode() for record in found)
+    assert ids == sorted(f"threads:{n}" for n in range(410))
+    assert await asyncio.to_thread(ingest_count, api, project) == 410
 
 
 async def test_shutdown_sends_the_last_ack_then_restart(
