@@ -324,16 +324,9 @@ class AckedProducer:
             return False
         except KafkaException as exc:
             raise _produce_error(exc) from exc
+        # (Never polled here: a report must not reach its receiver before this returns.)
         if self._resting:
             self._wake_poller()
-        elif (
-            self._next_poll is not None
-            and self._fatal is None
-            and self._next_poll.when() - _POLL_BUSY_S <= self._loop_time()
-        ):
-            # Records keep coming: poll with them rather than wake up for the timer as well.
-            self._next_poll.cancel()
-            self._poll()
         return True
 
     @property
@@ -356,9 +349,6 @@ class AckedProducer:
             for slot in [s for s in self._waiting if s <= now_slot]:
                 for target in self._waiting.pop(slot):
                     _expire(target)
-
-    def _loop_time(self) -> float:
-        return self._running_loop().time()
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
