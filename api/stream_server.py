@@ -65,7 +65,6 @@ from setu.access import Permission, Principal, check, check_role
 from setu.clock import now_ms
 from setu.envelope import KafkaHeaders, kafka_key
 from setu.errors import (
-    DependencyUnavailable,
     InvalidInput,
     PayloadTooLarge,
     RateLimited,
@@ -494,7 +493,7 @@ class Session:
         self.duplicates = 0
         self.clock = asyncio.get_running_loop().time
         # Since when the session has been waiting for the client's next bytes (while
-        # ``reading``): idle longer than the listener's idle timeout, it is ended (_keep_forever).
+        # ``reading``): idle longer than the listener's idle timeout, it is ended (the keeper).
         self.heard_at = self.clock()
         self.reading = False
 
@@ -506,10 +505,7 @@ class Session:
         helpers: list[asyncio.Task[None]] = []
         try:
             self._send_ok()
-            helpers = [
-                asyncio.create_task(self._flush_forever()),
-                asyncio.create_task(self._keep_forever()),
-            ]
+            helpers = [asyncio.create_task(self._flush_forever())]
             await self._read_forever()
         except Refused as refused:
             how = "error"
@@ -941,40 +937,34 @@ class Session:
         del self.streams[stream.stream_id]
         self._send(frames.Ack(0, ((stream.stream_id, stream.tracker.point),)))
 
-    async def _keep_forever(self) -> None:
-        """Renews the leases, records the points and checks the key, every second; ends the
-        session once it is idle for too long."""
-        sessions = self.server.sessions_store
-        idle_s = self.server.limits.idle_timeout_s
-        every = min(_KEEP_EVERY_S, sessions.lease_ms / 3000, idle_s / 4)
-        while True:
-            await asyncio.sleep(every)
-            if self.ending:
-                return
-            if self._idle_for() > idle_s:
-                self.timed_out = True
-                self._fail(
-                    f"request_timeout: nothing from the client in {idle_s:g} s; an idle client "
-                    'sends a BOUNDARY MESSAGE (docs/streaming.md, "Idle sessions")'
-                )
-                return
-            try:
-                who = await self.s.auth.principal(f"Bearer {self.cookie}")
-                streams = list(self.streams.values())
-                for stream in streams:
-                    check(who, Permission.PRODUCE, stream.project, stream.topic)
-                held = await sessions.renew([s.key for s in streams], self.token)
-                # (a stream that EOS closed meanwhile was released, not lost)
-                lost = [s for s, h in zip(streams, held, strict=True) if not (h or s.closing)]
-                if lost:
-                    raise DependencyUnavailable(f"the lease of stream {lost[0].stream_id} was lost")
-                await self._record_points()
-            except SetuError as exc:
-                self._fail(f"{exc.code}: {exc.message}")
-            except (RedisError, OSError) as exc:
-                self._fail(f"dependency_unavailable: Redis: {exc}")
-            if self.error is not None:
-                return
+    def kept(self, idle_s: float) -> bool:
+        """The keeper's look at this session (StreamServer._keep_forever): False when it is
+        ending, failed, or idle for longer than ``idle_s`` (then it is ended here)."""
+        if self.ending or self.error is not None:
+            return False
+        if self._idle_for() > idle_s:
+            self.timed_out = True
+            self._fail(
+                f"request_timeout: nothing from the client in {idle_s:g} s; an idle client "
+                'sends a BOUNDARY MESSAGE (docs/streaming.md, "Idle sessions")'
+            )
+            return False
+        return True
+
+    async def check_key(self) -> None:
+        """Ends the session when its key no longer may produce to one of its topics."""
+        try:
+            who = await self.s.auth.principal(f"Bearer {self.cookie}")
+            for stream in list(self.streams.values()):
+                check(who, Permission.PRODUCE, stream.project, stream.topic)
+        except SetuError as exc:
+            self._fail(f"{exc.code}: {exc.message}")
+
+    def fail_unless_ending(self, reason: str) -> None:
+        """A failure the keeper found, unless the session began to end meanwhile (its leases
+        are then released, not lost)."""
+        if not self.ending:
+            self._fail(reason)
 
     def _idle_for(self) -> float:
         """Seconds the session has waited for the client's bytes while the client could have
@@ -991,21 +981,7 @@ class Session:
 
     async def _record_points(self, streams: list[_Stream] | None = None) -> None:
         """Raises the stream points in Redis (state/stream_sessions.py) where they moved."""
-        by_topic: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
-        chosen = list(self.streams.values()) if streams is None else streams
-        moved = [s for s in chosen if s.tracker.point > s.recorded]
-        for stream in moved:
-            marks = by_topic.setdefault((stream.project, stream.topic), {})
-            marks[stream.producer] = (stream.incarnation, stream.tracker.point - 1)
-        try:
-            for (project, topic), marks in by_topic.items():
-                await self.server.sessions_store.record(project, topic, marks)
-        except (RedisError, OSError) as exc:
-            # The points only save a resend: ingest's producer marks still say where to resume.
-            log.warning("streaming session %s: could not record stream points: %s", self.peer, exc)
-            return
-        for stream in moved:
-            stream.recorded = stream.tracker.point
+        await record_points([self], self.server, streams)
 
     async def _release(self, stream: _Stream) -> None:
         try:
@@ -1042,6 +1018,7 @@ class StreamServer:
         self.room.set()
         self._listeners: list[socket.socket] = []
         self._accepting: list[asyncio.Task[None]] = []
+        self._keeper: asyncio.Task[None] | None = None
         self.replica = ""
 
     @property
@@ -1071,6 +1048,7 @@ class StreamServer:
         self._accepting = [
             asyncio.create_task(self._accept_forever(listener)) for listener in self._listeners
         ]
+        self._keeper = asyncio.create_task(self._keep_forever())
         self.services.metrics.stream_sessions.set_function(lambda: len(self.sessions))
         self.services.metrics.stream_buffered_bytes.set_function(lambda: self.buffered)
         log.info("streaming produce listens on %s:%d", self.config.host, self.port)
@@ -1091,6 +1069,48 @@ class StreamServer:
                 greeting.stop("restart", frames.Restart())
         if self.connections:
             await asyncio.wait(list(self.connections.values()), timeout=grace_s)
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+
+    async def _keep_forever(self) -> None:
+        """Every second, for every open session at once: ends the idle ones, checks the keys
+        again, renews every lease in one Redis round trip and records the points that moved
+        (one round trip per topic). One keeper per replica, not one per session: 1,000
+        sessions cost a few Redis calls a second, not 2,000 (docs/streaming.md, "Many
+        sessions")."""
+        idle_s = self.limits.idle_timeout_s
+        every = min(_KEEP_EVERY_S, self.sessions_store.lease_ms / 3000, idle_s / 4)
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self._keep_round(idle_s)
+            except Exception:
+                log.exception("streaming: renewing the sessions' leases failed")
+
+    async def _keep_round(self, idle_s: float) -> None:
+        live = [session for session in list(self.sessions) if session.kept(idle_s)]
+        for session in live:
+            await session.check_key()
+        live = [session for session in live if session.error is None]
+        held_by = [
+            (session, stream) for session in live for stream in list(session.streams.values())
+        ]
+        try:
+            held = await self.sessions_store.renew_each(
+                [(stream.key, session.token) for session, stream in held_by]
+            )
+        except (RedisError, OSError) as exc:
+            for session in dict.fromkeys(session for session, _ in held_by):
+                session.fail_unless_ending(f"dependency_unavailable: Redis: {exc}")
+            return
+        for (session, stream), h in zip(held_by, held, strict=True):
+            # (a stream that EOS closed meanwhile was released, not lost)
+            if not (h or stream.closing or session.error is not None):
+                session.fail_unless_ending(
+                    f"dependency_unavailable: the lease of stream {stream.stream_id} was lost"
+                )
+        await record_points([s for s in live if s.error is None and not s.ending], self)
 
     async def _accept_forever(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -1193,6 +1213,28 @@ class StreamServer:
         """A session gave up on writes Kafka never reported: their bytes no longer count."""
         self.add_buffered(-sum(size for size, _ in stream.written.values()))
         stream.written.clear()
+
+
+async def record_points(
+    sessions: Iterable[Session], server: StreamServer, streams: list[_Stream] | None = None
+) -> None:
+    """Raises the points of ``sessions``' streams (or of ``streams`` alone) in Redis where they
+    moved (state/stream_sessions.py): one round trip per topic. The points only save a
+    resend (ingest's producer marks still say where to resume), so a failure is logged."""
+    by_topic: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
+    chosen = [st for se in sessions for st in se.streams.values()] if streams is None else streams
+    moved = [stream for stream in chosen if stream.tracker.point > stream.recorded]
+    for stream in moved:
+        marks = by_topic.setdefault((stream.project, stream.topic), {})
+        marks[stream.producer] = (stream.incarnation, stream.tracker.point - 1)
+    try:
+        for (project, topic), marks in by_topic.items():
+            await server.sessions_store.record(project, topic, marks)
+    except (RedisError, OSError) as exc:
+        log.warning("streaming: could not record stream points: %s", exc)
+        return
+    for stream in moved:
+        stream.recorded = stream.tracker.point
 
 
 async def _listen(host: str, port: int) -> list[socket.socket]:

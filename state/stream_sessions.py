@@ -39,12 +39,14 @@ from state.producer_marks import (
 StreamKey = tuple[str, str, str]
 """(project, topic, producer id)"""
 
-# KEYS = leases; ARGV[1] = token, ARGV[2] = ttl in ms. Returns 1 per key still held, else 0.
-_RENEW = """
+# KEYS = leases; ARGV[i] = the token that holds KEYS[i], ARGV[#KEYS + 1] = ttl in ms. Returns 1
+# per key still held by its token, else 0.
+_RENEW_EACH = """
+local ttl = ARGV[#KEYS + 1]
 local held = {}
 for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2])
+  if redis.call('GET', KEYS[i]) == ARGV[i] then
+    redis.call('PEXPIRE', KEYS[i], ttl)
     held[i] = 1
   else
     held[i] = 0
@@ -81,7 +83,7 @@ class StreamSessions:
     def __init__(self, client: Redis[bytes], lease_ms: int) -> None:
         self._client = client
         self.lease_ms = lease_ms
-        self._renew = client.register_script(_RENEW)
+        self._renew_each = client.register_script(_RENEW_EACH)
         self._release = client.register_script(_RELEASE)
         self._release_prefixed = client.register_script(_RELEASE_PREFIXED)
         self._raise = client.register_script(RAISE_MARKS)
@@ -91,14 +93,15 @@ class StreamSessions:
         taken = await self._client.set(keys.stream_lease(*stream), token, nx=True, px=self.lease_ms)
         return bool(taken)
 
-    async def renew(self, streams: Sequence[StreamKey], token: str) -> list[bool]:
-        """Extends the leases ``token`` holds; False for each one it lost."""
-        if not streams:
+    async def renew_each(self, held: Sequence[tuple[StreamKey, str]]) -> list[bool]:
+        """Extends each lease its session's token still holds, for many sessions at once:
+        each (stream, the token of the session that holds it); False for each one it lost."""
+        if not held:
             return []
-        held = await self._renew(
-            keys=[keys.stream_lease(*stream) for stream in streams], args=[token, self.lease_ms]
-        )
-        return [bool(h) for h in held]
+        leases = [keys.stream_lease(*stream) for stream, _ in held]
+        tokens: list[str | int] = [token for _, token in held]
+        answer = await self._renew_each(keys=leases, args=[*tokens, self.lease_ms])
+        return [bool(h) for h in answer]
 
     async def release(self, stream: StreamKey, token: str) -> None:
         await self._release(keys=[keys.stream_lease(*stream)], args=[token])

@@ -429,6 +429,49 @@ async def test_a_producer_short_of_credits_is_answered_without_the_delay(slow_ac
     await drop_project(slow_acks.client, project)
 
 
+async def test_every_open_session_keeps_its_streams_past_the_lease_ttl(
+    kafka_bootstrap: str, redis_url: str, tmp_path: Path
+) -> None:
+    # Given an API whose leases last 1 s, renewed for every session by the replica's keeper
+    async with running_api(
+        tmp_path,
+        kafka_bootstrap=kafka_bootstrap,
+        redis_url=redis_url,
+        stream_port=0,
+        stream_lease_ms=1_000,
+    ) as short:
+        project = await new_project(short)
+        producers = [
+            AsyncStreamProducer(address(short), ADMIN_KEY, project, "t", f"kept-{n}")
+            for n in range(3)
+        ]
+        for producer in producers:
+            await producer.start()
+        # When three sessions write for 3 s, and another session asks for their streams
+        refused = 0
+        for round_ in range(15):
+            for n, producer in enumerate(producers):
+                await producer.send(b"k", group_id=f"g{n}")
+            if round_ % 3 == 2:
+                raw = await Raw.open(short)
+                assert isinstance(await raw.next(), frames.Ok)
+                for n in range(3):
+                    raw.send(frames.Notify(n + 1, f"{project}/t/kept-{n}".encode(), 0))
+                for _ in range(3):
+                    answer = await raw.until(frames.NotifyAck)
+                    refused += not answer.success
+                raw.close()
+            await asyncio.sleep(0.2)
+        # Then every ask was refused: each lease was renewed, and no producer lost its session
+        assert refused == 15
+        for producer in producers:
+            await producer.flush()
+            assert producer.durable == 15
+            assert producer.reconnects == 0
+            await producer.close()
+        await drop_project(short.client, project)
+
+
 async def test_the_blocking_producer_streams_too(api: Api, project: str) -> None:
     def stream() -> int:
         with StreamProducer(address(api), ADMIN_KEY, project, "t", "sync") as producer:
