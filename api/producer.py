@@ -1,12 +1,13 @@
 """A Kafka producer whose sends complete only when the broker has acknowledged the write.
 
 One ``confluent_kafka.Producer`` is shared by every request (``acks=all``, idempotent,
-the Java client's partitioner: setu/producer_settings.py). A background
-the event loop polls it (``poll(0)``, which never blocks) every millisecond while records wait
+the Java client's partitioner: setu/producer_settings.py). The
+event loop polls it (``poll(0)``, which never blocks) every millisecond while records wait
 for their delivery reports, and rests while none do; the reports of one poll resolve the
 futures that requests await, and each streaming receiver hears of its reports once per poll.
 ``produce()`` itself only enqueues, so the event loop never blocks on Kafka. (A poll thread
-cost a GIL hand-over per report; measured in docs/streaming.md, "What a message costs".)
+cost a GIL hand-over per report; measured in docs/streaming.md, "Throughput, and what a
+message costs".)
 
 Contract:
 

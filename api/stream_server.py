@@ -981,7 +981,8 @@ class Session:
 
     async def _record_points(self, streams: list[_Stream] | None = None) -> None:
         """Raises the stream points in Redis (state/stream_sessions.py) where they moved."""
-        await record_points([self], self.server, streams)
+        chosen = self.streams.values() if streams is None else streams
+        await record_points(chosen, self.server.sessions_store)
 
     async def _release(self, stream: _Stream) -> None:
         try:
@@ -1110,7 +1111,15 @@ class StreamServer:
                 session.fail_unless_ending(
                     f"dependency_unavailable: the lease of stream {stream.stream_id} was lost"
                 )
-        await record_points([s for s in live if s.error is None and not s.ending], self)
+        await record_points(
+            [
+                stream
+                for session in live
+                if session.error is None and not session.ending
+                for stream in session.streams.values()
+            ],
+            self.sessions_store,
+        )
 
     async def _accept_forever(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -1215,21 +1224,18 @@ class StreamServer:
         stream.written.clear()
 
 
-async def record_points(
-    sessions: Iterable[Session], server: StreamServer, streams: list[_Stream] | None = None
-) -> None:
-    """Raises the points of ``sessions``' streams (or of ``streams`` alone) in Redis where they
-    moved (state/stream_sessions.py): one round trip per topic. The points only save a
-    resend (ingest's producer marks still say where to resume), so a failure is logged."""
+async def record_points(streams: Iterable[_Stream], store: StreamSessions) -> None:
+    """Raises the points of ``streams`` in Redis where they moved (state/stream_sessions.py):
+    one round trip per topic. The points only save a resend (ingest's producer marks still say
+    where to resume), so a failure is logged."""
     by_topic: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
-    chosen = [st for se in sessions for st in se.streams.values()] if streams is None else streams
-    moved = [stream for stream in chosen if stream.tracker.point > stream.recorded]
+    moved = [stream for stream in streams if stream.tracker.point > stream.recorded]
     for stream in moved:
         marks = by_topic.setdefault((stream.project, stream.topic), {})
         marks[stream.producer] = (stream.incarnation, stream.tracker.point - 1)
     try:
         for (project, topic), marks in by_topic.items():
-            await server.sessions_store.record(project, topic, marks)
+            await store.record(project, topic, marks)
     except (RedisError, OSError) as exc:
         log.warning("streaming: could not record stream points: %s", exc)
         return

@@ -204,8 +204,6 @@ class AsyncStreamProducer:
         see :meth:`flush`). Waits while the server grants no credit. ``headers`` are ``X_*``
         headers for the webhook, as with HTTP produce, and the Content-Type and W3C trace
         context travel with the message too (docs/streaming.md, "Headers")."""
-        if sequence_id is not None and sequence_id < self._next:
-            raise ValueError(f"sequence ids must increase: {sequence_id} < {self._next}")
         key = group_id.encode() if group_id is not None else None
         block = header_block(headers, content_type, traceparent, tracestate)
         while True:
@@ -231,14 +229,14 @@ class AsyncStreamProducer:
         on it, kept until acknowledged and put in the outbox; None when the stream is not
         open or has no credit. Frames enqueued before the loop next runs leave in one write:
         one system call, and for a sending thread one wake-up of the loop, for many."""
+        if sequence_id is not None and sequence_id < self._next:
+            raise ValueError(f"sequence ids must increase: {sequence_id} < {self._next}")
         if self._fatal is not None:
             raise self._fatal
         if not (self._ready and self._credits > 0):
             return None
         if sequence_id is None:
             sequence_id = self._next
-        elif sequence_id < self._next:
-            raise ValueError(f"sequence ids must increase: {sequence_id} < {self._next}")
         frame = frames.message_frame(self.stream_id, sequence_id, key, body, block)
         self._next = sequence_id + 1
         self._kept.append((sequence_id, frame))
@@ -584,10 +582,6 @@ class StreamProducer:
         tracestate: str | None = None,
     ) -> int:
         producer = self._producer
-        if sequence_id is not None and sequence_id < producer.next_sequence:
-            raise ValueError(
-                f"sequence ids must increase: {sequence_id} < {producer.next_sequence}"
-            )
         key = group_id.encode() if group_id is not None else None
         block = header_block(headers, content_type, traceparent, tracestate)
         with self._changed:
