@@ -25,14 +25,16 @@ def outage_figures(
     length_ms: int, calls: Sequence[Entry], events: Sequence[Entry], min_calls: int = 1
 ) -> dict[str, Any]:
     """The figures of an outage of ``length_ms`` that opened when the receiver journalled
-    ``outage.started`` among ``events``. The breaker is judged only when the outage saw at
+    ``outage.started`` among ``events`` (and lasted until ``outage.ended`` when that was
+    journalled: a stretched outage, bench/crash/plan.py). The breaker is judged only when the outage saw at
     least ``min_calls`` failed calls (the breakers' own minimum, over all workers): chaos that
     kills the workers all through a short outage leaves them nothing to open on."""
     began = [e["at_ms"] for e in events if e["type"] == "outage.started"]
     if not began:
         return {"started": False, "violations": ["outage_never_started"]}
     start = began[0]
-    end = start + length_ms
+    ended = [e["at_ms"] for e in events if e["type"] == "outage.ended"]
+    end = ended[0] if ended else start + length_ms
     by_message: dict[str, list[Entry]] = defaultdict(list)
     for call in calls:
         by_message[call["mid"]].append(call)

@@ -16,7 +16,10 @@ An *outage* is a window in which the receiver answers 503 to every call, whateve
 the endpoint is down. Like a group's window it opens at the first call at or after its planned
 start (the receiver journals when: ``outage.started`` among its events). It lasts longer than
 the subscription's circuit breaker needs to open and probe (docs/policies.md §2), so the run
-sees the breaker open, fail probes and close.
+sees the breaker open, fail probes and close. Chaos can stall every call for the whole planned
+length (an ingest job restarting, workers killed): the outage then goes on past its length until
+it has failed ``outage_min_failures`` calls, up to ``OUTAGE_STRETCH`` times its length, so the
+breakers always get calls to open on (the receiver journals ``outage.ended``).
 
 A *flaky group* fails each of its messages' first k calls with 503 (k at most the number of
 retry tiers), then answers 200: the everyday flaky endpoint. Every message keeps its own retry
@@ -39,6 +42,8 @@ from bench.crash.records import group_name, is_stream_lane, make_record
 
 REJECT_STATUS = 422
 FAIL_STATUS = 503
+# How many times its planned length an outage may run while it waits for enough failed calls.
+OUTAGE_STRETCH = 4
 
 
 class Phase(StrEnum):
@@ -56,6 +61,8 @@ class FailurePlan:
     rejected: frozenset[str] = frozenset()
     flaky: dict[str, int] = field(default_factory=dict)  # group -> failed calls per message
     outage: tuple[int, int] | None = None  # every call fails in [start, end)
+    # The outage lasts past its length until it failed this many calls (OUTAGE_STRETCH caps it)
+    outage_min_failures: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,6 +70,7 @@ class FailurePlan:
             "rejected": sorted(self.rejected),
             "flaky": self.flaky,
             "outage": None if self.outage is None else list(self.outage),
+            "outage_min_failures": self.outage_min_failures,
         }
 
     @classmethod
@@ -78,6 +86,7 @@ class FailurePlan:
             rejected=frozenset(data.get("rejected", ())),
             flaky=flaky,
             outage=None if outage is None else (int(outage[0]), int(outage[1])),
+            outage_min_failures=int(data.get("outage_min_failures", 0)),
         )
 
 
@@ -92,17 +101,31 @@ class FailureSchedule:
         # When the outage opened: at the first call at or after its planned start, as a
         # group's window (calls may pause for a while when chaos stalls ingest or delivery).
         self.outage_started: int | None = None
+        # When it ended (the first call it let through) and how many calls it failed until then
+        self.outage_ended: int | None = None
+        self.outage_failures = 0
+
+    def resume_outage(self, started: int | None, ended: int | None, failures: int) -> None:
+        """Take up the outage where a receiver that died left it (from its journals)."""
+        self.outage_started, self.outage_ended, self.outage_failures = started, ended, failures
 
     def in_outage(self, now_ms: int) -> bool:
-        """Whether a call at ``now_ms`` falls in the outage (it may open it)."""
+        """Whether a call at ``now_ms`` falls in the outage (it may open or end it)."""
         outage = self.plan.outage
-        if outage is None:
+        if outage is None or self.outage_ended is not None:
             return False
         if self.outage_started is None:
             if now_ms < outage[0]:
                 return False
             self.outage_started = now_ms
-        return now_ms < self.outage_started + _length(outage)
+        elapsed = now_ms - self.outage_started
+        length = _length(outage)
+        short = self.outage_failures < self.plan.outage_min_failures
+        if elapsed < length or (short and elapsed < length * OUTAGE_STRETCH):
+            self.outage_failures += 1
+            return True
+        self.outage_ended = now_ms
+        return False
 
     def failing(self, group_id: str, now_ms: int) -> bool:
         """Whether a call of ``group_id`` at ``now_ms`` falls in an open window (it may open
@@ -169,6 +192,7 @@ class PlanShape:
     max_flaky_failures: int = 2  # at most the subscription's number of retry tiers
     outage_ms: int = 0  # 0: no outage
     outage_at: float = 0.4  # where in the span the outage begins (a fraction)
+    outage_min_failures: int = 0  # FailurePlan.outage_min_failures
     stream_lanes: int = 0  # the last lanes stream (bench.crash.records.is_stream_lane)
 
 
@@ -223,4 +247,10 @@ def make_plan(shape: PlanShape, seed: int) -> FailurePlan:
     if shape.outage_ms:
         begins = shape.start_ms + int(shape.span_ms * shape.outage_at)
         outage = (begins, begins + shape.outage_ms)
-    return FailurePlan(windows=windows, rejected=frozenset(rejected), flaky=flaky, outage=outage)
+    return FailurePlan(
+        windows=windows,
+        rejected=frozenset(rejected),
+        flaky=flaky,
+        outage=outage,
+        outage_min_failures=shape.outage_min_failures,
+    )

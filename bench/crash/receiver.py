@@ -72,8 +72,9 @@ def identity_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {canonical(name): value for name, value in headers.items()}
 
 
-# The event the receiver journals when the plan's outage opens (bench/crash/plan.py).
+# The events the receiver journals when the plan's outage opens and ends (bench/crash/plan.py).
 OUTAGE_STARTED = "outage.started"
+OUTAGE_ENDED = "outage.ended"
 # The subscription whose endpoint is ``/hook`` itself (bench/crash/run.py).
 FIRST_SUBSCRIPTION = "hook"
 
@@ -106,9 +107,20 @@ class Receiver:
 
     async def open(self) -> None:
         # A receiver started again on its journal goes on counting each message's calls.
-        self.calls_by_message = Counter(
-            (subscription_of(e), e["mid"]) for e in read_entries(self.journal.path)
-        )
+        calls = read_entries(self.journal.path)
+        self.calls_by_message = Counter((subscription_of(e), e["mid"]) for e in calls)
+        # And its outage where it was: opened, ended, and how many calls it failed
+        events = read_entries(self.events.path)
+        started = next((e["at_ms"] for e in events if e["type"] == OUTAGE_STARTED), None)
+        ended = next((e["at_ms"] for e in events if e["type"] == OUTAGE_ENDED), None)
+        failed = 0
+        if started is not None:
+            failed = sum(
+                1
+                for e in calls
+                if e["t"] >= started and (ended is None or e["t"] < ended) and e["status"] >= 500
+            )
+        self.schedule.resume_outage(started, ended, failed)
         await self.journal.open()
         await self.events.open()
 
@@ -139,12 +151,16 @@ class Receiver:
         timestamp = headers.get("webhook-timestamp", "")
         now = now_ms()
         before = self.calls_by_message[subscription, message_id]
-        started = self.schedule.outage_started
+        started, ended = self.schedule.outage_started, self.schedule.outage_ended
         status = decide_status(self.schedule, self.phase, group_id, message_id, now, before)
-        if self.schedule.outage_started != started:
-            await self.events.append(
-                {"t": now, "id": None, "type": OUTAGE_STARTED, "at_ms": now, "data": None}
-            )
+        for kind, before_call, after_call in (
+            (OUTAGE_STARTED, started, self.schedule.outage_started),
+            (OUTAGE_ENDED, ended, self.schedule.outage_ended),
+        ):
+            if after_call != before_call:
+                await self.events.append(
+                    {"t": now, "id": None, "type": kind, "at_ms": now, "data": None}
+                )
         self.calls_by_message[subscription, message_id] += 1
         sig = None
         if self.secret is not None:

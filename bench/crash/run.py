@@ -330,6 +330,9 @@ class CrashRun:
                 flaky_group_fraction=config.flaky_group_fraction,
                 max_flaky_failures=min(2, len(config.retry_delays_ms)),
                 outage_ms=int(config.outage_s * 1000),
+                # Twice what every worker's breaker needs: one killed part-way still leaves
+                # the others their minimum
+                outage_min_failures=2 * self._breaker_min_calls(),
                 stream_lanes=config.stream_lanes,
             ),
             config.seed,
@@ -379,6 +382,12 @@ class CrashRun:
         )
         self._start(producer_spec(layout, shape, chaos=config.kill_producer))
         self._log(f"producing {per_lane * config.lanes} records over {config.groups} groups")
+
+    def _breaker_min_calls(self) -> int:
+        """Failed calls the outage needs before every worker's breaker could have opened: each
+        worker's breaker counts its own calls (docs/policies.md §2)."""
+        per_worker = int((self.config.circuit_breaker or {}).get("min_calls", 1))
+        return per_worker * self.config.workers
 
     def _kills_short(self) -> dict[str, int]:
         """Components killed fewer times than ``min_kills_by_component`` asks: name -> kills."""
@@ -510,10 +519,7 @@ class CrashRun:
         report["stream_drops"] = dict(Counter(str(e["how"]) for e in produced if e["e"] == "drop"))
         if self.outage is not None:
             length = self.outage[1] - self.outage[0]
-            # Each worker's breaker counts its own calls: judged once every worker could have
-            # seen its minimum.
-            per_worker = int((self.config.circuit_breaker or {}).get("min_calls", 1))
-            min_calls = per_worker * self.config.workers
+            min_calls = self._breaker_min_calls()
             report["outage"] = outage_figures(length, calls, events, min_calls)
             report["violations"] = report["violations"] + report["outage"]["violations"]
         kills = self.events.count("kill")

@@ -6,6 +6,7 @@ import dataclasses
 
 from bench.crash.outage import outage_figures
 from bench.crash.plan import (
+    OUTAGE_STRETCH,
     FailurePlan,
     FailureSchedule,
     Phase,
@@ -78,3 +79,41 @@ def test_an_outage_with_fewer_failed_calls_than_the_breaker_needs_does_not_judge
     assert outage_figures(10_000, many, started, min_calls=5)["violations"] == [
         "breaker_never_opened"
     ]
+
+
+def test_an_outage_that_saw_too_few_calls_goes_on_until_it_failed_enough_within_its_stretch() -> (
+    None
+):
+    # Chaos stalled every call for the outage's planned second: it goes on past it until it has
+    # failed three calls, then lets the next one through and says when it ended
+    plan = FailurePlan(outage=(1_000, 2_000), outage_min_failures=3)
+    schedule = FailureSchedule(plan)
+    assert decide_status(schedule, Phase.RUN, "h", "a", 1_000) == 503
+    assert decide_status(schedule, Phase.RUN, "h", "b", 2_500) == 503
+    assert decide_status(schedule, Phase.RUN, "h", "c", 2_600) == 503
+    assert schedule.outage_ended is None
+    assert decide_status(schedule, Phase.RUN, "h", "d", 2_700) == 200
+    assert schedule.outage_ended == 2_700
+    assert decide_status(schedule, Phase.RUN, "h", "e", 2_800) == 200
+    # ... but never past OUTAGE_STRETCH times its length
+    capped = FailureSchedule(plan)
+    assert decide_status(capped, Phase.RUN, "h", "a", 1_000) == 503
+    assert decide_status(capped, Phase.RUN, "h", "b", 1_000 + 1_000 * OUTAGE_STRETCH) == 200
+    # A receiver started again takes the outage up where it was
+    resumed = FailureSchedule(plan)
+    resumed.resume_outage(started=1_000, ended=None, failures=2)
+    assert decide_status(resumed, Phase.RUN, "h", "c", 2_600) == 503
+    assert decide_status(resumed, Phase.RUN, "h", "d", 2_700) == 200
+    assert FailurePlan.from_json(plan.to_json()) == plan
+
+
+def test_a_stretched_outage_is_judged_over_the_window_it_really_lasted() -> None:
+    events = [
+        {"type": "outage.started", "at_ms": 0},
+        {"type": "outage.ended", "at_ms": 30_000},
+        {"type": "endpoint.breaker_opened", "at_ms": 25_000},
+    ]
+    late = [call(t, f"m{t}", 1, 503) for t in range(20_000, 20_005)]
+    figures = outage_figures(10_000, late, events, min_calls=5)
+    assert figures["window_ms"] == [0, 30_000] and figures["failed_calls"] == 5
+    assert (figures["breaker_opened"], figures["violations"]) == (1, [])

@@ -188,3 +188,26 @@ async def test_each_subscriptions_calls_are_journalled_and_counted_as_its_own(
     assert statuses == [503, 200, 503, 200]
     subs = [entry["sub"] for entry in read_entries(tmp_path / "calls.log")]
     assert subs == ["hook", "hook", "hook-002", "hook-002"]
+
+
+async def test_an_outage_goes_on_across_a_receiver_restart_and_journals_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a receiver whose outage opens at 1,000 for a second, then until it failed 3 calls
+    clock = iter([1_000, 2_500, 2_600, 2_700])
+    monkeypatch.setattr("bench.crash.receiver.now_ms", lambda: next(clock))
+    plan = FailurePlan(outage=(1_000, 2_000), outage_min_failures=3)
+    first = Receiver(plan, tmp_path / "calls.log")
+    await first.open()
+    headers = webhook_headers("m1", "g", b"x")
+    assert await first.handle_call(headers, b"x") == 503
+    await first.close()
+    # When the receiver dies and starts again on its journals after the outage's length
+    second = Receiver(plan, tmp_path / "calls.log")
+    await second.open()
+    # Then the outage it opened goes on until it failed its three calls (it did not open a
+    # second one), and the receiver journals when it ended
+    assert [await second.handle_call(headers, b"x") for _ in range(3)] == [503, 503, 200]
+    await second.close()
+    events = [(e["type"], e["at_ms"]) for e in read_entries(tmp_path / "events.journal")]
+    assert events == [("outage.started", 1_000), ("outage.ended", 2_700)]
