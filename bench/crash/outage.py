@@ -26,9 +26,10 @@ def outage_figures(
 ) -> dict[str, Any]:
     """The figures of an outage of ``length_ms`` that opened when the receiver journalled
     ``outage.started`` among ``events`` (and lasted until ``outage.ended`` when that was
-    journalled: a stretched outage, bench/crash/plan.py). The breaker is judged only when the outage saw at
-    least ``min_calls`` failed calls (the breakers' own minimum, over all workers): chaos that
-    kills the workers all through a short outage leaves them nothing to open on."""
+    journalled: a stretched outage, bench/crash/plan.py). The breaker is judged only when the
+    outage saw at least ``min_calls`` failed calls (the breakers' own minimum, over all
+    workers): chaos that kills the workers all through a short outage leaves them nothing to
+    open on."""
     began = [e["at_ms"] for e in events if e["type"] == "outage.started"]
     if not began:
         return {"started": False, "violations": ["outage_never_started"]}
