@@ -194,10 +194,11 @@ class Settings(BaseSettings):
     # workers list at once when it moves (docs/delivery.md, "Workers hear of it within a
     # second"). Each listing reads and parses every subscription.
     subscription_refresh_ms: int = Field(default=30_000, ge=100)
-    # How a worker reads: a consumer of its own per subscription (``per-subscription``), or
-    # one reader per worker and topic shared by the topic's subscriptions (``shared``,
-    # docs/decisions/0011-shared-readers.md, being built).
-    delivery_readers: Literal["per-subscription", "shared"] = "per-subscription"
+    # How a worker reads: one reader per worker and topic shared by the topic's subscriptions,
+    # each with its own cursor (``shared``, docs/decisions/0011-shared-readers.md), or the
+    # earlier layout, a consumer of its own per subscription (``per-subscription``: its
+    # threads and idle polling grow with every subscription; kept for rolling upgrades).
+    delivery_readers: Literal["per-subscription", "shared"] = "shared"
     # The consumer group the workers of one installation share the main partitions in (with
     # shared readers).
     delivery_group: str = "setu.delivery"

@@ -263,9 +263,10 @@ class World:
             # The tests' webhooks listen on loopback.
             "allow_private_endpoints": True,
             "secret_key": self.secret_key,
-            # SETU_TEST_DELIVERY_READERS=shared runs these tests on the shared readers
-            # (decision 0011), each test's workers in a group of their own.
-            "delivery_readers": os.environ.get("SETU_TEST_DELIVERY_READERS", "per-subscription"),
+            # Shared readers (the default, decision 0011), each test's workers in a group of
+            # their own; SETU_TEST_DELIVERY_READERS=per-subscription runs these tests on the
+            # earlier layout.
+            "delivery_readers": os.environ.get("SETU_TEST_DELIVERY_READERS", "shared"),
             "delivery_group": f"setu.delivery.{self.project}",
         }
         values.update(overrides)
