@@ -959,6 +959,9 @@ class Session:
                 check(who, Permission.PRODUCE, stream.project, stream.topic)
         except SetuError as exc:
             self._fail(f"{exc.code}: {exc.message}")
+        except (RedisError, OSError) as exc:
+            # This session's check only: the keeper goes on renewing the others' leases.
+            self._fail(f"dependency_unavailable: Redis: {exc}")
 
     def fail_unless_ending(self, reason: str) -> None:
         """A failure the keeper found, unless the session began to end meanwhile (its leases
