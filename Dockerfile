@@ -3,19 +3,36 @@
 # (fetched with Maven and built at build time, so pods never download or compile anything).
 #
 #   docker build -t setu:0.1.0 .
+#   scripts/build-image                 # the same with buildah, on a base made from Debian's packages
 #
+# BASE is any Debian bookworm image with Python 3.11 and its venv module: the registry's
+# python:3.11-slim-bookworm by default, or the one `scripts/build-image` makes with mmdebstrap.
 # Every process is `setu <command>` (the chart sets the command per Deployment); user 10001
-# matches the chart's podSecurityContext.
+# matches the chart's podSecurityContext, and nothing writes outside /var/lib/setu and /tmp, so
+# the root filesystem can be read-only (the chart mounts both as volumes).
+ARG BASE=python:3.11-slim-bookworm
 
-FROM python:3.11-slim-bookworm AS build
+FROM ${BASE} AS build
+ARG DEBIAN_FRONTEND=noninteractive
+# A build behind a TLS-intercepting proxy passes the proxy's CA as the secret `build-ca` (PEM,
+# one or more certificates; scripts/build-image passes this machine's locally added CAs). This
+# stage trusts it for apt, pip and Maven; the final stage never sees it.
 # The JDK builds the ingest job's de-duplication operator (`setu fetch`, cli/jvm.py).
-RUN apt-get update \
- && apt-get install -y --no-install-recommends openjdk-17-jdk-headless maven \
+RUN --mount=type=secret,id=build-ca \
+    if [ -s /run/secrets/build-ca ]; then \
+      mkdir -p /usr/local/share/ca-certificates \
+      && awk '/BEGIN CERTIFICATE/ {n++} {print > ("/usr/local/share/ca-certificates/build-ca-" n ".crt")}' \
+           /run/secrets/build-ca; \
+    fi \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates openjdk-17-jdk-headless maven \
+ && update-ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 ENV VIRTUAL_ENV=/opt/setu/venv \
     PATH=/opt/setu/venv/bin:$PATH \
-    SETU_CACHE_DIR=/opt/setu/cache
-RUN python -m venv "$VIRTUAL_ENV"
+    SETU_CACHE_DIR=/opt/setu/cache \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+RUN python3 -m venv "$VIRTUAL_ENV"
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY setu/ setu/
@@ -28,7 +45,8 @@ COPY migrations/ migrations/
 RUN pip install --no-cache-dir ".[postgres,spark]" \
  && setu fetch --spark-only
 
-FROM python:3.11-slim-bookworm
+FROM ${BASE}
+ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
  && rm -rf /var/lib/apt/lists/* \

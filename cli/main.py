@@ -27,6 +27,7 @@ from cli.commands import NotInstalled
 from cli.dev_settings import KAFKA_BROKER_COUNTS, DevSettings
 from cli.jvm import BuildFailed
 from cli.maven import FetchFailed
+from cli.ports import LOOPBACK
 from cli.processes import EXIT_NOT_AVAILABLE
 from setu.settings import Settings
 
@@ -85,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("run", "run a command with them"), ("up", "run them until Ctrl-C")):
         action = services_sub.add_parser(name, help=text)
         action.add_argument("--env-file", type=Path, help="also write SETU_TEST_* lines here")
+        action.add_argument(
+            "--host",
+            default=LOOPBACK,
+            help="the address they listen on (default %(default)s); another one, such as this "
+            "machine's own, lets containers reach them (tests/install)",
+        )
         if name == "run":
             action.add_argument("argv", nargs=argparse.REMAINDER, help="-- command and args")
     return parser
@@ -167,7 +174,7 @@ def services(args: argparse.Namespace, settings: Settings) -> int:
     if args.services_command == "run" and not argv:
         say("setu services run: give a command after --")
         return 2
-    return testbed(settings, DevSettings(), argv, args.env_file, say)
+    return testbed(settings, DevSettings(), argv, args.env_file, say, args.host)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL server for tests: Debian's binaries, trust auth, loopback only.
+"""A throwaway PostgreSQL server for tests: Debian's binaries, trust auth, loopback by default.
 
 Durability is switched off (no fsync) because its data is deleted after the run. PostgreSQL
 refuses to run as root, so as root it runs as the ``postgres`` account the package creates.
@@ -15,11 +15,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from cli.ports import LOOPBACK
 from cli.processes import ChildSpec
 
 DEBIAN_ROOT = Path("/usr/lib/postgresql")
 ACCOUNT = "postgres"
+# A server with a password (one on another address than loopback, serving containers on this
+# machine: tests/install) also lets in clients on the networks the machine is attached to, such
+# as a container bridge, looked up at each connection, once they show the password.
+SAME_NETWORK_HBA = "host all all samenet scram-sha-256\n"
 
 
 class PostgresUnavailable(Exception):
@@ -41,6 +47,7 @@ class PostgresNode:
     port: int
     home: Path
     host: str = LOOPBACK
+    password: SecretStr | None = None
 
     @property
     def cluster_dir(self) -> Path:
@@ -48,10 +55,13 @@ class PostgresNode:
 
     @property
     def url(self) -> str:
-        return f"postgresql+psycopg://{ACCOUNT}@{self.host}:{self.port}/postgres"
+        login = ACCOUNT
+        if self.password is not None:
+            login += f":{self.password.get_secret_value()}"
+        return f"postgresql+psycopg://{login}@{self.host}:{self.port}/postgres"
 
 
-def initdb_command(bin_dir: Path, node: PostgresNode) -> list[str]:
+def initdb_command(bin_dir: Path, node: PostgresNode, pwfile: Path | None = None) -> list[str]:
     return [
         str(bin_dir / "initdb"),
         "--pgdata",
@@ -65,6 +75,7 @@ def initdb_command(bin_dir: Path, node: PostgresNode) -> list[str]:
         "--locale",
         "C",
         "--no-sync",
+        *(["--pwfile", str(pwfile)] if pwfile is not None else []),
     ]
 
 
@@ -104,13 +115,30 @@ class LocalPostgres:
     def prepare(self) -> None:
         """Creates the cluster if it does not exist. Raises PostgresUnavailable."""
         self.node.home.mkdir(parents=True, exist_ok=True)
-        if self.run_as is not None:
-            account = pwd.getpwnam(self.run_as)
+        account = pwd.getpwnam(self.run_as) if self.run_as is not None else None
+        if account is not None:
             shutil.chown(self.node.home, account.pw_uid, account.pw_gid)
         if (self.node.cluster_dir / "PG_VERSION").exists():
             return
+        pwfile = None
+        if self.node.password is not None:
+            pwfile = self.node.home / "pwfile"
+            pwfile.touch(mode=0o600)
+            pwfile.write_text(self.node.password.get_secret_value())
+            if account is not None:
+                shutil.chown(pwfile, account.pw_uid, account.pw_gid)
+        try:
+            self._initdb(pwfile)
+        finally:
+            if pwfile is not None:
+                pwfile.unlink()
+        if self.node.password is not None:
+            with (self.node.cluster_dir / "pg_hba.conf").open("a") as hba:
+                hba.write(SAME_NETWORK_HBA)
+
+    def _initdb(self, pwfile: Path | None) -> None:
         result = subprocess.run(
-            initdb_command(self.bin_dir, self.node),
+            initdb_command(self.bin_dir, self.node, pwfile),
             capture_output=True,
             text=True,
             check=False,

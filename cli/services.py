@@ -6,15 +6,18 @@ three, throwaway, for the test suite).
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
+
+from pydantic import SecretStr
 
 from cli import kafka_local, redis_local
 from cli.jars import resolve_kafka_jars
 from cli.kafka_cluster import LocalKafkaCluster, NodePorts, moved_controllers
 from cli.kafka_local import KafkaNode, KafkaUnavailable, LocalKafka
 from cli.maven import FetchFailed
-from cli.ports import PortBusy, pick
+from cli.ports import LOOPBACK, PortBusy, pick
 from cli.postgres_local import LocalPostgres, PostgresNode, PostgresUnavailable
 from cli.probes import NotReady, kafka_answers, redis_answers, wait_until
 from cli.processes import Child
@@ -62,13 +65,16 @@ def start_kafka(
     ports: PortPlan,
     heap: str,
     timeout_s: float,
+    host: str = LOOPBACK,
 ) -> str:
-    """Starts a broker keeping its data in ``home``; returns its bootstrap address."""
+    """Starts a broker keeping its data in ``home``, listening on ``host``; returns its
+    bootstrap address."""
     libs = resolve_kafka_jars(settings)[0].parent
     node = KafkaNode(
         port=ports.take("kafka"),
         controller_port=ports.take("kafka_controller"),
         data_dir=home / "data",
+        host=host,
     )
     broker = LocalKafka(home, node, libs, log_path, heap)
     broker.prepare()
@@ -155,9 +161,18 @@ def first_death(children: list[Child]) -> str | None:
     return next((reason for child in children if (reason := death_reason(child))), None)
 
 
-def start_redis(stack: Stack, home: Path, log_path: Path, ports: PortPlan, timeout_s: float) -> str:
-    """Starts Redis keeping its data (AOF) in ``home``; returns its URL."""
-    node = RedisNode(port=ports.take("redis"), data_dir=home / "data")
+def start_redis(
+    stack: Stack,
+    home: Path,
+    log_path: Path,
+    ports: PortPlan,
+    timeout_s: float,
+    host: str = LOOPBACK,
+) -> str:
+    """Starts Redis keeping its data (AOF) in ``home``, listening on ``host``; returns its URL."""
+    node = RedisNode(
+        port=ports.take("redis"), data_dir=home / "data", host=host, password=_password_off(host)
+    )
     server = LocalRedis(home, node, log_path)
     server.prepare()
     stack.start(server.child_spec(), lambda: redis_answers(node.url), timeout_s)
@@ -165,14 +180,28 @@ def start_redis(stack: Stack, home: Path, log_path: Path, ports: PortPlan, timeo
 
 
 def start_postgres(
-    stack: Stack, home: Path, log_path: Path, ports: PortPlan, timeout_s: float
+    stack: Stack,
+    home: Path,
+    log_path: Path,
+    ports: PortPlan,
+    timeout_s: float,
+    host: str = LOOPBACK,
 ) -> str:
-    """Starts a throwaway PostgreSQL with its cluster in ``home``; returns its URL."""
-    node = PostgresNode(port=ports.take("postgres"), home=home)
+    """Starts a throwaway PostgreSQL with its cluster in ``home``, listening on ``host``;
+    returns its URL."""
+    node = PostgresNode(
+        port=ports.take("postgres"), home=home, host=host, password=_password_off(host)
+    )
     server = LocalPostgres(node, log_path)
     server.prepare()
     stack.start(server.child_spec(), server.answers, timeout_s)
     return node.url
+
+
+def _password_off(host: str) -> SecretStr | None:
+    """A new password for a server listening off loopback (reachable from other machines and
+    containers); None on loopback."""
+    return None if host == LOOPBACK else SecretStr(secrets.token_urlsafe(18))
 
 
 DEFAULT_PORTS = {

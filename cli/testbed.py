@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from cli.dev_settings import DevSettings
+from cli.ports import LOOPBACK
 from cli.probes import StopRequested
 from cli.services import SETUP_ERRORS, PortPlan, start_kafka, start_postgres, start_redis
 from cli.stack import Report, Stack, stop_on_signals
@@ -49,6 +50,7 @@ def testbed(
     command: Sequence[str],
     env_file: Path | None,
     report: Report,
+    host: str = LOOPBACK,
 ) -> int:
     """Starts what is missing, then runs ``command`` (or waits for a signal); stops it all."""
     stop = threading.Event()
@@ -58,7 +60,7 @@ def testbed(
     workdir.chmod(0o755)
     stack = Stack(stop, report)
     try:
-        values = _start_missing(settings, dev, stack, workdir)
+        values = _start_missing(settings, dev, stack, workdir, host)
         if env_file is not None:
             env_file.write_text(render_env_file(values))
         shown = (f"{k}={url_without_password(v)}" for k, v in sorted(values.items()))
@@ -78,7 +80,7 @@ def testbed(
 
 
 def _start_missing(
-    settings: Settings, dev: DevSettings, stack: Stack, workdir: Path
+    settings: Settings, dev: DevSettings, stack: Stack, workdir: Path, host: str
 ) -> dict[str, str]:
     values = {v: os.environ[v] for v in TEST_VARIABLES.values() if os.environ.get(v)}
     ports = PortPlan(explicit={}, remembered={}, defaults={}, chosen={})
@@ -88,12 +90,12 @@ def _start_missing(
         home = workdir / name
         if name == "kafka":
             url = start_kafka(
-                stack, settings, home, logs / "kafka.log", ports, dev.kafka_heap, timeout
+                stack, settings, home, logs / "kafka.log", ports, dev.kafka_heap, timeout, host
             )
         elif name == "redis":
-            url = start_redis(stack, home, logs / "redis.log", ports, timeout)
+            url = start_redis(stack, home, logs / "redis.log", ports, timeout, host)
         else:
-            url = start_postgres(stack, home, logs / "postgres.log", ports, timeout)
+            url = start_postgres(stack, home, logs / "postgres.log", ports, timeout, host)
         values[TEST_VARIABLES[name]] = url
     return values
 

@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -41,6 +42,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         os._exit(int(exitstatus))
 
     threading.Thread(target=end_if_stuck, name="exit-watchdog", daemon=True).start()
+
+
+INSTALL_TESTS = Path(__file__).resolve().parent / "install"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The install tests (tests/install) run only when the mark expression names them
+    (``-m install``, as scripts/test-install does): they build the image, which takes longer
+    than the rest of the run allows. The others leave them out as deselected."""
+    if "install" in (config.option.markexpr or ""):
+        return
+    left_out = [item for item in items if INSTALL_TESTS in item.path.resolve().parents]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        dropped = set(map(id, left_out))
+        items[:] = [item for item in items if id(item) not in dropped]
 
 
 def _required_env(name: str) -> str:

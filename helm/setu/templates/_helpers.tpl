@@ -89,8 +89,13 @@ checksum/config: {{ include "setu.configData" . | sha256sum }}
 checksum/secret: {{ include "setu.secretData" . | sha256sum }}
 {{- end -}}
 
-{{/* The volume of tls.existingSecret (CA and client PEM files), when one is set. */}}
-{{- define "setu.tlsVolume" -}}
+{{/*
+The volumes of every Setu pod: /tmp (the root filesystem is read-only; Spark and the JVM write
+their scratch files there) and tls.existingSecret (CA and client PEM files), when one is set.
+*/}}
+{{- define "setu.commonVolumes" -}}
+- name: tmp
+  emptyDir: {}
 {{- with .Values.tls.existingSecret }}
 - name: tls
   secret:
@@ -98,8 +103,9 @@ checksum/secret: {{ include "setu.secretData" . | sha256sum }}
 {{- end }}
 {{- end -}}
 
-{{/* Its mount, read-only at /etc/setu/tls, in a Setu container. */}}
-{{- define "setu.tlsMount" -}}
+{{/* Their mounts in a Setu container: /tmp, and the PEM files read-only at /etc/setu/tls. */}}
+{{- define "setu.commonMounts" -}}
+- {name: tmp, mountPath: /tmp}
 {{- if .Values.tls.existingSecret }}
 - {name: tls, mountPath: /etc/setu/tls, readOnly: true}
 {{- end }}

@@ -1,0 +1,76 @@
+"""The install tests: Setu's image built here and the Helm chart's manifests run as pods.
+
+Every test under tests/install carries the ``install`` mark, and runs only when asked for
+(``-m install``; ``scripts/test-install`` does): building the image takes minutes, more than
+CI's budget. The pods reach Kafka, Redis and PostgreSQL on this machine's own address, so the
+services must listen there: ``scripts/test-install`` starts them so
+(``setu services run --host``). ``SETU_TEST_IMAGE`` names an image already built (otherwise
+``scripts/build-image`` builds one), ``HELM`` the helm binary (otherwise ``scripts/helm``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.install.kube import ROOT
+from tests.integration.delivery.support import Receiver, receiver_handler
+
+HERE = Path(__file__).resolve().parent
+TEST_IMAGE = "localhost/setu:install-test"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in item.path.resolve().parents:
+            item.add_marker(pytest.mark.install)
+
+
+@pytest.fixture(scope="session")
+def services_host(kafka_bootstrap: str) -> str:
+    """The address the services listen on: pods reach it through podman's bridge."""
+    host = urlsplit(f"//{kafka_bootstrap}").hostname or ""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        pytest.fail(
+            "the services listen on loopback, where pods cannot reach them: run these tests "
+            "with scripts/test-install (services on this machine's address)"
+        )
+    return host
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    """The image under test: SETU_TEST_IMAGE, or one built now from this checkout."""
+    given = os.environ.get("SETU_TEST_IMAGE")
+    if given:
+        return given
+    subprocess.run([str(ROOT / "scripts" / "build-image"), "--tag", TEST_IMAGE], check=True)
+    return TEST_IMAGE
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    return os.environ.get("HELM") or str(ROOT / "scripts" / "helm")
+
+
+@pytest.fixture
+def webhook(services_host: str) -> Iterator[Receiver]:
+    """A webhook on this machine's address, where the worker pods can call it."""
+    rec = Receiver()
+    server = ThreadingHTTPServer((services_host, 0), receiver_handler(rec))
+    server.daemon_threads = True
+    rec.url = f"http://{services_host}:{server.server_address[1]}/hook"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield rec
+    finally:
+        server.shutdown()
+        server.server_close()
