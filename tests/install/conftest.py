@@ -13,18 +13,26 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+import uuid
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import sqlalchemy as sa
 
 from tests.install.kube import ROOT
+from tests.install.support import Release
 from tests.integration.delivery.support import Receiver, receiver_handler
 
 HERE = Path(__file__).resolve().parent
 TEST_IMAGE = "localhost/setu:install-test"
+PREVIOUS_IMAGE = "localhost/setu:install-previous"
+# The version test_upgrade.py upgrades from (SETU_TEST_UPGRADE_FROM, a git revision, overrides
+# it): the last one before the newest schema migration (0006, topics' dedup window), so the
+# upgrade migrates the database under the old pods. Move it on when a release is made.
+PREVIOUS_RELEASE = "27af511eb1967bbecf2634c8e53934e938dd1abd"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -55,6 +63,21 @@ def image() -> str:
     return TEST_IMAGE
 
 
+@pytest.fixture(scope="module")
+def database(postgres_url: str) -> Iterator[str]:
+    """A fresh PostgreSQL database for one module's release, dropped afterwards."""
+    name = f"setu_install_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield sa.make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
 @pytest.fixture(scope="session")
 def helm() -> str:
     return os.environ.get("HELM") or str(ROOT / "scripts" / "helm")
@@ -74,3 +97,27 @@ def webhook(services_host: str) -> Iterator[Receiver]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture(scope="session")
+def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    """The previous release's source checked out beside this one, its image built with this
+    checkout's Dockerfile (the build glue, not the release's code)."""
+    revision = os.environ.get("SETU_TEST_UPGRADE_FROM", PREVIOUS_RELEASE)
+    tree = tmp_path_factory.mktemp("previous") / "setu"
+    git = ["git", "-C", str(ROOT)]
+    subprocess.run([*git, "worktree", "add", "--detach", str(tree), revision], check=True)
+    try:
+        subprocess.run(
+            [
+                str(ROOT / "scripts" / "build-image"),
+                "--tag",
+                PREVIOUS_IMAGE,
+                "--context",
+                str(tree),
+            ],
+            check=True,
+        )
+        yield Release(revision, tree / "helm" / "setu", PREVIOUS_IMAGE)
+    finally:
+        subprocess.run([*git, "worktree", "remove", "--force", str(tree)], check=False)

@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,13 +52,16 @@ def podman(*args: str, stdin: str | None = None, check: bool = True) -> str:
     return done.stdout
 
 
-def render(helm: str, values: Mapping[str, Any], release: str = "setu") -> list[Manifest]:
-    """``helm template`` of the chart with ``values``: every rendered object."""
+def render(
+    helm: str, values: Mapping[str, Any], release: str = "setu", chart: Path = CHART
+) -> list[Manifest]:
+    """``helm template`` of ``chart`` (this checkout's by default) with ``values``: every
+    rendered object."""
     with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
         json.dump(values, file)
         file.flush()
         done = subprocess.run(
-            [helm, "template", release, str(CHART), "-f", file.name],
+            [helm, "template", release, str(chart), "-f", file.name],
             capture_output=True,
             text=True,
             check=False,
@@ -78,16 +81,21 @@ def is_hook(manifest: Manifest) -> bool:
 
 @dataclass
 class Pod:
-    """One played pod: its name, its only container's name, and its address."""
+    """One played pod: its name, its manifest, and its only container as the chart declares it
+    (with the ports, which are not played: see the module's doc)."""
 
     name: str
-    container: str
     spec: Manifest
+    container: Manifest
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {p["name"]: int(p["containerPort"]) for p in self.container.get("ports", [])}
 
     @property
     def container_id(self) -> str:
         # podman names a played pod's container "<pod>-<container>".
-        return f"{self.name}-{self.container}"
+        return f"{self.name}-{self.container['name']}"
 
     def address(self) -> str:
         out = podman("inspect", "--format", "{{json .NetworkSettings.Networks}}", self.container_id)
@@ -137,6 +145,11 @@ class Cluster:
     volumes: list[str] = field(default_factory=list)
     suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:5])
 
+    def upgrade(self, objects: list[Manifest]) -> None:
+        """The next release's objects: pods made from now on come from them (``helm upgrade``;
+        the pods already running keep theirs until they are replaced)."""
+        self.objects = objects
+
     def configmaps(self, hooks: bool) -> list[Manifest]:
         return [o for o in self.objects if o["kind"] == "ConfigMap" and is_hook(o) == hooks]
 
@@ -158,6 +171,7 @@ class Cluster:
         """Runs ``template`` (a pod template: metadata and spec) as the pod ``name``."""
         spec = copy.deepcopy(template["spec"])
         (container,) = spec["containers"]
+        declared = copy.deepcopy(container)
         # podman publishes every containerPort on the host's same port, so a second replica
         # (or an old and a new pod during an update) could not start; each pod has its own
         # address on the bridge, where its declared ports answer without being published.
@@ -171,7 +185,7 @@ class Cluster:
         for claim in spec.get("volumes", []):
             if "persistentVolumeClaim" in claim:
                 self.volumes.append(claim["persistentVolumeClaim"]["claimName"])
-        played = Pod(name, container["name"], pod)
+        played = Pod(name, pod, declared)
         self.pods.append(played)  # removed by down() even when it fails to start
         document = yaml.safe_dump_all([*configmaps, pod])
         podman("kube", "play", "--network", "podman", "-", stdin=document)
@@ -198,10 +212,6 @@ class Cluster:
         template = by_kind(self.objects, "Deployment")[deployment]["spec"]["template"]
         name = f"{deployment}-{self.suffix}-{len(self.pods)}"
         return self.play_pod(name, template, self.configmaps(False))
-
-    def running(self, deployment: str) -> Iterator[Pod]:
-        prefix = f"{deployment}-{self.suffix}-"
-        return (p for p in self.pods if p.name.startswith(prefix) and p.state() == "running")
 
     def down(self) -> None:
         for pod in self.pods:

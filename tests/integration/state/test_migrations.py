@@ -62,6 +62,30 @@ def test_unmigrated_database_is_refused_with_advice(database_url: str) -> None:
     migrate.require_head(database_url)
 
 
+def test_a_database_older_than_the_code_is_refused(database_url: str) -> None:
+    migrate.upgrade(database_url, "0005")
+    with pytest.raises(DependencyUnavailable, match="at revision 0005, this code needs"):
+        migrate.require_head(database_url)
+
+
+def test_a_database_a_newer_release_migrated_is_served(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a database migrated by the next release's pre-upgrade hook (a revision this code
+    # does not know), as during an upgrade, when a pod of this release (re)starts
+    migrate.upgrade(database_url)
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999_next_release'"))
+    finally:
+        engine.dispose()
+    # Then it starts, saying why
+    with caplog.at_level("WARNING", logger="state.migrate"):
+        migrate.require_head(database_url)
+    assert "newer than this code's" in caplog.text
+
+
 def test_secrets_stored_before_sealing_are_sealed_by_the_upgrade_and_need_the_key(
     database_url: str,
 ) -> None:
