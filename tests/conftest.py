@@ -14,12 +14,12 @@ import os
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
+
+from tests.databases import fresh_database
 
 # How long the process may take to exit once the run has ended and its summary is printed.
 EXIT_GRACE_S = 120.0
@@ -85,13 +85,5 @@ def postgres_url() -> str:
 @pytest.fixture
 def pg_url(postgres_url: str) -> Iterator[str]:
     """A fresh PostgreSQL database for one test, dropped afterwards."""
-    name = f"setu_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield sa.make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+    with fresh_database(postgres_url) as url:
+        yield url

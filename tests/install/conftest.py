@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
-import uuid
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-import sqlalchemy as sa
 
+from tests.databases import fresh_database
 from tests.install.kube import ROOT
 from tests.install.support import Release
-from tests.integration.delivery.support import Receiver, receiver_handler
+from tests.integration.delivery.support import Receiver, served_receiver
 
 HERE = Path(__file__).resolve().parent
 TEST_IMAGE = "localhost/setu:install-test"
@@ -66,16 +63,8 @@ def image() -> str:
 @pytest.fixture(scope="module")
 def database(postgres_url: str) -> Iterator[str]:
     """A fresh PostgreSQL database for one module's release, dropped afterwards."""
-    name = f"setu_install_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield sa.make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+    with fresh_database(postgres_url, "setu_install") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -86,17 +75,8 @@ def helm() -> str:
 @pytest.fixture
 def webhook(services_host: str) -> Iterator[Receiver]:
     """A webhook on this machine's address, where the worker pods can call it."""
-    rec = Receiver()
-    server = ThreadingHTTPServer((services_host, 0), receiver_handler(rec))
-    server.daemon_threads = True
-    rec.url = f"http://{services_host}:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with served_receiver(services_host) as rec:
         yield rec
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture(scope="session")

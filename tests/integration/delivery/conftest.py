@@ -8,7 +8,6 @@ import secrets
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -27,24 +26,15 @@ from tests.integration.delivery.support import (
     ThreadWorker,
     World,
     delete_subscription_group,
-    receiver_handler,
+    served_receiver,
 )
 from tests.waiting import wait_for
 
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    rec = Receiver()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), receiver_handler(rec))
-    server.daemon_threads = True
-    rec.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with served_receiver() as rec:
         yield rec
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture

@@ -13,9 +13,10 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,23 @@ def receiver_handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
             pass
 
     return Handler
+
+
+@contextmanager
+def served_receiver(host: str = "127.0.0.1") -> Iterator[Receiver]:
+    """A :class:`Receiver` answering at ``host`` on a free port (its ``url`` ends in ``/hook``)
+    until the block ends."""
+    rec = Receiver()
+    server = ThreadingHTTPServer((host, 0), receiver_handler(rec))
+    server.daemon_threads = True
+    rec.url = f"http://{host}:{server.server_address[1]}/hook"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield rec
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @dataclass
