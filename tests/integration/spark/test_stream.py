@@ -152,3 +152,19 @@ def test_a_query_taking_over_from_the_micro_batch_job_loses_and_doubles_nothing(
     # Then it read on from offset 1 (the old job wrote a5), and the resend was a duplicate of
     # what the old job accepted
     assert log.ids() == ["a6"]
+
+
+def test_the_takeover_seed_needs_no_python_worker(world: IngestWorld) -> None:
+    # Given the marks of a micro-batch checkpoint's partitions, as a takeover seeds them
+    seeds = [("setu.p.t.ingest", 0, "marks-0"), ("setu.p.t.ingest", 1, "m" * 100_000)]
+    # When they become the operator's initial state
+    state = stream.initial_state(world.spark, seeds)
+    assert state is not None
+    # Then they are rows of the JVM alone, in one partition: no Python RDD whose every
+    # partition takes a Python worker for the batch (64 of them took an upgraded ingest pod
+    # past its memory limit)
+    plan = str(state._jdf.queryExecution().executedPlan().toString())
+    assert "PythonRDD" not in plan and "ExistingRDD" not in plan, plan[:2000]
+    assert state.rdd.getNumPartitions() == 1
+    assert [tuple(row) for row in state.collect()] == seeds
+    assert state.schema.simpleString() == "struct<topic:string,partition:int,marks:string>"
