@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 
-import pytest
 import sqlalchemy as sa
 
 from tests.install.kube import Cluster, Pod, render
@@ -41,14 +40,6 @@ def schema_revision(database: str) -> str:
         engine.dispose()
 
 
-@pytest.mark.xfail(
-    reason="finding: after the upgrade, the new ingest job took over the previous release's "
-    "micro-batch checkpoint in real-time mode and its JVM was killed by the pod's 3 GiB memory "
-    "limit within a minute (kernel: memcg out of memory, java); the driver then retried the "
-    "query against the dead JVM for 5 minutes before exiting, and the messages produced since "
-    "were not delivered within 300 s",
-    strict=True,
-)
 def test_an_upgrade_from_the_previous_release_under_load_loses_nothing(
     previous_release: Release,
     image: str,
