@@ -50,6 +50,13 @@ def test_nothing_accepted_is_lost_or_reordered_when_nodes_lose_their_disk_or_mem
     # Then every check passes
     assert report["ok"], f"{summary}\nreport: {tmp_path / 'report.json'}"
     # And each fault happened: a node came back with an empty disk, a replica was promoted
-    assert report["faults_by_kind"]["broker-wipe"] >= 1
-    assert report["faults_by_kind"]["redis-failover"] >= 1
-    assert report["accepted"] >= 3_000
+    faults = report["faults_by_kind"]
+    assert faults["broker-wipe"] >= 1
+    assert faults["redis-failover"] >= 1
+    # And Setu went on through them: after every fault the webhook got a 2xx call, and a
+    # good part of the offered load (40 messages/s for 120 s) was accepted; a slow machine
+    # spends more of the run waiting for processes that were killed to come back, so the
+    # figure is a floor, not the rate
+    resumed = report["after_fault_ms"]
+    assert {kind: resumed.get(kind, {}).get("faults", 0) for kind in faults} == faults, resumed
+    assert report["accepted"] >= 1_000

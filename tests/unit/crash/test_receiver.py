@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from bench.crash.journal import read_entries
-from bench.crash.plan import FailurePlan
+from bench.crash.plan import REJECT_STATUS, FailurePlan
 from bench.crash.receiver import Receiver, make_app, signature_valid
 from bench.crash.records import payload_hash
 
@@ -84,20 +84,22 @@ async def test_answers_by_the_plan_and_journals_the_answer(
     assert read_entries(receiver.journal.path)[-1]["status"] == status
 
 
-async def test_drain_phase_accepts_everything(
+async def test_drain_phase_accepts_everything_but_a_rejected_messages_first_call(
     client: httpx.AsyncClient, receiver: Receiver
 ) -> None:
     # Given the harness switched to the drain phase
     response = await client.post("/control/phase", json={"phase": "drain"})
     assert response.json() == {"phase": "drain"}
-    # Then failing groups and rejected messages get a 2xx
-    for mid, group in (("m1", "g-down"), ("m-bad", "g1")):
+    # Then failing groups get a 2xx, and a rejected message a 4xx only on its first call
+    answers = []
+    for mid, group in (("m1", "g-down"), ("m-bad", "g1"), ("m-bad", "g1")):
         response = await client.post(
             "/hook", content=b"x", headers=webhook_headers(mid, group, b"x")
         )
-        assert response.status_code == 200
+        answers.append(response.status_code)
+    assert answers == [200, REJECT_STATUS, 200]
     stats = (await client.get("/control/stats")).json()
-    assert stats["calls"] == stats["ok_calls"] == 2
+    assert (stats["calls"], stats["ok_calls"]) == (3, 2)
     assert stats["phase"] == "drain"
 
 
