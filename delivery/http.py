@@ -43,6 +43,7 @@ from urllib.parse import SplitResult, urlsplit
 
 import httptools
 
+from delivery.egress import DIRECT, Route, TunnelError, open_tunnel, tls_context
 from setu.addresses import Resolver, is_private_address, system_resolver
 
 # Idle connections kept per origin beyond this are closed.
@@ -104,13 +105,16 @@ class Target:
 
 # How much of a failed call's answer is kept (the message's attempt log, docs/design.md §9).
 EXCERPT_BYTES = 4096
+# How much of an answer a call that reads the body keeps (a token endpoint's, say).
+BODY_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
 class Response:
     status: int
     headers: dict[str, str]  # lower-case names; the last value wins
-    # The start of the body of an answer that is not 2xx (empty for a 2xx).
+    # The start of the body of an answer that is not 2xx (empty for a 2xx), or of any answer
+    # when the call asked for its body (``read_body``: up to BODY_BYTES).
     excerpt: bytes = b""
 
 
@@ -132,6 +136,7 @@ class _Connection(asyncio.Protocol):
         self.deadline = 0.0
         # The body's start, collected while a non-2xx answer's head waits for it.
         self.excerpt: bytearray | None = None
+        self.read_body = False  # the current request wants any answer's body
 
     # asyncio.Protocol
 
@@ -164,7 +169,7 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
-        if 200 <= self.status < 300:
+        if 200 <= self.status < 300 and not self.read_body:
             if self.head is not None and not self.head.done():
                 self.head.set_result(Response(self.status, self.headers))
         else:
@@ -173,8 +178,9 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         excerpt = self.excerpt
         if excerpt is not None and self.head is not None and not self.head.done():
-            excerpt += body[: EXCERPT_BYTES - len(excerpt)]
-            if len(excerpt) >= EXCERPT_BYTES:
+            keep = BODY_BYTES if self.read_body else EXCERPT_BYTES
+            excerpt += body[: keep - len(excerpt)]
+            if len(excerpt) >= keep:
                 self._answer_with_excerpt()
 
     def _answer_with_excerpt(self) -> None:
@@ -193,7 +199,7 @@ class _Connection(asyncio.Protocol):
 
     # use
 
-    def send(self, request: bytes) -> asyncio.Future[Response]:
+    def send(self, request: bytes, read_body: bool = False) -> asyncio.Future[Response]:
         assert self.transport is not None
         if self.transport.is_closing():
             # Pooled, and closed since (the server's FIN read, its connection_lost not yet
@@ -203,6 +209,7 @@ class _Connection(asyncio.Protocol):
         self.head = asyncio.get_running_loop().create_future()
         self.headers = {}
         self.excerpt = None
+        self.read_body = read_body
         self.answered = False
         self.complete = False
         self.transport.write(request)
@@ -223,27 +230,39 @@ class _Connection(asyncio.Protocol):
 
 
 class _Pool:
-    def __init__(self, origin: Origin, tls: ssl.SSLContext | None, max_idle: int) -> None:
+    """The idle connections to one origin over one route."""
+
+    def __init__(
+        self, origin: Origin, route: Route, tls: ssl.SSLContext | None, max_idle: int
+    ) -> None:
         self.origin = origin
+        self.route = route
         self.tls = tls
         self.max_idle = max_idle
         self.idle: list[_Connection] = []
 
-    async def connect(self, addresses: list[str]) -> _Connection:
-        """A connection to the first of ``addresses`` that accepts one (all checked)."""
+    async def connect(self, addresses: list[str], proxy_addresses: list[str]) -> _Connection:
+        """A connection to the first of ``addresses`` that accepts one (all checked), through
+        the route's proxy (found at ``proxy_addresses``) if it has one."""
         loop = asyncio.get_running_loop()
         o = self.origin
         last: OSError | None = None
         for address in addresses:
             try:
-                _, conn = await loop.create_connection(
+                if self.route.proxy is not None:
+                    conn = _Connection(self)
+                    await open_tunnel(
+                        self.route.proxy, proxy_addresses, address, o.port, conn, self.tls, o.host
+                    )
+                    return conn
+                _, made = await loop.create_connection(
                     lambda: _Connection(self),
                     address,
                     o.port,
                     ssl=self.tls,
                     server_hostname=o.host if self.tls else None,
                 )
-                return conn
+                return made
             except ssl.SSLError:
                 raise
             except OSError as exc:
@@ -321,22 +340,31 @@ class HttpClient:
     ) -> None:
         self._allow_private = allow_private
         self._resolve = resolver
-        self._pools: dict[Origin, _Pool] = {}
+        self._pools: dict[tuple[Origin, Route], _Pool] = {}
         self._max_idle = max_idle_per_origin
-        self._tls: ssl.SSLContext | None = None
+        # One verifying context per distinct TLS setting (None: the system's CAs only).
+        self._contexts: dict[object, ssl.SSLContext] = {}
         self._waiting: set[_Connection] = set()  # connections waiting for an answer's head
         self._sweeper: asyncio.Task[None] | None = None
 
-    def _pool(self, origin: Origin) -> _Pool:
-        pool = self._pools.get(origin)
+    def _pool(self, origin: Origin, route: Route) -> _Pool:
+        pool = self._pools.get((origin, route))
         if pool is None:
             tls = None
             if origin.scheme == "https":
-                if self._tls is None:
-                    self._tls = ssl.create_default_context()
-                tls = self._tls
-            pool = self._pools[origin] = _Pool(origin, tls, self._max_idle)
+                tls = self._contexts.get(route.tls)
+                if tls is None:
+                    tls = self._contexts[route.tls] = tls_context(route.tls)
+            pool = self._pools[origin, route] = _Pool(origin, route, tls, self._max_idle)
         return pool
+
+    def forget_route(self, route: Route) -> None:
+        """Closes the idle connections made over ``route`` and its TLS context (a
+        subscription's TLS or proxy setting changed); calls in flight finish as they are."""
+        for key in [key for key in self._pools if key[1] == route]:
+            self._pools.pop(key).close()
+        if route.tls is not None and not any(r.tls == route.tls for _, r in self._pools):
+            self._contexts.pop(route.tls, None)
 
     async def request(
         self,
@@ -345,21 +373,26 @@ class HttpClient:
         headers: Sequence[tuple[str, str]],
         body: bytes,
         timeout_s: float,
+        route: Route = DIRECT,
+        *,
+        read_body: bool = False,
     ) -> Response:
+        """One call over ``route``; ``read_body``: the answer's body is wanted whatever its
+        status (``Response.excerpt``, up to :data:`BODY_BYTES`)."""
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
-        pool = self._pool(target.origin)
+        pool = self._pool(target.origin, route)
         payload = encode_request(method, target, headers, body)
         deadline = asyncio.get_running_loop().time() + timeout_s
         conn = pool.take()
         if conn is not None:
             try:
-                return await self._send(conn, payload, deadline)
+                return await self._send(conn, payload, deadline, read_body)
             except _Stale:
                 pass  # closed while idle: the server saw nothing of this request
         conn = await self._connect(pool, deadline)
         try:
-            return await self._send(conn, payload, deadline)
+            return await self._send(conn, payload, deadline, read_body)
         except _Stale:
             raise HttpError("connection closed") from None
 
@@ -369,6 +402,8 @@ class HttpClient:
             return await asyncio.wait_for(self._open(pool), max(left, 0.001))
         except TimeoutError:
             raise HttpError("timeout") from None
+        except TunnelError as exc:
+            raise HttpError(str(exc)) from None
         except ConnectionRefusedError:
             raise HttpError("connection refused") from None
         except ssl.SSLError as exc:
@@ -389,13 +424,18 @@ class HttpClient:
                         f"refused: {host} resolves to {address}, a private, loopback or "
                         "link-local address (SETU_ALLOW_PRIVATE_ENDPOINTS=true allows it)"
                     )
-        return await pool.connect(addresses)
+        proxy = pool.route.proxy
+        # The proxy is the operator's choice (docs/security.md §4): not held to the rule.
+        proxy_addresses = [] if proxy is None else await self._resolve(proxy.host, proxy.port)
+        return await pool.connect(addresses, proxy_addresses)
 
-    async def _send(self, conn: _Connection, payload: bytes, deadline: float) -> Response:
+    async def _send(
+        self, conn: _Connection, payload: bytes, deadline: float, read_body: bool
+    ) -> Response:
         conn.deadline = deadline
         self._waiting.add(conn)
         try:
-            response = await conn.send(payload)
+            response = await conn.send(payload, read_body)
         except BaseException:
             conn.close()
             raise

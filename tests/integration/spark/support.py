@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -34,8 +35,31 @@ from tests import waiting
 
 
 def wait_for(what: str, condition: Callable[[], object], timeout_s: float = 90.0) -> None:
-    """:func:`tests.waiting.wait_for` with the patience a Spark batch needs on two cores."""
-    waiting.wait_for(what, condition, timeout_s, every_s=0.2)
+    """:func:`tests.waiting.wait_for` with the patience a Spark batch needs on two cores; a
+    timeout also names what the session's streaming queries were doing (CI keeps only the
+    failure's first lines)."""
+    try:
+        waiting.wait_for(what, condition, timeout_s, every_s=0.2)
+    except pytest.fail.Exception as failed:
+        raise pytest.fail.Exception(f"{failed.msg}; {queries_now()}") from None
+
+
+def queries_now() -> str:
+    """The active session's streaming queries: status, last progress and failure, in brief."""
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        return "no active Spark session"
+    described = []
+    for query in spark.streams.active:
+        progress: dict[str, object] = query.lastProgress or {}
+        failure = query.exception()
+        described.append(
+            f"query {query.name or query.id}: {query.status.get('message')}, batch "
+            f"{progress.get('batchId')} at {progress.get('timestamp')} with "
+            f"{progress.get('numInputRows')} rows"
+            + (f", failed: {str(failure)[:300]}" if failure else "")
+        )
+    return "; ".join(described) or "no active streaming query"
 
 
 def ingest_child(
