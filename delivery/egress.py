@@ -1,8 +1,8 @@
 """How a webhook call leaves Setu: the TLS identity it shows and the proxy it goes through
 (docs/security.md §4, "Protected endpoints").
 
-- :class:`TlsSettings`: a client certificate and key for mutual TLS, and a CA to trust beside
-  the system's, as PEM text. A context is made once per distinct setting
+- :class:`setu.model.EndpointTls`: a client certificate and key for mutual TLS, and a CA to
+  trust beside the system's, as PEM text. A context is made once per distinct setting
   (:func:`tls_context`). Python's ``ssl`` loads a certificate chain only from a file, so the
   certificate and key are written to a file of a private directory (mode 0600), loaded, and the
   file removed at once.
@@ -17,14 +17,15 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import ssl
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
-from urllib.parse import unquote, urlsplit
+
+from setu.egress import Proxy
+from setu.model import EndpointTls
 
 # The longest CONNECT answer head read before giving up on the proxy.
 MAX_TUNNEL_HEAD = 16 * 1024
@@ -35,67 +36,34 @@ class TunnelError(OSError):
 
 
 @dataclass(frozen=True, slots=True)
-class TlsSettings:
-    """A subscription's TLS settings beyond the defaults (all PEM text; the key is a secret,
-    kept out of the repr)."""
-
-    certificate: str | None = None
-    key: str | None = field(default=None, repr=False)
-    ca: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Proxy:
-    """An HTTP proxy: where it listens and the ``Proxy-Authorization`` its URL's user info
-    gives (a secret, kept out of the repr)."""
-
-    host: str
-    port: int
-    authorization: str | None = field(default=None, repr=False)
-
-    @classmethod
-    def parse(cls, url: str) -> Proxy:
-        """``http://[user:password@]host[:port]``; the port defaults to 3128."""
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError("a proxy URL is http://[user:password@]host[:port]")
-        if parts.path not in ("", "/") or parts.query or parts.fragment:
-            raise ValueError("a proxy URL has no path, query or fragment")
-        authorization = None
-        if parts.username is not None:
-            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-            authorization = "Basic " + base64.b64encode(pair.encode()).decode()
-        return cls(parts.hostname, parts.port or 3128, authorization)
-
-
-@dataclass(frozen=True, slots=True)
 class Route:
     """What a call's connection is made with, besides its origin: a pool serves one route."""
 
-    tls: TlsSettings | None = None
+    tls: EndpointTls | None = None
     proxy: Proxy | None = None
 
 
 DIRECT = Route()
 
 
-def tls_context(settings: TlsSettings | None) -> ssl.SSLContext:
+def tls_context(settings: EndpointTls | None) -> ssl.SSLContext:
     """A verifying client context: the system's CAs, plus ``settings``' CA and client
     certificate. Raises :class:`ssl.SSLError` or :class:`ValueError` on PEM that does not
     load (a key that does not match its certificate, say)."""
     context = ssl.create_default_context()
     if settings is None:
         return context
-    if settings.ca:
-        context.load_verify_locations(cadata=settings.ca)
-    if settings.certificate or settings.key:
-        if not (settings.certificate and settings.key):
+    if settings.ca_certificate:
+        context.load_verify_locations(cadata=settings.ca_certificate)
+    certificate, key = settings.client_certificate, settings.client_key
+    if certificate or key:
+        if not (certificate and key):
             raise ValueError("a client certificate goes with its private key")
         with tempfile.TemporaryDirectory(prefix="setu-tls-") as private:
             path = Path(private) / "identity.pem"
             descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(descriptor, "w") as out:
-                out.write(settings.certificate.strip() + "\n" + settings.key.strip() + "\n")
+                out.write(certificate.strip() + "\n" + key.strip() + "\n")
             context.load_cert_chain(path)
     return context
 

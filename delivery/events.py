@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 from redis.exceptions import RedisError
 
+from delivery.egress import DIRECT, Route
 from delivery.http import HttpClient, HttpError, RefusedAddress, Target, UnsafeRequest
 from setu.clock import now_ms
 from setu.model import Notifications
@@ -159,10 +160,13 @@ class Notifier:
         http: HttpClient,
         consumer: str,
         counts: EventCounts | None = None,
+        route: Route = DIRECT,
     ) -> None:
+        """``route``: how the calls leave (the default egress proxy, docs/security.md §4)."""
         self._stream = stream
         self._configs = configs
         self._http = http
+        self._route = route
         self._consumer = consumer
         self.counts = counts or EventCounts()
         self._by_project: dict[str, Notifications] = {}
@@ -242,7 +246,7 @@ class Notifier:
         headers += webhook_headers(event_id, now_ms() // 1000, body, signing)
         try:
             response = await self._http.request(
-                "POST", Target.parse(target.url), headers, body, CALL_TIMEOUT_S
+                "POST", Target.parse(target.url), headers, body, CALL_TIMEOUT_S, self._route
             )
         except (UnsafeRequest, RefusedAddress) as exc:
             return exc.reason

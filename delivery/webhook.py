@@ -21,11 +21,14 @@ from dataclasses import replace
 
 from opentelemetry.trace import SpanKind
 
-from delivery.http import HttpClient, HttpError, RefusedAddress, Target, UnsafeRequest
+from delivery.egress import Route
+from delivery.http import HttpClient, HttpError, RefusedAddress, Response, Target, UnsafeRequest
+from delivery.oauth2 import TokenSource
 from delivery.ratelimit import SharedRate, Take, TokenBucket
 from setu import headers as produce_headers
 from setu import tracing
 from setu.clock import now_ms
+from setu.egress import Egress, UnknownProxy
 from setu.envelope import H_TRACEPARENT, H_TRACESTATE, Envelope
 from setu.model import Subscription
 from setu.outcome import Outcome, Verdict, classify_error, classify_status
@@ -63,18 +66,39 @@ class WebhookSender:
         *,
         clock: Callable[[], int] = now_ms,
         shared_rate: Take | None = None,
+        egress: Egress | None = None,
     ) -> None:
         """``shared_rate``: the subscription's rate bucket shared by its workers
-        (delivery/ratelimit.py); None: a bucket of this worker's own."""
+        (delivery/ratelimit.py); None: a bucket of this worker's own. ``egress``: the
+        proxies the worker was configured with (none if None)."""
         self._client = client
         self._clock = clock
         self._shared_rate = shared_rate
+        self._egress = egress or Egress()
+        self._route: Route | None = None
+        self._tokens: TokenSource | None = None
         self.update(sub)
 
     def update(self, sub: Subscription) -> None:
         """Takes a subscription's new endpoint and limits; calls in flight finish as they are."""
         self.sub = sub
         self._target = Target.parse(sub.endpoint.url)
+        endpoint = sub.endpoint
+        # How calls leave (docs/security.md §4): None while the named proxy is unknown here,
+        # and every call then fails saying so.
+        self._route_error: str | None = None
+        try:
+            route: Route | None = Route(endpoint.tls, self._egress.proxy(endpoint.proxy))
+        except UnknownProxy as exc:
+            route, self._route_error = None, str(exc)
+        if route != self._route and self._route is not None:
+            self._client.forget_route(self._route)
+        self._route = route
+        held = self._tokens
+        if endpoint.oauth2 is None or route is None:
+            self._tokens = None
+        elif held is None or held.credentials != endpoint.oauth2 or held.route != route:
+            self._tokens = TokenSource(endpoint.oauth2, self._client, route)
         self._method = sub.endpoint.method.upper()
         self._timeout_s = sub.endpoint.timeout_ms / 1000
         # (HMAC key, expiry) of each signing secret: a rotation's previous secret stops
@@ -136,9 +160,7 @@ class WebhookSender:
             if tracestate is not None:
                 headers.append((H_TRACESTATE, tracestate))
         try:
-            response = await self._client.request(
-                self._method, self._target, headers, envelope.body, self._timeout_s
-            )
+            response = await self._authorized(headers, envelope.body)
         except (UnsafeRequest, RefusedAddress) as exc:
             return Outcome(Verdict.DEAD_LETTER, error=exc.reason, refused=True)
         except HttpError as exc:
@@ -149,3 +171,30 @@ class WebhookSender:
         if response.excerpt:
             outcome = replace(outcome, excerpt=response.excerpt.decode("utf-8", "replace"))
         return outcome
+
+    async def _authorized(self, headers: list[tuple[str, str]], body: bytes) -> Response:
+        """The call, over the subscription's route, with its OAuth2 token if it has one: a
+        401 drops the token and the call is made once more with a new one
+        (delivery/oauth2.py)."""
+        route = self._route
+        if route is None:
+            raise HttpError(self._route_error or "no route")
+        tokens = self._tokens
+        if tokens is None:
+            return await self._client.request(
+                self._method, self._target, headers, body, self._timeout_s, route
+            )
+        token = await tokens.token()
+        response = await self._bearer(headers, body, route, token)
+        if response.status != 401:
+            return response
+        tokens.drop(token)
+        return await self._bearer(headers, body, route, await tokens.token())
+
+    async def _bearer(
+        self, headers: list[tuple[str, str]], body: bytes, route: Route, token: str
+    ) -> Response:
+        sent = [*headers, ("authorization", f"Bearer {token}")]
+        return await self._client.request(
+            self._method, self._target, sent, body, self._timeout_s, route
+        )

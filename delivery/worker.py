@@ -21,7 +21,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
@@ -29,6 +29,7 @@ import redis
 from redis.asyncio import Redis
 
 from delivery.changelog import subscription_changelog
+from delivery.egress import Route
 from delivery.events import EventSink, Notifier
 from delivery.http import HttpClient
 from delivery.kafka_io import AsyncProducer, ConsumerThread, copy_producer_config
@@ -41,6 +42,7 @@ from delivery.views import SubscriptionView
 from delivery.watch import StateWatch
 from delivery.webhook import WebhookSender
 from setu import logs
+from setu.egress import Egress
 from setu.limits import MessageLimits
 from setu.loop_lag import LoopLag
 from setu.model import Notifications, Subscription, SubscriptionState, Topic
@@ -143,6 +145,8 @@ class Shared:
     consumer: Callable[..., ConsumerPort] = ConsumerThread
     watch: StateWatch | None = None
     ticker: Ticker | None = None
+    # The egress proxies webhook calls go through (docs/security.md §4).
+    egress: Egress = field(default_factory=Egress)
 
 
 def runner_parts(sub: Subscription, shared: Shared) -> RunnerParts:
@@ -155,7 +159,7 @@ def runner_parts(sub: Subscription, shared: Shared) -> RunnerParts:
     changelog = subscription_changelog(sub, shared.producer, shared.reader)
     return RunnerParts(
         store=DurableGroupStore(RedisGroupStore(client, sub.project, sub.name), changelog),
-        sender=WebhookSender(sub, shared.http, shared_rate=budget.take_rate),
+        sender=WebhookSender(sub, shared.http, shared_rate=budget.take_rate, egress=shared.egress),
         reader=shared.reader,
         copies=shared.producer,
         reports=RedisWorkers(client),
@@ -215,6 +219,7 @@ async def serve(
         copy_producer_config(settings.kafka_bootstrap, instance, limits, kafka), loop
     )
     http = HttpClient(allow_private=settings.allow_private_endpoints)
+    egress = settings.egress()
     topics = KafkaTopics(
         settings.kafka_bootstrap,
         replication_factor=settings.kafka_replication_factor,
@@ -240,6 +245,7 @@ async def serve(
         http,
         instance,
         metrics.events,
+        Route(proxy=egress.default),
     )
     # Its own connection: behind the runners' commands in the shared pool, the reading went
     # stale under load and every runner then asked Redis itself (delivery/watch.py).
@@ -267,6 +273,7 @@ async def serve(
         consumer,
         watch,
         Ticker(),
+        egress,
     )
     worker = Worker(
         source,

@@ -80,6 +80,33 @@ class Topic:
 
 
 @dataclass(frozen=True, slots=True)
+class EndpointTls:
+    """An https endpoint's TLS beyond the defaults (docs/security.md §4, "Protected
+    endpoints"), as PEM text: the client certificate and key shown for mutual TLS, and a CA
+    trusted beside the system's. ``client_key`` is a secret: out of the repr, sealed at rest,
+    write-only."""
+
+    client_certificate: str | None = None
+    client_key: str | None = field(default=None, repr=False)
+    ca_certificate: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OAuth2Credentials:
+    """OAuth2 client credentials whose tokens authorize an endpoint's calls (delivery/oauth2.py);
+    ``client_secret`` is a secret: out of the repr, sealed at rest, write-only."""
+
+    token_url: str
+    client_id: str
+    client_secret: str = field(repr=False)
+    scopes: tuple[str, ...] = ()
+    audience: str | None = None
+    # How the client authenticates to the token endpoint: "basic" (HTTP Basic) or "post"
+    # (client_id and client_secret in the form).
+    client_auth: str = "basic"
+
+
+@dataclass(frozen=True, slots=True)
 class Endpoint:
     url: str
     method: str = "POST"
@@ -87,6 +114,11 @@ class Endpoint:
     # kept out of the repr, sealed at rest, shown by name only.
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     timeout_ms: int = 10_000
+    tls: EndpointTls | None = None
+    oauth2: OAuth2Credentials | None = None
+    # The name of the egress proxy its calls go through (SETU_EGRESS_PROXIES); None: the
+    # default one (SETU_EGRESS_PROXY) if any, else none.
+    proxy: str | None = None
 
     @property
     def header_names(self) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from setu.egress import Egress
 from setu.kafka_security import KafkaSecurity, SaslMechanism, SecurityProtocol
 from setu.limits import DEFAULT_HTTP_HEAD_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_BYTES
 from setu.names import SHARED_INGEST_LOG, SHARED_INGEST_LOG_PATTERN
@@ -62,6 +63,12 @@ class Settings(BaseSettings):
     # connection) came: the connection is closed past it (api/server.py, docs/limits.md).
     http_head_timeout_ms: int = Field(default=DEFAULT_HTTP_HEAD_TIMEOUT_MS, ge=100)
     allow_private_endpoints: bool = False
+    # Egress proxies (docs/security.md §4): every webhook call is tunnelled through
+    # SETU_EGRESS_PROXY (http://[user:password@]host[:port]) unless its subscription names one
+    # of SETU_EGRESS_PROXIES (a JSON object of name to URL). Secrets: their URLs may carry
+    # credentials.
+    egress_proxy: SecretStr | None = None
+    egress_proxies: dict[str, SecretStr] = Field(default_factory=dict)
     # Security (docs/security.md). The bootstrap admin key, accepted besides stored keys.
     admin_key: SecretStr | None = None
     # Fernet key(s) sealing secrets at rest, comma-separated, the first one sealing
@@ -212,6 +219,12 @@ class Settings(BaseSettings):
         self.kafka_security()
         return self
 
+    @model_validator(mode="after")
+    def _egress_proxies_parse(self) -> Settings:
+        """A proxy URL that does not parse stops every process at its start."""
+        self.egress()
+        return self
+
     def shared_ingest_log(self) -> str | None:
         """The shared ingest log's name when ``SETU_INGEST_LOG=shared``, else None."""
         return self.ingest_log_topic if self.ingest_log == "shared" else None
@@ -234,6 +247,12 @@ class Settings(BaseSettings):
             key_password=self.kafka_ssl_key_password,
             verify_hostname=self.kafka_ssl_endpoint_identification,
         )
+
+    def egress(self) -> Egress:
+        """The egress proxies (SETU_EGRESS_PROXY, SETU_EGRESS_PROXIES), parsed."""
+        default = self.egress_proxy.get_secret_value() if self.egress_proxy else None
+        named = {name: url.get_secret_value() for name, url in self.egress_proxies.items()}
+        return Egress.parse(default, named)
 
     def kafka_client_config(self) -> dict[str, str]:
         """The librdkafka entries every Kafka client of Setu adds to its own settings."""

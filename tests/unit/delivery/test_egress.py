@@ -13,9 +13,15 @@ from dataclasses import dataclass, field
 import pytest
 import uvloop
 
-from delivery.egress import Proxy, Route, TlsSettings, tls_context
+from delivery.egress import Proxy, Route, tls_context
 from delivery.http import HttpClient, HttpError, RefusedAddress, Target
+from delivery.webhook import WebhookSender
 from setu.addresses import Resolver
+from setu.egress import Egress
+from setu.envelope import Envelope
+from setu.model import Endpoint as SubscriptionEndpoint
+from setu.model import EndpointTls, Subscription
+from setu.outcome import Verdict
 from tests.connect_proxy import ConnectProxy, running_proxy
 from tests.tls_material import Authority, server_context
 
@@ -96,10 +102,12 @@ async def test_an_endpoint_that_requires_a_client_certificate_gets_the_subscript
     client = HttpClient(allow_private=True, resolver=LOCAL)
     url = Target.parse(f"https://localhost:{mutual.port}/hook")
     identity = ca.client("orders-sub")
-    with_identity = Route(tls=TlsSettings(identity.certificate, identity.key, ca.certificate))
+    with_identity = Route(tls=EndpointTls(identity.certificate, identity.key, ca.certificate))
     # Given no client certificate, the handshake fails and nothing is delivered
     with pytest.raises(HttpError):
-        await client.request("POST", url, [], b"x", 5.0, Route(tls=TlsSettings(ca=ca.certificate)))
+        await client.request(
+            "POST", url, [], b"x", 5.0, Route(tls=EndpointTls(ca_certificate=ca.certificate))
+        )
     assert mutual.heads == []
     # With the subscription's certificate the call goes through, and the server saw it
     response = await client.request("POST", url, [], b"x", 5.0, with_identity)
@@ -120,13 +128,15 @@ async def test_a_server_certificate_of_a_private_ca_is_trusted_only_with_that_ca
     with pytest.raises(HttpError, match="CERTIFICATE_VERIFY_FAILED"):
         await client.request("POST", url, [], b"x", 5.0)
     response = await client.request(
-        "POST", url, [], b"x", 5.0, Route(TlsSettings(ca=ca.certificate))
+        "POST", url, [], b"x", 5.0, Route(EndpointTls(ca_certificate=ca.certificate))
     )
     assert response.status == 200
     # And the certificate is still checked against the endpoint's host name
     other = Target.parse(f"https://hook.invalid:{port}/hook")
     with pytest.raises(HttpError, match=r"CERTIFICATE_VERIFY_FAILED|match"):
-        await client.request("POST", other, [], b"x", 5.0, Route(TlsSettings(ca=ca.certificate)))
+        await client.request(
+            "POST", other, [], b"x", 5.0, Route(EndpointTls(ca_certificate=ca.certificate))
+        )
     server.close()
     client.close()
 
@@ -134,9 +144,9 @@ async def test_a_server_certificate_of_a_private_ca_is_trusted_only_with_that_ca
 def test_a_key_that_is_not_the_certificates_is_refused(ca: Authority) -> None:
     one, other = ca.client("a"), ca.client("b")
     with pytest.raises(ssl.SSLError):
-        tls_context(TlsSettings(one.certificate, other.key))
+        tls_context(EndpointTls(one.certificate, other.key))
     with pytest.raises(ValueError, match="private key"):
-        tls_context(TlsSettings(one.certificate, None))
+        tls_context(EndpointTls(one.certificate, None))
 
 
 async def test_a_call_through_the_proxy_asks_it_for_the_checked_address_not_the_name(
@@ -170,7 +180,7 @@ def test_mutual_tls_runs_end_to_end_inside_the_proxys_tunnel(ca: Authority, loop
             client = HttpClient(allow_private=True, resolver=LOCAL)
             identity = ca.client("tunnelled")
             route = Route(
-                TlsSettings(identity.certificate, identity.key, ca.certificate),
+                EndpointTls(identity.certificate, identity.key, ca.certificate),
                 Proxy.parse(proxy.url),
             )
             url = Target.parse(f"https://localhost:{endpoint.port}/hook")
@@ -221,3 +231,28 @@ def test_a_proxy_url_is_http_with_a_host_and_nothing_else() -> None:
     for wrong in ("https://proxy.corp", "proxy.corp:3128", "http://proxy.corp/x", "http://"):
         with pytest.raises(ValueError, match="proxy URL"):
             Proxy.parse(wrong)
+
+
+async def test_a_subscription_goes_through_the_proxy_it_names_or_the_default(
+    plain: Endpoint,
+) -> None:
+    async with (
+        running_proxy(ConnectProxy()) as default,
+        running_proxy(ConnectProxy()) as named,
+    ):
+        egress = Egress.parse(default.url, {"eu": named.url})
+        client = HttpClient(allow_private=True, resolver=LOCAL)
+        url = f"http://hook.invalid:{plain.port}/hook"
+        plain_sub = Subscription("p", "a", "t", SubscriptionEndpoint(url))
+        eu_sub = Subscription("p", "b", "t", SubscriptionEndpoint(url, proxy="eu"))
+        for sub in (plain_sub, eu_sub):
+            sender = WebhookSender(sub, client, egress=egress)
+            assert (await sender.send(Envelope("m", b"{}"), 1)).verdict is Verdict.DELIVERED
+        assert (len(default.asked), len(named.asked)) == (1, 1)
+        # A proxy this worker does not know fails the call, saying so, and reaches nobody
+        unknown = Subscription("p", "c", "t", SubscriptionEndpoint(url, proxy="us"))
+        outcome = await WebhookSender(unknown, client, egress=egress).send(Envelope("m", b""), 1)
+        assert outcome.verdict is Verdict.RETRY
+        assert "egress proxy 'us' is not configured here" in (outcome.error or "")
+        assert len(plain.heads) == 2
+        client.close()
