@@ -88,20 +88,21 @@ async def resolve(resolver: Resolver, host: str) -> list[IPAddress]:
     return addresses
 
 
-async def check_endpoint(s: Services, url: str) -> None:
+async def check_endpoint(s: Services, url: str, field: str = "endpoint.url") -> None:
     """Refuses private and loopback webhooks unless settings allow them, and hosts that do not
-    resolve within 2 s: a check that cannot be made fails closed (docs/security.md §4)."""
-    host = endpoint_host(url)
+    resolve within 2 s: a check that cannot be made fails closed (docs/security.md §4).
+    ``field`` names the URL in errors (an OAuth2 token URL is checked the same way)."""
+    host = endpoint_host(url, field)
     if s.settings.allow_private_endpoints:
         return
-    refuse_private(host, [], allow_private=False)  # literal addresses and local names
+    refuse_private(host, [], allow_private=False, field=field)  # literals and local names
     resolved = await resolve(s.resolver, host)
     if not resolved:
         raise InvalidInput(
-            f"endpoint.url host {shown(host)} does not resolve (within "
+            f"{field} host {shown(host)} does not resolve (within "
             f"{_RESOLVE_TIMEOUT_S:g} s); use a name with a public DNS record"
         )
-    refuse_private(host, resolved, allow_private=False)
+    refuse_private(host, resolved, allow_private=False, field=field)
 
 
 async def create_subscription(s: Services, sub: Subscription) -> tuple[Subscription, bool]:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from api.endpoint_access import access_view
 from api.responses import Out
 from setu import names
 from setu.access import ApiKey
@@ -108,11 +109,45 @@ class TopicCreate(Body):
     )
 
 
+# The longest PEM text a subscription may hold in one field (a certificate chain, say).
+MAX_PEM_CHARS = 32 * 1024
+Scope = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\x21\x23-\x5b\x5d-\x7e]+$")]
+
+
+class EndpointTlsBody(Body):
+    """TLS beyond the defaults (docs/security.md §4): a client certificate and its key for
+    mutual TLS, and a CA trusted beside the system's (for the endpoint and the OAuth2 token
+    endpoint). PEM text; ``client_key`` is write-only."""
+
+    client_certificate: str | None = Field(None, min_length=1, max_length=MAX_PEM_CHARS)
+    client_key: str | None = Field(None, min_length=1, max_length=MAX_PEM_CHARS)
+    ca_certificate: str | None = Field(None, min_length=1, max_length=MAX_PEM_CHARS)
+
+
+class OAuth2Body(Body):
+    """OAuth2 client credentials (RFC 6749 §4.4): each call carries a bearer token from
+    ``token_url`` (https). ``client_secret`` is write-only."""
+
+    token_url: str = Field(max_length=2048, examples=["https://auth.example.com/oauth/token"])
+    client_id: str = Field(min_length=1, max_length=256)
+    client_secret: str = Field(min_length=1, max_length=1024)
+    scopes: list[Scope] = Field(default_factory=list, max_length=32)
+    audience: str | None = Field(None, min_length=1, max_length=512)
+    # How the client authenticates to the token endpoint: HTTP Basic, or in the form.
+    client_auth: Literal["basic", "post"] = "basic"
+
+
 class EndpointBody(Body):
     url: str = Field(max_length=2048, examples=["https://hooks.example.com/orders"])
     method: Literal["POST", "PUT", "PATCH"] = "POST"
     headers: dict[str, str] = Field(default_factory=dict, max_length=64)
     timeout_ms: int = Field(10_000, ge=MIN_TIMEOUT_MS, le=MAX_TIMEOUT_MS)
+    # Left out on PUT: as stored (for the same origin); null: none.
+    tls: EndpointTlsBody | None = None
+    oauth2: OAuth2Body | None = None
+    # The name of one of the installation's egress proxies (SETU_EGRESS_PROXIES); null: the
+    # default one (SETU_EGRESS_PROXY), if any.
+    proxy: Name | None = None
 
 
 class RetryBody(Body):
@@ -282,6 +317,7 @@ def subscription_view(sub: Subscription) -> dict[str, Any]:
             "method": sub.endpoint.method,
             "header_names": sub.endpoint.header_names,
             "timeout_ms": sub.endpoint.timeout_ms,
+            **access_view(sub.endpoint),
         },
         "retry": {
             "delays_ms": list(sub.retry.delays_ms),
@@ -361,12 +397,38 @@ class TopicsOut(Out):
     topics: list[TopicOut]
 
 
+class CertificateOut(Out):
+    subject: str
+    not_after_ms: int
+    sha256: str  # the certificate's fingerprint, hex
+
+
+class EndpointTlsOut(Out):
+    client_certificate: CertificateOut | None
+    # The key is write-only: whether one is held.
+    has_client_key: bool
+    ca_certificate: CertificateOut | None
+
+
+class OAuth2Out(Out):
+    token_url: str
+    client_id: str
+    scopes: list[str]
+    audience: str | None
+    client_auth: str
+    # The client secret is write-only: whether one is held.
+    has_client_secret: bool
+
+
 class EndpointOut(Out):
     url: str
     method: str
     # The names of the headers sent with every call; their values are write-only.
     header_names: list[str]
     timeout_ms: int
+    tls: EndpointTlsOut | None
+    oauth2: OAuth2Out | None
+    proxy: str | None
 
 
 class RetryOut(Out):

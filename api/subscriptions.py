@@ -22,9 +22,11 @@ from starlette.responses import Response
 
 from api import control
 from api.auth import allow, authorize
-from api.context import blocking, services
+from api.context import Services, blocking, services
+from api.endpoint_access import check_oauth2, check_proxy, check_tls
 from api.responses import reply
 from api.schemas import (
+    EndpointBody,
     SecretRotation,
     SigningSecretsOut,
     StateOut,
@@ -42,6 +44,7 @@ from api.schemas import (
 from api.validation import check_endpoint_headers, check_signing_secret, endpoint_origin
 from setu.access import Permission
 from setu.clock import now_ms
+from setu.egress import Egress
 from setu.errors import DependencyUnavailable, InvalidInput
 from setu.model import (
     DeadLetterPolicy,
@@ -78,9 +81,11 @@ def to_subscription(
     signing_secrets: tuple[SigningSecret, ...],
     default_grouped: bool,
     current: Policies | None = None,
+    egress: Egress | None = None,
 ) -> Subscription:
     """The subscription a request describes (pure; the endpoint host is checked elsewhere).
-    ``current``: the stored policies of a subscription being replaced."""
+    ``current``: the stored policies of a subscription being replaced; ``egress``: the
+    installation's egress proxies (none if None)."""
     return Subscription(
         project=project,
         name=validate_name("subscription", name),
@@ -91,6 +96,9 @@ def to_subscription(
             method=config.endpoint.method,
             headers=check_endpoint_headers(config.endpoint.headers.items()),
             timeout_ms=config.endpoint.timeout_ms,
+            tls=check_tls(config.endpoint, now_ms()),
+            oauth2=check_oauth2(config.endpoint),
+            proxy=check_proxy(config.endpoint.proxy, egress or Egress()),
         ),
         retry=RetryPolicy(
             delays_ms=tuple(config.retry.delays_ms),
@@ -123,7 +131,7 @@ def to_subscription(
 @allow(Permission.MANAGE)
 async def create_subscription(request: Request, project: str, body: SubscriptionCreate) -> Response:
     s = services(request)
-    await control.check_endpoint(s, body.endpoint.url)
+    await check_endpoints(s, body.endpoint)
     topic = await blocking(s.store.get_topic, project, validate_name("topic", body.topic))
     sub = to_subscription(
         project,
@@ -132,9 +140,17 @@ async def create_subscription(request: Request, project: str, body: Subscription
         body,
         signing_secrets=new_secrets(body.signing_secret),
         default_grouped=topic.grouped,
+        egress=s.settings.egress(),
     )
     stored, created = await control.create_subscription(s, sub)
     return reply(SubscriptionOut, subscription_view(stored), 201 if created else 200)
+
+
+async def check_endpoints(s: Services, endpoint: EndpointBody) -> None:
+    """The webhook URL's host, and the OAuth2 token URL's, by the address rule."""
+    await control.check_endpoint(s, endpoint.url)
+    if endpoint.oauth2 is not None:
+        await control.check_endpoint(s, endpoint.oauth2.token_url, "endpoint.oauth2.token_url")
 
 
 def new_secret(value: str) -> SigningSecret:
@@ -192,7 +208,7 @@ async def update_subscription(
     current = await blocking(s.store.get_subscription, project, subscription)
     if body.topic is not None and body.topic != current.topic:
         raise InvalidInput("topic of a subscription cannot change; create another subscription")
-    await control.check_endpoint(s, body.endpoint.url)
+    await check_endpoints(s, body.endpoint)
     topic = await blocking(s.store.get_topic, project, current.topic)
     kept = "signing_secret" not in body.model_fields_set
     sub = to_subscription(
@@ -207,15 +223,25 @@ async def update_subscription(
         ),
         default_grouped=current.grouped,
         current=current.policies,
+        egress=s.settings.egress(),
     )
-    if "headers" not in body.endpoint.model_fields_set and endpoint_origin(
-        body.endpoint.url
-    ) == endpoint_origin(current.endpoint.url):
-        # Header values are kept for the server they were given for, never taken to another
-        # one: a new origin gets only the headers its request sends (docs/security.md §5).
-        sub = dataclasses.replace(
-            sub, endpoint=dataclasses.replace(sub.endpoint, headers=current.endpoint.headers)
-        )
+    if endpoint_origin(body.endpoint.url) == endpoint_origin(current.endpoint.url):
+        # Header values, TLS and OAuth2 settings a request leaves out are kept for the server
+        # they were given for, never taken to another one: a new origin gets only what its
+        # request sends (docs/security.md §5).
+        given = body.endpoint.model_fields_set
+        stored = {
+            field: getattr(current.endpoint, field)
+            for field in ("headers", "tls", "oauth2")
+            if field not in given
+        }
+        sub = dataclasses.replace(sub, endpoint=dataclasses.replace(sub.endpoint, **stored))
+        if sub.endpoint.oauth2 is not None and any(
+            name.lower() == "authorization" for name, _ in sub.endpoint.headers
+        ):
+            raise InvalidInput(
+                "endpoint.headers: 'Authorization' is set by Setu when endpoint.oauth2 is given"
+            )
     updated = await control.update_subscription(s, sub, body.version)
     return reply(SubscriptionOut, subscription_view(updated))
 

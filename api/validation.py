@@ -64,35 +64,33 @@ def check_endpoint_headers(pairs: Iterable[tuple[str, str]]) -> tuple[tuple[str,
     return tuple(out)
 
 
-def endpoint_host(url: str) -> str:
+def endpoint_host(url: str, field: str = "endpoint.url") -> str:
     """The host of a webhook URL, after checking the URL's form: http(s), a host, no
     credentials (they belong in endpoint headers, where GET does not echo them in a URL), no
     space or control character (it would go out inside the request line), a host name DNS
     can carry."""
     if any(c <= " " or c == "\x7f" for c in url):
-        raise InvalidInput("endpoint.url may not contain spaces or control characters")
+        raise InvalidInput(f"{field} may not contain spaces or control characters")
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise InvalidInput(f"endpoint.url: {exc}") from None
+        raise InvalidInput(f"{field}: {exc}") from None
     if parts.scheme not in ("http", "https"):
-        raise InvalidInput("endpoint.url must start with http:// or https://")
+        raise InvalidInput(f"{field} must start with http:// or https://")
     if not parts.hostname:
-        raise InvalidInput("endpoint.url has no host")
+        raise InvalidInput(f"{field} has no host")
     if parts.username is not None or parts.password is not None:
-        raise InvalidInput("endpoint.url may not carry credentials; use endpoint.headers")
+        raise InvalidInput(f"{field} may not carry credentials; use endpoint.headers")
     if port == 0:
-        raise InvalidInput("endpoint.url has port 0")
+        raise InvalidInput(f"{field} has port 0")
     host = parts.hostname
     try:
         encoded = host.encode("idna")
     except UnicodeError as exc:  # a label over 63 characters, say
-        raise InvalidInput(
-            f"endpoint.url host {host[:80]!r} is not a valid host name: {exc}"
-        ) from None
+        raise InvalidInput(f"{field} host {host[:80]!r} is not a valid host name: {exc}") from None
     if len(encoded) > 253:
-        raise InvalidInput("endpoint.url host is longer than 253 characters")
+        raise InvalidInput(f"{field} host is longer than 253 characters")
     return host
 
 
@@ -126,14 +124,16 @@ async def known_query_only(request: Request) -> None:
         raise InvalidInput(f"query parameter(s) given more than once: {', '.join(repeated)}")
 
 
-def refuse_private(host: str, resolved: Iterable[IPAddress], allow_private: bool) -> None:
+def refuse_private(
+    host: str, resolved: Iterable[IPAddress], allow_private: bool, field: str = "endpoint.url"
+) -> None:
     """Refuses a webhook host that is, or resolves to, a private or loopback address."""
     if allow_private:
         return
     private = literal_host_is_private(host) or any(is_private_address(a) for a in resolved)
     if private:
         raise InvalidInput(
-            f"endpoint.url host {host!r} is private or loopback; "
+            f"{field} host {host!r} is private or loopback; "
             "set SETU_ALLOW_PRIVATE_ENDPOINTS=true to allow such endpoints"
         )
 

@@ -2,10 +2,8 @@
 (docs/security.md §4, "Protected endpoints").
 
 - :class:`setu.model.EndpointTls`: a client certificate and key for mutual TLS, and a CA to
-  trust beside the system's, as PEM text. A context is made once per distinct setting
-  (:func:`tls_context`). Python's ``ssl`` loads a certificate chain only from a file, so the
-  certificate and key are written to a file of a private directory (mode 0600), loaded, and the
-  file removed at once.
+  trust beside the system's, as PEM text; the client makes one context per distinct setting
+  (:func:`setu.egress.tls_context`).
 - :class:`Proxy`: an HTTP proxy every connection is tunnelled through with ``CONNECT``. The
   tunnel is asked for the *address* Setu resolved and checked (the SSRF rule), never for the
   host name: the proxy does no lookup of its own, so a name that resolves inward at the proxy
@@ -17,11 +15,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import ssl
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import cast
 
 from setu.egress import Proxy
@@ -44,28 +39,6 @@ class Route:
 
 
 DIRECT = Route()
-
-
-def tls_context(settings: EndpointTls | None) -> ssl.SSLContext:
-    """A verifying client context: the system's CAs, plus ``settings``' CA and client
-    certificate. Raises :class:`ssl.SSLError` or :class:`ValueError` on PEM that does not
-    load (a key that does not match its certificate, say)."""
-    context = ssl.create_default_context()
-    if settings is None:
-        return context
-    if settings.ca_certificate:
-        context.load_verify_locations(cadata=settings.ca_certificate)
-    certificate, key = settings.client_certificate, settings.client_key
-    if certificate or key:
-        if not (certificate and key):
-            raise ValueError("a client certificate goes with its private key")
-        with tempfile.TemporaryDirectory(prefix="setu-tls-") as private:
-            path = Path(private) / "identity.pem"
-            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(descriptor, "w") as out:
-                out.write(certificate.strip() + "\n" + key.strip() + "\n")
-            context.load_cert_chain(path)
-    return context
 
 
 class _TunnelOpening(asyncio.Protocol):

@@ -43,8 +43,9 @@ from urllib.parse import SplitResult, urlsplit
 
 import httptools
 
-from delivery.egress import DIRECT, Route, TunnelError, open_tunnel, tls_context
+from delivery.egress import DIRECT, Route, TunnelError, open_tunnel
 from setu.addresses import Resolver, is_private_address, system_resolver
+from setu.egress import tls_context
 
 # Idle connections kept per origin beyond this are closed.
 DEFAULT_MAX_IDLE = 512

@@ -1,12 +1,23 @@
-"""Egress proxies: the HTTP proxies webhook calls are tunnelled through (docs/security.md §4,
-"Protected endpoints"; the tunnel itself is delivery/egress.py)."""
+"""How webhook calls leave Setu (docs/security.md §4, "Protected endpoints"): the egress
+proxies they are tunnelled through (the tunnel itself is delivery/egress.py), and the TLS
+context a subscription's settings make.
+
+Python's ``ssl`` loads a certificate chain only from a file, so :func:`tls_context` writes the
+client certificate and key to a file of a private directory (mode 0600), loads it, and removes
+it at once."""
 
 from __future__ import annotations
 
 import base64
+import os
+import ssl
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
+
+from setu.model import EndpointTls
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,3 +84,25 @@ class Egress:
             raise UnknownProxy(
                 f"egress proxy {name!r} is not configured here (SETU_EGRESS_PROXIES)"
             ) from None
+
+
+def tls_context(settings: EndpointTls | None) -> ssl.SSLContext:
+    """A verifying client context: the system's CAs, plus ``settings``' CA and client
+    certificate. Raises :class:`ssl.SSLError` or :class:`ValueError` on PEM that does not
+    load (a key that does not match its certificate, say)."""
+    context = ssl.create_default_context()
+    if settings is None:
+        return context
+    if settings.ca_certificate:
+        context.load_verify_locations(cadata=settings.ca_certificate)
+    certificate, key = settings.client_certificate, settings.client_key
+    if certificate or key:
+        if not (certificate and key):
+            raise ValueError("a client certificate goes with its private key")
+        with tempfile.TemporaryDirectory(prefix="setu-tls-") as private:
+            path = Path(private) / "identity.pem"
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as out:
+                out.write(certificate.strip() + "\n" + key.strip() + "\n")
+            context.load_cert_chain(path)
+    return context

@@ -35,7 +35,9 @@ from setu.errors import Conflict, NotFound
 from setu.model import (
     DeadLetterPolicy,
     Endpoint,
+    EndpointTls,
     Notifications,
+    OAuth2Credentials,
     ProduceQuota,
     Project,
     RetryPolicy,
@@ -108,6 +110,8 @@ class SubscriptionCodec:
                 method=row.endpoint_method,
                 headers=tuple((str(k), self._sealer.open(str(v))) for k, v in row.endpoint_headers),
                 timeout_ms=row.endpoint_timeout_ms,
+                proxy=row.endpoint_proxy,
+                **self.open_access(row.endpoint_access),
             ),
             retry=RetryPolicy(
                 delays_ms=tuple(int(d) for d in row.retry_delays_ms),
@@ -136,6 +140,8 @@ class SubscriptionCodec:
             "endpoint_method": sub.endpoint.method,
             "endpoint_headers": [[k, self._sealer.seal(v)] for k, v in sub.endpoint.headers],
             "endpoint_timeout_ms": sub.endpoint.timeout_ms,
+            "endpoint_access": self.seal_access(sub.endpoint),
+            "endpoint_proxy": sub.endpoint.proxy,
             "retry_delays_ms": list(sub.retry.delays_ms),
             "retryable_codes": (
                 None if sub.retry.retryable_codes is None else list(sub.retry.retryable_codes)
@@ -151,10 +157,33 @@ class SubscriptionCodec:
         """The secret columns of ``row`` sealed again under the first key."""
         reseal = self._sealer.reseal
         sealed = row.signing_secrets
+        access = row.endpoint_access
         return {
             "endpoint_headers": [[k, reseal(str(v))] for k, v in row.endpoint_headers],
             "signing_secrets": None if sealed is None else reseal(sealed),
+            "endpoint_access": None if access is None else reseal(access),
         }
+
+    def seal_access(self, endpoint: Endpoint) -> str | None:
+        """The endpoint's TLS and OAuth2 settings, sealed as one JSON object."""
+        if endpoint.tls is None and endpoint.oauth2 is None:
+            return None
+        held = {
+            "tls": None if endpoint.tls is None else dataclasses.asdict(endpoint.tls),
+            "oauth2": None if endpoint.oauth2 is None else dataclasses.asdict(endpoint.oauth2),
+        }
+        return self._sealer.seal(json.dumps(held))
+
+    def open_access(self, sealed: str | None) -> dict[str, Any]:
+        """``tls`` and ``oauth2`` of an Endpoint, from what :meth:`seal_access` made."""
+        if sealed is None:
+            return {}
+        held = json.loads(self._sealer.open(sealed))
+        oauth2 = held.get("oauth2")
+        if oauth2 is not None:
+            oauth2 = OAuth2Credentials(**{**oauth2, "scopes": tuple(oauth2.get("scopes", ()))})
+        tls = held.get("tls")
+        return {"tls": None if tls is None else EndpointTls(**tls), "oauth2": oauth2}
 
     def seal_secrets(self, held: tuple[SigningSecret, ...]) -> str | None:
         if not held:

@@ -66,6 +66,11 @@ subscriptions = sa.Table(
     # JSON list of [name, sealed value] pairs, in order (state.sealing).
     sa.Column("endpoint_headers", sa.JSON, nullable=False),
     sa.Column("endpoint_timeout_ms", sa.Integer, nullable=False),
+    # The endpoint's TLS and OAuth2 settings as one sealed JSON object (state.sealing,
+    # SubscriptionCodec); NULL when it has neither.
+    sa.Column("endpoint_access", sa.Text, nullable=True),
+    # The egress proxy it names (docs/security.md §4); NULL: the default one.
+    sa.Column("endpoint_proxy", sa.String(64), nullable=True),
     sa.Column("retry_delays_ms", sa.JSON, nullable=False),
     # NULL means the default retryable codes.
     sa.Column("retryable_codes", sa.JSON, nullable=True),

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from setu.names import dlq_topic, retry_topic
 from tests.integration.api.support import ADMIN_KEY, SECRET_KEY, Api, running_api, unique
+from tests.tls_material import Authority
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -28,6 +29,7 @@ def planted() -> dict[str, str]:
         "signing secret": "whsec_" + secrets.token_urlsafe(24),
         "next signing secret": "whsec_" + secrets.token_urlsafe(24),
         "header value": "Bearer hv-" + secrets.token_urlsafe(24),
+        "oauth2 client secret": "cs-" + secrets.token_urlsafe(24),
     }
 
 
@@ -63,15 +65,33 @@ async def test_no_secret_reaches_logs_answers_metrics_or_rows_even_through_a_500
         )
         plant["api key"] = made.json()["key"]
         owner = {"Authorization": f"Bearer {plant['api key']}"}
+        identity = Authority().client("orders")
+        # The private key's base64 body, without its PEM armour
+        plant["client key"] = "".join(identity.key.strip().splitlines()[1:-1])
         body = {
             "name": "s",
             "topic": "t",
-            "endpoint": {"url": HOOK, "headers": {"Authorization": plant["header value"]}},
+            "endpoint": {
+                "url": HOOK,
+                "headers": {"X-Api-Key": plant["header value"]},
+                "tls": {"client_certificate": identity.certificate, "client_key": identity.key},
+                "oauth2": {
+                    "token_url": "https://auth.example.com/oauth/token",
+                    "client_id": "setu",
+                    "client_secret": plant["oauth2 client secret"],
+                },
+            },
             "signing_secret": plant["signing secret"],
         }
         # Given every path that takes a secret: create, rotate, PUT, bad requests
+        created = await api.client.post(subs, json=body, headers=owner)
+        assert created.status_code == 201, created.text
+        answers.append(created.text)
+        # (held, and said to be)
+        assert created.json()["endpoint"]["tls"]["has_client_key"] is True
+        assert created.json()["endpoint"]["oauth2"]["has_client_secret"] is True
+        other = Authority().client("other")
         for request in (
-            api.client.post(subs, json=body, headers=owner),
             api.client.get(f"{subs}/s", headers=owner),
             api.client.post(
                 f"{subs}/s/signing-secrets",
@@ -84,6 +104,22 @@ async def test_no_secret_reaches_logs_answers_metrics_or_rows_even_through_a_500
                 headers=owner,
             ),
             api.client.post(subs, json={**body, "endpoint": {"url": "ftp://x"}}, headers=owner),
+            # a key that is not the certificate's, the planted one beside it
+            api.client.post(
+                subs,
+                json={
+                    **body,
+                    "name": "s3",
+                    "endpoint": {
+                        **body["endpoint"],  # type: ignore[dict-item]
+                        "tls": {
+                            "client_certificate": other.certificate,
+                            "client_key": identity.key,
+                        },
+                    },
+                },
+                headers=owner,
+            ),
             api.client.get(subs, headers=owner),
             api.client.get("/metrics"),
         ):

@@ -4,8 +4,6 @@ Redis, a webhook receiver on 127.0.0.1 whose answers each test chooses, and a de
 
 from __future__ import annotations
 
-import secrets
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,8 +25,8 @@ from tests.integration.delivery.support import (
     World,
     delete_subscription_group,
     served_receiver,
+    serving_api,
 )
-from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -104,29 +102,5 @@ def start_process(world: World, tmp_path: Path) -> Iterator[Callable[..., Proces
 @pytest.fixture
 def api(world: World) -> Iterator[httpx.Client]:
     """The HTTP API on the test's database, Kafka and Redis, served by uvicorn in a thread."""
-    import socket
-
-    import uvicorn
-
-    from api.app import create_app
-
-    admin_key = secrets.token_urlsafe(32)
-    app = create_app(world.settings(allow_private_endpoints=True, admin_key=admin_key))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait_for("the API to start", lambda: server.started, 30)
-    port = sock.getsockname()[1]
-    try:
-        with httpx.Client(
-            base_url=f"http://127.0.0.1:{port}",
-            timeout=30,
-            headers={"Authorization": f"Bearer {admin_key}"},
-        ) as client:
-            yield client
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    with serving_api(world) as client:
+        yield client

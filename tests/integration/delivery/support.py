@@ -8,6 +8,8 @@ import asyncio
 import dataclasses
 import json
 import os
+import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -429,3 +431,34 @@ class Outage:
 
     def end(self) -> None:
         self.down.clear()
+
+
+@contextmanager
+def serving_api(world: World, **overrides: Any) -> Iterator[httpx.Client]:
+    """The HTTP API on ``world``'s database, Kafka and Redis (and ``overrides`` of its
+    settings), served by uvicorn in a thread; a client with the admin key."""
+    import uvicorn
+
+    from api.app import create_app
+
+    admin_key = secrets.token_urlsafe(32)
+    settings = world.settings(allow_private_endpoints=True, admin_key=admin_key, **overrides)
+    app = create_app(settings)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait_for("the API to start", lambda: server.started, 30)
+    port = sock.getsockname()[1]
+    try:
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}",
+            timeout=30,
+            headers={"Authorization": f"Bearer {admin_key}"},
+        ) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()

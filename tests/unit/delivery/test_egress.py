@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 import pytest
 import uvloop
 
-from delivery.egress import Proxy, Route, tls_context
+from delivery.egress import Route
 from delivery.http import HttpClient, HttpError, RefusedAddress, Target
 from delivery.webhook import WebhookSender
 from setu.addresses import Resolver
-from setu.egress import Egress
+from setu.egress import Egress, Proxy, tls_context
 from setu.envelope import Envelope
 from setu.model import Endpoint as SubscriptionEndpoint
 from setu.model import EndpointTls, Subscription
