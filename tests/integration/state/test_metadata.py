@@ -13,7 +13,9 @@ from setu.errors import Conflict, DependencyUnavailable, NotFound
 from setu.model import (
     DeadLetterPolicy,
     Endpoint,
+    EndpointTls,
     Notifications,
+    OAuth2Credentials,
     Project,
     RetryPolicy,
     SigningSecret,
@@ -288,13 +290,21 @@ def test_secrets_are_sealed_at_rest_and_rotate_with_the_key(database_url: str) -
     store = MetadataStore(database_url, Sealer([key_a]))
     store.create_project(Project("p"))
     store.create_topic(Topic("p", "t", grouped=True, partitions=3, retention_hours=5))
-    store.create_subscription(subscription())
+    # and a client key and OAuth2 client secret (docs/security.md §4)
+    access = dataclasses.replace(
+        subscription().endpoint,
+        tls=EndpointTls("CERT-PEM", "KEY-PEM-k3y", "CA-PEM"),
+        oauth2=OAuth2Credentials("https://a.example.com/t", "c", "cs-s3cret", ("x",), None),
+        proxy="corp",
+    )
+    store.create_subscription(dataclasses.replace(subscription(), endpoint=access))
     store.set_notifications(
         Notifications("p", "https://ops.example.com/e", ("group.parked",), "whsec_n")
     )
     # Then the rows hold none of the values
     raw = raw_subscriptions(store)
-    assert "Bearer a" not in raw and "whsec_x" not in raw
+    for value in ("Bearer a", "whsec_x", "KEY-PEM-k3y", "cs-s3cret"):
+        assert value not in raw, value
     with store._tx() as conn:
         assert "whsec_n" not in str(conn.execute(sa.select(notifications)).all())
     store.close()
@@ -306,6 +316,7 @@ def test_secrets_are_sealed_at_rest_and_rotate_with_the_key(database_url: str) -
     only_b = MetadataStore(database_url, Sealer([key_b]))
     try:
         sub = only_b.get_subscription("p", "s")
+        assert sub.endpoint == access
         assert sub.endpoint.headers == (("Authorization", "Bearer a"),)
         assert [s.value for s in sub.signing_secrets] == ["whsec_x"]
         assert only_b.get_notifications("p").signing_secret == "whsec_n"
