@@ -170,6 +170,14 @@ def test_redis_behind_sentinel_is_a_value_and_its_password_a_secret() -> None:
     assert values["config"]["SETU_DEAD_LETTER_RETENTION_HOURS"] == ""
 
 
+def test_egress_proxies_are_secrets_the_settings_read() -> None:
+    # Their URLs may carry a proxy's credentials (docs/security.md §4)
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for name in ("SETU_EGRESS_PROXY", "SETU_EGRESS_PROXIES"):
+        assert name in values["secrets"] and name not in values["config"]
+        assert name.removeprefix("SETU_").lower() in Settings.model_fields
+
+
 def test_chart_metadata() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2"
