@@ -99,6 +99,8 @@ def check_tls(body: EndpointBody, now_ms: int) -> EndpointTls | None:
     tls = EndpointTls(given.client_certificate, given.client_key, given.ca_certificate)
     try:
         tls_context(tls)
+    except ValueError as exc:  # an encrypted key
+        raise InvalidInput(f"endpoint.tls.client_key: {exc}") from None
     except ssl.SSLError as exc:
         which = "client_key" if given.client_key is not None else "ca_certificate"
         # The reason only (KEY_VALUES_MISMATCH, ...), never the key's text.

@@ -355,7 +355,11 @@ class HttpClient:
             if origin.scheme == "https":
                 tls = self._contexts.get(route.tls)
                 if tls is None:
-                    tls = self._contexts[route.tls] = tls_context(route.tls)
+                    try:
+                        tls = self._contexts[route.tls] = tls_context(route.tls)
+                    except (ssl.SSLError, ValueError) as exc:
+                        # Checked when stored; a call fails rather than the runner if not.
+                        raise HttpError(f"TLS settings do not load: {exc}") from None
             pool = self._pools[origin, route] = _Pool(origin, route, tls, self._max_idle)
         return pool
 

@@ -104,5 +104,10 @@ def tls_context(settings: EndpointTls | None) -> ssl.SSLContext:
             descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(descriptor, "w") as out:
                 out.write(certificate.strip() + "\n" + key.strip() + "\n")
-            context.load_cert_chain(path)
+            # No password: an encrypted key fails here instead of OpenSSL asking a terminal.
+            context.load_cert_chain(path, password=_no_password)
     return context
+
+
+def _no_password() -> bytes:
+    raise ValueError("an encrypted client_key is not supported: give the key unencrypted")

@@ -65,6 +65,18 @@ def test_tls_settings_calls_would_fail_on_are_refused(tls: dict[str, str], error
     assert CLIENT.key not in str(refused.value)
 
 
+def test_an_encrypted_key_is_refused_without_asking_for_a_password() -> None:
+    key = serialization.load_pem_private_key(CLIENT.key.encode(), None)
+    encrypted = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"pass"),
+    ).decode()
+    given = body(tls={"client_certificate": CLIENT.certificate, "client_key": encrypted})
+    with pytest.raises(InvalidInput, match="encrypted client_key is not supported"):
+        check_tls(given, now_ms())
+
+
 def test_an_expired_client_certificate_is_refused_naming_when() -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "old")])
