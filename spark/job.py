@@ -37,6 +37,7 @@ from urllib.parse import urlparse
 import redis
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
+from py4j.protocol import Py4JNetworkError
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
@@ -222,6 +223,16 @@ def lost_an_executor(exc: BaseException) -> bool:
     return "ExecutorLostFailure" in str(exc)
 
 
+def jvm_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` says the driver's JVM is gone: Py4J lost its connection to it."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, Py4JNetworkError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def root_cause(exc: BaseException, limit: int = 500) -> str:
     """The innermost exception's line of a Spark error, not the query plan it carries."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
@@ -323,7 +334,10 @@ def keep_running(
         except operator_job.SlotsShort:
             raise  # the session is built again, larger (run)
         except Exception as exc:
-            if stopping.is_set():
+            if stopping.is_set() or jvm_gone(exc):
+                # No query can start on a JVM that died (killed for memory, say): the process
+                # exits, and its supervisor starts a new one, at once rather than after every
+                # restart in a row failed (five minutes, the pod not serving all along).
                 raise
             # A batch committed since the last start, or a query that ran a while (a real-time
             # batch lasts SETU_SPARK_REALTIME_BATCH_S): the failure is not a standing one.

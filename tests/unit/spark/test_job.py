@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from py4j.protocol import Py4JNetworkError
 
 from setu.settings import Settings
 from spark import job, operator_job
@@ -247,6 +248,25 @@ def test_a_query_that_keeps_failing_without_a_batch_ends_the_job() -> None:
             start_query, threading.Event(), Reporter(), lambda: 0, backoff=lambda n: 0.0
         )
     assert len(starts) == job.QUERY_RESTARTS + 1
+
+
+def test_a_dead_jvm_ends_the_job_at_once() -> None:
+    # The ingest pod's JVM was killed for memory: every later start failed the same way, and
+    # the job went on starting queries for five minutes, serving nothing
+    starts = []
+
+    def start_query() -> FakeQuery:
+        starts.append(1)
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except ConnectionRefusedError as refused:
+            raise Py4JNetworkError("An error occurred while trying to connect") from refused
+
+    with pytest.raises(Py4JNetworkError):
+        job.keep_running(  # type: ignore[arg-type]
+            start_query, threading.Event(), Reporter(), lambda: 0, backoff=lambda n: 0.0
+        )
+    assert len(starts) == 1
 
 
 class LosesExecutors(FakeQuery):
