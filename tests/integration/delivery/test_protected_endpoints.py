@@ -6,7 +6,6 @@ Redis, with a real TLS server, token endpoint and CONNECT proxy."""
 from __future__ import annotations
 
 import asyncio
-import ssl
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -14,8 +13,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from tests.connect_proxy import ConnectProxy
+from tests.http_servers import TokenServer, serve_each
 from tests.integration.delivery.support import ThreadWorker, World, serving_api, wait_for
-from tests.oauth2_server import TokenServer, answer, read_request
 from tests.tls_material import Authority, server_context
 
 pytestmark = pytest.mark.integration
@@ -35,20 +34,14 @@ class GuardedEndpoint:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peercert") or {}
         self.clients.add(dict(item[0] for item in peer.get("subject", ())).get("commonName", ""))
-        try:
-            while True:
-                _, headers, _ = await read_request(reader)
-                if self.tokens.accepts(headers.get("authorization")):
-                    self.accepted.append(headers["x_message_id"])
-                    answer(writer, "200 OK")
-                else:
-                    self.refused += 1
-                    answer(writer, "401 Unauthorized")
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
-            pass
-        finally:
-            writer.close()
+        await serve_each(reader, writer, self.call)
+
+    def call(self, line: str, headers: dict[str, str], body: bytes) -> tuple[str, bytes]:
+        if self.tokens.accepts(headers.get("authorization")):
+            self.accepted.append(headers["x_message_id"])
+            return "200 OK", b""
+        self.refused += 1
+        return "401 Unauthorized", b""
 
 
 @dataclass

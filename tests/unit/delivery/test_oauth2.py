@@ -17,7 +17,7 @@ from setu.addresses import Resolver
 from setu.envelope import Envelope
 from setu.model import Endpoint, EndpointTls, OAuth2Credentials, Subscription
 from setu.outcome import Verdict
-from tests.oauth2_server import ProtectedEndpoint, TokenServer, serving
+from tests.http_servers import ProtectedEndpoint, TokenServer, serving
 from tests.tls_material import Authority, server_context
 
 

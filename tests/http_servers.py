@@ -1,6 +1,7 @@
-"""A token endpoint for tests: the OAuth2 client credentials grant (RFC 6749 §4.4) over TLS,
-with the client authenticating by HTTP Basic or in the form, and an endpoint that accepts only
-the bearer tokens it issued and not yet revoked."""
+"""Small HTTP/1.1 servers for tests on asyncio streams: a request loop (:func:`serve_each`),
+a token endpoint for the OAuth2 client credentials grant (RFC 6749 §4.4), with the client
+authenticating by HTTP Basic or in the form, and an endpoint that accepts only the bearer
+tokens it issued and not yet revoked."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import base64
 import contextlib
 import secrets
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, unquote
 
@@ -36,6 +37,25 @@ def answer(writer: asyncio.StreamWriter, status: str, body: bytes = b"") -> None
     )
 
 
+# What a test server answers to one request (line, headers, body): its status and body.
+Handle = Callable[[str, dict[str, str], bytes], tuple[str, bytes]]
+
+
+async def serve_each(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handle: Handle
+) -> None:
+    """Answers each request of one connection with ``handle`` until the client goes."""
+    try:
+        while True:
+            status, body = handle(*await read_request(reader))
+            answer(writer, status, body)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+        pass
+    finally:
+        writer.close()
+
+
 @dataclass
 class TokenServer:
     """Issues tokens to ``client_id``/``client_secret``, each living ``expires_in`` seconds
@@ -51,31 +71,23 @@ class TokenServer:
     port: int = 0
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                line, headers, body = await read_request(reader)
-                form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
-                self.forms.append(form)
-                if self.failing:
-                    answer(
-                        writer, "503 Service Unavailable", b'{"error": "temporarily_unavailable"}'
-                    )
-                elif not line.startswith("POST ") or form.get("grant_type") != "client_credentials":
-                    answer(writer, "400 Bad Request", b'{"error": "unsupported_grant_type"}')
-                elif self._client(headers, form) != (self.client_id, self.client_secret):
-                    answer(writer, "401 Unauthorized", b'{"error": "invalid_client"}')
-                else:
-                    token = secrets.token_urlsafe(16)
-                    self.issued.append(token)
-                    grant: dict[str, object] = {"access_token": token, "token_type": "Bearer"}
-                    if self.expires_in is not None:
-                        grant["expires_in"] = self.expires_in
-                    answer(writer, "200 OK", orjson.dumps(grant))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
-            pass
-        finally:
-            writer.close()
+        await serve_each(reader, writer, self.grant)
+
+    def grant(self, line: str, headers: dict[str, str], body: bytes) -> tuple[str, bytes]:
+        form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
+        self.forms.append(form)
+        if self.failing:
+            return "503 Service Unavailable", b'{"error": "temporarily_unavailable"}'
+        if not line.startswith("POST ") or form.get("grant_type") != "client_credentials":
+            return "400 Bad Request", b'{"error": "unsupported_grant_type"}'
+        if self._client(headers, form) != (self.client_id, self.client_secret):
+            return "401 Unauthorized", b'{"error": "invalid_client"}'
+        token = secrets.token_urlsafe(16)
+        self.issued.append(token)
+        grant: dict[str, object] = {"access_token": token, "token_type": "Bearer"}
+        if self.expires_in is not None:
+            grant["expires_in"] = self.expires_in
+        return "200 OK", orjson.dumps(grant)
 
     @staticmethod
     def _client(headers: dict[str, str], form: dict[str, str]) -> tuple[str, str] | None:
@@ -101,17 +113,12 @@ class ProtectedEndpoint:
     seen: list[str | None] = field(default_factory=list)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                _, headers, _ = await read_request(reader)
-                self.seen.append(headers.get("authorization"))
-                ok = self.tokens.accepts(headers.get("authorization"))
-                answer(writer, "200 OK" if ok else "401 Unauthorized")
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
-            pass
-        finally:
-            writer.close()
+        await serve_each(reader, writer, self.call)
+
+    def call(self, line: str, headers: dict[str, str], body: bytes) -> tuple[str, bytes]:
+        self.seen.append(headers.get("authorization"))
+        ok = self.tokens.accepts(headers.get("authorization"))
+        return ("200 OK" if ok else "401 Unauthorized"), b""
 
 
 @contextlib.asynccontextmanager
