@@ -25,6 +25,7 @@ from setu.addresses import Resolver, system_resolver
 from setu.settings import Settings
 from state import migrate
 from state.sealing import Sealer
+from tests.kafka_topics import partitions_of
 from tests.waiting import wait_for
 
 # A public address (TEST-NET is not global, so one outside it) that the tests' example
@@ -158,7 +159,7 @@ def read_records(bootstrap: str, topic: str, count: int, timeout_s: float = 15.0
         {"bootstrap.servers": bootstrap, "group.id": unique("reader"), "enable.auto.commit": False}
     )
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        partitions = partitions_of(consumer, topic)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         records: list[Message] = []
         deadline = time.monotonic() + timeout_s
@@ -177,7 +178,7 @@ def record_count(bootstrap: str, topic: str, timeout_s: float = 10.0) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("counter")})
     deadline = time.monotonic() + timeout_s
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        partitions = partitions_of(consumer, topic)
         while True:
             try:
                 return sum(

@@ -32,6 +32,7 @@ from state import keys
 from state.kafka_admin import KafkaTopics
 from state.producer_marks import parse_mark
 from tests import waiting
+from tests.kafka_topics import partitions_of
 
 
 def wait_for(what: str, condition: Callable[[], object], timeout_s: float = 90.0) -> None:
@@ -266,7 +267,7 @@ class IngestWorld:
         main = names.main_topic(self.project, topic)
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "sizes"})
         try:
-            partitions = consumer.list_topics(main, timeout=10).topics[main].partitions
+            partitions = partitions_of(consumer, main)
             return sum(
                 consumer.get_watermark_offsets(TopicPartition(main, p), timeout=10)[1]
                 for p in partitions
@@ -286,7 +287,7 @@ class IngestWorld:
                 "enable.auto.commit": False,
             }
         )
-        partitions = consumer.list_topics(main, timeout=10).topics[main].partitions
+        partitions = partitions_of(consumer, main)
         consumer.assign([TopicPartition(main, p, 0) for p in partitions])
         self.consumers.append(consumer)
         return MainLog(consumer)
@@ -313,7 +314,7 @@ class IngestWorld:
         topic emptied and no longer retired."""
         main = names.main_topic(self.project, topic)
         ingest = names.ingest_topic(self.project, topic)
-        partitions = len(self.admin.list_topics(ingest, timeout=10).topics[ingest].partitions)
+        partitions = len(partitions_of(self.admin, ingest))
         for future in self.admin.create_topics([NewTopic(main, partitions, 1)]).values():
             future.result(timeout=30)
         KafkaTopics(self.bootstrap).empty(ingest)

@@ -10,13 +10,14 @@ from spark import job
 from spark.topics import MainTopicGuard
 from state.retired_topics import RetiredTopics
 from tests.integration.spark.support import IngestWorld, wait_for
+from tests.kafka_topics import partitions_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
 def main_topic_config(world: IngestWorld, topic: str) -> tuple[int, dict[str, str]]:
     main = names.main_topic(world.project, topic)
-    partitions = len(world.admin.list_topics(main, timeout=10).topics[main].partitions)
+    partitions = len(partitions_of(world.admin, main))
     resource = ConfigResource(ConfigResource.Type.TOPIC, main)
     entries = world.admin.describe_configs([resource])[resource].result(timeout=30)
     return partitions, {name: entry.value for name, entry in entries.items()}

@@ -12,6 +12,7 @@ from setu import names
 from setu.envelope import H_INGEST_OFFSET, H_INGEST_PARTITION, H_REJECT_REASON, Envelope
 from setu.model import Topic
 from state.kafka_admin import KafkaTopics
+from tests.kafka_topics import partitions_of
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.integration
 def read_all(bootstrap: str, topic: str) -> list[tuple[bytes | None, dict[str, bytes]]]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex})
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        partitions = partitions_of(consumer, topic)
         out = []
         for p in partitions:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
