@@ -48,12 +48,18 @@ INSTALL_TESTS = Path(__file__).resolve().parent / "install"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The install tests (tests/install) run only when the mark expression names them
-    (``-m install``, as scripts/test-install does): they build the image, which takes longer
-    than the rest of the run allows. The others leave them out as deselected."""
-    if "install" in (config.option.markexpr or ""):
-        return
-    left_out = [item for item in items if INSTALL_TESTS in item.path.resolve().parents]
+    """The install tests (tests/install) and the long runs (marked ``long``) run only when
+    the mark expression names them (``-m install``, as scripts/test-install does; ``-m
+    long``, as scripts/test-long does): the image alone takes longer to build than the rest
+    of the run allows, and the long runs would take CI past its time. The others leave them
+    out as deselected."""
+    wanted = config.option.markexpr or ""
+    left_out = [
+        item
+        for item in items
+        if ("install" not in wanted and INSTALL_TESTS in item.path.resolve().parents)
+        or ("long" not in wanted and item.get_closest_marker("long") is not None)
+    ]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         dropped = set(map(id, left_out))

@@ -18,7 +18,7 @@ import pytest
 from bench.crash.report import summary_lines, write_report
 from bench.crash.run import RunConfig, run_crash_test
 
-pytestmark = [pytest.mark.crash, pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.crash, pytest.mark.integration, pytest.mark.spark, pytest.mark.long]
 
 
 def test_nothing_accepted_is_lost_or_reordered_when_nodes_lose_their_disk_or_memory(

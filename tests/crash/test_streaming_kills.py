@@ -14,7 +14,7 @@ import pytest
 from bench.crash.report import summary_lines, write_report
 from bench.crash.run import RunConfig, run_crash_test
 
-pytestmark = [pytest.mark.crash, pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.crash, pytest.mark.integration, pytest.mark.spark, pytest.mark.long]
 
 MESSAGES = 100_000
 

@@ -20,7 +20,7 @@ from cli.spark_local import LocalSparkCluster
 from spark import job
 from tests.integration.spark.support import IngestWorld, MainLog, ingest_child, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.long]
 
 GROUPS = 24
 PRODUCERS = 4
