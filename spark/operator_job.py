@@ -333,6 +333,7 @@ class QueryInputs:
             {"bootstrap.servers": settings.kafka_bootstrap or "", **settings.kafka_client_config()}
         )
         self._pattern = pattern
+        self._matcher = re.compile(pattern)
         self._limits = limits
         self._retired = retired
         self._partitions: dict[str, int] = {}
@@ -365,7 +366,8 @@ class QueryInputs:
                 log.warning("could not list the ingest topics: %s", exc)
             self._listed_at = time.monotonic()
         return (
-            frozenset(self._retired()),
+            # Only the retired topics this query reads matter to it (the list is everyone's).
+            frozenset(t for t in self._retired() if self._matcher.fullmatch(t)),
             tuple(sorted(self._limits().items())),
             tuple(sorted(self._partitions.items())),
         )

@@ -57,7 +57,10 @@ def test_the_query_starts_again_when_retired_topics_or_limits_change() -> None:
     retired: set[str] = set()
     limits = {"setu.p.t": 1_000_000}
     inputs = QueryInputs(
-        Settings(ingest_mode="micro-batch"), "x", lambda: dict(limits), lambda: set(retired)
+        Settings(ingest_mode="micro-batch"),
+        r"^setu\.p\.[a-z0-9-]+\.ingest$",
+        lambda: dict(limits),
+        lambda: set(retired),
     )
     inputs.take()
     assert not inputs.changed()
@@ -67,6 +70,14 @@ def test_the_query_starts_again_when_retired_topics_or_limits_change() -> None:
     assert not inputs.changed()
     retired.add("setu.p.t.ingest")
     assert inputs.changed()
+    inputs.take()
+    # But a topic the query does not read (another job's, say) retired or reopened does not
+    # start it again: a query started again writes its running batch a second time, and a
+    # flapping list restarted it every second
+    retired.add("setu.other.t.ingest")
+    assert not inputs.changed()
+    retired.discard("setu.other.t.ingest")
+    assert not inputs.changed()
 
 
 def test_real_time_mode_asks_a_local_master_for_its_slots_and_a_short_shuffle_wait() -> None:
