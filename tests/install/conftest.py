@@ -27,9 +27,9 @@ HERE = Path(__file__).resolve().parent
 TEST_IMAGE = "localhost/setu:install-test"
 PREVIOUS_IMAGE = "localhost/setu:install-previous"
 # The version test_upgrade.py upgrades from (SETU_TEST_UPGRADE_FROM, a git revision, overrides
-# it): the last one before the newest schema migration (0006, topics' dedup window), so the
-# upgrade migrates the database under the old pods. Move it on when a release is made.
-PREVIOUS_RELEASE = "27af511eb1967bbecf2634c8e53934e938dd1abd"
+# it): the last one released before the newest schema migration (0007, endpoint access), so
+# the upgrade migrates the database under the old pods. Move it on when a release is made.
+PREVIOUS_RELEASE = "ee00170a3ed776b75c13a346eec9f813468ceef4"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
