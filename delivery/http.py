@@ -36,6 +36,7 @@ import ipaddress
 import re
 import socket
 import ssl
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -46,6 +47,7 @@ import httptools
 from delivery.egress import DIRECT, Route, TunnelError, open_tunnel
 from setu.addresses import Resolver, is_private_address, system_resolver
 from setu.egress import tls_context
+from setu.model import EndpointTls
 
 # Idle connections kept per origin beyond this are closed.
 DEFAULT_MAX_IDLE = 512
@@ -344,7 +346,9 @@ class HttpClient:
         self._pools: dict[tuple[Origin, Route], _Pool] = {}
         self._max_idle = max_idle_per_origin
         # One verifying context per distinct TLS setting (None: the system's CAs only).
-        self._contexts: dict[object, ssl.SSLContext] = {}
+        self._contexts: dict[EndpointTls | None, ssl.SSLContext] = {}
+        # How many senders hold each route (:meth:`hold`).
+        self._holders: Counter[Route] = Counter()
         self._waiting: set[_Connection] = set()  # connections waiting for an answer's head
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -363,9 +367,19 @@ class HttpClient:
             pool = self._pools[origin, route] = _Pool(origin, route, tls, self._max_idle)
         return pool
 
-    def forget_route(self, route: Route) -> None:
-        """Closes the idle connections made over ``route`` and its TLS context (a
-        subscription's TLS or proxy setting changed); calls in flight finish as they are."""
+    def hold(self, route: Route) -> None:
+        """A sender calls over ``route`` from now on (subscriptions with the same TLS and
+        proxy settings share one route, and its pools)."""
+        self._holders[route] += 1
+
+    def release(self, route: Route) -> None:
+        """A sender no longer calls over ``route`` (its subscription's TLS or proxy setting
+        changed). Once no sender holds it, its idle connections and TLS context go; calls in
+        flight finish as they are."""
+        self._holders[route] -= 1
+        if self._holders[route] > 0:
+            return
+        del self._holders[route]
         for key in [key for key in self._pools if key[1] == route]:
             self._pools.pop(key).close()
         if route.tls is not None and not any(r.tls == route.tls for _, r in self._pools):

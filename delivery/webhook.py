@@ -91,8 +91,11 @@ class WebhookSender:
             route: Route | None = Route(endpoint.tls, self._egress.proxy(endpoint.proxy))
         except UnknownProxy as exc:
             route, self._route_error = None, str(exc)
-        if route != self._route and self._route is not None:
-            self._client.forget_route(self._route)
+        if route != self._route:
+            if route is not None:
+                self._client.hold(route)
+            if self._route is not None:
+                self._client.release(self._route)
         self._route = route
         held = self._tokens
         if endpoint.oauth2 is None or route is None:

@@ -33,9 +33,11 @@ class Endpoint:
 
     port: int = 0
     hosts: list[str] = field(default_factory=list)
+    connections: int = 0
     clients: list[str | None] = field(default_factory=list)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         peer = writer.get_extra_info("peercert")
         subject = dict(item[0] for item in peer["subject"]) if peer else {}
 
@@ -243,4 +245,26 @@ async def test_a_subscription_goes_through_the_proxy_it_names_or_the_default(
         assert outcome.verdict is Verdict.RETRY
         assert "egress proxy 'us' is not configured here" in (outcome.error or "")
         assert len(plain.hosts) == 2
+        client.close()
+
+
+async def test_a_subscription_leaving_a_shared_route_leaves_the_others_connections_open(
+    plain: Endpoint,
+) -> None:
+    # Given two subscriptions calling one endpoint directly, over one kept-alive connection
+    async with running_proxy(ConnectProxy()) as proxy:
+        client = HttpClient(allow_private=True, resolver=LOCAL)
+        url = f"http://hook.invalid:{plain.port}/hook"
+        staying = WebhookSender(Subscription("p", "a", "t", SubscriptionEndpoint(url)), client)
+        moving_sub = Subscription("p", "b", "t", SubscriptionEndpoint(url))
+        moving = WebhookSender(moving_sub, client, egress=Egress.parse(None, {"eu": proxy.url}))
+        for sender in (staying, moving, staying):
+            assert (await sender.send(Envelope("m", b"{}"), 1)).verdict is Verdict.DELIVERED
+            await asyncio.sleep(0)  # the answer ends; the connection goes back to the pool
+        assert plain.connections == 1
+        # When one of them moves to a proxy
+        moving.update(Subscription("p", "b", "t", SubscriptionEndpoint(url, proxy="eu"), version=2))
+        # Then the other still calls over its kept-alive connection
+        assert (await staying.send(Envelope("m", b"{}"), 1)).verdict is Verdict.DELIVERED
+        assert plain.connections == 1
         client.close()
