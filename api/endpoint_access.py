@@ -12,6 +12,7 @@ is held, never what it is.
 from __future__ import annotations
 
 import ssl
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from cryptography import x509
@@ -120,10 +121,7 @@ def check_oauth2(body: EndpointBody) -> OAuth2Credentials | None:
     endpoint_host(given.token_url, field)
     if not given.token_url.lower().startswith("https://"):
         raise InvalidInput(f"{field} must be https: the client secret goes to it")
-    if any(name.lower() == "authorization" for name in body.headers):
-        raise InvalidInput(
-            "endpoint.headers: 'Authorization' is set by Setu when endpoint.oauth2 is given"
-        )
+    check_bearer_alone(body.headers)
     return OAuth2Credentials(
         token_url=given.token_url,
         client_id=given.client_id,
@@ -132,6 +130,15 @@ def check_oauth2(body: EndpointBody) -> OAuth2Credentials | None:
         audience=given.audience,
         client_auth=given.client_auth,
     )
+
+
+def check_bearer_alone(header_names: Iterable[str]) -> None:
+    """The headers of an endpoint with OAuth2 leave ``Authorization`` to the bearer token
+    (checked on a request's headers, and on those a PUT keeps)."""
+    if any(name.lower() == "authorization" for name in header_names):
+        raise InvalidInput(
+            "endpoint.headers: 'Authorization' is set by Setu when endpoint.oauth2 is given"
+        )
 
 
 def check_proxy(name: str | None, egress: Egress) -> str | None:

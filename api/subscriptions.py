@@ -23,7 +23,7 @@ from starlette.responses import Response
 from api import control
 from api.auth import allow, authorize
 from api.context import Services, blocking, services
-from api.endpoint_access import check_oauth2, check_proxy, check_tls
+from api.endpoint_access import check_bearer_alone, check_oauth2, check_proxy, check_tls
 from api.responses import reply
 from api.schemas import (
     EndpointBody,
@@ -236,12 +236,8 @@ async def update_subscription(
             if field not in given
         }
         sub = dataclasses.replace(sub, endpoint=dataclasses.replace(sub.endpoint, **stored))
-        if sub.endpoint.oauth2 is not None and any(
-            name.lower() == "authorization" for name, _ in sub.endpoint.headers
-        ):
-            raise InvalidInput(
-                "endpoint.headers: 'Authorization' is set by Setu when endpoint.oauth2 is given"
-            )
+        if sub.endpoint.oauth2 is not None:
+            check_bearer_alone(sub.endpoint.header_names)
     updated = await control.update_subscription(s, sub, body.version)
     return reply(SubscriptionOut, subscription_view(updated))
 
