@@ -27,6 +27,7 @@ from api import (
     operations,
     produce,
     projects,
+    replays,
     subscriptions,
     topics,
 )
@@ -68,6 +69,7 @@ ROUTERS = (
     operations,
     notifications,
     filters,
+    replays,
     health,
 )
 

@@ -179,6 +179,10 @@ class AttemptOut(Out):
     # False when it failed while the endpoint's circuit breaker was open: the attempt was not
     # counted, and the message was called again with the same attempt number.
     counted: bool
+    # A replay's call (docs/replays.md): the replay, and the webhook-id the call had (the
+    # message id for live calls).
+    replay_id: str | None = None
+    webhook_id: str
 
 
 class MoveOut(Out):

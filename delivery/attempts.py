@@ -40,7 +40,16 @@ class AttemptRecorder:
         self._on_dropped = on_dropped
         self._buffer: list[Entry] = []
 
-    def called(self, record: Record, number: int, outcome: Outcome, at_ms: int, ms: float) -> None:
+    def called(
+        self,
+        record: Record,
+        number: int,
+        outcome: Outcome,
+        at_ms: int,
+        ms: float,
+        replay: str | None = None,
+    ) -> None:
+        """One call; ``replay``: the replay it belonged to (docs/replays.md)."""
         entry: dict[str, Any] = {
             "t": at_ms,
             "a": number,
@@ -48,6 +57,8 @@ class AttemptRecorder:
             "v": outcome.verdict.value,
             "ms": round(ms, 1),
         }
+        if replay is not None:
+            entry["r"] = replay
         if outcome.status is not None:
             entry["s"] = outcome.status
         if outcome.error is not None:

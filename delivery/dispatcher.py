@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from delivery.breaker import HOLD_S, CircuitBreaker, Settlement
-from delivery.engine import Attempt, PartitionEngine
+from delivery.engine import Attempt
 from delivery.webhook import WebhookSender
 from setu.clock import now_ms
 from setu.outcome import Outcome
@@ -30,12 +30,25 @@ log = logging.getLogger(__name__)
 COUNTED, GIVEN_BACK, HELD = Settlement.COUNTED, Settlement.GIVEN_BACK, Settlement.HELD
 
 
-class Caller(Protocol):
-    """What the pool needs of a partition: its engine and whether calls may still start."""
+class Settles(Protocol):
+    """Who is told a call's outcome: a partition's engine, or a replay's lane."""
 
-    engine: PartitionEngine
-    alive: bool
-    draining: bool
+    def on_result(self, attempt: Attempt, outcome: Outcome) -> None: ...
+
+
+class Caller(Protocol):
+    """What the pool needs of a partition: who settles its calls and whether calls may still
+    start."""
+
+    @property
+    def engine(self) -> Settles: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def draining(self) -> bool: ...
+
     calling: int
 
 
@@ -146,7 +159,9 @@ class Dispatcher:
         caller.calling += 1
         started = time.perf_counter()
         try:
-            outcome: Outcome = await self._sender.send(attempt.record.envelope, attempt.number)
+            outcome: Outcome = await self._sender.send(
+                attempt.record.envelope, attempt.number, attempt.replay
+            )
         except Exception as exc:  # a bug, not a failed call: those are outcomes
             caller.calling -= 1
             self._on_error(exc)

@@ -59,12 +59,15 @@ class SubscriptionContext:
     def called(self, attempt: Attempt, outcome: Outcome, seconds: float) -> None:
         """Every webhook call's outcome: counted, and recorded in the message's attempt log."""
         self.metrics.call(outcome, seconds)
-        self.metrics.timed(attempt.record, attempt.number, outcome, seconds, now_ms())
+        if attempt.replay is None:  # a replayed message's age says nothing of delivery's pace
+            self.metrics.timed(attempt.record, attempt.number, outcome, seconds, now_ms())
         if outcome.verdict is Verdict.DELIVERED:
             self.autopause.finished(False)
         if self.attempts is not None:
             ms = seconds * 1000
-            self.attempts.called(attempt.record, attempt.number, outcome, now_ms() - int(ms), ms)
+            self.attempts.called(
+                attempt.record, attempt.number, outcome, now_ms() - int(ms), ms, attempt.replay
+            )
 
 
 class PartitionEffects:

@@ -50,13 +50,15 @@ PARKED_REASON = "parked behind its failed group"
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """One webhook call to make. ``number`` is the 1-based X_DELIVERY_ATTEMPT;
-    ``not_before_ms`` delays it."""
+    ``not_before_ms`` delays it; ``replay``: the replay it belongs to (delivery/replaying.py),
+    None for live delivery."""
 
     partition: int
     record: Record
     number: int
     independent: bool
     not_before_ms: int = 0
+    replay: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from state.attempt_log import AttemptLog
 from state.delivery_budget import DeliveryBudget
 from state.groups import GroupStore
 from state.kafka_reader import KafkaReader
+from state.replays import ReplayStore
 from state.workers import WorkerReports
 
 T = TypeVar("T")
@@ -156,6 +157,9 @@ class RunnerParts:
     # Makes the subscription's own Kafka topics where missing, before anything reads or writes
     # them (delivery/worker.py); None: they exist.
     prepare: Callable[[], Awaitable[None]] | None = None
+    # Where replays keep their progress (state.replays, delivery/replaying.py); None: this
+    # worker carries out no replay.
+    replays: ReplayStore | None = None
 
 
 class Background:

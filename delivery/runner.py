@@ -42,6 +42,7 @@ from delivery.guards import SubscriptionGuards, first
 from delivery.kafka_io import Assignment, consumer_config
 from delivery.metrics import DeliveryMetrics, RunnerFigures
 from delivery.parts import AnnouncedCopies, Background, CopyAware, RunnerConfig, RunnerParts
+from delivery.replaying import RunnerReplays
 from delivery.replays import decode_marks
 from delivery.reporting import RunnerReporting
 from delivery.takeover import take_over
@@ -51,6 +52,7 @@ from setu import names
 from setu.clock import now_ms
 from setu.model import StopMode, Subscription, SubscriptionState
 from setu.ordering.tiers import MAIN, topics_by_tier
+from setu.replay import Replay
 from setu.together import all_or_none
 from state.group_offsets import GroupNotEmpty
 from state.kafka_reader import record_of
@@ -61,6 +63,8 @@ log = logging.getLogger(__name__)
 BALANCE_MS = 50
 # How long work with nothing to do while its runner rests waits for records (ticker.Periodic).
 QUIET_REST_MS = 5000
+# How often replays' lanes are started and stopped (delivery/replaying.py).
+REPLAY_TICK_MS = 1000
 
 
 class SubscriptionRunner:
@@ -156,6 +160,11 @@ class SubscriptionRunner:
             self._background,
             parts.watch,
         )
+        self.replaying = (
+            None
+            if parts.replays is None
+            else RunnerReplays(self.ports, self.topics[MAIN], self.reader, parts.replays)
+        )
         self.gate = asyncio.Event()
         self.gate.set()
         self._stopped = asyncio.Event()
@@ -218,6 +227,8 @@ class SubscriptionRunner:
         finally:
             if ticket is not None:
                 await self._ticker.remove(ticket)
+            if self.replaying is not None:
+                await self.replaying.close()
             await consumer.close()
             await dispatcher.close()
             if self.attempts is not None:
@@ -245,7 +256,22 @@ class SubscriptionRunner:
         if self.attempts is not None:
             # Entries come from calls and records: resting, there are none to write.
             work.append(Periodic(FLUSH_MS, self.attempts.flush_tick, True, QUIET_REST_MS))
+        if self.replaying is not None:
+            work.append(Periodic(REPLAY_TICK_MS, self._replay_tick))
         return work
+
+    def _replay_tick(self) -> None:
+        if self.replaying is not None:
+            self.replaying.tick(self.sub, self.dispatcher)
+
+    def set_replays(self, replays: list[Replay]) -> None:
+        """The subscription's running replays (docs/replays.md), from the worker's listing."""
+        if self.replaying is not None:
+            self.replaying.set(replays)
+
+    def replays(self) -> list[Replay]:
+        """What :meth:`set_replays` was last told (for a runner started in this one's place)."""
+        return [] if self.replaying is None else self.replaying.replays()
 
     def resting(self) -> bool:
         """Nothing to do until records arrive: none in memory or held back, no call going,
@@ -255,6 +281,7 @@ class SubscriptionRunner:
             and not self._busy()
             and not self.writer.waiting
             and (self.attempts is None or self.attempts.empty)
+            and (self.replaying is None or not self.replaying.active)
         )
 
     def _busy(self) -> int:

@@ -32,18 +32,25 @@ from setu.egress import Egress, UnknownProxy
 from setu.envelope import H_TRACEPARENT, H_TRACESTATE, Envelope
 from setu.model import Subscription
 from setu.outcome import Outcome, Verdict, classify_error, classify_status
+from setu.replay import replay_webhook_id
 from setu.signing import signing_key, webhook_headers
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 
 
 def request_headers(
-    sub: Subscription, envelope: Envelope, attempt: int, timestamp_s: int, keys: Sequence[bytes]
+    sub: Subscription,
+    envelope: Envelope,
+    attempt: int,
+    timestamp_s: int,
+    keys: Sequence[bytes],
+    replay: str | None = None,
 ) -> list[tuple[str, str]]:
     """The headers of one call, in a fixed order: endpoint, producer, Setu, Standard Webhooks.
 
     Content-Type: the endpoint's fixed one if it has one, else the producer's, else
-    ``application/octet-stream`` (docs/policies.md §7)."""
+    ``application/octet-stream`` (docs/policies.md §7). A replayed call (``replay``: the
+    replay's id) names its replay and has a ``webhook-id`` of its own (docs/replays.md)."""
     out = list(sub.endpoint.headers)
     if not any(name.lower() == "content-type" for name, _ in out):
         out.append(("content-type", envelope.content_type or DEFAULT_CONTENT_TYPE))
@@ -52,7 +59,11 @@ def request_headers(
     if envelope.group_id is not None:
         out.append((produce_headers.GROUP_ID, envelope.group_id))
     out.append((produce_headers.DELIVERY_ATTEMPT, str(attempt)))
-    out.extend(webhook_headers(envelope.message_id, timestamp_s, envelope.body, keys))
+    webhook_id = envelope.message_id
+    if replay is not None:
+        out.append((produce_headers.REPLAY_ID, replay))
+        webhook_id = replay_webhook_id(envelope.message_id, replay)
+    out.extend(webhook_headers(webhook_id, timestamp_s, envelope.body, keys))
     return out
 
 
@@ -115,20 +126,23 @@ class WebhookSender:
         elif rate:
             self._bucket = TokenBucket(rate, now=time.monotonic())
 
-    async def send(self, envelope: Envelope, attempt: int) -> Outcome:
-        """Calls the endpoint once (after the rate limit allows) and classifies the answer."""
+    async def send(self, envelope: Envelope, attempt: int, replay: str | None = None) -> Outcome:
+        """Calls the endpoint once (after the rate limit allows) and classifies the answer;
+        ``replay``: the id of the replay the call belongs to, if any."""
         if self._bucket is not None:
             wait = self._bucket.reserve(time.monotonic())
             if wait > 0:
                 await asyncio.sleep(wait)
         elif self._shared is not None:
             await self._shared.acquire()
-        return await self._call(envelope, attempt)
+        return await self._call(envelope, attempt, replay)
 
-    async def _call(self, envelope: Envelope, attempt: int) -> Outcome:
+    async def _call(self, envelope: Envelope, attempt: int, replay: str | None) -> Outcome:
         traced = tracing.current()
         if not traced.enabled:
-            return await self._request(envelope, attempt, envelope.traceparent, envelope.tracestate)
+            return await self._request(
+                envelope, attempt, envelope.traceparent, envelope.tracestate, replay
+            )
         attributes = {
             "messaging.system": "setu",
             "messaging.operation.type": "process",
@@ -141,10 +155,12 @@ class WebhookSender:
         }
         if envelope.group_id is not None:
             attributes["setu.group.id"] = envelope.group_id
+        if replay is not None:
+            attributes["setu.replay.id"] = replay
         parent = tracing.context_of(envelope.traceparent, envelope.tracestate)
         name = f"deliver {self.sub.name}"
         with tracing.span(traced, name, SpanKind.CLIENT, parent, attributes) as made:
-            outcome = await self._request(envelope, attempt, *tracing.headers_of(made))
+            outcome = await self._request(envelope, attempt, *tracing.headers_of(made), replay)
             if outcome.status is not None:
                 made.set_attribute("http.response.status_code", outcome.status)
             made.set_attribute("setu.delivery.verdict", outcome.verdict.value)
@@ -153,11 +169,16 @@ class WebhookSender:
             return outcome
 
     async def _request(
-        self, envelope: Envelope, attempt: int, traceparent: str | None, tracestate: str | None
+        self,
+        envelope: Envelope,
+        attempt: int,
+        traceparent: str | None,
+        tracestate: str | None,
+        replay: str | None = None,
     ) -> Outcome:
         now = self._clock()
         keys = [key for key, secret in self._keys if secret.active(now)]
-        headers = request_headers(self.sub, envelope, attempt, now // 1000, keys)
+        headers = request_headers(self.sub, envelope, attempt, now // 1000, keys, replay)
         if traceparent is not None:
             headers.append((H_TRACEPARENT, traceparent))
             if tracestate is not None:

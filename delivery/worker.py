@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -46,6 +46,7 @@ from setu.egress import Egress
 from setu.limits import MessageLimits
 from setu.loop_lag import LoopLag
 from setu.model import Notifications, Subscription, SubscriptionState, Topic
+from setu.replay import Replay
 from setu.settings import Settings
 from state import workers
 from state.attempt_log import RedisAttemptLog
@@ -57,6 +58,7 @@ from state.groups import RedisGroupStore, announce_subscriptions
 from state.kafka_admin import KafkaTopics
 from state.kafka_reader import KafkaReader
 from state.redis_clients import async_redis, close, sync_redis
+from state.replays import ReplayStore
 from state.subscription_topics import SubscriptionTopics
 from state.workers import RedisWorkers
 
@@ -147,6 +149,8 @@ class Shared:
     ticker: Ticker | None = None
     # The egress proxies webhook calls go through (docs/security.md §4).
     egress: Egress = field(default_factory=Egress)
+    # Where replays keep their progress (docs/replays.md); None: no replays here.
+    replays: ReplayStore | None = None
 
 
 def runner_parts(sub: Subscription, shared: Shared) -> RunnerParts:
@@ -176,6 +180,7 @@ def runner_parts(sub: Subscription, shared: Shared) -> RunnerParts:
         watch=shared.watch,
         ticker=shared.ticker,
         prepare=partial(shared.made_topics.ensure, sub),
+        replays=shared.replays,
     )
 
 
@@ -274,11 +279,13 @@ async def serve(
         watch,
         Ticker(),
         egress,
+        replays_of(source),
     )
     worker = Worker(
         source,
         lambda sub: SubscriptionRunner(sub, config, runner_parts(sub, shared), metrics),
         watch.subscriptions_changed,
+        shared.replays,
     )
     metrics.watch(lambda: _on_loop(loop, worker.figures))
     server = None
@@ -316,6 +323,13 @@ async def serve(
         await close(client)
     if hub is not None and hub.failed.done():
         raise RuntimeError("a shared reader failed") from hub.failed.result()
+
+
+def replays_of(source: SubscriptionSource) -> ReplayStore | None:
+    """The replays of the metadata store the subscriptions come from; None for a source
+    without them (a fixed list in tests and benchmarks)."""
+    replays = getattr(source, "replays", None)
+    return replays if isinstance(replays, ReplayStore) else None
 
 
 def readers(
@@ -399,9 +413,13 @@ class Worker:
         source: SubscriptionSource,
         make_runner: Callable[[Subscription], SubscriptionRunner],
         changed: asyncio.Event | None = None,
+        replays: ReplayStore | None = None,
     ) -> None:
+        """``replays``: where running replays are listed (docs/replays.md); None: none are
+        carried out here."""
         self._source = source
         self._make_runner = make_runner
+        self._replays = replays
         # Set when the subscriptions changed (delivery/watch.py): list them now, not at the
         # next interval.
         self._changed = changed or asyncio.Event()
@@ -416,16 +434,20 @@ class Worker:
             while not stop.is_set():
                 self._changed.clear()
                 try:
-                    subs = await asyncio.to_thread(self._source.list_subscriptions)
+                    subs, replays = await asyncio.to_thread(self._list)
                 except Exception as exc:  # the store may be briefly away; keep what runs
                     log.warning("listing subscriptions failed: %s", exc)
                 else:
-                    await self.reconcile(subs)
+                    await self.reconcile(subs, replays)
                 await _first_of((stop, self._changed), refresh_s)
         finally:
             await asyncio.gather(*(self._retire(key) for key in list(self.slots)))
 
-    async def reconcile(self, subs: list[Subscription]) -> None:
+    def _list(self) -> tuple[list[Subscription], list[Replay]]:
+        subs = self._source.list_subscriptions()
+        return subs, [] if self._replays is None else self._replays.running()
+
+    async def reconcile(self, subs: list[Subscription], replays: Iterable[Replay] = ()) -> None:
         wanted = {(s.project, s.name): s for s in subs if s.state is not SubscriptionState.STOPPED}
         stopped = {(s.project, s.name): s for s in subs if s.state is SubscriptionState.STOPPED}
         retiring = [k for k in self.slots if k not in wanted]
@@ -441,6 +463,11 @@ class Worker:
                 else:
                     await self._retire(key)
                     self._launch(sub)
+        running: dict[tuple[str, str], list[Replay]] = {}
+        for replay in replays:
+            running.setdefault((replay.project, replay.subscription), []).append(replay)
+        for key, slot in self.slots.items():
+            slot.runner.set_replays(running.get(key, []))
 
     def _launch(self, sub: Subscription) -> None:
         slot = _Slot(sub, self._make_runner(sub))
@@ -460,8 +487,10 @@ class Worker:
                 log.error("subscription %s/%s stopped: %r", slot.sub.project, slot.sub.name, exc)
             await asyncio.sleep(RESTART_DELAY_S)
             if not slot.retired:
+                replays = slot.runner.replays()
                 slot.runner = self._make_runner(slot.sub)
                 slot.runner.set_paused(slot.sub.state is SubscriptionState.PAUSED)
+                slot.runner.set_replays(replays)
 
     async def _retire(self, key: tuple[str, str], stopped: Subscription | None = None) -> None:
         """Stops a runner; ``stopped``: the subscription as an operator stopped it (how, and

@@ -20,9 +20,10 @@ GROUP_ID = "X_GROUP_ID"
 PRODUCER_ID = "X_PRODUCER_ID"
 SEQUENCE_ID = "X_SEQUENCE_ID"
 DELIVERY_ATTEMPT = "X_DELIVERY_ATTEMPT"
+REPLAY_ID = "X_REPLAY_ID"
 IDENTITY_HEADERS = frozenset({MESSAGE_ID, GROUP_ID, PRODUCER_ID, SEQUENCE_ID})
-# Set by Setu on webhook calls; a producer may not supply it.
-RESERVED_HEADERS = frozenset({DELIVERY_ATTEMPT})
+# Set by Setu on webhook calls; a producer may not supply them.
+RESERVED_HEADERS = frozenset({DELIVERY_ATTEMPT, REPLAY_ID})
 
 
 @dataclass(frozen=True, slots=True)

@@ -196,6 +196,12 @@ class Settings(BaseSettings):
     # How long each message's attempts are kept for GET .../messages/{id} (docs/design.md §9);
     # 0 keeps none.
     attempt_log_hours: int = Field(default=24, ge=0, le=24 * 30)
+    # Replays (docs/replays.md): the pace of one replay when its request names none, the
+    # fastest a request may ask for (calls per second over the subscription's partitions),
+    # and how many may run at once per subscription.
+    replay_rate_per_second: float = Field(default=50.0, gt=0, le=100_000)
+    replay_max_rate_per_second: float = Field(default=1_000.0, gt=0, le=100_000)
+    replays_running_max: int = Field(default=4, ge=1, le=100)
     # How often a worker lists every subscription whatever Redis's change count says: a
     # backstop, since every writer of a subscription's record raises that count and the
     # workers list at once when it moves (docs/delivery.md, "Workers hear of it within a

@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 
 from setu.clock import now_ms
 from setu.outcome import Verdict
+from setu.replay import replay_webhook_id
 from state import keys
 
 HOUR_MS = 3_600_000
@@ -127,6 +128,7 @@ def delivery_record(message_id: str, entries: list[dict[str, Any]]) -> dict[str,
             moves.append({"at_ms": e["t"], "to": e["to"], "why": e["k"]})
             location = e["to"]
             continue
+        replay = e.get("r")
         attempts.append(
             {
                 "attempt": e["a"],
@@ -140,8 +142,15 @@ def delivery_record(message_id: str, entries: list[dict[str, Any]]) -> dict[str,
                 # False: failed while the circuit breaker was open; the attempt was not
                 # counted and the same number goes out again (docs/policies.md §2).
                 "counted": "g" not in e,
+                # A replay's call (docs/replays.md): its replay, and the webhook-id it had.
+                "replay_id": replay,
+                "webhook_id": message_id
+                if replay is None
+                else replay_webhook_id(message_id, replay),
             }
         )
+        if replay is not None:
+            continue  # a replay leaves the message's own delivery where it was
         # A failed attempt leaves the message where it was until a move says otherwise.
         location = "delivered" if e["v"] == Verdict.DELIVERED.value else e["tier"]
     return {"message_id": message_id, "location": location, "attempts": attempts, "moves": moves}

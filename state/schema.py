@@ -5,7 +5,7 @@ integration test checks that the migrated database and these tables agree. Times
 epoch milliseconds in BIGINT columns, so SQLite and PostgreSQL store them the same way.
 
 Foreign keys restrict deletion: a project with topics, or a topic with subscriptions, cannot
-lose its row, whatever the caller checked before.
+lose its row, whatever the caller checked before. A subscription's replays go with it.
 """
 
 from __future__ import annotations
@@ -136,4 +136,44 @@ notifications = sa.Table(
     sa.ForeignKeyConstraint(
         ["project"], ["projects.name"], ondelete="CASCADE", name="fk_notifications_project_projects"
     ),
+)
+
+
+# Replays (setu/replay.py, docs/replays.md): what was asked, and each partition's progress as
+# its owner stores it.
+replays = sa.Table(
+    "replays",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("project", NAME, nullable=False),
+    sa.Column("subscription", NAME, nullable=False),
+    # setu.replay.Replay.spec_json()
+    sa.Column("spec", sa.JSON, nullable=False),
+    sa.Column("partitions", sa.Integer, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("created_at_ms", sa.BigInteger, nullable=False),
+    sa.Column("ended_at_ms", sa.BigInteger, nullable=True),
+    sa.ForeignKeyConstraint(
+        ["project", "subscription"],
+        ["subscriptions.project", "subscriptions.name"],
+        ondelete="CASCADE",
+        name="fk_replays_subscription_subscriptions",
+    ),
+    sa.Index("ix_replays_subscription", "project", "subscription"),
+    sa.Index("ix_replays_state", "state"),
+)
+
+replay_partitions = sa.Table(
+    "replay_partitions",
+    metadata,
+    sa.Column(
+        "replay_id",
+        sa.String(40),
+        sa.ForeignKey("replays.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("partition", sa.Integer, primary_key=True),
+    # setu.replay.PartitionProgress.json()
+    sa.Column("progress", sa.JSON, nullable=False),
+    sa.Column("updated_at_ms", sa.BigInteger, nullable=False),
 )

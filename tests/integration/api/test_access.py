@@ -82,6 +82,10 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("GET", S + "/dlq/messages"): OPERATE,  # message bodies: not the viewer
     ("POST", S + "/dlq/unsideline"): OPERATE,
     ("POST", S + "/seek"): OPERATE,
+    ("POST", S + "/replays"): OPERATE,
+    ("GET", S + "/replays"): READ,
+    ("GET", S + "/replays/{replay_id}"): READ,
+    ("POST", S + "/replays/{replay_id}/cancel"): OPERATE,
 }
 PUBLIC = {("GET", "/v1/health"), ("GET", "/metrics")}
 
@@ -202,6 +206,7 @@ def request_for(w: World, method: str, route: str) -> dict[str, Any]:
         key_id="0123456789abcdef",
         secret_id="ss_ghost",
         message_id="m-1",
+        replay_id="rp_ghost",
     )
     bodies: dict[str, Any] = {
         "/v1/projects": {"name": unique()},
@@ -216,6 +221,7 @@ def request_for(w: World, method: str, route: str) -> dict[str, Any]:
         S: {"topic": w.topic, "endpoint": {"url": HOOK}, "version": 1, "max_in_flight": 7},
         S + "/dlq/unsideline": {"group_ids": ["g1"]},
         S + "/seek": {"timestamp_ms": 0},
+        S + "/replays": {"from_ms": 0},
         S + "/signing-secrets": {"signing_secret": "whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldY"},
     }
     out: dict[str, Any] = {"method": method, "url": path}
@@ -245,6 +251,7 @@ async def snapshot(w: World, bootstrap: str) -> dict[str, Any]:
         "notifications": store.list_notifications(),
         # (last use is written in the background, when a key is first seen: not a change)
         "keys": [dataclasses.replace(k, last_used_at_ms=None) for k in store.keys.list()],
+        "replays": store.replays.listed(w.project, w.subscription, 100),
         "ingest": ends,
     }
 

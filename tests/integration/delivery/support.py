@@ -70,6 +70,8 @@ class Receiver:
     peers: set[int] = field(default_factory=set)  # client ports seen (one per connection)
     # Paths whose calls wait, unanswered, until their event is set (an endpoint that hangs).
     hangs: dict[str, threading.Event] = field(default_factory=dict)
+    # Each replayed call (docs/replays.md) of a message fails this many times with 503 first.
+    replay_failures: int = 0
 
     def hang_path(self, path: str, until: threading.Event) -> None:
         with self.lock:
@@ -90,8 +92,15 @@ class Receiver:
             self.rules.clear()
             self.flaky.clear()
 
-    def _status(self, group: str | None, message_id: str) -> int:
+    def _status(self, group: str | None, message_id: str, replay: str | None = None) -> int:
         with self.lock:
+            if replay is not None and self.replay_failures:
+                earlier = sum(
+                    1
+                    for c in self.calls
+                    if c.message_id == message_id and c.headers.get("x_replay_id") == replay
+                )
+                return 503 if earlier < self.replay_failures else 200
             flaky = self.flaky.get(group or "")
             if flaky is not None:
                 earlier = sum(1 for c in self.calls if c.message_id == message_id)
@@ -143,7 +152,9 @@ def receiver_handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
                 hang.wait()
             with receiver.lock:
                 receiver.active -= 1
-            status = receiver._status(group, headers.get("x_message_id", ""))
+            status = receiver._status(
+                group, headers.get("x_message_id", ""), headers.get("x_replay_id")
+            )
             receiver.record(
                 Call(
                     self.path,

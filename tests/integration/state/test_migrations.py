@@ -15,7 +15,15 @@ from state.sealing import Sealer
 
 pytestmark = pytest.mark.integration
 
-TABLES = {"api_keys", "projects", "topics", "subscriptions", "notifications"}
+TABLES = {
+    "api_keys",
+    "projects",
+    "topics",
+    "subscriptions",
+    "notifications",
+    "replays",
+    "replay_partitions",
+}
 
 
 def tables(url: str) -> set[str]:

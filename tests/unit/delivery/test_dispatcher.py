@@ -21,7 +21,7 @@ class Sender:
         self.most = 0
         self.sent: list[str] = []
 
-    async def send(self, envelope: Envelope, attempt: int) -> Outcome:
+    async def send(self, envelope: Envelope, attempt: int, replay: str | None = None) -> Outcome:
         self.active += 1
         self.most = max(self.most, self.active)
         await asyncio.sleep(self.delay)
@@ -150,7 +150,7 @@ async def test_every_call_is_observed_with_its_outcome_and_duration() -> None:
 class Down(Sender):
     """An endpoint that is down: every call 503."""
 
-    async def send(self, envelope: Envelope, attempt: int) -> Outcome:
+    async def send(self, envelope: Envelope, attempt: int, replay: str | None = None) -> Outcome:
         await super().send(envelope, attempt)
         return Outcome(Verdict.RETRY, status=503)
 
