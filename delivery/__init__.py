@@ -20,6 +20,9 @@ How the modules fit (outside in):
   (``changelog``, ``state.durable_groups``), ``recovery`` of cut-short state changes, loading
   state, an operator's seek, revisiting released dead letters; ``replays`` skips main records
   a replayed ingest batch wrote twice.
+- ``replaying``: an operator's replay of a window (docs/replays.md), a lane per replay and
+  owned partition beside the engine, reading the main log with the worker's group-less
+  reader and calling through the subscription's dispatcher.
 - ``engine``: the synchronous decision core of one partition index, pure apart from its
   ``Effects`` port, on the ordering model in ``setu/ordering/`` (group state machine, tiers,
   records, dead letters, fencing) and ``backoff``; the call's verdict is ``setu.outcome``, its
