@@ -36,6 +36,7 @@ COMMANDS = (
     "status",
     "groups",
     "dlq",
+    "replays",
     "message",
     "keys",
     "notifications",
@@ -330,6 +331,24 @@ def add_commands(sub: Any) -> None:
     which.add_argument("--message", action="append", dest="messages", metavar="MESSAGE_ID")
     which.add_argument("--failed-before", help="epoch ms or ISO 8601 time")
 
+    replays = group("replays", "deliver a window again (docs/replays.md)")
+    action(replays, "ls", "a subscription's replays, newest first", "project", "subscription")
+    action(replays, "show", "one replay and its progress", "project", "subscription", "replay_id")
+    started = action(
+        replays,
+        "start",
+        "deliver again what a window holds (some groups, some messages, a filter)",
+        "project",
+        "subscription",
+    )
+    started.add_argument("--from", dest="from_", required=True, help="epoch ms or ISO 8601 time")
+    started.add_argument("--to", help="epoch ms or ISO 8601 time (default: now)")
+    started.add_argument("--group", action="append", dest="groups", metavar="GROUP_ID")
+    started.add_argument("--message", action="append", dest="messages", metavar="MESSAGE_ID")
+    started.add_argument("--filter", help="a filter as JSON (docs/policies.md §1)")
+    started.add_argument("--rate", type=float, help="calls per second (default: the API's)")
+    action(replays, "cancel", "stop a running replay", "project", "subscription", "replay_id")
+
     message = group("message", "a message's delivery record")
     action(message, "show", "each attempt and move", "project", "subscription", "message_id")
 
@@ -403,6 +422,7 @@ def _dispatch(args: argparse.Namespace, api: Api, out: Out) -> None:
         "groups": _groups,
         "dlq": _dlq,
         "message": _message,
+        "replays": _replays,
         "keys": _keys,
         "notifications": _notifications,
         "produce": _produce,
@@ -646,6 +666,52 @@ def _dlq(a: argparse.Namespace, api: Api, out: Out) -> None:
             body = {"failed_before": parse_time(a.failed_before)}
         data = api.call("POST", f"{base}/unsideline", json=body)
         out.record(data) if out.as_json else out.say(f"requeued {data['requeued']}")
+
+
+REPLAY_COLUMNS: list[Column] = [
+    ("replay", lambda r: r["id"]),
+    ("state", lambda r: r["state"]),
+    ("window", lambda r: f"{at(r['from_ms'])} to {at(r['to_ms'])}"),
+    ("matched", lambda r: r["progress"]["matched"]),
+    ("delivered", lambda r: r["progress"]["delivered"]),
+    ("failed", lambda r: r["progress"]["failed"]),
+    ("waiting groups", lambda r: r["progress"]["waiting_groups"]),
+    (
+        "partitions done",
+        lambda r: f"{r['progress']['partitions_done']}/{r['progress']['partitions']}",
+    ),
+]
+
+
+def _replays(a: argparse.Namespace, api: Api, out: Out) -> None:
+    base = f"{_sub_path(a)}/replays"
+    if a.action == "ls":
+        data = api.call("GET", base)
+        out.table(data, data["replays"], REPLAY_COLUMNS)
+        if not data["replays"] and not out.as_json:
+            out.say("no replays")
+        return
+    if a.action == "start":
+        body: dict[str, Any] = {"from_ms": parse_time(a.from_)}
+        if a.to:
+            body["to_ms"] = parse_time(a.to)
+        if a.groups:
+            body["group_ids"] = a.groups
+        if a.messages:
+            body["message_ids"] = a.messages
+        if a.filter:
+            try:
+                body["filter"] = json.loads(a.filter)
+            except ValueError as exc:
+                raise Failed(f"--filter is not JSON: {exc}") from None
+        if a.rate is not None:
+            body["rate_per_second"] = a.rate
+        data = api.call("POST", base, json=body)
+    elif a.action == "cancel":
+        data = api.call("POST", f"{base}/{a.replay_id}/cancel")
+    else:
+        data = api.call("GET", f"{base}/{a.replay_id}")
+    out.table(data, [data], REPLAY_COLUMNS)
 
 
 def _find_dead_letter(api: Api, base: str, message_id: str) -> dict[str, Any]:

@@ -184,6 +184,45 @@ def test_notification_endpoints_are_set_shown_and_removed_with_the_secret_kept_o
         run("projects", "rm", project)
 
 
+def test_replays_are_started_listed_shown_and_cancelled(run: Any) -> None:
+    project = f"cli{uuid.uuid4().hex[:8]}"
+    run("projects", "create", "-f", "-", stdin=json.dumps({"name": project}))
+    run("topics", "create", project, "-f", "-", stdin=json.dumps({"name": "t", "grouped": True}))
+    sub = {"name": "s", "topic": "t", "endpoint": {"url": "https://hooks.example.com/x"}}
+    run("subscriptions", "create", project, "-f", "-", stdin=json.dumps(sub))
+    try:
+        assert "no replays" in run("replays", "ls", project, "s")[1]
+        code, out, err = run(
+            "replays",
+            "start",
+            project,
+            "s",
+            "--from",
+            "2026-11-30T00:00:00Z",
+            "--group",
+            "customer-42",
+            "--filter",
+            '{"body": "kind", "equals": "refund"}',
+            "--rate",
+            "5",
+            "--json",
+        )
+        assert code == 0, err
+        started = json.loads(out)
+        assert started["state"] == "running" and started["group_ids"] == ["customer-42"]
+        assert started["rate_per_second"] == 5 and started["filter"]["equals"] == "refund"
+        assert started["id"] in run("replays", "ls", project, "s")[1]
+        code, out, _ = run("replays", "cancel", project, "s", started["id"], "--json")
+        assert code == 0 and json.loads(out)["state"] == "cancelled"
+        assert "cancelled" in run("replays", "show", project, "s", started["id"])[1]
+        code, _, err = run("replays", "start", project, "s", "--from", "0", "--filter", "{")
+        assert code == 1 and "--filter is not JSON" in err
+    finally:
+        run("subscriptions", "rm", project, "s")
+        run("topics", "rm", project, "t")
+        run("projects", "rm", project)
+
+
 def test_errors_say_what_to_do(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     code, _, err = run("topics", "ls", "no-such-project")
     assert code == 1 and "404" in err and "setu projects ls" in err
@@ -206,6 +245,7 @@ def test_every_admin_command_has_help() -> None:
         "subscriptions",
         "dlq",
         "message",
+        "replays",
         "keys",
         "notifications",
     ):
