@@ -495,9 +495,13 @@ class RunnerReplays:
     def active(self) -> bool:
         return bool(self._lanes)
 
-    def set(self, replays: Iterable[Replay]) -> None:
-        """The subscription's running replays now (from the worker's listing)."""
-        self._replays = {replay.id: replay for replay in replays}
+    def set(self, replays: Iterable[Replay]) -> bool:
+        """The subscription's running replays now (from the worker's listing); True when
+        they changed."""
+        now = {replay.id: replay for replay in replays}
+        changed = now.keys() != self._replays.keys()
+        self._replays = now
+        return changed
 
     def replays(self) -> list[Replay]:
         return list(self._replays.values())

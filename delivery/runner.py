@@ -257,7 +257,8 @@ class SubscriptionRunner:
             # Entries come from calls and records: resting, there are none to write.
             work.append(Periodic(FLUSH_MS, self.attempts.flush_tick, True, QUIET_REST_MS))
         if self.replaying is not None:
-            work.append(Periodic(REPLAY_TICK_MS, self._replay_tick))
+            # Resting, no lane runs; a new replay wakes the runner (set_replays).
+            work.append(Periodic(REPLAY_TICK_MS, self._replay_tick, True, QUIET_REST_MS))
         return work
 
     def _replay_tick(self) -> None:
@@ -266,8 +267,9 @@ class SubscriptionRunner:
 
     def set_replays(self, replays: list[Replay]) -> None:
         """The subscription's running replays (docs/replays.md), from the worker's listing."""
-        if self.replaying is not None:
-            self.replaying.set(replays)
+        changed = self.replaying is not None and self.replaying.set(replays)
+        if changed and self._ticket is not None:
+            self._ticker.wake(self._ticket)
 
     def replays(self) -> list[Replay]:
         """What :meth:`set_replays` was last told (for a runner started in this one's place)."""

@@ -443,11 +443,23 @@ class Worker:
         finally:
             await asyncio.gather(*(self._retire(key) for key in list(self.slots)))
 
-    def _list(self) -> tuple[list[Subscription], list[Replay]]:
+    def _list(self) -> tuple[list[Subscription], list[Replay] | None]:
+        """The subscriptions, and the running replays (None: not known this time; a failed
+        replay listing never keeps subscriptions from being served)."""
         subs = self._source.list_subscriptions()
-        return subs, [] if self._replays is None else self._replays.running()
+        if self._replays is None:
+            return subs, []
+        try:
+            return subs, self._replays.running()
+        except Exception as exc:
+            log.warning("listing replays failed: %s", exc)
+            return subs, None
 
-    async def reconcile(self, subs: list[Subscription], replays: Iterable[Replay] = ()) -> None:
+    async def reconcile(
+        self, subs: list[Subscription], replays: Iterable[Replay] | None = ()
+    ) -> None:
+        """Runs what ``subs`` says should run; hands each runner its replays (``replays``
+        None: leaves them as they were)."""
         wanted = {(s.project, s.name): s for s in subs if s.state is not SubscriptionState.STOPPED}
         stopped = {(s.project, s.name): s for s in subs if s.state is SubscriptionState.STOPPED}
         retiring = [k for k in self.slots if k not in wanted]
@@ -463,6 +475,8 @@ class Worker:
                 else:
                     await self._retire(key)
                     self._launch(sub)
+        if replays is None:
+            return
         running: dict[tuple[str, str], list[Replay]] = {}
         for replay in replays:
             running.setdefault((replay.project, replay.subscription), []).append(replay)
