@@ -14,6 +14,9 @@ What it keeps:
   subscription's budget (N+1 attempts), before the group's next one. One that fails for good
   is counted and listed; under the ``park`` policy the group's later replayed messages are then
   left out (its order would break), under ``skip`` they go on.
+- **Only what was delivered.** A lane reads no further than live delivery has finished the
+  main log: a message not yet delivered once is not replayed (it will be, live), so a
+  replayed message never goes out ahead of its group's live head.
 - **Never past a failed group's head.** A group whose live delivery is failing (retrying, or
   parked in the DLQ) has messages older than its replayed ones still unfinished. Its replayed
   messages wait: the lane sets the group aside (``deferred``: the offset to read it again
@@ -71,6 +74,9 @@ IDLE_S = 0.5
 # How long a first pass waits before reading the log's end again while the window's last
 # messages may still be on their way.
 TAIL_REST_S = 1.0
+# How long a lane waits before looking again when live delivery has not finished the log's
+# next record.
+FRONTIER_REST_S = 0.2
 # A Retry-After longer than this is not waited for by a replay's next attempt.
 MAX_RETRY_AFTER_MS = 3_600_000
 
@@ -106,6 +112,11 @@ class Owner(Protocol):
 
     def blocks(self, group: str) -> bool:
         """Whether the group's live delivery is failing (retrying, or parked)."""
+        ...
+
+    def delivered_below(self) -> int | None:
+        """The main-log offset below which live delivery has finished every record
+        (delivered, dead-lettered, or parked behind its group); None: not known yet."""
         ...
 
 
@@ -234,33 +245,47 @@ class ReplayLane:
         return self._tracker.open_count < BUFFERED
 
     async def _read(self) -> bool:
-        """Reads the next records of the pass; False when there were none."""
+        """Reads the next records of the pass, up to where live delivery has finished the
+        log; False when it took none."""
         progress = self.progress
         assert progress is not None
+        first_pass = progress.passing is None
+        finding_end = first_pass and progress.end_offset < 0
+        frontier = self._owner.delivered_below()
+        if frontier is None or (frontier <= self._scan and not finding_end):
+            self._tail_rest = time.monotonic() + FRONTIER_REST_S
+            return False
         budget = min(CHUNK, BUFFERED - self._tracker.open_count)
         messages, position, at_end = await asyncio.to_thread(
             self._log.read, self._topic, self.partition, self._scan, budget
         )
-        first_pass = progress.passing is None
         last_ms = self.replay.to_ms + WRITE_SLACK_MS
+        took = False
         for msg in messages:
             offset = msg.offset() or 0
             if 0 <= progress.end_offset <= offset:
                 return True
-            if first_pass and progress.end_offset < 0 and msg.timestamp()[1] > last_ms:
+            if finding_end and msg.timestamp()[1] > last_ms:
                 progress.end_offset = offset  # written after the window could have been
                 return True
+            if offset >= frontier:
+                # Not yet finished by live delivery: a replay delivers again what was
+                # delivered, and never a group's message before its first delivery got
+                # through (it could overtake a head that is about to fail and park).
+                self._tail_rest = time.monotonic() + FRONTIER_REST_S
+                return took
             self._scan = offset + 1
             self._take(msg, offset, first_pass)
+            took = True
         self._scan = max(self._scan, position)
-        if at_end and first_pass and progress.end_offset < 0:
+        if at_end and finding_end:
             if self._clock() >= last_ms:
                 progress.end_offset = position  # everything of the window is written by now
             else:
                 # The window's last messages may still be on their way through ingest: look
                 # at the log's end again in a second.
                 self._tail_rest = time.monotonic() + TAIL_REST_S
-        return bool(messages)
+        return took
 
     def _take(self, msg: Message, offset: int, first_pass: bool) -> None:
         progress = self.progress
@@ -469,6 +494,10 @@ class _Owned:
 
     def blocks(self, group: str) -> bool:
         return group in self._port.engine.states
+
+    def delivered_below(self) -> int | None:
+        tracker = self._port.engine.trackers.get(MAIN)
+        return None if tracker is None else tracker.committable()
 
 
 class RunnerReplays:

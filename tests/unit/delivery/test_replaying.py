@@ -101,9 +101,13 @@ class Owner:
     blocked: set[str] = field(default_factory=set)
     alive: bool = True
     draining: bool = False
+    frontier: int | None = 10**9  # live delivery finished the log below this offset
 
     def blocks(self, group: str) -> bool:
         return group in self.blocked
+
+    def delivered_below(self) -> int | None:
+        return self.frontier
 
 
 @dataclass
@@ -371,3 +375,22 @@ async def test_calls_are_paced_to_the_replays_share_of_its_rate(make: Any) -> No
     dues = sorted(a.not_before_ms for a in rig.pool.waiting if a.not_before_ms)
     # the bucket's burst goes at once; the rest half a second apart
     assert dues and dues[-1] - dues[0] >= 0.5 * 1000 * (len(dues) - 2)
+
+
+async def test_a_message_live_delivery_has_not_finished_is_not_replayed_yet(make: Any) -> None:
+    log = Log()
+    a0, a1, b2 = log.add("a"), log.add("a"), log.add("b")
+    rig = make(log)
+    rig.owner.frontier = 1  # a1 and b2 are still on their first, live, delivery
+    rig.start()
+    await rig.until("a0 called", lambda: rig.pool.ids() == [a0])
+    rig.pool.answer(a0)
+    reads = rig.log.reads
+    await rig.until("the lane looked again twice", lambda: rig.log.reads >= reads + 2)
+    assert rig.pool.ids() == [] and not rig.lane.finished
+    rig.owner.frontier = 3  # live delivery got through them
+    await rig.until("the rest called", lambda: sorted(rig.pool.ids()) == [a1, b2])
+    rig.pool.answer(a1)
+    rig.pool.answer(b2)
+    progress = await rig.settled()
+    assert progress.delivered == 3
