@@ -496,8 +496,11 @@ class _Owned:
         return group in self._port.engine.states
 
     def delivered_below(self) -> int | None:
+        # Nothing read since the takeover and no committed offset: live delivery has
+        # finished nothing of this partition that the lane may count on.
         tracker = self._port.engine.trackers.get(MAIN)
-        return None if tracker is None else tracker.committable()
+        finished = None if tracker is None else tracker.committable()
+        return 0 if finished is None else finished
 
 
 class RunnerReplays:
