@@ -151,7 +151,7 @@ async def create_replay(
     "",
     response_model=None,
     summary="The subscription's replays, newest first",
-    responses={200: {"model": ReplaysOut}, **errors(404, 503)},
+    responses={200: {"model": ReplaysOut}, **errors(400, 404, 503)},
 )
 @allow(Permission.READ)
 async def list_replays(
