@@ -177,6 +177,7 @@ async function subscription(p, s) {
   const groupsBox = h("div", { id: "groups" });
   const dlqBox = h("div", { id: "dlq" });
   const lookupBox = h("div", { id: "lookup" });
+  const replaysBox = h("div", { id: "replays" });
   let previous = null;
 
   async function act(action, question) {
@@ -197,8 +198,39 @@ async function subscription(p, s) {
     } catch (e) { toast(e.message); }
   }
 
+  async function replay(body, question) {
+    if (!confirm(question)) return;
+    try {
+      const answer = await api("POST", `${base}/replays`, body);
+      toast(`replay ${answer.id} started`);
+      await refresh();
+    } catch (e) { toast(e.message); }
+  }
+
+  async function cancelReplay(id) {
+    if (!confirm(`Cancel replay ${id}? Calls already made stay made.`)) return;
+    try {
+      await api("POST", `${base}/replays/${enc(id)}/cancel`);
+      toast(`replay ${id} cancelled`);
+      await refresh();
+    } catch (e) { toast(e.message); }
+  }
+
   async function refresh() {
-    const [status, groups] = await Promise.all([api("GET", `${base}/status`), api("GET", `${base}/groups?limit=100`)]);
+    const [status, groups, replays] = await Promise.all([api("GET", `${base}/status`),
+      api("GET", `${base}/groups?limit=100`), api("GET", `${base}/replays?limit=10`)]);
+    replaysBox.replaceChildren(table([
+      ["replay", (r) => r.id], ["state", (r) => r.state],
+      ["window", (r) => `${when(r.from_ms)} to ${when(r.to_ms)}`],
+      ["groups", (r) => (r.group_ids ? r.group_ids.join(", ") : "all")],
+      ["matched", (r) => r.progress.matched], ["delivered", (r) => r.progress.delivered],
+      ["failed", (r) => r.progress.failed],
+      ["waiting groups", (r) => r.progress.waiting_group_ids.join(", ") || "-"],
+      ["partitions done", (r) => `${r.progress.partitions_done}/${r.progress.partitions}`],
+      ["", (r) => (r.state === "running"
+        ? h("button", { class: "cancel-replay", "data-replay": r.id, onclick: () => cancelReplay(r.id) }, "Cancel")
+        : "")],
+    ], replays.replays, "no replays"));
     const now = Date.now();
     let rates = ["-", "-"];
     if (previous) {
@@ -269,6 +301,20 @@ async function subscription(p, s) {
     } catch (e) { lookupBox.replaceChildren(h("p", { class: "bad" }, e.message)); }
   }
 
+  const replayFrom = h("input", { type: "datetime-local", id: "replay-from" });
+  const replayTo = h("input", { type: "datetime-local", id: "replay-to" });
+  const replayGroups = h("input", { id: "replay-groups", size: 30, placeholder: "group ids, comma-separated (empty: all)" });
+  const replayForm = h("form", { class: "inline", id: "new-replay", onsubmit: (e) => {
+    e.preventDefault();
+    // From: the time given, else an hour ago; to: the time given, else now (the API's).
+    const from = replayFrom.value ? new Date(replayFrom.value).getTime() : Date.now() - 3600_000;
+    const body = { from_ms: from };
+    if (replayTo.value) body.to_ms = new Date(replayTo.value).getTime();
+    const groups = replayGroups.value.split(",").map((g) => g.trim()).filter((g) => g);
+    if (groups.length) body.group_ids = groups;
+    const which = groups.length ? `group(s) ${groups.join(", ")}` : "every group";
+    replay(body, `Deliver again what ${which} got since ${when(from)}${body.to_ms ? ` until ${when(body.to_ms)}` : ""}? Each group's messages arrive again in order.`);
+  } }, "from ", replayFrom, " to ", replayTo, " ", replayGroups, " ", h("button", { type: "submit" }, "Replay"));
   const seekInput = h("input", { type: "datetime-local", id: "seek-time" });
   const lookupInput = h("input", { id: "message-id", size: 40, placeholder: "message id" });
   show(
@@ -286,6 +332,9 @@ async function subscription(p, s) {
     h("h2", {}, "Status"), statusBox,
     h("h2", {}, "Unhealthy groups"), groupsBox,
     h("h2", {}, "Dead letters"), h("button", { onclick: () => browse() }, "Browse the DLQ"), dlqBox,
+    h("h2", {}, "Replays"),
+    h("p", {}, "Deliver again what a window already delivered (docs/replays.md): for a receiver that acknowledged messages and lost them."),
+    replayForm, replaysBox,
     h("h2", {}, "Message lookup"),
     h("form", { class: "inline", onsubmit: (e) => { e.preventDefault(); lookup(lookupInput.value.trim()); } },
       lookupInput, h("button", { type: "submit" }, "Show its attempts")), lookupBox,

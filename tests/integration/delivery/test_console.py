@@ -1,6 +1,7 @@
 """The console in a real browser (Debian's Chromium, driven by Selenium) on the whole stack as
 `setu dev up` runs it: sign in, create a subscription, produce a message that is dead-lettered,
-see its group in the unhealthy table, unsideline it from the console and see it delivered.
+see its group in the unhealthy table, unsideline it from the console and see it delivered,
+then replay it from the console.
 With ``SETU_SCREENSHOTS=DIR`` it also saves the main pages there (the README's pictures)."""
 
 from __future__ import annotations
@@ -160,6 +161,23 @@ def test_an_operator_finds_and_unsidelines_a_stuck_group_in_the_console(
         # Then it is delivered, and the table shows every group healthy again
         wait_for("delivered", lambda: receiver.delivered("customer-42") == ["m-1"], SLOW_S)
         wait_for("healthy", lambda: shows(browser, "#groups", "every group is healthy"), SLOW_S)
+        # When the receiver loses what it acknowledged and the operator replays the group
+        # from the console (the last hour, by default)
+        browser.find_element(By.ID, "replay-groups").send_keys("customer-42")
+        browser.find_element(By.CSS_SELECTOR, "#new-replay button[type=submit]").click()
+        wait_for("confirmation", lambda: accept_confirmation(browser))
+        # Then the message is delivered again under the replay's id, and the replay ends
+        wait_for(
+            "replayed",
+            lambda: any(
+                c.message_id == "m-1" and c.headers.get("x_replay_id") and c.status == 200
+                for c in receiver.calls
+            ),
+            SLOW_S,
+        )
+        wait_for("replay done", lambda: shows(browser, "#replays", "done"), SLOW_S)
+        assert "customer-42" in text_of(browser, "#replays")
+        shot(browser, "replays")
         # And /docs renders Swagger UI in the browser from the API's own files
         browser.get(f"{api}/docs")
         wait_for(
