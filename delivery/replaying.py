@@ -152,6 +152,7 @@ class ReplayLane:
         self._marks = IngestMarks()  # main records an ingest replay wrote twice (delivery.replays)
         self._queues: dict[str, deque[Record]] = {}  # a group's selected records, waiting
         self._busy: set[str] = set()  # groups with a call out
+        self._ready: deque[str] = deque()  # groups with records waiting and no call out
         self._loose: deque[Record] = deque()  # records of no group, waiting
         self._out = 0  # attempts handed to the dispatcher and not yet settled
         self._failed_groups: set[str] = set()
@@ -333,6 +334,8 @@ class ReplayLane:
         queue = self._queues.get(group)
         if queue is None:
             queue = self._queues[group] = deque()
+            if group not in self._busy:
+                self._ready.append(group)
         queue.append(rec)
 
     # Calling
@@ -342,8 +345,12 @@ class ReplayLane:
             self._submit(self._loose.popleft(), 1, 0)
         progress = self.progress
         assert progress is not None
-        for group in [g for g in self._queues if g not in self._busy]:
-            queue = self._queues[group]
+        ready = self._ready
+        while ready:
+            group = ready.popleft()
+            queue = self._queues.get(group)
+            if not queue or group in self._busy:
+                continue
             if self._owner.blocks(group):
                 progress.deferred[group] = queue[0].offset
                 self._finish_all(queue)
@@ -391,7 +398,9 @@ class ReplayLane:
         queue = self._queues.get(group)
         if queue and queue[0] is rec:
             queue.popleft()
-        if not queue:
+        if queue:
+            self._ready.append(group)
+        else:
             self._queues.pop(group, None)
 
     def _give_up(self, group: str) -> None:
