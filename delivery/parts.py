@@ -18,6 +18,7 @@ from delivery.watch import StateWatch
 from delivery.webhook import WebhookSender
 from setu.envelope import KafkaHeaders
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
+from setu.replay import WRITE_SLACK_MS
 from state.attempt_log import AttemptLog
 from state.delivery_budget import DeliveryBudget
 from state.groups import GroupStore
@@ -51,6 +52,9 @@ class RunnerConfig:
     seek_retry_s: float = SEEK_RETRY_S
     # How long each message's attempt log is kept (SETU_ATTEMPT_LOG_HOURS); 0: not kept.
     attempt_log_hours: int = 24
+    # How long after a replay's window the main log may still hold its messages
+    # (SETU_REPLAY_SETTLE_MS, docs/replays.md).
+    replay_settle_ms: int = WRITE_SLACK_MS
 
 
 class Switch(Protocol):

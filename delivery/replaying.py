@@ -135,8 +135,12 @@ class ReplayLane:
         store: ReplayProgressStore,
         dispatcher: Dispatcher,
         clock: Callable[[], int] = now_ms,
+        settle_ms: int = WRITE_SLACK_MS,
     ) -> None:
+        """``settle_ms``: how long after the window's end the main log may still receive
+        its messages (the ingest job's write comes a little after the produce)."""
         self.replay = replay
+        self._settle_ms = settle_ms
         self.sub = sub
         self.partition = partition
         self._owner = owner
@@ -260,7 +264,7 @@ class ReplayLane:
         messages, position, at_end = await asyncio.to_thread(
             self._log.read, self._topic, self.partition, self._scan, budget
         )
-        last_ms = self.replay.to_ms + WRITE_SLACK_MS
+        last_ms = self.replay.to_ms + self._settle_ms
         took = False
         for msg in messages:
             offset = msg.offset() or 0
@@ -523,8 +527,10 @@ class RunnerReplays:
         main_topic: str,
         log_: MainLog,
         store: ReplayProgressStore,
+        settle_ms: int = WRITE_SLACK_MS,
     ) -> None:
         self._ports = ports
+        self._settle_ms = settle_ms
         self._topic = main_topic
         self._log = log_
         self._store = store
@@ -584,6 +590,7 @@ class RunnerReplays:
                     self._log,
                     self._store,
                     dispatcher,
+                    settle_ms=self._settle_ms,
                 )
                 task = asyncio.get_running_loop().create_task(lane.run())
                 self._lanes[key] = (lane, task)

@@ -163,7 +163,9 @@ class SubscriptionRunner:
         self.replaying = (
             None
             if parts.replays is None
-            else RunnerReplays(self.ports, self.topics[MAIN], self.reader, parts.replays)
+            else RunnerReplays(
+                self.ports, self.topics[MAIN], self.reader, parts.replays, config.replay_settle_ms
+            )
         )
         self.gate = asyncio.Event()
         self.gate.set()

@@ -238,6 +238,7 @@ async def serve(
         limits=limits,
         client_config=kafka,
         attempt_log_hours=settings.attempt_log_hours,
+        replay_settle_ms=settings.replay_settle_ms,
     )
     reader = KafkaReader(config.bootstrap, config.client_config)
     consumer, hub = readers(settings, config, loop, reader)

@@ -202,6 +202,9 @@ class Settings(BaseSettings):
     replay_rate_per_second: float = Field(default=50.0, gt=0, le=100_000)
     replay_max_rate_per_second: float = Field(default=1_000.0, gt=0, le=100_000)
     replays_running_max: int = Field(default=4, ge=1, le=100)
+    # How long after a replay's window ends a message the ingest job writes is still
+    # replayed (the main log's time is the write's, a little after the produce).
+    replay_settle_ms: int = Field(default=10_000, ge=0, le=3_600_000)
     # How often a worker lists every subscription whatever Redis's change count says: a
     # backstop, since every writer of a subscription's record raises that count and the
     # workers list at once when it moves (docs/delivery.md, "Workers hear of it within a
