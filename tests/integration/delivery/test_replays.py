@@ -79,13 +79,20 @@ def done(api: httpx.Client, world: World, replay_id: str) -> dict[str, Any]:
     return view_of(api, world, replay_id)
 
 
+def serving(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], partitions: int
+) -> None:
+    """Topic ``t`` of ``partitions`` and subscription ``s`` to ``receiver``, served."""
+    world.topic("t", partitions=partitions)
+    world.subscription(receiver.url, delays_ms=(100,))
+    start_worker()
+
+
 def test_a_window_is_delivered_again_in_group_order_with_webhook_ids_of_its_own(
     world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], api: httpx.Client
 ) -> None:
     # Given two groups and loose messages delivered, then a group produced after the window
-    world.topic("t", partitions=2)
-    world.subscription(receiver.url, delays_ms=(100,))
-    start_worker()
+    serving(world, receiver, start_worker, partitions=2)
     before = now_ms()
     a, b = publish(world, "a", 6), publish(world, "b", 4)
     wait_for("a and b delivered", lambda: live(receiver, "a") == a and live(receiver, "b") == b)
@@ -123,9 +130,7 @@ def test_groups_messages_and_a_filter_select_what_is_replayed(
     world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], api: httpx.Client
 ) -> None:
     # Given three groups delivered
-    world.topic("t", partitions=2)
-    world.subscription(receiver.url, delays_ms=(100,))
-    start_worker()
+    serving(world, receiver, start_worker, partitions=2)
     before = now_ms()
     a, b, c = publish(world, "a", 3), publish(world, "b", 3), publish(world, "c", 3)
     wait_for("delivered", lambda: len(receiver.delivered()) == 9)
@@ -145,9 +150,7 @@ def test_a_replay_waits_behind_a_parked_group_and_follows_its_release(
 ) -> None:
     # Given group p delivered three times, then parked in the DLQ on its fourth message;
     # group q healthy
-    world.topic("t", partitions=1)
-    world.subscription(receiver.url, delays_ms=(100,))
-    start_worker()
+    serving(world, receiver, start_worker, partitions=1)
     before = now_ms()
     p = publish(world, "p", 3)
     q = publish(world, "q", 3)
@@ -219,9 +222,7 @@ def test_a_cancelled_replay_stops_calling(
     world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], api: httpx.Client
 ) -> None:
     # Given 30 messages delivered and a replay of them at one call a second
-    world.topic("t", partitions=1)
-    world.subscription(receiver.url, delays_ms=(100,))
-    start_worker()
+    serving(world, receiver, start_worker, partitions=1)
     before = now_ms()
     old = publish(world, "g", 30)
     wait_for("delivered", lambda: live(receiver, "g") == old)
