@@ -118,6 +118,11 @@ def test_a_window_is_delivered_again_in_group_order_with_webhook_ids_of_its_own(
     progress = view["progress"]
     assert (progress["matched"], progress["delivered"], progress["failed"]) == (10, 10, 0)
     assert progress["partitions_done"] == progress["partitions"] == 2
+    # (attempts are written every 200 ms: the replayed one may come just after "done")
+    wait_for(
+        "the replayed call in the delivery record",
+        lambda: len(api.get(sub_path(world, f"messages/{a[0]}")).json()["attempts"]) == 2,
+    )
     record = api.get(sub_path(world, f"messages/{a[0]}")).json()
     assert record["location"] == "delivered"
     assert [(x["replay_id"], x["webhook_id"]) for x in record["attempts"]] == [
