@@ -12,6 +12,7 @@ the ``webhook-id`` of a replayed call, and the progress of one partition as it i
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -132,40 +133,13 @@ class PartitionProgress:
     done: bool = False
 
     def json(self) -> dict[str, Any]:
-        return {
-            "next_offset": self.next_offset,
-            "end_offset": self.end_offset,
-            "scanned": self.scanned,
-            "matched": self.matched,
-            "delivered": self.delivered,
-            "failed": self.failed,
-            "skipped": self.skipped,
-            "deferred": dict(self.deferred),
-            "passing": None if self.passing is None else dict(self.passing),
-            "read_to": self.read_to,
-            "failed_groups": list(self.failed_groups),
-            "failed_messages": list(self.failed_messages),
-            "done": self.done,
-        }
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> PartitionProgress:
-        passing = doc.get("passing")
-        return cls(
-            next_offset=int(doc["next_offset"]),
-            end_offset=int(doc["end_offset"]),
-            scanned=int(doc.get("scanned", 0)),
-            matched=int(doc.get("matched", 0)),
-            delivered=int(doc.get("delivered", 0)),
-            failed=int(doc.get("failed", 0)),
-            skipped=int(doc.get("skipped", 0)),
-            deferred={str(k): int(v) for k, v in dict(doc.get("deferred") or {}).items()},
-            passing=None if passing is None else {str(k): int(v) for k, v in passing.items()},
-            read_to=int(doc.get("read_to", 0)),
-            failed_groups=[str(g) for g in doc.get("failed_groups") or ()],
-            failed_messages=[str(m) for m in doc.get("failed_messages") or ()],
-            done=bool(doc.get("done", False)),
-        )
+        """What :meth:`json` wrote (its JSON keeps every field's type)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{name: value for name, value in doc.items() if name in names})
 
 
 def progress_view(replay: Replay, parts: dict[int, PartitionProgress]) -> dict[str, Any]:
