@@ -21,9 +21,10 @@ elsewhere (:mod:`delivery.effects`); its pure rules are in ``setu/ordering/``.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from delivery.backoff import next_attempt_at
@@ -36,7 +37,7 @@ from setu.ordering.fencing import is_stale_copy
 from setu.ordering.groups import Failure, Kind, Route
 from setu.ordering.records import Record
 from setu.ordering.state import GroupState, PartitionSnapshot, StateWrite
-from setu.ordering.tiers import DLQ, MAIN, after_failure, is_retry, next_tier
+from setu.ordering.tiers import DLQ, HOLD, MAIN, after_failure, is_retry, next_tier
 from setu.outcome import Outcome, Verdict
 from setu.policies import accepts
 
@@ -45,6 +46,11 @@ MAX_MOVE_BATCH = 256
 # Tiers from the top down: a lane looks at its oldest messages' tiers first.
 _TIERS_DOWN = tuple(range(DLQ, MAIN - 1, -1))
 PARKED_REASON = "parked behind its failed group"
+# A held head due within this long keeps its record in memory; a later one is read again from
+# the main log when due (docs/scheduling.md), so memory does not grow with what is scheduled.
+KEEP_HELD_MS = 60_000
+# A message scheduled this close is called at its time without being held: no state write.
+SHORT_WAIT_MS = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +123,17 @@ class Effects(Protocol):
     def seek(self, partition: int, tier: int, offset: int) -> None:
         """Move the tier's consumer back to ``offset``; then :meth:`unblocked`."""
 
+    def recall(
+        self, partition: int, group: str, offset: int, record: Record | None, first: bool
+    ) -> None:
+        """A held head is due: read its main record at ``offset`` unless ``record`` is given,
+        and (``first``: before its first attempt) look whether its producer cancelled it;
+        then :meth:`recalled`."""
+
+    def unscheduled(self, partition: int, group: str, message_id: str, why: str) -> None:
+        """A held head finished without a call: ``cancelled``, or ``gone`` from the main log
+        (no completion call)."""
+
 
 class Lane:
     """A group's records in memory and what is in progress for it."""
@@ -179,6 +196,17 @@ class PartitionEngine:
         self._grouped = sub.grouped
         self._tiers = sub.retry.tiers
         self._releasing: set[str] = set()  # group releases handed in and not yet persisted
+        # Held heads (docs/scheduling.md): when each is due, their records where kept, those
+        # being read again, and those due and read, waiting for their lane.
+        self.timers: list[tuple[int, str]] = []
+        self.holds: dict[str, Record] = {}
+        self.recalling: set[str] = set()
+        # A due head's record to call, or why it finishes without a call.
+        self.ready: dict[str, Record | str] = {}
+        for group, state in self.states.items():
+            if state.held >= 0:
+                self.timers.append((state.due_at_ms, group))
+        heapq.heapify(self.timers)
         # Where the DLQ must be read again from once the DLQ seek in flight has landed.
         self._dlq_wanted: int | None = None
 
@@ -206,14 +234,14 @@ class PartitionEngine:
             tracker.finish(rec.offset)  # its outcome was recorded before a restart
             return
         group = rec.group
-        if not self._grouped or group is None:
+        if group is None or not (self._grouped or self._scheduled_order(rec)):
             self._loose(rec)
             return
         lane = self.lanes.get(group)
         if lane is None:
             lane = self.lanes[group] = Lane()
             if rec.tier == MAIN and group not in self.states:
-                self._dispatch(rec, False, lane)  # the common case: a healthy, idle group
+                self._deliver_or_hold(group, rec, lane)  # the common case: a healthy, idle group
                 return
         queue = lane.queues.get(rec.tier)
         if queue is None:
@@ -221,6 +249,84 @@ class PartitionEngine:
         queue.append(rec)
         if lane.busy is None:
             self._pump(group, lane)
+
+    def _scheduled_order(self, rec: Record) -> bool:
+        """In a subscription that does not keep order: whether ``rec`` still goes in group
+        order, as scheduled messages and their copies do (docs/scheduling.md)."""
+        if rec.kind is not None:
+            return rec.kind.ordered
+        return rec.tier == MAIN and rec.envelope.deliver_at_ms > self.clock()
+
+    def _deliver_or_hold(self, group: str, rec: Record, lane: Lane) -> None:
+        """A healthy group's main message: called now, or, scheduled for later, held."""
+        due = rec.envelope.deliver_at_ms
+        if not due or due - self.clock() <= SHORT_WAIT_MS:
+            self._dispatch(rec, False, lane)  # not before its time (see _dispatch)
+            return
+        # It becomes the group's head and waits in the main log; its offset finishes (the
+        # state names it), so the main log's commit moves on past it.
+        finished = ((MAIN, rec.offset),)
+        state = groups.marked(None, groups.held(rec.message_id, rec.offset, due), finished)
+        write = StateWrite(
+            self.partition, group, touches_group=True, state=state, outcomes=finished
+        )
+        if due - self.clock() <= KEEP_HELD_MS:
+            self.holds[group] = replace(rec, held=True)
+        self._persist(lane, Transition(write, (rec,)))
+
+    # Input: time
+
+    def next_due_ms(self) -> int | None:
+        """When the earliest held head is due (None: none held)."""
+        return self.timers[0][0] if self.timers else None
+
+    def wake(self, now_ms: int) -> None:
+        """Held heads due by ``now_ms`` are read again (:meth:`Effects.recall`)."""
+        timers = self.timers
+        while timers and timers[0][0] <= now_ms:
+            due, group = heapq.heappop(timers)
+            state = self.states.get(group)
+            lane = self.lanes.get(group)
+            if (
+                state is None
+                or state.held < 0
+                or state.due_at_ms != due
+                or group in self.recalling
+                or group in self.ready
+                or (lane is not None and lane.delivering is not None)
+            ):
+                continue  # changed since (delivered, moved on, due later), or under way
+            self.recalling.add(group)
+            self.active += 1
+            record = self.holds.pop(group, None)
+            self.effects.recall(self.partition, group, state.held, record, state.attempts == 0)
+
+    def recalled(self, group: str, record: Record | None, cancelled: bool) -> None:
+        """A held head's record read again (None: the main log no longer has it), and whether
+        its producer cancelled it (:meth:`Effects.recall`)."""
+        self.active -= 1
+        self.recalling.discard(group)
+        state = self.states.get(group)
+        if state is None or state.held < 0:
+            return
+        lane = self.lanes.get(group)
+        if lane is None:
+            lane = self.lanes[group] = Lane()
+        if cancelled:
+            self.ready[group] = "cancelled"
+        elif record is None:
+            self.ready[group] = "gone"
+        else:
+            self.ready[group] = replace(record, held=True)
+        if lane.busy is None:
+            self._pump(group, lane)
+
+    def _unschedule(self, group: str, lane: Lane, why: str) -> None:
+        """The held head finishes without a call (see :meth:`recalled`)."""
+        state = self.states[group]
+        self.effects.unscheduled(self.partition, group, state.head or "", why)
+        after = groups.marked(state, groups.head_done(state, HOLD, state.held))
+        self._persist(lane, Transition(self._group_write(group, state, after)))
 
     def _not_for_delivery(self, rec: Record) -> bool:
         """Finishes a record that no group may see: a stale worker's copy, a replayed
@@ -323,7 +429,7 @@ class PartitionEngine:
         self.active -= 1
         self.in_flight -= 1
         group = attempt.record.group
-        lane = self.lanes.get(group) if (self._grouped and group is not None) else None
+        lane = self.lanes.get(group) if group is not None else None
         if lane is None or group is None or lane.delivering is not attempt:
             self._settle(None, None, attempt, outcome)
             return
@@ -331,6 +437,7 @@ class PartitionEngine:
         rec = attempt.record
         if (
             rec.tier == MAIN
+            and not rec.held
             and outcome.verdict is Verdict.DELIVERED
             and lane.busy is None
             and not lane.release
@@ -411,12 +518,21 @@ class PartitionEngine:
         write = transition.write
         group = write.group
         if write.touches_group and group is not None:
+            before = self.states.get(group)
+            new = write.state
+            if (
+                new is not None
+                and new.held >= 0
+                and (before is None or (before.held, before.due_at_ms) != (new.held, new.due_at_ms))
+            ):
+                heapq.heappush(self.timers, (new.due_at_ms, group))  # a held head's time
             if write.state is None:
                 self.states.pop(group, None)
             else:
                 self.states[group] = write.state
         for src in transition.sources:
-            self.trackers[src.tier].finish(src.offset)
+            if not src.held:
+                self.trackers[src.tier].finish(src.offset)
         self.pending.difference_update(write.releases_done)
         if write.release_request_done and group is not None:
             self._releasing.discard(group)
@@ -499,12 +615,19 @@ class PartitionEngine:
                 self._release(group, lane)
             elif not self._step(group, lane):
                 break
-        if lane.idle():
+        if lane.idle() and group not in self.ready:
             del self.lanes[group]
 
     def _step(self, group: str, lane: Lane) -> bool:
         """Start the next thing the lane can do; False when it can do nothing now."""
         state = self.states.get(group)
+        if lane.delivering is None and group in self.ready:
+            due = self.ready.pop(group)  # a held head (docs/scheduling.md)
+            if isinstance(due, str):
+                self._unschedule(group, lane, due)
+            else:
+                self._dispatch(due, False, lane, state)
+            return True
         queues = lane.queues
         for tier in _TIERS_DOWN if len(queues) > 1 else queues:
             queue = queues.get(tier)
@@ -522,7 +645,10 @@ class PartitionEngine:
                 if lane.delivering is not None:
                     continue
                 queue.popleft()
-                self._dispatch(rec, loose, lane, state)
+                if tier == MAIN and not loose:
+                    self._deliver_or_hold(group, rec, lane)
+                else:
+                    self._dispatch(rec, loose, lane, state)
                 return True
             assert state is not None
             # The records behind it that go the same way go along (not a lap's copy, say,
@@ -542,13 +668,16 @@ class PartitionEngine:
     def _dispatch(
         self, rec: Record, loose: bool, lane: Lane | None, state: GroupState | None = None
     ) -> None:
-        """Calls the webhook for ``rec``. When ``rec`` is the head of its group's ``state``,
-        the state may know of more attempts than the record says (a dead letter that went on
-        a lap, a head that waits in its tier) and of a due time (the latter)."""
+        """Calls the webhook for ``rec``, not before its producer asked (docs/scheduling.md: a
+        scheduled message that waited behind its group in a retry tier waits there for its
+        time too). When ``rec`` is the head of its group's ``state``, the state may know of
+        more attempts than the record says (a dead letter that went on a lap, a head that waits
+        in its tier) and of a due time (the latter)."""
         before = not_before = 0
         if state is not None and state.head == rec.message_id:
             before, not_before = state.attempts, state.due_at_ms
         number = max(rec.envelope.attempt, before) + 1
+        not_before = max(not_before, rec.envelope.deliver_at_ms)
         attempt = Attempt(self.partition, rec, number, loose, not_before)
         if lane is not None:
             lane.delivering = attempt
@@ -567,6 +696,11 @@ class PartitionEngine:
             self._settle_lap(group, lane, attempt, outcome)
             return
         if outcome.verdict is Verdict.DELIVERED:
+            if rec.held and group is not None:
+                state = self.states[group]
+                after = groups.marked(state, groups.head_done(state, HOLD, rec.offset))
+                self._persist(lane, Transition(self._group_write(group, state, after, delivered=1)))
+                return
             if attempt.independent or rec.tier == MAIN:
                 self.trackers[rec.tier].finish(rec.offset)
                 self.effects.delivered(self.partition, rec.tier, rec.offset)
@@ -576,9 +710,12 @@ class PartitionEngine:
             self._persist(lane, Transition(write, (rec,)))
             return
         ordered = not attempt.independent and group is not None
-        to = after_failure(attempt.number, rec.tier, self._tiers)
+        tier = HOLD if rec.held else rec.tier
+        to = after_failure(attempt.number, tier, self._tiers)
+        if rec.held and attempt.number > self._tiers:
+            to = DLQ  # a held head has a main message's budget: with no retry tiers, none
         now = self.clock()
-        if outcome.verdict is Verdict.RETRY and to == rec.tier and ordered:
+        if outcome.verdict is Verdict.RETRY and to == tier and ordered:
             assert group is not None and lane is not None
             self._wait_in_place(group, lane, attempt, outcome)
         elif outcome.verdict is Verdict.RETRY and to != DLQ:
@@ -605,10 +742,14 @@ class PartitionEngine:
         write = self._group_write(
             group, state, groups.head_waits(state, rec.message_id, failure, due), retried=1
         )
-        queue = lane.queues.get(rec.tier)
-        if queue is None:
-            queue = lane.queues[rec.tier] = deque()
-        queue.appendleft(rec)
+        if rec.held:  # it waits in the main log, as it did for its time (wake)
+            if due - self.clock() <= KEEP_HELD_MS:
+                self.holds[group] = rec
+        else:
+            queue = lane.queues.get(rec.tier)
+            if queue is None:
+                queue = lane.queues[rec.tier] = deque()
+            queue.appendleft(rec)
         self._persist(lane, Transition(write))
 
     def _settle_dead_letter(

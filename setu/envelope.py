@@ -30,6 +30,8 @@ H_FAILURE_REASON = "setu-failure-reason"
 H_LAST_STATUS = "setu-last-status"
 H_FAILED_AT = "setu-failed-at"
 H_MAIN_OFFSET = "setu-main-offset"
+# When the producer asked for the message to be delivered, epoch ms (docs/scheduling.md).
+H_DELIVER_AT = "setu-deliver-at"
 # The producer's Content-Type, sent to the webhook as the call's own (docs/policies.md §7).
 H_CONTENT_TYPE = "setu-content-type"
 # Which life of its topic a message with a producer id was produced to: the topic's creation
@@ -82,6 +84,7 @@ class Envelope:
     failed_at_ms: int | None = None
     traceparent: str | None = None
     tracestate: str | None = None
+    deliver_at_ms: int = 0  # not before (epoch ms); 0: at once
 
     @property
     def key(self) -> bytes:
@@ -123,6 +126,7 @@ class Envelope:
             (H_FAILURE_REASON, self.failure_reason),
             (H_LAST_STATUS, self.last_status),
             (H_FAILED_AT, self.failed_at_ms),
+            (H_DELIVER_AT, self.deliver_at_ms or None),
         )
         for name, value in optional:
             if value is not None:
@@ -169,4 +173,5 @@ class Envelope:
             failed_at_ms=num(H_FAILED_AT),
             traceparent=own.get(H_TRACEPARENT),
             tracestate=own.get(H_TRACESTATE),
+            deliver_at_ms=num(H_DELIVER_AT) or 0,
         )

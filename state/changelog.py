@@ -103,6 +103,7 @@ def encode_state(state: GroupState) -> bytes:
             "reason": state.reason,
             "due": state.due_at_ms,
             "done": state.done,
+            "held": state.held,
         }
     )
 
@@ -122,6 +123,7 @@ def decode_state(value: bytes) -> GroupState:
         reason=raw["reason"],
         due_at_ms=raw["due"],
         done=tuple(raw["done"]),
+        held=raw.get("held", -1),
     )
 
 

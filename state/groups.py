@@ -86,6 +86,7 @@ def encode_state(state: GroupState, partition: int) -> dict[str, str]:
         "reason": state.reason,
         "due": str(state.due_at_ms),
         "done": ",".join(map(str, state.done)),
+        "held": str(state.held),
     }
 
 
@@ -106,6 +107,7 @@ def decode_state(fields: Mapping[str, str]) -> GroupState:
         reason=fields.get("reason", ""),
         due_at_ms=int(fields.get("due") or "0"),
         done=_done(fields.get("done")),
+        held=int(fields.get("held") or "-1"),
     )
 
 
@@ -267,18 +269,22 @@ for _, w in ipairs(b.writes) do
       redis.call('SADD', KEYS[w.pf], w.group)
       -- The index keeps when the group became unhealthy across its changes of standing.
       local since = redis.call('ZSCORE', KEYS[w.ui], w.group)
-        or redis.call('ZSCORE', KEYS[w.uo], w.group)
+      for _, uo in ipairs(w.uo) do
+        since = since or redis.call('ZSCORE', KEYS[uo], w.group)
+        redis.call('ZREM', KEYS[uo], w.group)
+      end
       if not since then
         local t = redis.call('TIME')
         since = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
       end
-      redis.call('ZREM', KEYS[w.uo], w.group)
       redis.call('ZADD', KEYS[w.ui], since, w.group)
     else
       redis.call('SREM', KEYS[w.f], w.group)
       redis.call('SREM', KEYS[w.pf], w.group)
       redis.call('ZREM', KEYS[w.ui], w.group)
-      redis.call('ZREM', KEYS[w.uo], w.group)
+      for _, uo in ipairs(w.uo) do
+        redis.call('ZREM', KEYS[uo], w.group)
+      end
     end
   end
   each('ZADD', KEYS[w.z], w.outcomes, 1000)
@@ -295,11 +301,16 @@ return 1
 """
 
 
-# KEYS: group state, the index it belongs in, the other index. ARGV: group, since. Adds a
-# group still failed and in neither index.
+# KEYS: group state, the index it belongs in, the other indexes. ARGV: group, since. Adds a
+# group still failed and in no index.
 _INDEX_OLDER = """
-if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('ZSCORE', KEYS[3], ARGV[1]) then
+if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
+end
+for i = 3, #KEYS do
+  if redis.call('ZSCORE', KEYS[i], ARGV[1]) then
+    return 0
+  end
 end
 return redis.call('ZADD', KEYS[2], 'NX', ARGV[2], ARGV[1])
 """
@@ -590,8 +601,9 @@ class RedisGroupStore:
             pipe.sadd(keys.failed_groups(p, s), group)
             pipe.sadd(keys.partition_failed(p, s, partition), group)
             now_in = standing(state)[0]
-            other = next(kind for kind in Standing if kind is not now_in)
-            pipe.zrem(keys.unhealthy(p, s, other.value), group)
+            for other in Standing:
+                if other is not now_in:
+                    pipe.zrem(keys.unhealthy(p, s, other.value), group)
             pipe.zadd(
                 keys.unhealthy(p, s, now_in.value),
                 {group: state.failed_at_ms or now_ms()},
@@ -763,15 +775,14 @@ class RedisGroupStore:
             "releases_done": [str(o) for o in write.releases_done],
             "release_done": write.release_request_done,
         }
-        # "ui": the index the group belongs in now, "uo": the other one.
+        # "ui": the index the group belongs in now, "uo": the others.
         now_in = Standing.RETRYING
         if write.touches_group and write.state is not None:
             fields = encode_state(write.state, partition)
             out["fields"] = [x for kv in fields.items() for x in kv]
             now_in = standing(write.state)[0]
-        other = next(kind for kind in Standing if kind is not now_in)
         out["ui"] = key(keys.unhealthy(p, s, now_in.value))
-        out["uo"] = key(keys.unhealthy(p, s, other.value))
+        out["uo"] = [key(keys.unhealthy(p, s, k.value)) for k in Standing if k is not now_in]
         return out
 
     async def trim(self, partition: int, committed: Mapping[int, int]) -> None:
@@ -899,12 +910,11 @@ class RedisGroupStore:
             return
         for group, state in (await self.states_of(await self.failed_groups())).items():
             kind = standing(state)[0]
-            other = next(k for k in Standing if k is not kind)
             await self._index_script(
                 keys=[
                     keys.group_state(p, s, group),
                     keys.unhealthy(p, s, kind.value),
-                    keys.unhealthy(p, s, other.value),
+                    *(keys.unhealthy(p, s, k.value) for k in Standing if k is not kind),
                 ],
                 args=[group, state.failed_at_ms or now_ms()],
             )

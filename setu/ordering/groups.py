@@ -42,7 +42,7 @@ from enum import StrEnum
 from typing import Any
 
 from setu.ordering.state import EMPTY_COUNTS, GroupState
-from setu.ordering.tiers import DLQ, MAIN
+from setu.ordering.tiers import DLQ, HOLD, MAIN
 
 
 class Kind(StrEnum):
@@ -106,8 +106,25 @@ def _new_head(state: GroupState, counts: tuple[int, ...], head: str | None) -> G
         last_status=None,
         reason="",
         due_at_ms=0,
+        held=-1,
         version=state.version + 1,
     )
+
+
+def held(message_id: str, offset: int, due_at_ms: int) -> GroupState:
+    """A healthy group's main message at ``offset`` is scheduled for ``due_at_ms``: it becomes
+    the group's head and waits in the main log, counted in tier :data:`HOLD`; the group's later
+    messages park behind it (docs/scheduling.md)."""
+    counts = _add(EMPTY_COUNTS, HOLD, 1)
+    return GroupState(counts=counts, head=message_id, held=offset, due_at_ms=due_at_ms, version=1)
+
+
+def holding(state: GroupState | None, tier: int, offset: int) -> int:
+    """The tier a record of the group at (``tier``, ``offset``) counts in: :data:`HOLD` for the
+    held head, whose record stays in the main log; else ``tier``."""
+    if tier == MAIN and state is not None and state.held == offset:
+        return HOLD
+    return tier
 
 
 def route(state: GroupState | None, tier: int, message_id: str, offset: int) -> Route:
@@ -315,7 +332,9 @@ def apply_copy(
 ) -> GroupState | None:
     """The state change a copy of ``kind`` stands for; used both when the copy is written and
     when recovery finds a copy whose state change never reached Redis. ``attempts``,
-    ``status`` and ``reason`` are the copy's (a lap records them)."""
+    ``status`` and ``reason`` are the copy's (a lap records them). A copy of the held head
+    leaves tier :data:`HOLD`, where it counted."""
+    from_tier = holding(state, from_tier, source_offset)
     if kind is Kind.LAP:
         if state is None:
             raise ValueError("a lap needs a failed group")
@@ -345,10 +364,13 @@ class Standing(StrEnum):
 
     RETRYING = "retrying"
     DEAD_LETTERED = "dead_lettered"
+    SCHEDULED = "scheduled"
 
 
 def standing(state: GroupState) -> tuple[Standing, int]:
-    """How a failed group stands and in which tier. A group on a lap is retrying its released
-    head in that tier."""
+    """How a group with state stands and in which tier. A group on a lap is retrying its
+    released head in that tier; a held head not yet attempted is scheduled, in the main log."""
+    if state.held >= 0 and state.attempts == 0:
+        return Standing.SCHEDULED, MAIN
     tier = state.lap or state.head_tier
     return (Standing.DEAD_LETTERED if tier == DLQ else Standing.RETRYING), tier

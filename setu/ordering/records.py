@@ -33,6 +33,9 @@ class Record:
     due_at_ms: int = 0
     epoch: int | None = None  # the writer's owner epoch; None for a main record or older copy
     read_ms: int = 0  # when the worker read it (wall clock), 0 where unknown
+    # A main record its group's state holds by reference (GroupState.held): it counts in tier
+    # HOLD, and its main-log offset finished when it was held (docs/scheduling.md).
+    held: bool = False
 
     @property
     def group(self) -> str | None:

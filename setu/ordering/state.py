@@ -55,6 +55,11 @@ class GroupState:
     is finished (-1: none known). A group's records in one tier finish in offset order, so
     this mark tells a record read again after Redis forgot its outcome from one still to
     come (:func:`setu.ordering.groups.marked`, docs/decisions/0007-group-state-changelog.md).
+
+    ``held`` is the main-log offset of the head when its record stays in the main log (-1:
+    none): a message scheduled for later (docs/scheduling.md) waits there, counted in tier
+    :data:`~setu.ordering.tiers.HOLD`, until ``due_at_ms``; a held head that failed with
+    attempts to spare waits there too.
     """
 
     counts: tuple[int, ...] = EMPTY_COUNTS
@@ -69,6 +74,7 @@ class GroupState:
     reason: str = ""
     due_at_ms: int = 0
     done: tuple[int, ...] = NOTHING_DONE
+    held: int = -1
 
     @property
     def head_tier(self) -> int:

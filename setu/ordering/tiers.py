@@ -12,6 +12,10 @@ from setu.model import Subscription
 
 MAIN = 0
 DLQ = names.MAX_RETRY_TIERS + 1
+# Where a group's head counts while its record stays in the main log (a message scheduled for
+# later, docs/scheduling.md): the lowest retry tier, so the group's later messages park in
+# retry tiers level with it or above, and the order rule of setu.ordering.groups holds.
+HOLD = 1
 ALL_TIERS = tuple(range(DLQ + 1))
 
 

@@ -92,6 +92,7 @@ class SimEffects:
         self.persists: list[Transition] = []
         self.unflushed: list[tuple[int, int]] = []
         self.filtered_ids: list[str] = []
+        self.recalls: list[tuple[str, int, Record | None, bool]] = []
 
     def dispatch(self, attempt: Attempt) -> None:
         self.dispatches.append(attempt)
@@ -122,11 +123,22 @@ class SimEffects:
         self.world.positions[tier] = offset
         self.world.markers.append((tier, offset))
 
+    def recall(
+        self, partition: int, group: str, offset: int, record: Record | None, first: bool
+    ) -> None:
+        self.recalls.append((group, offset, record, first))
+
+    def unscheduled(self, partition: int, group: str, message_id: str, why: str) -> None:
+        if isinstance(self.world, World):
+            assert why == "cancelled", f"{message_id} {why}"
+            self.world.unscheduled.add(message_id)
+
 
 class World:
     def __init__(self, sub: Subscription) -> None:
         self.sub = sub
-        self.tiers = [MAIN, *range(1, sub.retry.tiers + 1), DLQ]
+        # Tier 1 exists with no retry tiers too: scheduled messages' followers wait there.
+        self.tiers = [MAIN, *range(1, max(sub.retry.tiers, 1) + 1), DLQ]
         self.logs: dict[int, list[tuple[KafkaHeaders, bytes]]] = {t: [] for t in self.tiers}
         self.committed: dict[int, int] = {}
         self.store = StubGroupStore()
@@ -140,6 +152,9 @@ class World:
         self.stalled: list[Stalled] = []
         self.calls: dict[str, int] = defaultdict(int)  # webhook calls made per message id
         self.numbers: dict[str, list[int]] = defaultdict(list)  # their X_DELIVERY_ATTEMPTs
+        self.scheduled: dict[str, int] = {}  # message id -> when it may be delivered
+        self.cancelled: set[str] = set()  # what producers cancelled
+        self.unscheduled: set[str] = set()  # cancelled before its first call
         self.start()
 
     # The worker's life
@@ -244,15 +259,20 @@ class World:
         group: str | None,
         produced_at_ms: int = 0,
         headers: tuple[tuple[str, str], ...] = (),
+        deliver_in_ms: int = 0,
     ) -> str:
         self.count += 1
         message_id = f"{group or 'm'}-{self.count}"
+        deliver_at = self.now + deliver_in_ms if deliver_in_ms else 0
+        if deliver_at:
+            self.scheduled[message_id] = deliver_at
         env = Envelope(
             message_id,
             message_id.encode(),
             group_id=group,
             produced_at_ms=produced_at_ms,
             headers=headers,
+            deliver_at_ms=deliver_at,
         )
         self.logs[MAIN].append((env.kafka_headers(), env.body))
         self.published[group or ""].append(message_id)
@@ -296,6 +316,29 @@ class World:
             if until <= self.now:
                 del self.paused[tier]
                 self.engine.unblocked(tier, offset)
+        self.engine.wake(self.now)
+
+    def next_wake(self) -> int:
+        """How long until the next call, paused tier or held head is due (at least 50 ms)."""
+        times = [a.not_before_ms for a in self.effects.dispatches]
+        times += [until for until, _ in self.paused.values()]
+        due = self.engine.next_due_ms()
+        if due is not None:
+            times.append(due)
+        if not times:
+            return max(self.sub.retry.delays_ms, default=0) + 100
+        return max(50, min(times) - self.now)
+
+    def cancel(self, message_id: str) -> None:
+        """The producer cancels a scheduled message."""
+        self.cancelled.add(message_id)
+
+    def finish_recall(self, index: int) -> None:
+        """A held head's record is read again from the main log, and its cancel looked up."""
+        group, offset, record, first = self.effects.recalls.pop(index)
+        if record is None:
+            record = parse_record(MAIN, offset, *self.logs[MAIN][offset])
+        self.engine.recalled(group, record, first and record.message_id in self.cancelled)
 
     # Completions
 
@@ -330,14 +373,15 @@ class World:
         group = rec.group or ""
         message_id = rec.message_id
         self.raw.append((group, message_id))
+        assert self.now >= self.scheduled.get(message_id, 0), f"{message_id} called early"
         if message_id in self.delivered_ids:
             return
         if self.sub.grouped and rec.tier != DLQ:
             # Order: everything published before it is delivered already, or (skip policy)
             # was dead-lettered on its own, or was filtered out.
-            dead = set(self.effects.filtered_ids)
+            dead = set(self.effects.filtered_ids) | self.unscheduled
             if self.sub.dead_letter_policy is DeadLetterPolicy.SKIP:
-                dead = {r.message_id for r in self.dead_letters() if r.kind is Kind.SKIP}
+                dead |= {r.message_id for r in self.dead_letters() if r.kind is Kind.SKIP}
             ids = self.published[group]
             for earlier in ids[: ids.index(message_id)]:
                 assert earlier in self.delivered_ids or earlier in dead, (
@@ -346,7 +390,9 @@ class World:
         if self.sub.grouped and rec.tier == DLQ and rec.kind is not None and rec.kind.ordered:
             ids = self.published[group]
             for earlier in ids[: ids.index(message_id)]:
-                assert earlier in self.delivered_ids, f"{message_id} released before {earlier}"
+                assert earlier in self.delivered_ids or earlier in self.unscheduled, (
+                    f"{message_id} released before {earlier}"
+                )
         self.delivered_ids.add(message_id)
         self.first[group].append(message_id)
 
@@ -400,7 +446,7 @@ class World:
 
     def busy(self) -> bool:
         e = self.effects
-        return bool(e.dispatches or e.moves or e.persists or self.markers)
+        return bool(e.dispatches or e.moves or e.persists or e.recalls or self.markers)
 
     def drain(self, rounds: int = 400) -> None:
         """Heals the webhook and runs until nothing is left to do, releasing every parked
@@ -419,19 +465,22 @@ class World:
             while self.effects.persists:
                 self.finish_persist(0)
                 progressed = True
+            while self.effects.recalls:
+                self.finish_recall(0)
+                progressed = True
             for group, state in list(self.store.groups.items()):
                 if releasable(state[1]) and group not in run(self.store.poll_releases(P))[0]:
                     self.release(group)
                     progressed = True
             self.release_loose_if_any()
             if not progressed and not self.busy():
-                if self.paused or self.effects.dispatches:
-                    self.tick(max(self.sub.retry.delays_ms) + 100)
+                if self.paused or self.effects.dispatches or self.engine.next_due_ms():
+                    self.tick(self.next_wake())
                     continue
                 self.commit()
                 return
             if not progressed:
-                self.tick(50)
+                self.tick(self.next_wake())
         raise AssertionError("the world did not settle")
 
     def release_loose_if_any(self) -> None:

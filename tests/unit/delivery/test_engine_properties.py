@@ -13,6 +13,10 @@ later finishes its calls and writes in progress (its copies must be ignored, its
 refused, and the invariant must hold all the same); and Redis forgetting: the partition is
 rebuilt from the changelog without any recorded outcome, and the groups' done marks must
 recognise what was finished.
+
+Some messages are scheduled for later (docs/scheduling.md): none may be called before its time,
+its group's later messages wait behind it, a producer may cancel it before it is called, and
+nothing else changes; a cancelled message is left out of the order it would have held.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ GROUPS = ("g1", "g2", "g3")
 # "fail1"/"fail2": each message fails its first one or two calls, then succeeds (an endpoint that
 # is merely flaky: with a retry tier or more per failure, nothing of it may be dead-lettered)
 MODES = ("ok", "500", "400", "timeout", "flaky", "fail1", "fail2")
-STEPS = ("poll", "poll", "poll", "answer", "answer", "answer", "ack", "apply", "tick")
+STEPS = ("poll", "poll", "poll", "answer", "answer", "answer", "ack", "apply", "tick", "recall")
 
 
 class Delivery(RuleBasedStateMachine):
@@ -76,6 +80,22 @@ class Delivery(RuleBasedStateMachine):
         for _ in range(n):
             self.world.publish(group)
 
+    @rule(
+        group=st.sampled_from(GROUPS),
+        n=st.integers(1, 3),
+        delay=st.sampled_from([30, 400, 5_000, 120_000]),
+    )
+    def publish_scheduled(self, group: str, n: int, delay: int) -> None:
+        for _ in range(n):
+            self.world.publish(group, deliver_in_ms=delay)
+
+    @rule(data=st.data())
+    def producer_cancels(self, data: st.DataObject) -> None:
+        world = self.world
+        waiting = sorted(m for m in world.scheduled if m not in world.delivered_ids)
+        if waiting:
+            world.cancel(data.draw(st.sampled_from(waiting)))
+
     @rule(group=st.sampled_from(GROUPS), mode=st.sampled_from(MODES))
     def webhook_changes(self, group: str, mode: str) -> None:
         self.modes[group] = mode
@@ -101,6 +121,8 @@ class Delivery(RuleBasedStateMachine):
             world.finish_persist(data.draw(st.integers(0, len(world.effects.persists) - 1)))
         elif step == "tick":
             world.tick(data.draw(st.sampled_from([5, 60, 200])))
+        elif step == "recall" and world.effects.recalls:
+            world.finish_recall(data.draw(st.integers(0, len(world.effects.recalls) - 1)))
 
     @rule(data=st.data())
     def everything_runs_its_course(self, data: st.DataObject) -> None:
@@ -119,16 +141,18 @@ class Delivery(RuleBasedStateMachine):
                     world.answerable()[0], self.answer(data, mode, world.calls[rec.message_id])
                 )
                 progressed = True
-            while world.effects.moves or world.effects.persists:
+            while world.effects.moves or world.effects.persists or world.effects.recalls:
                 if world.effects.moves:
                     world.finish_move(0)
-                else:
+                elif world.effects.persists:
                     world.finish_persist(0)
+                else:
+                    world.finish_recall(0)
                 progressed = True
             if not progressed:
-                if not (world.paused or world.effects.dispatches):
+                if not (world.paused or world.effects.dispatches or world.engine.next_due_ms()):
                     return
-                world.tick(max(world.sub.retry.delays_ms, default=0) + 100)
+                world.tick(world.next_wake())
 
     @staticmethod
     def answer(data: st.DataObject, mode: str, calls: int = 0) -> int | str:
@@ -224,7 +248,9 @@ class Delivery(RuleBasedStateMachine):
         world = self.world
         world.drain()
         for group, ids in world.published.items():
-            missing = [m for m in ids if m not in world.delivered_ids]
+            missing = [
+                m for m in ids if m not in world.delivered_ids and m not in world.unscheduled
+            ]
             assert not missing, f"{group}: never delivered {missing}"
         assert not world.store.groups, "a group is still failed after everything was delivered"
         if world.crashes == 0:
@@ -258,6 +284,10 @@ class GroupedOneTierDelivery(Delivery):
     sub = subscription(grouped=True, policy=DeadLetterPolicy.PARK, delays=(100,))
 
 
+class GroupedNoTierDelivery(Delivery):
+    sub = subscription(grouped=True, policy=DeadLetterPolicy.PARK, delays=())
+
+
 class UngroupedDelivery(Delivery):
     sub = subscription(grouped=False)
 
@@ -270,5 +300,7 @@ TestGroupedSkip = GroupedSkipDelivery.TestCase
 TestGroupedSkip.settings = SETTINGS
 TestGroupedOneTier = GroupedOneTierDelivery.TestCase
 TestGroupedOneTier.settings = SETTINGS
+TestGroupedNoTier = GroupedNoTierDelivery.TestCase
+TestGroupedNoTier.settings = SETTINGS
 TestUngrouped = UngroupedDelivery.TestCase
 TestUngrouped.settings = SETTINGS
