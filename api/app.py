@@ -28,6 +28,7 @@ from api import (
     produce,
     projects,
     replays,
+    scheduling,
     subscriptions,
     topics,
 )
@@ -70,6 +71,7 @@ ROUTERS = (
     notifications,
     filters,
     replays,
+    scheduling,
     health,
 )
 

@@ -23,6 +23,7 @@ from setu import headers as rules
 from setu.envelope import (
     H_CONTENT_TYPE,
     H_DEDUP_WINDOW,
+    H_DELIVER_AT,
     H_GROUP_ID,
     H_MESSAGE_ID,
     H_PRODUCED_AT,
@@ -37,6 +38,7 @@ from setu.envelope import (
 )
 from setu.errors import InvalidInput, PayloadTooLarge, SetuError
 from setu.limits import MAX_FORWARDED_HEADER_BYTES
+from setu.model import Topic
 
 # Producer headers travel with the message into every Kafka record and webhook call.
 
@@ -74,6 +76,7 @@ def ingest_headers(
     topic_incarnation: int = 0,
     content_type: str | None = None,
     dedup_window_ms: int = 0,
+    deliver_at_ms: int = 0,
 ) -> KafkaHeaders:
     """Exactly ``Envelope(...).kafka_headers()`` of a message just produced (no audit fields);
     ``topic_incarnation`` and ``dedup_window_ms`` as :func:`incarnation_for` and
@@ -94,7 +97,18 @@ def ingest_headers(
         out.append((H_DEDUP_WINDOW, str(dedup_window_ms).encode()))
     if content_type is not None:
         out.append((H_CONTENT_TYPE, content_type.encode()))
+    if deliver_at_ms:
+        out.append((H_DELIVER_AT, str(deliver_at_ms).encode()))
     return out
+
+
+def schedule_limit_ms(topic: Topic, max_delay_ms: int) -> int:
+    """How far ahead a message of ``topic`` may be scheduled (docs/scheduling.md): 0 on an
+    ungrouped topic; else the setting, and within the topic's retention less an hour, so its
+    record is still in the main log when it is due."""
+    if not topic.grouped:
+        return 0
+    return max(0, min(max_delay_ms, (topic.retention_hours - 1) * 3_600_000))
 
 
 def incarnation_for(producer_id: str | None, topic_created_at_ms: int, window_ms: int = 0) -> int:
@@ -188,10 +202,12 @@ def single_envelope(
     topic_created_at_ms: int = 0,
     content_type: str | None = None,
     dedup_window_seconds: int = 0,
+    schedule_limit_ms: int = 0,
 ) -> Envelope:
     """The envelope of a single produce; raises InvalidInput or PayloadTooLarge."""
     parsed = rules.parse_produce_headers(x_headers, grouped=grouped)
-    check_forwarded_size(parsed.extra)
+    deliver_at, extra = rules.scheduled_at(parsed.extra, produced_at_ms, schedule_limit_ms)
+    check_forwarded_size(extra)
     window_ms = dedup_window_for(parsed.producer_id, dedup_window_seconds)
     return Envelope(
         message_id=parsed.message_id,
@@ -199,11 +215,12 @@ def single_envelope(
         group_id=parsed.group_id,
         producer_id=parsed.producer_id,
         sequence_id=parsed.sequence_id,
-        headers=parsed.extra,
+        headers=extra,
         produced_at_ms=produced_at_ms,
         topic_incarnation=incarnation_for(parsed.producer_id, topic_created_at_ms, window_ms),
         dedup_window_ms=window_ms,
         content_type=check_content_type(content_type),
+        deliver_at_ms=deliver_at,
     )
 
 
@@ -216,6 +233,7 @@ def parse_batch(
     max_messages: int,
     topic_created_at_ms: int = 0,
     dedup_window_seconds: int = 0,
+    schedule_limit_ms: int = 0,
 ) -> list[IngestRecord]:
     """Every message of a batch body as its record; raises on the first bad message."""
     try:
@@ -243,6 +261,7 @@ def parse_batch(
                     max_message_bytes,
                     topic_created_at_ms,
                     dedup_window_seconds,
+                    schedule_limit_ms,
                 )
             )
         except SetuError as exc:
@@ -257,6 +276,7 @@ def _batch_message(
     max_message_bytes: int,
     topic_created_at_ms: int,
     dedup_window_seconds: int = 0,
+    schedule_limit_ms: int = 0,
 ) -> IngestRecord:
     # Runs once per message of every batch: checks are inlined where a call would cost more.
     if not isinstance(message, dict):
@@ -276,8 +296,10 @@ def _batch_message(
         names=rules.FIELD_NAMES,
     )
     extra: tuple[tuple[str, str], ...] = ()
+    deliver_at = 0
     if get("headers") is not None:
         extra = producer_headers(get("headers"))
+        deliver_at, extra = rules.scheduled_at(extra, produced_at_ms, schedule_limit_ms)
         check_forwarded_size(extra)
     text = get("body")
     if isinstance(text, str) and "body_base64" not in message:
@@ -298,6 +320,7 @@ def _batch_message(
         incarnation_for(producer_id, topic_created_at_ms, window_ms),
         check_content_type(_text(get("content_type"), "content_type")),
         window_ms,
+        deliver_at,
     )
     return IngestRecord(message_id, key, body, headers)
 

@@ -120,6 +120,9 @@ class StatusOut(Out):
     lag: int
     in_flight: int
     failed_groups: int
+    # Groups whose head waits for the time its producer chose (docs/scheduling.md), apart
+    # from failed_groups: waiting is not a failure.
+    scheduled_groups: int
     retry_backlog: int
     dead_lettered: int
     delivered_total: int
@@ -142,10 +145,15 @@ class StatusOut(Out):
 
 class GroupOut(Out):
     group_id: str
-    state: Literal["healthy", "retrying", "dead_lettered"]
+    # "scheduled": its head waits in the main log for the time its producer chose, its
+    # later messages behind it (docs/scheduling.md).
+    state: Literal["healthy", "retrying", "dead_lettered", "scheduled"]
     tier: str | None
     parked: int
     head_message_id: str | None
+    # When the head is called next: a scheduled head's time, or a retry's (null: at once, or
+    # when its tier is read).
+    due_at_ms: int | None = None
     # "rebuilding": the group's partition is being rebuilt after Redis forgot it; the state
     # shown may be out of date until it is "ok" again.
     group_state: GroupStateHeld
@@ -193,9 +201,13 @@ class MoveOut(Out):
 
 class DeliveryRecordOut(Out):
     message_id: str
-    # "delivered", "filtered" (its subscription's filter turned it away, never called), or
-    # where it waits: "main", "rq.N" or "dlq"
+    # "delivered", "filtered" (its subscription's filter turned it away, never called),
+    # "cancelled" (scheduled, and cancelled by its producer before its time), "gone" (a
+    # scheduled message its topic's retention deleted first), or where it waits: "main",
+    # "scheduled" (for its time, docs/scheduling.md), "rq.N" or "dlq"
     location: str
+    # The time its producer chose, while it is scheduled (docs/scheduling.md).
+    deliver_at_ms: int | None = None
     attempts: list[AttemptOut]
     moves: list[MoveOut]
 
@@ -272,6 +284,7 @@ async def status(request: Request, project: str, subscription: str) -> Response:
         held = await held_state(groups, partitions)
         oldest = await groups.oldest_unhealthy()
         failed = await groups.failed_count()
+        scheduled = await groups.scheduled_count()
         counters = await groups.counters()
         fresh = await services(request).redis.workers().fresh(project, subscription, now_ms())
     except RedisError as exc:
@@ -306,7 +319,8 @@ async def status(request: Request, project: str, subscription: str) -> Response:
             "breaker": breaker_status([s.get("breaker") for s in fresh]),
             "lag": sum(b.lag for b in backlog),
             "in_flight": sum(int(s.get("in_flight", 0)) for s in fresh),
-            "failed_groups": failed,
+            "failed_groups": max(0, failed - scheduled),
+            "scheduled_groups": scheduled,
             "retry_backlog": sum(b.lag for b in backlog if b.topic in retry_topics),
             "dead_lettered": counters["dead_lettered"],
             "delivered_total": counters["delivered_total"],
@@ -385,6 +399,7 @@ def group_view(group_id: str, state: GroupState | None, held: str = "ok") -> dic
             "tier": None,
             "parked": 0,
             "head_message_id": None,
+            "due_at_ms": None,
             "group_state": held,
         }
     kind, tier = standing(state)
@@ -394,6 +409,7 @@ def group_view(group_id: str, state: GroupState | None, held: str = "ok") -> dic
         "tier": tier_name(tier) if tier == DLQ or is_retry(tier) else None,
         "parked": state.parked,
         "head_message_id": state.head,
+        "due_at_ms": state.due_at_ms or None,
         "group_state": held,
     }
 

@@ -33,6 +33,7 @@ from api.messages import (
     check_body_size,
     parse_batch,
     scan_headers,
+    schedule_limit_ms,
     single_envelope,
     trace_headers,
 )
@@ -126,6 +127,7 @@ async def produce_one(
             topic_created_at_ms=entry.topic.created_at_ms,
             content_type=scanned.content_type,
             dedup_window_seconds=entry.topic.dedup_window_seconds,
+            schedule_limit_ms=schedule_limit_ms(entry.topic, s.settings.max_delivery_delay_ms),
         )
     except SetuError:
         s.metrics.count_produced(project, topic, "rejected")
@@ -199,6 +201,7 @@ async def produce_many(
             max_messages=s.settings.max_batch_messages,
             topic_created_at_ms=entry.topic.created_at_ms,
             dedup_window_seconds=entry.topic.dedup_window_seconds,
+            schedule_limit_ms=schedule_limit_ms(entry.topic, s.settings.max_delivery_delay_ms),
         )
     except SetuError:
         s.metrics.count_produced(project, topic, "rejected")

@@ -56,7 +56,13 @@ from typing import Any, Generic, TypeVar
 from redis.exceptions import RedisError
 
 from api.context import Services
-from api.messages import incarnation_for, ingest_headers, streamed_headers, trace_headers
+from api.messages import (
+    incarnation_for,
+    ingest_headers,
+    schedule_limit_ms,
+    streamed_headers,
+    trace_headers,
+)
 from api.producer import Reports
 from api.topic_cache import CachedTopic
 from setu import headers as rules
@@ -767,8 +773,11 @@ class Session:
         """The ingest headers of a MESSAGE with a header block: its ``X_*`` headers,
         Content-Type and trace context, as HTTP produce writes them."""
         assert frame.headers is not None
+        now = now_ms()
         try:
             given = streamed_headers(frame.headers)
+            limit = schedule_limit_ms(stream.entry.topic, self.s.settings.max_delivery_delay_ms)
+            deliver_at, extra = rules.scheduled_at(given.extra, now, limit)
         except SetuError as exc:
             self.s.metrics.count_produced(stream.project, stream.topic, "rejected")
             raise refusal(exc, f"{_named(frame)}: ") from None
@@ -777,10 +786,11 @@ class Session:
             group_id,
             stream.producer,
             sequence,
-            given.extra,
-            now_ms(),
+            extra,
+            now,
             stream.incarnation,
             given.content_type,
+            deliver_at_ms=deliver_at,
         )
         return headers + trace_headers(
             *tracing.request_context(given.traceparent, given.tracestate)

@@ -77,6 +77,15 @@ class AttemptRecorder:
         """The subscription's filter turned the message away (docs/policies.md §1)."""
         self._buffer.append((record.envelope.message_id, orjson.dumps({"t": at_ms, "f": 1})))
 
+    def scheduled(self, record: Record, at_ms: int) -> None:
+        """The message waits for the time its producer chose (docs/scheduling.md)."""
+        line = orjson.dumps({"t": at_ms, "sched": record.envelope.deliver_at_ms})
+        self._buffer.append((record.envelope.message_id, line))
+
+    def unscheduled(self, message_id: str, group: str, why: str, at_ms: int) -> None:
+        """A scheduled message finished without a call: ``cancelled`` or ``gone``."""
+        self._buffer.append((message_id, orjson.dumps({"t": at_ms, "u": why})))
+
     @property
     def empty(self) -> bool:
         return not self._buffer

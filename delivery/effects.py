@@ -24,11 +24,12 @@ from delivery.events import Emit, EventSink
 from delivery.flow import PartitionFlow
 from delivery.metrics import SubscriptionMetrics
 from delivery.parts import CopyWriter
+from delivery.scheduling import Recalls
 from delivery.writer import StateWriter
 from setu.clock import now_ms
 from setu.ordering.groups import Kind
 from setu.ordering.records import Record, copy_headers
-from setu.ordering.tiers import DLQ, tier_name
+from setu.ordering.tiers import DLQ, MAIN, tier_name
 from setu.outcome import Outcome, Verdict
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class SubscriptionContext:
     attempts: AttemptRecorder | None = None
     events: EventSink | None = None  # for dead letters, which the sink batches
     dispatcher: Dispatcher | None = None
+    recalls: Recalls | None = None  # held heads read back (docs/scheduling.md)
 
     def called(self, attempt: Attempt, outcome: Outcome, seconds: float) -> None:
         """Every webhook call's outcome: counted, and recorded in the message's attempt log."""
@@ -106,6 +108,10 @@ class PartitionEffects:
 
     def persist(self, transition: Transition) -> None:
         write, context = transition.write, self.context
+        if context.attempts is not None and write.state is not None and transition.sources:
+            rec = transition.sources[0]
+            if rec.tier == MAIN and write.state.held == rec.offset and not rec.held:
+                context.attempts.scheduled(rec, now_ms())  # held for its time
         if write.dead_lettered and write.state is not None:
             # Only a released head that failed for good is dead-lettered without a copy.
             context.metrics.reparked()
@@ -142,6 +148,38 @@ class PartitionEffects:
 
     def seek(self, partition: int, tier: int, offset: int) -> None:
         self.context.flow.seek(self, tier, offset)
+
+    def recall(
+        self, partition: int, group: str, offset: int, record: Record | None, first: bool
+    ) -> None:
+        self._spawn(self._recall(group, offset, record, first))
+
+    def unscheduled(self, partition: int, group: str, message_id: str, why: str) -> None:
+        context = self.context
+        context.metrics.unscheduled(why)
+        log.log(
+            logging.INFO if why == "cancelled" else logging.ERROR,
+            "subscription %s/%s partition %d: scheduled message %s of group %s %s, not called",
+            context.project,
+            context.name,
+            partition,
+            message_id,
+            group,
+            why,
+        )
+        if context.attempts is not None:
+            context.attempts.unscheduled(message_id, group, why, now_ms())
+
+    async def _recall(self, group: str, offset: int, record: Record | None, first: bool) -> None:
+        recalls = self.context.recalls
+        assert recalls is not None  # set by the runner whenever a group can be held
+        if record is None:
+            record = await recalls.record(self.partition, offset)
+        state = self.engine.states.get(group)
+        head = state.head if state is not None else None
+        cancelled = first and head is not None and await recalls.cancelled(head)
+        if self.alive:
+            self.engine.recalled(group, record, cancelled)
 
     # I/O
 

@@ -577,8 +577,9 @@ class PartitionEngine:
         return 0 if tracker is None else tracker.open_count
 
     def retry_backlog(self) -> int:
-        """Messages of failed groups waiting in retry tiers."""
-        return sum(sum(s.counts[1:DLQ]) for s in self.states.values())
+        """Messages of failed groups waiting in retry tiers (a held head waits in the main
+        log, though it counts in tier 1)."""
+        return sum(sum(s.counts[1:DLQ]) - (s.held >= 0) for s in self.states.values())
 
     # Decisions
 

@@ -19,6 +19,8 @@ and label value below):
   they are dead-lettered with the reason.
 - ``setu_delivery_filtered_total``: main-log messages the subscription's filter turned away,
   never called (docs/policies.md §1).
+- ``setu_delivery_unscheduled_total{why}``: scheduled messages finished without a call
+  (``cancelled`` by their producer, ``gone`` from the main log; docs/scheduling.md).
 - ``setu_delivery_breaker_opened_total``: times the circuit breaker opened, and
   ``setu_delivery_breaker_given_back_total``: failed calls made while it was open, whose
   attempt was not counted (docs/policies.md §2).
@@ -86,6 +88,8 @@ class RunnerFigures:
     oldest_held_ms: int | None = None
     # Messages parked in the DLQ behind their failed groups (the DLQ's live depth).
     parked: int = 0
+    # Groups whose head waits for the time its producer chose (docs/scheduling.md).
+    scheduled_groups: int = 0
     breaker: str = "closed"
     # Per standing (retrying, dead_lettered): when the subscription's longest-unhealthy group
     # first failed (ms), and the retention of the topics holding its messages (None: for ever).
@@ -111,6 +115,8 @@ class SubscriptionMetrics:
         self.attempt_log_dropped_total = 0
         self.stale_total = 0
         self.filtered_total = 0
+        # Scheduled messages finished without a call, by why: cancelled, gone.
+        self.unscheduled_total: dict[str, int] = {}
         self.breaker_opened_total = 0
         self.given_back_total = 0
         self.failures: dict[str, int] = {}
@@ -150,6 +156,9 @@ class SubscriptionMetrics:
 
     def filtered(self) -> None:
         self.filtered_total += 1
+
+    def unscheduled(self, why: str) -> None:
+        self.unscheduled_total[why] = self.unscheduled_total.get(why, 0) + 1
 
     def breaker_changed(self, view: BreakerView) -> None:
         if view.state is BreakerState.OPEN:
@@ -228,6 +237,12 @@ class _Totals(Collector):
             "Main-log messages the subscription's filter turned away, never called.",
             labels=labels,
         )
+        unscheduled = CounterMetricFamily(
+            "setu_delivery_unscheduled",
+            "Scheduled messages finished without a call: cancelled by their producer, or gone "
+            "from the main log.",
+            labels=[*labels, "why"],
+        )
         opened = CounterMetricFamily(
             "setu_delivery_breaker_opened",
             "Times the subscription's circuit breaker opened.",
@@ -273,12 +288,14 @@ class _Totals(Collector):
             reparked.add_metric(key, sub.reparked_total)
             stale.add_metric(key, sub.stale_total)
             filtered.add_metric(key, sub.filtered_total)
+            for why, n in list(sub.unscheduled_total.items()):
+                unscheduled.add_metric([*key, why], n)
             opened.add_metric(key, sub.breaker_opened_total)
             given_back.add_metric(key, sub.given_back_total)
             dropped.add_metric(key, sub.attempt_log_dropped_total)
             for error, n in list(sub.failures.items()):
                 failures.add_metric([*key, error], n)
-        yield from (calls, seconds, moves, refused, reparked, stale, filtered)
+        yield from (calls, seconds, moves, refused, reparked, stale, filtered, unscheduled)
         yield from (opened, given_back, dropped, failures, rebuilds, *latencies)
 
 
@@ -305,6 +322,12 @@ class _Live(Collector):
             "retry_backlog": GaugeMetricFamily(
                 "setu_delivery_retry_backlog",
                 "Messages of failed groups waiting in retry tiers.",
+                labels=labels,
+            ),
+            "scheduled": GaugeMetricFamily(
+                "setu_delivery_scheduled_groups",
+                "Groups whose head waits for the time its producer chose, on this worker's "
+                "partitions (not failed; docs/scheduling.md).",
                 labels=labels,
             ),
             "parked": GaugeMetricFamily(
@@ -352,6 +375,7 @@ class _Live(Collector):
             gauges["buffered"].add_metric(key, f.buffered)
             gauges["retry_backlog"].add_metric(key, f.retry_backlog)
             gauges["parked"].add_metric(key, f.parked)
+            gauges["scheduled"].add_metric(key, f.scheduled_groups)
             if f.oldest_held_ms is not None:
                 gauges["oldest"].add_metric(key, max(0.0, now - f.oldest_held_ms / 1000))
             for standing, at in f.oldest_failed_ms.items():

@@ -24,6 +24,7 @@ from state.delivery_budget import DeliveryBudget
 from state.groups import GroupStore
 from state.kafka_reader import KafkaReader
 from state.replays import ReplayStore
+from state.schedule_cancels import ScheduleCancels
 from state.workers import WorkerReports
 
 T = TypeVar("T")
@@ -164,6 +165,8 @@ class RunnerParts:
     # Where replays keep their progress (state.replays, delivery/replaying.py); None: this
     # worker carries out no replay.
     replays: ReplayStore | None = None
+    # Producers' cancels of scheduled messages (docs/scheduling.md); None: none are made.
+    cancels: ScheduleCancels | None = None
 
 
 class Background:

@@ -108,6 +108,7 @@ class RunnerReporting:
         """Live figures for the worker's metrics."""
         states = [s for e in engines for s in e.states.values()]
         dead = sum(1 for s in states if standing(s)[0] is Standing.DEAD_LETTERED)
+        scheduled = sum(1 for s in states if standing(s)[0] is Standing.SCHEDULED)
         return RunnerFigures(
             project=self.sub.project,
             subscription=self.sub.name,
@@ -115,10 +116,13 @@ class RunnerReporting:
             in_flight=sum(e.in_flight for e in engines),
             buffered=sum(e.open_count(t) for e in engines for t in self._topics),
             retry_backlog=sum(e.retry_backlog() for e in engines),
-            retrying_groups=len(states) - dead,
+            retrying_groups=len(states) - dead - scheduled,
             dead_lettered_groups=dead,
+            scheduled_groups=scheduled,
             parked=sum(s.counts[DLQ] for s in states),
-            oldest_failed_ms={k.value: at for k, at in self.oldest_failed.items()},
+            oldest_failed_ms={
+                k.value: at for k, at in self.oldest_failed.items() if k is not Standing.SCHEDULED
+            },
             retention_ms={k.value: ms for k, ms in (self.retention_ms or {}).items()},
             oldest_held_ms=min(
                 (at for e in engines if (at := e.oldest_held_ms()) is not None), default=None

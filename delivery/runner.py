@@ -45,6 +45,8 @@ from delivery.parts import AnnouncedCopies, Background, CopyAware, RunnerConfig,
 from delivery.replaying import RunnerReplays
 from delivery.replays import decode_marks
 from delivery.reporting import RunnerReporting
+from delivery.scheduling import TICK_MS as SCHEDULE_TICK_MS
+from delivery.scheduling import Recalls
 from delivery.takeover import take_over
 from delivery.ticker import Periodic, Ticker, Ticket
 from delivery.writer import StateWriter
@@ -138,6 +140,7 @@ class SubscriptionRunner:
             emit=emit,
             attempts=self.attempts,
             events=parts.events,
+            recalls=Recalls(self.reader, self.topics[MAIN], parts.cancels, sub.project, sub.topic),
         )
         self.reporting = RunnerReporting(
             sub,
@@ -261,7 +264,16 @@ class SubscriptionRunner:
         if self.replaying is not None:
             # Resting, no lane runs; a new replay wakes the runner (set_replays).
             work.append(Periodic(REPLAY_TICK_MS, self._replay_tick, True, QUIET_REST_MS))
+        # Held heads falling due (docs/scheduling.md): a second late at most while resting.
+        work.append(Periodic(SCHEDULE_TICK_MS, self._schedule_tick, rests=True))
         return work
+
+    def _schedule_tick(self) -> None:
+        now = now_ms()
+        for port in self.ports.values():
+            due = port.engine.next_due_ms()
+            if due is not None and due <= now and port.alive:
+                port.engine.wake(now)
 
     def _replay_tick(self) -> None:
         if self.replaying is not None:

@@ -2,7 +2,8 @@
 the outcome.
 
 Every call carries the body as published, the producer's ``X_*`` headers, ``X_MESSAGE_ID``,
-``X_GROUP_ID`` (when the message has one), ``X_DELIVERY_ATTEMPT`` (1-based), the endpoint's own
+``X_GROUP_ID`` (when the message has one), ``X_DELIVERY_ATTEMPT`` (1-based), ``X_DELIVER_AT``
+(when it was scheduled), the endpoint's own
 fixed headers, the Standard Webhooks headers and the W3C ``traceparent`` (setu/tracing.py): the
 call's own span's when tracing, else the producer's as it came. :func:`request_headers` builds
 all but the last, purely.
@@ -59,6 +60,8 @@ def request_headers(
     if envelope.group_id is not None:
         out.append((produce_headers.GROUP_ID, envelope.group_id))
     out.append((produce_headers.DELIVERY_ATTEMPT, str(attempt)))
+    if envelope.deliver_at_ms:  # the time its producer chose (docs/scheduling.md)
+        out.append((produce_headers.DELIVER_AT, str(envelope.deliver_at_ms)))
     webhook_id = envelope.message_id
     if replay is not None:
         out.append((produce_headers.REPLAY_ID, replay))

@@ -59,6 +59,7 @@ from state.kafka_admin import KafkaTopics
 from state.kafka_reader import KafkaReader
 from state.redis_clients import async_redis, close, sync_redis
 from state.replays import ReplayStore
+from state.schedule_cancels import ScheduleCancels
 from state.subscription_topics import SubscriptionTopics
 from state.workers import RedisWorkers
 
@@ -151,6 +152,8 @@ class Shared:
     egress: Egress = field(default_factory=Egress)
     # Where replays keep their progress (docs/replays.md); None: no replays here.
     replays: ReplayStore | None = None
+    # Producers' cancels of scheduled messages (docs/scheduling.md); None: none are made.
+    cancels: ScheduleCancels | None = None
 
 
 def runner_parts(sub: Subscription, shared: Shared) -> RunnerParts:
@@ -181,6 +184,7 @@ def runner_parts(sub: Subscription, shared: Shared) -> RunnerParts:
         ticker=shared.ticker,
         prepare=partial(shared.made_topics.ensure, sub),
         replays=shared.replays,
+        cancels=shared.cancels,
     )
 
 
@@ -281,6 +285,7 @@ async def serve(
         Ticker(),
         egress,
         replays_of(source),
+        getattr(source, "schedule_cancels", None),
     )
     worker = Worker(
         source,

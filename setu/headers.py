@@ -20,6 +20,9 @@ GROUP_ID = "X_GROUP_ID"
 PRODUCER_ID = "X_PRODUCER_ID"
 SEQUENCE_ID = "X_SEQUENCE_ID"
 DELIVERY_ATTEMPT = "X_DELIVERY_ATTEMPT"
+# Delivery at a chosen time (docs/scheduling.md): epoch ms, or a delay in ms from produce.
+DELIVER_AT = "X_DELIVER_AT"
+DELIVER_AFTER = "X_DELIVER_AFTER_MS"
 REPLAY_ID = "X_REPLAY_ID"
 IDENTITY_HEADERS = frozenset({MESSAGE_ID, GROUP_ID, PRODUCER_ID, SEQUENCE_ID})
 # Set by Setu on webhook calls; a producer may not supply them.
@@ -105,6 +108,43 @@ def check_identity(
     if (pid is None) != (seq is None):
         raise InvalidInput(f"{pid_name} and {seq_name} go together: give both or neither")
     return mid, gid, pid, seq
+
+
+def scheduled_at(
+    extra: tuple[tuple[str, str], ...], now_ms: int, limit_ms: int
+) -> tuple[int, tuple[tuple[str, str], ...]]:
+    """When a message asks to be delivered (:data:`DELIVER_AT` or :data:`DELIVER_AFTER` among
+    its ``X_*`` headers; 0: at once, as for a time already past) and its other headers.
+    ``limit_ms``: how far ahead its topic allows (0: not at all, an ungrouped topic).
+    Raises InvalidInput for a malformed, doubled or too distant time."""
+    if not extra:
+        return 0, extra
+    given: dict[str, str] = {}
+    kept: list[tuple[str, str]] = []
+    for name, value in extra:
+        key = canonical(name)
+        if key in (DELIVER_AT, DELIVER_AFTER):
+            if key in given and given[key] != value:
+                raise InvalidInput(f"{key} given twice with different values")
+            given[key] = value
+        else:
+            kept.append((name, value))
+    if not given:
+        return 0, extra
+    if len(given) > 1:
+        raise InvalidInput(f"give {DELIVER_AT} or {DELIVER_AFTER}, not both")
+    if limit_ms <= 0:
+        raise InvalidInput(
+            "delivery at a chosen time is for grouped topics (a message waits in its group)"
+        )
+    ((key, text),) = given.items()
+    value = text.strip()
+    if not (value.isascii() and value.isdigit()) or len(value) > 15:
+        raise InvalidInput(f"{key} must be a whole number of milliseconds")
+    at = int(value) if key == DELIVER_AT else now_ms + int(value)
+    if at - now_ms > limit_ms:
+        raise InvalidInput(f"{key} is more than {limit_ms} ms ahead, this topic's limit")
+    return (at if at > now_ms else 0), tuple(kept)
 
 
 def parse_produce_headers(headers: Iterable[tuple[str, str]], *, grouped: bool) -> ProduceHeaders:

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     # Whole batch-produce request body (JSON), refused with 413 above it.
     max_batch_bytes: int = 32 * MIB
     produce_timeout_ms: int = 10_000
+    # The furthest ahead a message may be scheduled (X_DELIVER_AT, docs/scheduling.md); a
+    # topic's own retention, less an hour, bounds it further.
+    max_delivery_delay_ms: int = Field(default=7 * 86_400_000, ge=1_000)
     # How long a request's line and headers may take to arrive once its first byte (or the
     # connection) came: the connection is closed past it (api/server.py, docs/limits.md).
     http_head_timeout_ms: int = Field(default=DEFAULT_HTTP_HEAD_TIMEOUT_MS, ge=100)

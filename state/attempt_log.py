@@ -120,9 +120,16 @@ def delivery_record(message_id: str, entries: list[dict[str, Any]]) -> dict[str,
     attempts = []
     moves = []
     location = "main"
+    deliver_at = None
     for e in entries:
         if "f" in e:
             location = "filtered"
+            continue
+        if "sched" in e:  # held for its time (docs/scheduling.md)
+            location, deliver_at = "scheduled", e["sched"]
+            continue
+        if "u" in e:  # finished without a call: "cancelled", or "gone" from the main log
+            location = e["u"]
             continue
         if "to" in e:
             moves.append({"at_ms": e["t"], "to": e["to"], "why": e["k"]})
@@ -153,4 +160,10 @@ def delivery_record(message_id: str, entries: list[dict[str, Any]]) -> dict[str,
             continue  # a replay leaves the message's own delivery where it was
         # A failed attempt leaves the message where it was until a move says otherwise.
         location = "delivered" if e["v"] == Verdict.DELIVERED.value else e["tier"]
-    return {"message_id": message_id, "location": location, "attempts": attempts, "moves": moves}
+    return {
+        "message_id": message_id,
+        "location": location,
+        "deliver_at_ms": deliver_at,
+        "attempts": attempts,
+        "moves": moves,
+    }

@@ -844,6 +844,12 @@ class RedisGroupStore:
     async def failed_count(self) -> int:
         return int(await self._redis.scard(keys.failed_groups(self._project, self._sub)))
 
+    async def scheduled_count(self) -> int:
+        """Groups whose head waits for its time (docs/scheduling.md): they have a state, and
+        count in :meth:`failed_count`, without having failed."""
+        key = keys.unhealthy(self._project, self._sub, Standing.SCHEDULED.value)
+        return int(await self._redis.zcard(key))
+
     async def failed_groups(self) -> list[str]:
         members = await self._redis.smembers(keys.failed_groups(self._project, self._sub))
         return sorted(_text(m) for m in members)

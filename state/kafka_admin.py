@@ -114,12 +114,18 @@ def subscription_specs(
                     dead_letter_retention_hours, replication_factor, max_message_bytes
                 ),
             )
-            for name in names.subscription_topics(sub.project, sub.name, sub.retry.tiers)
+            for name in names.subscription_topics(sub.project, sub.name, held_tiers(sub, topic))
         ),
         changelog_spec(
             sub.project, sub.name, topic.partitions, replication_factor, max_message_bytes
         ),
     ]
+
+
+def held_tiers(sub: Subscription, topic: Topic) -> int:
+    """How many retry tiers ``sub`` has in Kafka: its own number, and on a grouped topic at
+    least one, where a scheduled message's group waits behind it (docs/scheduling.md)."""
+    return max(sub.retry.tiers, 1 if topic.grouped else 0)
 
 
 def changelog_config(replication_factor: int, max_message_bytes: int) -> dict[str, str]:

@@ -52,6 +52,7 @@ from setu.policies import Policies
 from state.api_keys import KeyStore, revoke_project_keys
 from state.lifecycle import LifecycleAction, next_state
 from state.replays import ReplayStore
+from state.schedule_cancels import ScheduleCancels
 from state.schema import notifications, projects, subscriptions, topics
 from state.sealing import Sealer
 from state.sql import make_engine, transaction
@@ -231,6 +232,7 @@ class MetadataStore:
         self._codec = SubscriptionCodec(sealer)
         self.keys = KeyStore(self._engine)
         self.replays = ReplayStore(self._engine)
+        self.schedule_cancels = ScheduleCancels(self._engine)
         # The subscriptions of the last full listing as read, each beside its row: a row found
         # unchanged is not decoded again (its secrets opened, its policies parsed). A delivery
         # worker lists every subscription every 30 s as a backstop; at 1,000 that decoding

@@ -177,3 +177,22 @@ replay_partitions = sa.Table(
     sa.Column("progress", sa.JSON, nullable=False),
     sa.Column("updated_at_ms", sa.BigInteger, nullable=False),
 )
+
+# Scheduled messages their producers cancelled (docs/scheduling.md): kept until the latest
+# time a scheduled message can be due, then dropped.
+schedule_cancels = sa.Table(
+    "schedule_cancels",
+    metadata,
+    sa.Column("project", NAME, primary_key=True),
+    sa.Column("topic", NAME, primary_key=True),
+    sa.Column("message_id", sa.String(100), primary_key=True),
+    sa.Column("cancelled_at_ms", sa.BigInteger, nullable=False),
+    sa.Column("expires_at_ms", sa.BigInteger, nullable=False),
+    sa.ForeignKeyConstraint(
+        ["project", "topic"],
+        ["topics.project", "topics.name"],
+        ondelete="CASCADE",
+        name="fk_schedule_cancels_topic_topics",
+    ),
+    sa.Index("ix_schedule_cancels_expires", "expires_at_ms"),
+)

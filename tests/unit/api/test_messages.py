@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -21,12 +22,14 @@ from api.messages import (
     ingest_headers,
     parse_batch,
     scan_headers,
+    schedule_limit_ms,
     single_envelope,
     streamed_headers,
     trace_headers,
 )
 from setu.envelope import H_DEDUP_WINDOW, H_TOPIC_INCARNATION, Envelope
 from setu.errors import InvalidInput, PayloadTooLarge
+from setu.model import Topic
 
 
 def test_scan_keeps_x_headers_in_order_and_reads_content_length() -> None:
@@ -419,3 +422,88 @@ def test_streamed_x_headers_have_http_produces_size_limit() -> None:
     ]
     with pytest.raises(PayloadTooLarge, match="X_\\* headers take"):
         streamed_headers(block)
+
+
+DAY_MS = 86_400_000
+
+
+def scheduled(*x_headers: tuple[str, str], limit_ms: int = DAY_MS) -> Envelope:
+    return single_envelope(
+        [("x-message-id", "m1"), ("x-group-id", "g"), *x_headers],
+        b"",
+        grouped=True,
+        produced_at_ms=1_000_000,
+        schedule_limit_ms=limit_ms,
+    )
+
+
+def test_a_message_scheduled_at_a_time_or_after_a_delay_carries_that_time() -> None:
+    # docs/scheduling.md: either header, in either spelling, becomes one absolute time
+    assert scheduled(("X_DELIVER_AT", "1060000")).deliver_at_ms == 1_060_000
+    assert scheduled(("x-deliver-after-ms", "60000")).deliver_at_ms == 1_060_000
+    # and it is not forwarded as the producer's own header (the call carries X_DELIVER_AT)
+    envelope = scheduled(("X-Deliver-At", "1060000"), ("X-Other", "v"))
+    assert envelope.headers == (("X-Other", "v"),)
+    assert Envelope.from_kafka(envelope.kafka_headers(), b"").deliver_at_ms == 1_060_000
+
+
+def test_a_time_already_past_is_delivered_at_once() -> None:
+    assert scheduled(("X_DELIVER_AT", "5")).deliver_at_ms == 0
+    assert scheduled(("X_DELIVER_AFTER_MS", "0")).deliver_at_ms == 0
+
+
+@pytest.mark.parametrize(
+    ("headers", "says"),
+    [
+        ((("X_DELIVER_AT", "soon"),), "whole number"),
+        ((("X_DELIVER_AT", "-5"),), "whole number"),
+        ((("X_DELIVER_AT", "1e9"),), "whole number"),
+        ((("X_DELIVER_AT", "10"), ("X_DELIVER_AFTER_MS", "10")), "not both"),
+        ((("X_DELIVER_AT", "10"), ("X-Deliver-At", "11")), "twice"),
+        ((("X_DELIVER_AFTER_MS", str(DAY_MS + 1)),), "limit"),
+    ],
+)
+def test_a_bad_or_too_distant_time_is_refused(
+    headers: tuple[tuple[str, str], ...], says: str
+) -> None:
+    with pytest.raises(InvalidInput, match=says):
+        scheduled(*headers)
+
+
+def test_a_message_of_an_ungrouped_topic_cannot_be_scheduled() -> None:
+    # Its waiting keeps its group's order: an ungrouped topic's messages have none
+    with pytest.raises(InvalidInput, match="grouped topics"):
+        scheduled(("X_DELIVER_AFTER_MS", "1000"), limit_ms=0)
+
+
+def test_the_limit_is_the_setting_within_the_topics_retention() -> None:
+    topic = Topic("p", "t", grouped=True, retention_hours=24)
+    assert schedule_limit_ms(topic, 7 * DAY_MS) == 23 * 3_600_000
+    assert schedule_limit_ms(topic, 60_000) == 60_000
+    assert schedule_limit_ms(replace(topic, grouped=False), 60_000) == 0
+
+
+def test_a_batch_message_is_scheduled_by_its_own_headers() -> None:
+    payload = orjson.dumps(
+        {
+            "messages": [
+                {
+                    "message_id": "m1",
+                    "group_id": "g",
+                    "body": "x",
+                    "headers": {"X_DELIVER_AFTER_MS": "1000"},
+                },
+                {"message_id": "m2", "group_id": "g", "body": "y"},
+            ]
+        }
+    )
+    first, second = parse_batch(
+        payload,
+        grouped=True,
+        produced_at_ms=5_000,
+        max_message_bytes=1024,
+        max_messages=10,
+        schedule_limit_ms=DAY_MS,
+    )
+    assert Envelope.from_kafka(first.headers, b"").deliver_at_ms == 6_000
+    assert Envelope.from_kafka(second.headers, b"").deliver_at_ms == 0

@@ -31,6 +31,16 @@ PARKED = GroupState(counts=counts(dlq=3), head="m-1", dlq_from=7)
         (replace(PARKED, released=True, head=None), ("dead_lettered", "dlq", 3, None)),
         # A released head that failed again, on its lap through rq.1
         (replace(PARKED, lap=1), ("retrying", "rq.1", 3, "m-1")),
+        # A head scheduled for later, waiting in the main log, one message parked behind it
+        (
+            GroupState(counts=counts(t1=2), head="m-1", held=40, due_at_ms=5_000),
+            ("scheduled", None, 2, "m-1"),
+        ),
+        # The same head after its first call failed: it is retried where it is
+        (
+            GroupState(counts=counts(t1=2), head="m-1", held=40, due_at_ms=9_000, attempts=1),
+            ("retrying", "rq.1", 2, "m-1"),
+        ),
     ],
 )
 def test_group_views(state: GroupState | None, view: tuple[object, ...]) -> None:
@@ -41,9 +51,11 @@ def test_group_views(state: GroupState | None, view: tuple[object, ...]) -> None
         "tier",
         "parked",
         "head_message_id",
+        "due_at_ms",
         "group_state",
     ]
     assert (shown["state"], shown["tier"], shown["parked"], shown["head_message_id"]) == view
+    assert shown["due_at_ms"] == (state.due_at_ms or None if state is not None else None)
     assert shown["group_state"] == "ok"
 
 
