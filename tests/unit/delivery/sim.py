@@ -459,15 +459,7 @@ class World:
             while self.answerable():
                 self.respond(self.answerable()[0], 200)
                 progressed = True
-            while self.effects.moves:
-                self.finish_move(0)
-                progressed = True
-            while self.effects.persists:
-                self.finish_persist(0)
-                progressed = True
-            while self.effects.recalls:
-                self.finish_recall(0)
-                progressed = True
+            progressed = self.complete_writes() or progressed
             for group, state in list(self.store.groups.items()):
                 if releasable(state[1]) and group not in run(self.store.poll_releases(P))[0]:
                     self.release(group)
@@ -482,6 +474,20 @@ class World:
             if not progressed:
                 self.tick(self.next_wake())
         raise AssertionError("the world did not settle")
+
+    def complete_writes(self) -> bool:
+        """Acknowledges every Kafka write, applies every Redis write and completes every
+        read-back in progress; whether there was any."""
+        done = False
+        while self.effects.moves or self.effects.persists or self.effects.recalls:
+            if self.effects.moves:
+                self.finish_move(0)
+            elif self.effects.persists:
+                self.finish_persist(0)
+            else:
+                self.finish_recall(0)
+            done = True
+        return done
 
     def release_loose_if_any(self) -> None:
         done = run(self.store.redelivered(P))
