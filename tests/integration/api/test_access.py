@@ -64,6 +64,8 @@ EXPECTED: dict[tuple[str, str], set[str]] = {
     ("GET", P + "/topics/{topic}/producers/{producer_id}"): READ_PRODUCER,
     ("POST", P + "/topics/{topic}/produce"): PRODUCE,
     ("POST", P + "/topics/{topic}/produce/batch"): PRODUCE,
+    # A producer takes back what it scheduled (docs/scheduling.md)
+    ("POST", P + "/topics/{topic}/messages/{message_id}/cancel"): PRODUCE,
     ("POST", P + "/subscriptions"): MANAGE,
     ("GET", P + "/subscriptions"): READ,
     ("GET", S): READ,
@@ -252,6 +254,7 @@ async def snapshot(w: World, bootstrap: str) -> dict[str, Any]:
         # (last use is written in the background, when a key is first seen: not a change)
         "keys": [dataclasses.replace(k, last_used_at_ms=None) for k in store.keys.list()],
         "replays": store.replays.listed(w.project, w.subscription, 100),
+        "cancelled": store.schedule_cancels.cancelled(w.project, w.topic, "m-1"),
         "ingest": ends,
     }
 

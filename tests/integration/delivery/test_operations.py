@@ -46,6 +46,7 @@ def test_status_and_group_state_follow_delivery(
         "tier": "dlq",
         "parked": 3,
         "head_message_id": g1[0],
+        "due_at_ms": None,
         "group_state": "ok",
     }
     wait_for("g2 retrying", lambda: api.get(sub_path(world, "groups/g2")).json()["parked"] == 2)
@@ -55,6 +56,7 @@ def test_status_and_group_state_follow_delivery(
         "tier": "rq.1",
         "parked": 2,
         "head_message_id": g2[0],
+        "due_at_ms": None,
         "group_state": "ok",
     }
     assert api.get(sub_path(world, "groups/g3")).json()["state"] == "healthy"
@@ -74,6 +76,7 @@ def test_status_and_group_state_follow_delivery(
         "lag": 2,
         "in_flight": status["in_flight"],
         "failed_groups": 2,
+        "scheduled_groups": 0,
         "retry_backlog": 2,
         "dead_lettered": 3,
         "delivered_total": 4,
@@ -237,6 +240,7 @@ def test_an_unsidelined_group_failing_again_retries_through_the_tiers_and_parks_
                 "tier": "rq.1",
                 "parked": 2,
                 "head_message_id": a[0],
+                "due_at_ms": None,
                 "group_state": "ok",
             }
         ),

@@ -89,6 +89,7 @@ def test_a_parked_group_stays_parked_and_the_rest_flows_when_redis_comes_back_em
         "tier": "dlq",
         "parked": 3,
         "head_message_id": g[0],
+        "due_at_ms": None,
         "group_state": "ok",
     }
     listed = api.get(path(world, "groups")).json()

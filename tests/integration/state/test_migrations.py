@@ -23,6 +23,7 @@ TABLES = {
     "notifications",
     "replays",
     "replay_partitions",
+    "schedule_cancels",
 }
 
 
