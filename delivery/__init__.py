@@ -20,6 +20,8 @@ How the modules fit (outside in):
   (``changelog``, ``state.durable_groups``), ``recovery`` of cut-short state changes, loading
   state, an operator's seek, revisiting released dead letters; ``replays`` skips main records
   a replayed ingest batch wrote twice.
+- ``scheduling``: messages scheduled for later (docs/scheduling.md): a held head read back
+  from the main log when due, and its producer's cancel looked up.
 - ``replaying``: an operator's replay of a window (docs/replays.md), a lane per replay and
   owned partition beside the engine, reading the main log with the worker's group-less
   reader and calling through the subscription's dispatcher.
@@ -98,4 +100,9 @@ Where the mechanism goes beyond docs/design.md §4's suggestion, and why:
    Redis from it, and a worker that finds Redis behind what it wrote takes its partitions over
    again. Failed groups carry done marks per tier, since recorded outcomes stay in Redis only:
    a record read again after Redis forgot its outcome is recognised by its group's mark.
+11. *A scheduled head held by reference* (docs/decisions/0013-scheduled-heads-held-by-reference.md).
+   A healthy group's message scheduled for later becomes its head where it is, in the main
+   log: its offset and time in the group's state (``held``, counted in tier 1, so the group's
+   later messages park in tier 1 behind it and the order rule holds unchanged); the main
+   log's commit moves on; the engine reads it back when due (``Effects.recall``).
 """

@@ -24,6 +24,8 @@ Checks, each a count that must be 0:
 - ``short_budget_dead_letters``: messages the DLQ holds as failed (not parked behind their
   group) after fewer than N+1 attempts although their last answer was retryable: every message
   keeps its own retry budget (docs/delivery.md). The DLQ is read at the end of the run.
+- ``calls_before_their_time``: calls of a scheduled message (``X_DELIVER_AT``) the receiver took
+  before that time (docs/scheduling.md).
 
 Reported, not judged: ``raw_duplicates`` (2xx calls beyond the first per message; docs/design.md §3
 allows these at the HTTP boundary after a crash) and call counts by status.
@@ -49,6 +51,7 @@ MUST_BE_ZERO = (
     "bad_signatures",
     "id_distinct_duplicates",
     "short_budget_dead_letters",
+    "calls_before_their_time",
 )
 
 
@@ -68,6 +71,8 @@ class Call:
     status: int
     payload_hash: str
     signature_ok: bool | None = None
+    at_ms: int = 0  # when the receiver took it
+    deliver_at_ms: int = 0  # the time its producer chose (X_DELIVER_AT), 0: none
 
     @property
     def ok(self) -> bool:
@@ -102,7 +107,16 @@ def published_from_journal(entries: Iterable[Entry]) -> list[Published]:
 
 def calls_from_journal(entries: Iterable[Entry]) -> list[Call]:
     return [
-        Call(e["mid"], e["gid"], e["wid"], int(e["status"]), e["hash"], e.get("sig"))
+        Call(
+            e["mid"],
+            e["gid"],
+            e["wid"],
+            int(e["status"]),
+            e["hash"],
+            e.get("sig"),
+            int(e.get("t", 0)),
+            int(e.get("dat", 0)),
+        )
         for e in entries
     ]
 
@@ -166,6 +180,7 @@ def check(
         {d.message_id for d in dead_letters if d.retryable and d.attempts < retry_tiers + 1}
     )
     flaky = set(flaky_groups)
+    too_soon = [c.message_id for c in calls if c.at_ms < c.deliver_at_ms]
 
     counts = {
         "lost": len(lost),
@@ -177,6 +192,7 @@ def check(
         "bad_signatures": len(bad_signatures),
         "id_distinct_duplicates": sum(id_distinct.values()),
         "short_budget_dead_letters": len(short_budget),
+        "calls_before_their_time": len(too_soon),
     }
     status_classes = Counter(f"{c.status // 100}xx" for c in calls)
     return {
@@ -195,6 +211,7 @@ def check(
         "messages_rejected_4xx": len({c.message_id for c in calls if 400 <= c.status < 500}),
         "messages_failed_5xx": len({c.message_id for c in calls if c.status >= 500}),
         "dead_letters": len(dead_letters),
+        "scheduled_delivered": len({c.message_id for c in calls if c.deliver_at_ms and c.ok}),
         "flaky_groups": len(flaky),
         "flaky_messages": sum(1 for p in published if p.group_id in flaky),
         "flaky_messages_dead_lettered": len(
@@ -211,6 +228,7 @@ def check(
             "id_distinct_duplicates": _examples(id_distinct),
             "raw_duplicates": _examples(raw),
             "short_budget_dead_letters": _examples(short_budget),
+            "calls_before_their_time": _examples(too_soon),
         },
     }
 

@@ -127,6 +127,11 @@ def produce_headers(record: Record, lane: int) -> dict[str, str]:
         f"X{sep}SEQUENCE{sep}ID": str(record.sequence_id),
         "content-type": "application/octet-stream",
         **{f"X{sep}TAG{sep}{n}": f"{n:03d}" * 33 + "x" for n in range(record.extra_headers)},
+        **(
+            {f"X{sep}DELIVER{sep}AFTER{sep}MS": str(record.deliver_after_ms)}
+            if record.deliver_after_ms
+            else {}
+        ),
     }
 
 

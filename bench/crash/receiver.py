@@ -37,7 +37,7 @@ from bench.crash.journal import Entry, Journal, read_entries
 from bench.crash.plan import FailurePlan, FailureSchedule, Phase, decide_status
 from bench.crash.records import payload_hash
 from setu.clock import now_ms
-from setu.headers import DELIVERY_ATTEMPT, GROUP_ID, MESSAGE_ID, canonical
+from setu.headers import DELIVER_AT, DELIVERY_ATTEMPT, GROUP_ID, MESSAGE_ID, canonical
 
 
 def signature_keys(secret: str) -> list[bytes]:
@@ -179,6 +179,8 @@ class Receiver:
             "sig": sig,
             "sub": subscription,
         }
+        if DELIVER_AT in named:  # a scheduled message: never to be called before its time
+            entry["dat"] = int(named[DELIVER_AT])
         # The answer goes out only after its entry is fsynced: a 2xx that Setu may record as
         # delivered must be in the journal even if this process or the machine dies right
         # after, or the checker would call a rightly delivered message lost.

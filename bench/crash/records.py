@@ -22,6 +22,8 @@ class Record:
     sequence_id: int
     body: bytes
     extra_headers: int = 0  # how many X_TAG_n headers of 100 characters it is sent with
+    # Sent with X_DELIVER_AFTER_MS (docs/scheduling.md): its group waits behind it (0: not).
+    deliver_after_ms: int = 0
 
     @property
     def payload_hash(self) -> str:
@@ -61,6 +63,9 @@ def _digest(run_id: str, lane: int, sequence: int) -> bytes:
 # carries many headers; the rest are small.
 SHAPE_EVERY = 256
 MANY_HEADERS = 40
+# One record of an HTTP lane in SCHEDULE_EVERY asks to be delivered 0.5 to 5.6 s after its
+# produce, holding its group back meanwhile (docs/scheduling.md).
+SCHEDULE_EVERY = 24
 
 
 def make_record(
@@ -94,4 +99,7 @@ def make_record(
         body += (digest * (size // len(digest) + 1))[: size - len(body)]
     elif large_body_bytes and shape == 2 and not stream:  # X_* headers do not travel on streams
         extra = MANY_HEADERS
-    return Record(message_id, group, producer, sequence, body, extra)
+    later = 0
+    if not stream and digest[21] % SCHEDULE_EVERY == 0:
+        later = 500 + digest[22] * 20
+    return Record(message_id, group, producer, sequence, body, extra, later)

@@ -32,6 +32,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         "bad_signatures": "calls with a bad webhook-signature",
         "id_distinct_duplicates": "duplicates after dropping repeated webhook-ids",
         "short_budget_dead_letters": "dead-lettered before N+1 attempts (retryable)",
+        "calls_before_their_time": "scheduled messages called before their time",
     }
     lines = [f"crash test: {'PASS' if report['ok'] else 'FAIL'}"]
     if report.get("subscriptions", 1) > 1:

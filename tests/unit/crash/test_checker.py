@@ -287,9 +287,26 @@ def test_calls_from_journal_reads_receiver_entries() -> None:
         },
     ]
     assert calls_from_journal(entries) == [
-        Call("m", "g", "m", 503, "h", None),
-        Call("m", "g", "m", 200, "h", True),
+        Call("m", "g", "m", 503, "h", None, at_ms=1),
+        Call("m", "g", "m", 200, "h", True, at_ms=2),
     ]
+
+
+def test_a_scheduled_message_called_before_its_time_fails_the_run() -> None:
+    # Given a's first message scheduled for t=100: called at 99 (503), then at 150 (200)
+    published = [Published("a1", "a", "h", True), Published("a2", "a", "h", True)]
+    calls = [
+        Call("a1", "a", "a1", 503, "h", at_ms=99, deliver_at_ms=100),
+        Call("a1", "a", "a1", 200, "h", at_ms=150, deliver_at_ms=100),
+        Call("a2", "a", "a2", 200, "h", at_ms=151),
+    ]
+    report = check(published, calls)
+    # Then the early call is a violation, though everything was delivered in order
+    assert report["violations"] == ["calls_before_their_time"]
+    assert report["examples"]["calls_before_their_time"] == ["a1"]
+    assert report["scheduled_delivered"] == 1
+    # And without it the run passes
+    assert check(published, calls[1:])["ok"]
 
 
 def test_a_message_dead_lettered_before_its_own_budget_ran_out_fails_the_run() -> None:

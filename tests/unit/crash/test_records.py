@@ -6,6 +6,7 @@ import pytest
 
 from bench.crash.records import (
     MANY_HEADERS,
+    SCHEDULE_EVERY,
     is_stream_lane,
     lane_groups,
     make_record,
@@ -84,3 +85,15 @@ def test_stream_lanes_are_the_last_and_their_ids_are_the_ones_setu_makes() -> No
     assert not any(
         make_record("r", 100, 10, 9, n, 1024, stream=True).extra_headers for n in range(2_000)
     )
+
+
+def test_some_http_records_are_scheduled_and_streamed_ones_never() -> None:
+    # docs/scheduling.md: a few messages of each HTTP lane hold their group back for a while
+    http = [make_record("run", 100, 10, 0, n) for n in range(2_000)]
+    streamed = [make_record("run", 100, 10, 9, n, stream=True) for n in range(2_000)]
+    later = [r.deliver_after_ms for r in http if r.deliver_after_ms]
+    assert len(later) >= 2_000 // SCHEDULE_EVERY // 2
+    assert all(500 <= ms <= 500 + 255 * 20 for ms in later)
+    assert not any(r.deliver_after_ms for r in streamed)
+    # And the same arguments give the same schedule (a restarted producer resends the same)
+    assert make_record("run", 100, 10, 0, 7) == http[7]
