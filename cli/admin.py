@@ -313,7 +313,7 @@ def add_commands(sub: Any) -> None:
     groups = sub.add_parser("groups", help="a subscription's unhealthy groups", parents=[common])
     groups.add_argument("project")
     groups.add_argument("subscription")
-    groups.add_argument("--state", choices=["retrying", "dead_lettered"])
+    groups.add_argument("--state", choices=["retrying", "dead_lettered", "scheduled"])
     groups.add_argument("--limit", type=int, default=50)
     groups.add_argument("--after", help="the cursor a previous page ended with")
 
@@ -623,6 +623,7 @@ def _groups(a: argparse.Namespace, api: Api, out: Out) -> None:
             ("tier", lambda g: g["tier"]),
             ("parked", lambda g: g["parked"]),
             ("head message", lambda g: g["head_message_id"]),
+            ("due", lambda g: at(g["due_at_ms"]) if g.get("due_at_ms") else "-"),
             ("unhealthy since", lambda g: at(g["since_ms"])),
         ],
         title="unhealthy groups, the longest unhealthy first",

@@ -254,6 +254,7 @@ async function subscription(p, s) {
       card("oldest undelivered", age(status.oldest_undelivered_age_ms)),
       card("delivery rate", rates[0]), card("dead-letter rate", rates[1], "bad"),
       card("failed groups", status.failed_groups, status.failed_groups ? "bad" : "good"),
+      card("scheduled groups", status.scheduled_groups),
       card("retry backlog", status.retry_backlog), card("in flight", status.in_flight),
       card("oldest parked", expiring(status.oldest_parked_age_ms, status.parked_expire_in_ms), status.oldest_parked_age_ms === null ? "good" : "bad"),
       card("oldest retrying", expiring(status.oldest_retrying_age_ms, status.retrying_expire_in_ms))),
@@ -261,7 +262,7 @@ async function subscription(p, s) {
         ["oldest undelivered", (x) => when(x.oldest_undelivered_ms)]], status.partitions));
     groupsBox.replaceChildren(table([
       ["group", (g) => g.group_id], ["state", (g) => g.state], ["tier", (g) => g.tier || "-"],
-      ["parked", (g) => g.parked],
+      ["parked", (g) => g.parked], ["due", (g) => (g.due_at_ms ? when(g.due_at_ms) : "-")],
       ["head message", (g) => g.head_message_id ? h("a", { href: "#", onclick: (e) => { e.preventDefault(); lookup(g.head_message_id); } }, g.head_message_id) : "-"],
       ["unhealthy since", (g) => when(g.since_ms)],
       ["", (g) => g.state === "dead_lettered"
@@ -295,7 +296,8 @@ async function subscription(p, s) {
       const steps = record.attempts.map((a) => ({ at: a.at_ms, what: `attempt ${a.attempt} from ${a.tier}: ${a.outcome}`, detail: a.status || a.error, ms: a.duration_ms, answer: a.response_excerpt }))
         .concat(record.moves.map((m) => ({ at: m.at_ms, what: `moved to ${m.to} (${m.why})` })))
         .sort((x, y) => x.at - y.at);
-      lookupBox.replaceChildren(h("p", {}, h("b", {}, record.message_id), ": ", record.location),
+      lookupBox.replaceChildren(h("p", {}, h("b", {}, record.message_id), ": ", record.location,
+        record.deliver_at_ms ? ` (scheduled for ${when(record.deliver_at_ms)})` : ""),
         table([["when", (x) => when(x.at)], ["what", (x) => x.what], ["status / error", (x) => x.detail || "-"],
           ["ms", (x) => (x.ms === undefined ? "-" : x.ms)], ["answer", (x) => (x.answer ? h("pre", {}, x.answer) : "-")]], steps));
     } catch (e) { lookupBox.replaceChildren(h("p", { class: "bad" }, e.message)); }
