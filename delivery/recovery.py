@@ -189,6 +189,12 @@ def _recorded(
         return True
     if tier == DLQ and not kind.ordered:
         return offset not in pending
+    held = states.get(copy.group or "")
+    if tier == MAIN and held is not None and held.held == offset and kind.changes_state:
+        # A copy of the group's held head (docs/scheduling.md): its main offset finished when
+        # it was held, so its outcome says nothing; while the state holds it there, the move
+        # is not recorded.
+        return False
     if offset < committed.get(tier, -1) or (tier, offset) in outcomes:
         return True
     if kind.changes_state and copy.group is not None:

@@ -853,3 +853,103 @@ def test_a_group_that_healed_on_laps_and_parked_again_is_delivered_after_redis_f
     world.drain()
     assert world.first["g2"] == ids
     assert "g2" not in world.store.groups
+
+
+# Scheduled messages (docs/scheduling.md)
+
+
+def test_a_scheduled_message_is_held_by_reference_and_its_group_parks_behind_it() -> None:
+    # Given g1's first message scheduled 10 s ahead, a second g1 message and a g2 message
+    world = World(subscription(delays=(100, 200)))
+    world.publish("g1", deliver_in_ms=10_000)
+    world.publish("g1")
+    world.publish("g2")
+    poll_all(world)
+    settle(world)
+    # Then g2 is called at once; g1's head is held, its follower parked in rq.1
+    assert in_flight(world) == ["g2-3"]
+    state = world.store.groups["g1"][1]
+    assert (state.head, state.held, state.counts[1]) == ("g1-1", 0, 2)
+    assert kinds(world, 1) == [("g1-2", "park")]
+    # And the main log's commit moves past the held message (nothing in memory holds it)
+    answer_all(world, {})
+    world.commit()
+    assert world.committed[MAIN] == 3
+    # When its time comes, it is read back and called, then its follower
+    world.tick(10_000)
+    assert world.effects.recalls and not world.effects.dispatches
+    world.finish_recall(0)
+    assert in_flight(world) == ["g1-1"]
+    world.drain()
+    assert world.first["g1"] == ["g1-1", "g1-2"]
+    assert "g1" not in world.store.groups
+
+
+def test_a_held_head_failing_again_moves_up_and_a_crash_before_its_redis_write_is_completed() -> (
+    None
+):
+    # Given g1's scheduled head, due, fails once (it waits in place) and again (a head copy)
+    world = World(subscription(delays=(100, 200)))
+    world.publish("g1", deliver_in_ms=5_000)
+    world.publish("g1")
+    poll_all(world)
+    settle(world)
+    world.tick(5_000)
+    world.finish_recall(0)
+    world.respond(0, 503)
+    settle(world)
+    assert world.store.groups["g1"][1].held == 0  # waits in place, in the main log
+    world.tick(200)
+    world.finish_recall(0)
+    world.respond(0, 503)
+    world.finish_move(0)  # its copy is in rq.2, the state change not yet in Redis
+    assert kinds(world, 2) == [("g1-1", "head")]
+    # When the worker crashes and restarts
+    world.crash()
+    # Then recovery completed the move: the head counts in rq.2, no longer held
+    state = world.store.groups["g1"][1]
+    assert (state.held, state.counts[1], state.counts[2]) == (-1, 1, 1)
+    # And the rest is delivered in order, the head called once per attempt (3 in all)
+    world.drain()
+    assert world.first["g1"] == ["g1-1", "g1-2"]
+    assert world.numbers["g1-1"] == [1, 2, 3]
+
+
+def test_a_cancelled_scheduled_message_is_never_called_and_its_group_goes_on() -> None:
+    world = World(subscription())
+    world.publish("g1", deliver_in_ms=5_000)
+    world.publish("g1")
+    poll_all(world)
+    settle(world)
+    world.cancel("g1-1")
+    world.tick(5_000)
+    world.finish_recall(0)
+    settle(world)
+    world.drain()
+    assert world.calls["g1-1"] == 0
+    assert world.first["g1"] == ["g1-2"]
+    assert world.unscheduled == {"g1-1"}
+
+
+def test_a_message_scheduled_within_a_second_is_called_at_its_time_without_being_held() -> None:
+    world = World(subscription())
+    world.publish("g1", deliver_in_ms=800)
+    poll_all(world)
+    assert not world.effects.persists and not world.store.groups
+    assert world.effects.dispatches[0].not_before_ms == world.now + 800
+    assert world.answerable() == []
+
+
+def test_without_retry_tiers_a_held_head_that_fails_is_dead_lettered_at_once() -> None:
+    world = World(subscription(delays=()))
+    world.publish("g1", deliver_in_ms=5_000)
+    world.publish("g1")
+    poll_all(world)
+    settle(world)
+    world.tick(5_000)
+    world.finish_recall(0)
+    world.respond(0, 503)
+    settle(world)
+    assert kinds(world, DLQ) == [("g1-1", "head")]
+    state = world.store.groups["g1"][1]
+    assert (state.head_tier, state.held) == (DLQ, -1)
