@@ -197,3 +197,20 @@ def test_scheduled_groups_are_counted_apart_on_the_workers_metrics(
     assert failed[("setu_delivery_failed_groups", labels(world, state="retrying"))] == 0
     assert failed[("setu_delivery_retry_backlog", labels(world))] == 0
     assert receiver.delivered() == sentinel
+
+
+def test_a_subscription_without_retry_tiers_still_keeps_its_group_behind_a_held_message(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], api: httpx.Client
+) -> None:
+    # Given a subscription that dead-letters at the first failure (no retry delays): its
+    # grouped topic still gives it a tier 1, where a held message's group waits
+    world.topic("t", partitions=1)
+    world.subscription(receiver.url, delays_ms=())
+    start_worker()
+    # When h's first message is scheduled 3 s ahead with two behind it
+    h = world.publish("t", "h", 1, deliver_at_ms=now_ms() + 3_000) + world.publish("t", "h", 2)
+    # Then they wait, parked behind it, and are delivered in order once it is due
+    wait_for("h's followers parked", lambda: group_view(api, world, "h")["parked"] == 3)
+    assert receiver.delivered("h") == []
+    wait_for("h delivered", lambda: first_calls(receiver, "h") == h, 30)
+    wait_for("h healthy", lambda: group_view(api, world, "h")["state"] == "healthy")

@@ -858,6 +858,19 @@ def test_a_group_that_healed_on_laps_and_parked_again_is_delivered_after_redis_f
 # Scheduled messages (docs/scheduling.md)
 
 
+def held_then_due(sub: Subscription) -> World:
+    """g1-1 scheduled 5 s ahead with g1-2 behind it, held; then due, read back and called."""
+    world = World(sub)
+    world.publish("g1", deliver_in_ms=5_000)
+    world.publish("g1")
+    poll_all(world)
+    settle(world)
+    world.tick(5_000)
+    world.finish_recall(0)
+    assert in_flight(world) == ["g1-1"]
+    return world
+
+
 def test_a_scheduled_message_is_held_by_reference_and_its_group_parks_behind_it() -> None:
     # Given g1's first message scheduled 10 s ahead, a second g1 message and a g2 message
     world = World(subscription(delays=(100, 200)))
@@ -889,13 +902,7 @@ def test_a_held_head_failing_again_moves_up_and_a_crash_before_its_redis_write_i
     None
 ):
     # Given g1's scheduled head, due, fails once (it waits in place) and again (a head copy)
-    world = World(subscription(delays=(100, 200)))
-    world.publish("g1", deliver_in_ms=5_000)
-    world.publish("g1")
-    poll_all(world)
-    settle(world)
-    world.tick(5_000)
-    world.finish_recall(0)
+    world = held_then_due(subscription(delays=(100, 200)))
     world.respond(0, 503)
     settle(world)
     assert world.store.groups["g1"][1].held == 0  # waits in place, in the main log
@@ -941,13 +948,7 @@ def test_a_message_scheduled_within_a_second_is_called_at_its_time_without_being
 
 
 def test_without_retry_tiers_a_held_head_that_fails_is_dead_lettered_at_once() -> None:
-    world = World(subscription(delays=()))
-    world.publish("g1", deliver_in_ms=5_000)
-    world.publish("g1")
-    poll_all(world)
-    settle(world)
-    world.tick(5_000)
-    world.finish_recall(0)
+    world = held_then_due(subscription(delays=()))
     world.respond(0, 503)
     settle(world)
     assert kinds(world, DLQ) == [("g1-1", "head")]

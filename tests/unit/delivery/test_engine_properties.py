@@ -141,14 +141,7 @@ class Delivery(RuleBasedStateMachine):
                     world.answerable()[0], self.answer(data, mode, world.calls[rec.message_id])
                 )
                 progressed = True
-            while world.effects.moves or world.effects.persists or world.effects.recalls:
-                if world.effects.moves:
-                    world.finish_move(0)
-                elif world.effects.persists:
-                    world.finish_persist(0)
-                else:
-                    world.finish_recall(0)
-                progressed = True
+            progressed = world.complete_writes() or progressed
             if not progressed:
                 if not (world.paused or world.effects.dispatches or world.engine.next_due_ms()):
                     return
