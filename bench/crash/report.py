@@ -52,6 +52,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"       {'webhook calls':<48} {report['calls']} {report['calls_by_status']}",
         f"       {'flaky groups / their messages dead-lettered':<48} "
         f"{report.get('flaky_groups', 0)} / {report.get('flaky_messages_dead_lettered', 0)}",
+        f"       {'scheduled messages delivered, none early':<48} "
+        f"{report.get('scheduled_delivered', 0)}",
     ]
     if report.get("acked_via"):
         lines.append(

@@ -74,6 +74,9 @@ def test_nothing_accepted_is_lost_reordered_corrupted_or_duplicated_under_kills(
     # And three lanes of ten streamed (docs/streaming.md) through the API's kills
     assert report["acked_via"]["stream"] >= report["accepted"] // 5
     assert report["messages_failed_5xx"] >= 1
+    # And some messages were scheduled (docs/scheduling.md): their groups waited behind them
+    # through the kills, and none was called before its time (checked in "violations")
+    assert report["scheduled_delivered"] >= 10
     assert report["messages_rejected_4xx"] >= 1
     assert report["drain"]["unsidelined_groups"] >= 1
     # And the endpoint outage opened the circuit breaker (checked in report["violations"];
