@@ -176,6 +176,9 @@ class SubscriptionRunner:
         # The worker's one timer for every runner's periodic work (delivery/ticker.py).
         self._ticker = parts.ticker if parts.ticker is not None else Ticker()
         self._ticket: Ticket | None = None
+        # When the next held head is due, and the timer set for it (_schedule_tick).
+        self._due_at: int | None = None
+        self._due_timer: asyncio.TimerHandle | None = None
         self.label = f"subscription {sub.project}/{sub.name}"
         self._fatal: BaseException | None = None
         self.dispatcher: Dispatcher | None = None
@@ -232,6 +235,8 @@ class SubscriptionRunner:
         finally:
             if ticket is not None:
                 await self._ticker.remove(ticket)
+            if self._due_timer is not None:
+                self._due_timer.cancel()
             if self.replaying is not None:
                 await self.replaying.close()
             await consumer.close()
@@ -269,11 +274,33 @@ class SubscriptionRunner:
         return work
 
     def _schedule_tick(self) -> None:
+        """Wakes the engines whose held heads are due (docs/scheduling.md), and sets a timer
+        for the next one: a head is called at its time, not at the next tick or rest."""
         now = now_ms()
+        soonest: int | None = None
         for port in self.ports.values():
             due = port.engine.next_due_ms()
-            if due is not None and due <= now and port.alive:
+            if due is None or not port.alive:
+                continue
+            if due <= now:
                 port.engine.wake(now)
+                due = port.engine.next_due_ms()
+                if due is None:
+                    continue
+            soonest = due if soonest is None else min(soonest, due)
+        if soonest is None or soonest == self._due_at:
+            return
+        if self._due_timer is not None:
+            self._due_timer.cancel()
+        self._due_at = soonest
+        self._due_timer = asyncio.get_running_loop().call_later(
+            max(0, soonest - now) / 1000, self._due
+        )
+
+    def _due(self) -> None:
+        self._due_timer, self._due_at = None, None
+        if not self._stopped.is_set():
+            self._schedule_tick()
 
     def _replay_tick(self) -> None:
         if self.replaying is not None:

@@ -10,6 +10,8 @@ as :mod:`state.metadata`: synchronous, one short transaction per method, safe fr
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
@@ -53,15 +55,20 @@ class ScheduleCancels:
                 ).scalar_one()
             )
 
-    def cancelled(self, project: str, topic: str, message_id: str) -> bool:
-        """Whether a producer cancelled ``message_id`` of ``topic``."""
+    def cancelled(self, project: str, topic: str, message_ids: Collection[str]) -> set[str]:
+        """Which of ``message_ids`` of ``topic`` a producer cancelled."""
         table = schedule_cancels
+        ids = sorted(set(message_ids))
+        found: set[str] = set()
         with transaction(self._engine) as conn:
-            found = conn.execute(
-                sa.select(table.c.message_id).where(
-                    table.c.project == project,
-                    table.c.topic == topic,
-                    table.c.message_id == message_id,
+            for start in range(0, len(ids), 500):
+                found.update(
+                    conn.execute(
+                        sa.select(table.c.message_id).where(
+                            table.c.project == project,
+                            table.c.topic == topic,
+                            table.c.message_id.in_(ids[start : start + 500]),
+                        )
+                    ).scalars()
                 )
-            ).first()
-        return found is not None
+        return found

@@ -254,7 +254,7 @@ async def snapshot(w: World, bootstrap: str) -> dict[str, Any]:
         # (last use is written in the background, when a key is first seen: not a change)
         "keys": [dataclasses.replace(k, last_used_at_ms=None) for k in store.keys.list()],
         "replays": store.replays.listed(w.project, w.subscription, 100),
-        "cancelled": store.schedule_cancels.cancelled(w.project, w.topic, "m-1"),
+        "cancelled": store.schedule_cancels.cancelled(w.project, w.topic, ["m-1"]),
         "ingest": ends,
     }
 

@@ -233,3 +233,23 @@ def test_runners_starting_at_once_all_learn_which_topics_exist(
                 assert [a.result(timeout=30) for a in asks] == [{topic}] * 16
         finally:
             reader.close()
+
+
+def test_scattered_offsets_are_read_in_one_pass_with_jumps(
+    kafka_bootstrap: str, topic: str
+) -> None:
+    # Given 3,000 records in partition 0 (held scheduled messages are such offsets)
+    produce(kafka_bootstrap, topic, 0, [f"r{i}" for i in range(3_000)])
+    reader = KafkaReader(kafka_bootstrap)
+    try:
+        # When some offsets close together and some far apart are asked, with one past the end
+        wanted = [5, 6, 7, 900, 2_999, 1_200, 3_500]
+        found = reader.read_offsets(topic, 0, wanted, gap=100)
+        # Then each is the record at its offset, and the one past the end is left out
+        assert {o: m.value() for o, m in found.items()} == {
+            o: f"r{o}".encode() for o in wanted if o < 3_000
+        }
+        # And with the default gap (read through) the same
+        assert set(reader.read_offsets(topic, 0, wanted)) == set(found)
+    finally:
+        reader.close()
