@@ -287,15 +287,18 @@ class PartitionEngine:
             due, group = heapq.heappop(timers)
             state = self.states.get(group)
             lane = self.lanes.get(group)
+            calling = lane.delivering if lane is not None else None
             if (
                 state is None
                 or state.held < 0
                 or state.due_at_ms != due
                 or group in self.recalling
                 or group in self.ready
-                or (lane is not None and lane.delivering is not None)
+                or (calling is not None and calling.record.held)
             ):
-                continue  # changed since (delivered, moved on, due later), or under way
+                # Changed since (delivered, moved on, due at another time), or under way. (A
+                # stray of the group being called does not count: the head waits for the lane.)
+                continue
             self.recalling.add(group)
             self.active += 1
             record = self.holds.pop(group, None)
