@@ -104,11 +104,14 @@ def ingest_headers(
 
 def schedule_limit_ms(topic: Topic, max_delay_ms: int) -> int:
     """How far ahead a message of ``topic`` may be scheduled (docs/scheduling.md): 0 on an
-    ungrouped topic; else the setting, and within the topic's retention less an hour, so its
-    record is still in the main log when it is due."""
+    ungrouped topic; else the setting, and within the topic's retention less an hour (less
+    half of it, for a retention of two hours or less), so its record is still in the main log
+    when it is due."""
     if not topic.grouped:
         return 0
-    return max(0, min(max_delay_ms, (topic.retention_hours - 1) * 3_600_000))
+    retention_ms = topic.retention_hours * 3_600_000
+    kept = max(retention_ms // 2, retention_ms - 3_600_000)
+    return min(max_delay_ms, kept)
 
 
 def incarnation_for(producer_id: str | None, topic_created_at_ms: int, window_ms: int = 0) -> int:

@@ -50,9 +50,9 @@ async def cancel(request: Request, project: str, topic: str, message_id: str) ->
     s = services(request)
     rules.check_id(rules.MESSAGE_ID, message_id, required=True)
     found = await blocking(s.store.get_topic, project, topic)  # 404 for none
-    limit = schedule_limit_ms(found, s.settings.max_delivery_delay_ms)
-    if limit <= 0:
+    if not found.grouped:
         raise InvalidInput(f"topic {topic!r} is not grouped: nothing on it can be scheduled")
+    limit = schedule_limit_ms(found, s.settings.max_delivery_delay_ms)
     now = now_ms()
     at = await blocking(
         s.store.schedule_cancels.cancel,

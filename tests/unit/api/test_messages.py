@@ -481,6 +481,8 @@ def test_the_limit_is_the_setting_within_the_topics_retention() -> None:
     assert schedule_limit_ms(topic, 7 * DAY_MS) == 23 * 3_600_000
     assert schedule_limit_ms(topic, 60_000) == 60_000
     assert schedule_limit_ms(replace(topic, grouped=False), 60_000) == 0
+    # A short retention keeps half of itself for the message's wait
+    assert schedule_limit_ms(replace(topic, retention_hours=1), 7 * DAY_MS) == 1_800_000
 
 
 def test_a_batch_message_is_scheduled_by_its_own_headers() -> None:
