@@ -72,6 +72,10 @@ _IDENTITY_DOC = [
         ("X_GROUP_ID", False),
         ("X_PRODUCER_ID", False),
         ("X_SEQUENCE_ID", False),
+        # Not before this time, epoch ms, or this many ms from now; grouped topics only
+        # (docs/scheduling.md)
+        ("X_DELIVER_AT", False),
+        ("X_DELIVER_AFTER_MS", False),
     )
 ]
 _RAW_BODY_DOC = {
