@@ -443,7 +443,7 @@ async def unhealthy_groups(
     request: Request,
     project: str,
     subscription: str,
-    state: Annotated[Literal["retrying", "dead_lettered"] | None, Query()] = None,
+    state: Annotated[Literal["retrying", "dead_lettered", "scheduled"] | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Response:

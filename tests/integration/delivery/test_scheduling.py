@@ -81,6 +81,9 @@ def test_a_scheduled_message_waits_for_its_time_with_its_group_behind_it_while_o
         lambda: record(api, world, a[0])["location"] == "scheduled",
     )
     assert record(api, world, a[0])["deliver_at_ms"] == due
+    listed = api.get(sub_path(world, "groups"), params={"state": "scheduled"}).json()
+    assert [(g["group_id"], g["due_at_ms"]) for g in listed["groups"]] == [("a", due)]
+    assert api.get(sub_path(world, "groups"), params={"state": "retrying"}).json()["groups"] == []
     status = api.get(sub_path(world, "status")).json()
     assert (status["scheduled_groups"], status["failed_groups"]) == (1, 0)
     assert status["breaker"]["state"] == "closed" and status["state"] == "running"
