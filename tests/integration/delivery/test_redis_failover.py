@@ -147,10 +147,12 @@ def parked_in(world: World, group_set: SentinelGroup, group: str) -> int:
 
 
 def test_delivery_goes_on_in_order_through_a_redis_failover(
+    # (Sentinel first: fixtures end in reverse, so the worker stops while Redis still answers;
+    # stopped the other way round, the worker's stop waited a minute on a Redis that was gone.)
+    sentinel_group: SentinelGroup,
     world: World,
     receiver: Receiver,
     start_worker: Callable[..., ThreadWorker],
-    sentinel_group: SentinelGroup,
 ) -> None:
     # Given a worker on Redis behind Sentinel, a group F parked behind a 400, and ten groups
     # whose messages keep coming
