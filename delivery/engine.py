@@ -681,7 +681,8 @@ class PartitionEngine:
         if state is not None and state.head == rec.message_id:
             before, not_before = state.attempts, state.due_at_ms
         number = max(rec.envelope.attempt, before) + 1
-        not_before = max(not_before, rec.envelope.deliver_at_ms)
+        if rec.envelope.deliver_at_ms > not_before:
+            not_before = rec.envelope.deliver_at_ms
         attempt = Attempt(self.partition, rec, number, loose, not_before)
         if lane is not None:
             lane.delivering = attempt

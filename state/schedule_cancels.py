@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Collection
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from state.schema import schedule_cancels
@@ -37,6 +36,9 @@ class ScheduleCancels:
             "cancelled_at_ms": at_ms,
             "expires_at_ms": expires_at_ms,
         }
+        # Imported here: only the API writes cancels, and a worker need not load the dialects.
+        from sqlalchemy.dialects import postgresql, sqlite
+
         with transaction(self._engine, write=True) as conn:
             conn.execute(sa.delete(table).where(table.c.expires_at_ms < at_ms))
             insert = (
