@@ -102,6 +102,23 @@ FLAKY_FAILURES = 2  # failed calls per message of a flaky group, within FLAKY_DE
 # The webhook: a process of its own, timestamping every call.
 
 
+def take_request(buffer: bytes) -> tuple[bytes | None, bytes]:
+    """The head of the first whole HTTP/1.1 request in ``buffer`` (its body dropped) and what
+    follows it; None and ``buffer`` as it is while the request is incomplete."""
+    end = buffer.find(b"\r\n\r\n")
+    if end < 0:
+        return None, buffer
+    head = buffer[:end]
+    length = 0
+    at = head.find(b"content-length: ")
+    if at >= 0:
+        stop = head.find(b"\r\n", at)
+        length = int(head[at + 16 : stop if stop >= 0 else len(head)])
+    if len(buffer) < end + 4 + length:
+        return None, buffer
+    return head, buffer[end + 4 + length :]
+
+
 class _Webhook(asyncio.Protocol):
     """Minimal HTTP/1.1 server: answers after a random 0..max_delay ms, 500 for failing
     groups (every tenth, when asked) or 503 to the first calls of each message of a flaky
@@ -120,17 +137,9 @@ class _Webhook(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.buffer += data
         while True:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
+            head, self.buffer = take_request(self.buffer)
+            if head is None:
                 return
-            head = self.buffer[:end]
-            length = 0
-            at = head.find(b"content-length: ")
-            if at >= 0:
-                length = int(head[at + 16 : head.find(b"\r\n", at)])
-            if len(self.buffer) < end + 4 + length:
-                return
-            self.buffer = self.buffer[end + 4 + length :]
             if head.startswith(b"GET /stats"):
                 body = orjson.dumps(self.stats)
                 self.transport.write(

@@ -32,7 +32,7 @@ import orjson
 import redis
 from confluent_kafka import Producer
 
-from bench.delivery import bench_topic, proc_status, stop
+from bench.delivery import bench_topic, proc_status, stop, take_request
 from bench.machine import write_result
 from cli.ports import any_free_port
 from setu.envelope import Envelope
@@ -58,17 +58,9 @@ class _Webhook(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.buffer += data
         while True:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
+            head, self.buffer = take_request(self.buffer)
+            if head is None:
                 return
-            head = self.buffer[:end]
-            length = 0
-            at = head.find(b"content-length: ")
-            if at >= 0:
-                length = int(head[at + 16 : head.find(b"\r\n", at)])
-            if len(self.buffer) < end + 4 + length:
-                return
-            self.buffer = self.buffer[end + 4 + length :]
             if head.startswith(b"GET /stats"):
                 body = orjson.dumps(
                     {"late": self.late, "early": self.early, "followers": self.followers}
