@@ -33,7 +33,7 @@ from tests.integration.api.support import ADMIN_KEY, served_api
 
 pytestmark = pytest.mark.integration
 
-EXAMPLES = int(os.environ.get("SETU_FUZZ_EXAMPLES", "50"))
+EXAMPLES = int(os.environ.get("SETU_FUZZ_EXAMPLES", "30"))
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 REQUESTS = {"sent": 0}
 
