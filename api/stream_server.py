@@ -49,9 +49,17 @@ import secrets
 import socket
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Coroutine, Hashable, Iterable, KeysView
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Coroutine,
+    Hashable,
+    Iterable,
+    Iterator,
+    KeysView,
+)
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from redis.exceptions import RedisError
 
@@ -88,10 +96,6 @@ PROTOCOL_ERROR = "protocol_error"
 # The first frame, HELLO, is four short fields of which only the API key matters: nothing longer
 # is read from a caller not yet known.
 HELLO_MAX_BYTES = 4096
-_READ_BYTES = 256 * 1024
-# A session's asyncio reader stops taking its socket's bytes while twice this waits unread: a
-# session not being read (every session is held at the buffer cap) holds little besides.
-_READER_LIMIT = 64 * 1024
 _REFUSALS_LOGGED_EVERY_S = 10.0
 _BACKLOG = 100  # asyncio's default
 _TOO_MANY_WAITING = "too many streaming connections are waiting to say HELLO; retry later"
@@ -106,6 +110,9 @@ _HELPERS_STOP_S = 1.0
 _MAX_SEQUENCE = 2**63 - 1
 # Room for a MESSAGE's fields and key besides its payload, in the default frame limit.
 _FRAME_ROOM = 64 * 1024 + 64
+# What a read hands the session's task: a write to await, a frame to handle, the read's frames
+# after them.
+_Handed = tuple[Awaitable[None] | None, frames.Frame | None, Iterator[frames.Frame]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,6 +469,90 @@ class Greeting:
             self.task.cancel()
 
 
+class _Connection(asyncio.Protocol):
+    """A session's socket once its key is accepted. The bytes a read brings go straight to
+    :meth:`Session.received`, on the event loop's read callback: a MESSAGE that needs no wait
+    is written there and then, with no task wake-up per read (what most of a low-rate
+    producer's cost was, docs/streaming.md "Cost"). Reading pauses whenever the session has
+    something to await; unread bytes then wait in the kernel, not here."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.session: Session | None = None
+        self.closed = False  # the client's EOF, or the connection lost
+        self._paused = True  # reading; the session resumes it once it runs
+        self._writing_paused = False
+        self._drained: asyncio.Future[None] | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports are not asyncio.Transport subclasses, but have its methods)
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.pause_reading()  # nothing is read before the session runs
+
+    def data_received(self, data: bytes) -> None:
+        if self.session is not None:
+            self.session.received(data)
+
+    def eof_received(self) -> bool:
+        self._close()
+        return True  # half-closed: the session still writes its last ACK, then closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._close()
+        self._wake_drain()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._wake_drain()
+
+    # -- the session's side ------------------------------------------------------------------
+
+    def pause(self) -> None:
+        if not self._paused and self.transport is not None and not self.transport.is_closing():
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._paused and self.transport is not None and not self.transport.is_closing():
+            self._paused = False
+            self.transport.resume_reading()
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self.transport is None or self.transport.is_closing()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    async def drain(self) -> None:
+        """Returns once the transport's write buffer is below its high-water mark, or the
+        connection is gone (what is left unsent then is lost with it)."""
+        if not self._writing_paused or self.closed:
+            return
+        if self._drained is None:
+            self._drained = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._drained)
+
+    def _wake_drain(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self._drained = None
+
+    def _close(self) -> None:
+        self.closed = True
+        if self.session is not None:
+            self.session.wake_reader()
+
+
 class Session:
     """One connection once its key is accepted: OK, then frames until EOF, ERROR, RESTART or a
     failure."""
@@ -469,16 +560,15 @@ class Session:
     def __init__(
         self,
         server: StreamServer,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        connection: _Connection,
         greeting: Greeting,
         hello: frames.Hello,
         who: Principal,
     ) -> None:
         self.server = server
         self.s = server.services
-        self.reader = reader
-        self.writer = writer
+        self.writer = connection
+        connection.session = self
         self.peer = greeting.peer
         self.token = f"{server.replica}/{secrets.token_hex(16)}"
         self.frames = frames.FrameReader(server.config.max_frame_bytes)
@@ -489,7 +579,7 @@ class Session:
         self.available = 0  # credits the client holds, as far as this side knows
         self.owed = 0  # credits earned and not yet sent in an ACK
         self.wake = asyncio.Event()
-        self._ack_timer: asyncio.TimerHandle | None = None
+        self._ack_due = False  # an ACK waits for the listener's next ACK round
         self.error: str | None = None
         self.restarting = False
         self.timed_out = False
@@ -502,6 +592,15 @@ class Session:
         # ``reading``): idle longer than the listener's idle timeout, it is ended (the keeper).
         self.heard_at = self.clock()
         self.reading = False
+        # What a read left for the session's task (reading is paused meanwhile): a write to
+        # await, a frame to handle, the rest of the read's frames; or what it raised.
+        self._handed: (
+            tuple[Awaitable[None] | None, frames.Frame | None, Iterator[frames.Frame]] | None
+        ) = None
+        self._raised: BaseException | None = None
+        self._later: list[bytes] = []
+        self._busy = True  # the task has the read side (reading paused)
+        self._reader_wake = asyncio.Event()
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -539,6 +638,7 @@ class Session:
         self._stop_reading()
 
     def _stop_reading(self) -> None:
+        self.writer.pause()
         # Only from outside the session's own task, and never once it is ending.
         if self.task is not None and not self.ending and self.task is not asyncio.current_task():
             self.task.cancel()
@@ -560,16 +660,80 @@ class Session:
         )
 
     async def _read_forever(self) -> None:
+        """The session's task while it reads. Reading itself runs in :meth:`received`; the
+        task owns the read side only while reading is paused (``_busy``): it awaits what a read
+        handed over, waits for room under the buffer cap, and returns at the client's EOF."""
         server = self.server
+        connection = self.writer
         while self.error is None:
-            if server.buffered >= server.config.buffer_bytes:
+            if self._raised is not None:
+                raise self._raised
+            handed, self._handed = self._handed, None
+            if handed is not None:
+                waiting, frame, rest = handed
+                if waiting is not None:
+                    await waiting
+                if frame is not None and self.error is None:
+                    await self._handle(frame)
+                await self._handle_all(rest)
+            elif self._later:
+                later, self._later = b"".join(self._later), []
+                self._busy = False
+                self.received(later)
+                self._busy = True
+            elif server.buffered >= server.config.buffer_bytes:
                 await server.room.wait()
-            self.heard_at, self.reading = self.clock(), True
-            data = await self.reader.read(_READ_BYTES)
-            self.reading = False
-            if not data:
+            elif connection.closed:
                 return
-            await self._handle_all(self.frames.feed(data))
+            else:
+                self.heard_at, self.reading = self.clock(), True
+                self._reader_wake.clear()
+                self._busy = False
+                connection.resume()
+                await self._reader_wake.wait()
+                self._busy, self.reading = True, False  # a hand-over, or the connection closed
+
+    def received(self, data: bytes) -> None:
+        """A read's bytes, on the loop's read callback: the frames they complete are handled
+        here until one needs awaiting; that one and the rest go to the session's task, and
+        reading pauses until it is done. Past the buffer cap reading pauses too."""
+        if self.error is not None or self.restarting or self.ending:
+            return  # a read after ERROR or shutdown is not acted on
+        if self._busy:
+            # Reading is paused while the task has the read side, so this is not expected;
+            # kept, in order, for the task.
+            self._later.append(data)
+            return
+        self.heard_at = self.clock()
+        try:
+            frames_of_read = self.frames.feed(data)
+            for frame in frames_of_read:
+                if self.error is not None:
+                    return
+                if type(frame) is frames.Message:
+                    self._spend()
+                    waiting = self._message(frame)
+                    if waiting is not None:
+                        self._hand_over((waiting, None, frames_of_read))
+                        return
+                else:
+                    self._hand_over((None, frame, frames_of_read))
+                    return
+            if self.server.buffered >= self.server.config.buffer_bytes:
+                self._hand_over(None)
+        except Exception as exc:
+            self._raised = exc
+            self._hand_over(None)
+
+    def _hand_over(self, handed: _Handed | None) -> None:
+        self.writer.pause()
+        self._busy, self.reading = True, False
+        self._handed = handed
+        self._reader_wake.set()
+
+    def wake_reader(self) -> None:
+        """The connection closed: the task ends the session once it handled what it has."""
+        self._reader_wake.set()
 
     async def _end(self, helpers: list[asyncio.Task[None]]) -> None:
         """Waits for Kafka's reports of every write, tells the client where each stream stands
@@ -868,13 +1032,14 @@ class Session:
         """After a hand-over of Kafka's reports. The ACK waits up to the listener's ACK delay
         (``SETU_STREAM_ACK_DELAY_MS``) so that the reports of several rounds leave in one
         frame, unless the client is short of credits or a stream waits to end; it is written
-        from a timer, not the flush task, so a report round costs no task wake-up
-        (docs/streaming.md, "Acknowledgements"). The ACK frames a client leaves unread are
-        bounded by its credits, so these writes need no drain."""
+        in the listener's ACK round (one timer for every session waiting), not by the flush
+        task, so a report round costs no task wake-up (docs/streaming.md,
+        "Acknowledgements"). The ACK frames a client leaves unread are bounded by its credits,
+        so these writes need no drain."""
         if self.error is not None or self.ending:
             self.wake.set()  # _end waits for the last reports
             return
-        if self._ack_timer is not None:
+        if self._ack_due:
             return
         delay = self.server.config.ack_delay_s
         if (
@@ -882,12 +1047,17 @@ class Session:
             and self.available > self.server.config.credits // 4
             and not self._ending_streams()
         ):
-            self._ack_timer = asyncio.get_running_loop().call_later(delay, self._answer)
+            self._ack_due = True
+            self.server.answer_soon(self)
         else:
             self._answer()
 
+    def answer(self) -> None:
+        """The listener's ACK round (StreamServer.answer_soon) came."""
+        self._ack_due = False
+        self._answer()
+
     def _answer(self) -> None:
-        self._ack_timer = None
         if self.error is not None or self.ending:
             return
         self._ack()
@@ -1034,6 +1204,10 @@ class StreamServer:
         self._accepting: list[asyncio.Task[None]] = []
         self._keeper: asyncio.Task[None] | None = None
         self.replica = ""
+        # Sessions whose ACK waits for the next ACK round: one timer for all of them, so that
+        # held-back ACKs cost one loop wake-up per round, not one per session.
+        self._answering: dict[Session, None] = {}
+        self._answer_timer: asyncio.TimerHandle | None = None
 
     @property
     def waiting_bytes(self) -> int:
@@ -1166,7 +1340,7 @@ class StreamServer:
             self.admission.leave(greeting)
 
     async def _welcome(self, greeting: Greeting) -> Session | None:
-        """The connection's HELLO and key, then its session on asyncio streams; None when it
+        """The connection's HELLO and key, then its session on its own protocol; None when it
         was refused or closed first (counted here)."""
         how = "closed"
         try:
@@ -1186,7 +1360,8 @@ class StreamServer:
             refused = self.admission.open(greeting, who.key_id)
             if refused is not None:
                 raise refused
-            reader, writer = await asyncio.open_connection(sock=greeting.sock, limit=_READER_LIMIT)
+            loop = asyncio.get_running_loop()
+            _, connection = await loop.connect_accepted_socket(_Connection, sock=greeting.sock)
         except (Refused, frames.FrameError) as exc:
             how = "refused"
             reason = str(exc) if isinstance(exc, Refused) else f"{PROTOCOL_ERROR}: {exc}"
@@ -1204,7 +1379,7 @@ class StreamServer:
             how = "error"
             greeting.send(frames.Error(b"internal: the server failed; reconnect"))
         else:
-            greeting.session = Session(self, reader, writer, greeting, hello, who)
+            greeting.session = Session(self, connection, greeting, hello, who)
             return greeting.session
         greeting.sock.close()
         self.services.metrics.stream_session_ends.labels(how).inc()
@@ -1223,6 +1398,19 @@ class StreamServer:
         except SetuError as exc:
             raise refusal(exc) from None
         return who
+
+    def answer_soon(self, session: Session) -> None:
+        """``session`` sends its ACK at the next ACK round, at most the ACK delay from now."""
+        self._answering[session] = None
+        if self._answer_timer is None:
+            loop = asyncio.get_running_loop()
+            self._answer_timer = loop.call_later(self.config.ack_delay_s, self._answer_round)
+
+    def _answer_round(self) -> None:
+        self._answer_timer = None
+        answering, self._answering = self._answering, {}
+        for session in answering:
+            session.answer()
 
     def add_buffered(self, size: int) -> None:
         self.buffered += size

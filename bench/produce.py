@@ -491,7 +491,7 @@ async def stream_phases(
         "stream": {
             "streams": args.streams,
             **streamed.summary(),
-            **meter.per(streamed.sent, "message"),
+            **meter.per(streamed.sent_in_all, "message"),
         }
     }
     for name, rate in (
@@ -506,7 +506,7 @@ async def stream_phases(
             "streams": args.streams,
             "offered_per_s": round(rate, 1),
             **run.summary(),
-            **meter.per(run.sent, "message"),
+            **meter.per(run.sent_in_all, "message"),
         }
     return figures
 

@@ -18,6 +18,9 @@ class StreamRun:
     sent: int = 0
     durable: int = 0
     seconds: float = 0.0
+    # Every message the phase sent, warm-up included: what a CPU meter around the whole phase
+    # paid for.
+    sent_in_all: int = 0
     # Seconds from each message's scheduled send to the ACK that covered it (paced runs).
     latencies: list[float] = field(default_factory=list)
 
@@ -121,6 +124,7 @@ async def stream_load(
     await asyncio.gather(*(p.flush() for p in producers))
     run.seconds = loop.time() - measured_from
     for n, producer in enumerate(producers):
+        run.sent_in_all += producer.next_sequence
         run.sent += producer.next_sequence - first_measured[n]
         run.durable += producer.durable - first_measured[n]
     await asyncio.gather(*(p.close() for p in producers))

@@ -332,6 +332,35 @@ async def test_a_resend_below_the_resume_point_is_dropped(api: Api, project: str
     assert {r.value() for r in found if int(headers_of(r)[H_SEQUENCE_ID]) < 10} == {b"first"}
 
 
+async def test_frames_sent_with_hello_in_one_write_are_all_taken_in_order(
+    api: Api, project: str
+) -> None:
+    # Given a producer that writes HELLO, NOTIFY, its messages and EOS at once, without waiting
+    # for OK or NOTIFY_ACK (the listener reads them together, and NOTIFY must wait for Redis
+    # while the messages behind it are already read)
+    count = CREDITS - 1  # NOTIFY spends one credit too
+    raw = await Raw.connect(api.app.state.stream.port, key=None)
+    raw.send(
+        frames.Hello(b"3", ADMIN_KEY.encode(), b"tests", b"raw"),
+        frames.Notify(1, f"{project}/t/eager".encode(), 0),
+        *[message(n, group=f"g{n % 3}") for n in range(count)],
+        frames.EosMessage(1, count - 1),
+    )
+    # Then the stream opens at 0 and its last ACK says every message is durable
+    assert isinstance(await raw.next(), frames.Ok)
+    assert await raw.until(frames.NotifyAck) == frames.NotifyAck(True, 1, 0)
+    while not any(a == (1, count) for f in raw.seen if isinstance(f, frames.Ack) for a in f.acks):
+        await raw.until(frames.Ack)
+    raw.close()
+    # And Kafka holds each once, in order within each group
+    found = await asyncio.to_thread(ingest_records, api, project, count)
+    sequences = [int(headers_of(r)[H_SEQUENCE_ID]) for r in found]
+    assert sorted(sequences) == list(range(count))
+    for group in range(3):
+        in_group = [n for n in sequences if n % 3 == group]
+        assert in_group == sorted(in_group)
+
+
 async def test_ids_must_increase_within_a_session(api: Api, project: str) -> None:
     raw = await Raw.open(api)
     assert isinstance(await raw.next(), frames.Ok)
