@@ -11,7 +11,8 @@ answers 200 at once and timestamps each call. Kafka and Redis are the ones given
 
 One grouped topic of 6 partitions, one grouped subscription, 1,000 groups. Each phase sends an
 open-loop load (every message at its scheduled time, on as many keep-alive connections as it
-takes, so a stall is never hidden: latency counts from the schedule) for ``--warmup`` plus
+takes up to ``MAX_CONNECTIONS``, past which a message waits for one; a stall is never hidden:
+latency counts from the schedule) for ``--warmup`` plus
 ``--seconds``; only messages scheduled after the warm-up are measured. ``200dup`` is 200 msg/s
 with 10 % of the messages carrying a producer id and sequence, half of those sent twice (a
 producer's retry): the de-duplication path, which must still call the webhook once.
@@ -98,6 +99,11 @@ BODY = b'{"order": 12345, "items": [1, 2, 3], "note": "' + b"x" * 180 + b'"}'
 # Connections idle longer are not used again: the API closes idle keep-alive connections
 # after 5 s (uvicorn's default), and a request sent as it closes gets no answer.
 KEEP_ALIVE_S = 2.0
+# Connections open at once, at most: a stall of the stack at 1,000 msg/s otherwise opened one
+# per waiting message (20,000, past the load's file descriptors; the run then measured the
+# load generator's failures). Messages beyond it wait for a connection, counted from their
+# schedule as always.
+MAX_CONNECTIONS = 256
 # End to end, per phase: (quantile, ms). And the ingest job's cores at 200 msg/s, a new topic's
 # first delivery (docs/latency.md).
 TARGETS = {"200": [("p95", 100.0), ("p99", 400.0)], "1000": [("p99", 500.0)]}
@@ -395,22 +401,48 @@ class Phase:
 
 
 class Pool:
-    """Keep-alive connections to the API, the most recently used first."""
+    """Keep-alive connections to the API, the most recently used first; at most ``most``
+    open at once (a caller past it waits for one given back or lost)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, most: int = MAX_CONNECTIONS) -> None:
         self.port = port
+        self.most = most
+        self.open = 0
         self.idle: list[tuple[Connection, float]] = []
+        self._changed = asyncio.Condition()
 
     async def take(self) -> Connection:
-        while self.idle:
-            conn, last_used = self.idle.pop()
-            if time.monotonic() - last_used < KEEP_ALIVE_S:
-                return conn
-            conn.close()
-        return await Connection.open("127.0.0.1", self.port)
+        async with self._changed:
+            while True:
+                while self.idle:
+                    conn, last_used = self.idle.pop()
+                    if time.monotonic() - last_used < KEEP_ALIVE_S:
+                        return conn
+                    conn.close()
+                    self.open -= 1
+                if self.open < self.most:
+                    self.open += 1
+                    break
+                await self._changed.wait()
+        try:
+            return await Connection.open("127.0.0.1", self.port)
+        except BaseException:
+            await self.lose(None)
+            raise
 
-    def give(self, conn: Connection) -> None:
-        self.idle.append((conn, time.monotonic()))
+    async def give(self, conn: Connection) -> None:
+        async with self._changed:
+            self.idle.append((conn, time.monotonic()))
+            self._changed.notify()
+
+    async def lose(self, conn: Connection | None) -> None:
+        """A connection that failed (None: one that never opened) is closed; its place is
+        free."""
+        if conn is not None:
+            conn.close()
+        async with self._changed:
+            self.open -= 1
+            self._changed.notify()
 
     def close(self) -> None:
         for conn, _ in self.idle:
@@ -444,11 +476,11 @@ async def run_load(
             except (asyncio.IncompleteReadError, ConnectionError):
                 # The server closed a keep-alive connection before reading the request: nothing
                 # was produced, so it is sent again on a new one.
-                conn.close()
+                await pool.lose(conn)
                 continue
             record = sent[key]
             record.acked, record.status = time.time(), status
-            pool.give(conn)
+            await pool.give(conn)
             return
 
     def request(n: int) -> bytes:
