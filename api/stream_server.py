@@ -675,7 +675,7 @@ class Session:
                     await waiting
                 if frame is not None and self.error is None:
                     await self._handle(frame)
-                await self._handle_all(rest)
+                self._take(rest)
             elif self._later:
                 later, self._later = b"".join(self._later), []
                 self._busy = False
@@ -706,24 +706,32 @@ class Session:
             return
         self.heard_at = self.clock()
         try:
-            frames_of_read = self.frames.feed(data)
-            for frame in frames_of_read:
-                if self.error is not None:
-                    return
-                if type(frame) is frames.Message:
-                    self._spend()
-                    waiting = self._message(frame)
-                    if waiting is not None:
-                        self._hand_over((waiting, None, frames_of_read))
-                        return
-                else:
-                    self._hand_over((None, frame, frames_of_read))
-                    return
-            if self.server.buffered >= self.server.config.buffer_bytes:
+            if (
+                not self._take(self.frames.feed(data))
+                and self.server.buffered >= self.server.config.buffer_bytes
+            ):
                 self._hand_over(None)
         except Exception as exc:
             self._raised = exc
             self._hand_over(None)
+
+    def _take(self, received: Iterator[frames.Frame]) -> bool:
+        """Handles ``received`` in order until a frame needs awaiting, or the session fails; a
+        MESSAGE is written without a pause when nothing needs waiting for (the hot path: many
+        arrive per read). True when that frame and the rest were handed to the task."""
+        for frame in received:
+            if self.error is not None:
+                return False
+            if type(frame) is frames.Message:
+                self._spend()
+                waiting = self._message(frame)
+                if waiting is not None:
+                    self._hand_over((waiting, None, received))
+                    return True
+            else:
+                self._hand_over((None, frame, received))
+                return True
+        return False
 
     def _hand_over(self, handed: _Handed | None) -> None:
         self.writer.pause()
@@ -791,20 +799,6 @@ class Session:
             self.writer.write(frames.encode(frame))
 
     # -- frames -----------------------------------------------------------------------------
-
-    async def _handle_all(self, received: Iterable[frames.Frame]) -> None:
-        """The frames of one read, in order, until the session fails. A MESSAGE is written
-        without a pause when nothing needs waiting for (the hot path: many arrive per read)."""
-        for frame in received:
-            if self.error is not None:
-                return
-            if type(frame) is frames.Message:
-                self._spend()
-                waiting = self._message(frame)
-                if waiting is not None:
-                    await waiting
-            else:
-                await self._handle(frame)
 
     async def _handle(self, frame: frames.Frame) -> None:
         if isinstance(frame, frames.Notify):
