@@ -117,3 +117,24 @@ def test_a_stretched_outage_is_judged_over_the_window_it_really_lasted() -> None
     figures = outage_figures(10_000, late, events, min_calls=5)
     assert figures["window_ms"] == [0, 30_000] and figures["failed_calls"] == 5
     assert (figures["breaker_opened"], figures["violations"]) == (1, [])
+
+
+def test_a_breaker_that_opens_on_the_last_failures_just_after_the_outage_ended_opened_in_it() -> (
+    None
+):
+    # Given an outage the receiver ended at the 20th failure, whose last answers reached their
+    # worker's breaker 12 ms after the end was journalled (a short crash run on a loaded machine)
+    failed = [call(t, f"m{t}", 1, 503) for t in range(0, 20_000, 1_000)]
+    events = [
+        {"type": "outage.started", "at_ms": 0},
+        {"type": "outage.ended", "at_ms": 19_500},
+        {"type": "endpoint.breaker_opened", "at_ms": 19_512},
+    ]
+    # Then the breaker counts as opened in the outage
+    figures = outage_figures(12_000, failed, events, min_calls=10)
+    assert (figures["breaker_opened"], figures["violations"]) == (1, [])
+    # But not one that opened seconds later, on other failures
+    late = [*events[:2], {"type": "endpoint.breaker_opened", "at_ms": 24_000}]
+    assert outage_figures(12_000, failed, late, min_calls=10)["violations"] == [
+        "breaker_never_opened"
+    ]
