@@ -594,9 +594,7 @@ class Session:
         self.reading = False
         # What a read left for the session's task (reading is paused meanwhile): a write to
         # await, a frame to handle, the rest of the read's frames; or what it raised.
-        self._handed: (
-            tuple[Awaitable[None] | None, frames.Frame | None, Iterator[frames.Frame]] | None
-        ) = None
+        self._handed: _Handed | None = None
         self._raised: BaseException | None = None
         self._later: list[bytes] = []
         self._busy = True  # the task has the read side (reading paused)
