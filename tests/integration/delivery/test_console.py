@@ -14,7 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException, WebDriverException
+from selenium.common.exceptions import (
+    NoAlertPresentException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -79,11 +83,21 @@ def shows(browser: WebDriver, css: str, text: str) -> bool:
     return text in text_of(browser, css)
 
 
+def clicked(browser: WebDriver, by: str, selector: str) -> bool:
+    """Clicks the element; False when the page's refresh replaced it between finding and
+    clicking (the click did not happen: find it again)."""
+    try:
+        browser.find_element(by, selector).click()
+        return True
+    except StaleElementReferenceException:
+        return False
+
+
 def clicked_until(browser: WebDriver, button: str, css: str, text: str) -> bool:
     """Whether ``css`` shows ``text``; clicks ``button`` again when it does not yet."""
     if text in text_of(browser, css):
         return True
-    browser.find_element(By.XPATH, f"//button[text()='{button}']").click()
+    clicked(browser, By.XPATH, f"//button[text()='{button}']")
     return False
 
 
@@ -156,7 +170,9 @@ def test_an_operator_finds_and_unsidelines_a_stuck_group_in_the_console(
         shot(browser, "dead-letters")
         # When the endpoint is fixed and the operator unsidelines the group (and confirms)
         receiver.heal()
-        browser.find_element(By.CSS_SELECTOR, "button.unsideline[data-group=customer-42]").click()
+        # (the groups table is redrawn every refresh: a button found just before one is gone)
+        unsideline = "button.unsideline[data-group=customer-42]"
+        wait_for("unsideline clicked", lambda: clicked(browser, By.CSS_SELECTOR, unsideline))
         wait_for("confirmation", lambda: accept_confirmation(browser))
         # Then it is delivered, and the table shows every group healthy again
         wait_for("delivered", lambda: receiver.delivered("customer-42") == ["m-1"], SLOW_S)
