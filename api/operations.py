@@ -48,6 +48,7 @@ from state.changelog import KafkaChangelog
 from state.dead_letter_ops import DeadLetterOps
 from state.durable_groups import DurableGroupStore
 from state.groups import RedisGroupStore
+from state.kafka_admin import held_tiers
 from state.kafka_reader import Backlog, DeadLetterReader
 
 router = APIRouter(
@@ -267,12 +268,13 @@ async def _kafka(call: Any, *args: Any) -> Any:
 @allow(Permission.READ)
 async def status(request: Request, project: str, subscription: str) -> Response:
     sub, partitions = await _subscription(request, project, subscription)
-    topic_retention = (
-        await blocking(services(request).store.get_topic, project, sub.topic)
-    ).retention_hours
-    topics = dict.fromkeys(topics_by_tier(sub), partitions)
+    topic = await blocking(services(request).store.get_topic, project, sub.topic)
+    # A grouped topic's subscriptions have a tier 1 even without retry delays: a held
+    # message's group waits there (docs/scheduling.md).
+    tiers = held_tiers(sub, topic)
+    topics = dict.fromkeys(topics_by_tier(sub, tiers), partitions)
     group = names.consumer_group(project, subscription)
-    retry_topics = {topic_of(sub, t) for t in range(1, sub.retry.tiers + 1)}
+    retry_topics = {topic_of(sub, t) for t in range(1, tiers + 1)}
     waiting = {topic_of(sub, MAIN), *retry_topics}  # dead letters are counted apart
     backlog: list[Backlog] = await _kafka(
         services(request).kafka_reader.backlog, group, topics, waiting
@@ -332,7 +334,7 @@ async def status(request: Request, project: str, subscription: str) -> Response:
                 oldest.get(Standing.DEAD_LETTERED),
                 services(request).settings.dead_letter_retention_hours,
             ),
-            **expiry("retrying", oldest.get(Standing.RETRYING), topic_retention),
+            **expiry("retrying", oldest.get(Standing.RETRYING), topic.retention_hours),
         },
     )
 

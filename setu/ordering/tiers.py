@@ -71,7 +71,10 @@ def topic_of(sub: Subscription, tier: int) -> str:
     return names.retry_topic(sub.project, sub.name, tier)
 
 
-def topics_by_tier(sub: Subscription) -> dict[str, int]:
-    """Every Kafka topic ``sub`` consumes, mapped to its tier."""
-    tiers = [MAIN, *range(1, sub.retry.tiers + 1), DLQ]
+def topics_by_tier(sub: Subscription, retry_tiers: int | None = None) -> dict[str, int]:
+    """Every Kafka topic ``sub`` consumes, mapped to its tier; ``retry_tiers``: how many it
+    has in Kafka when that is not its own number (on a grouped topic, at least one:
+    ``state.kafka_admin.held_tiers``)."""
+    count = sub.retry.tiers if retry_tiers is None else retry_tiers
+    tiers = [MAIN, *range(1, count + 1), DLQ]
     return {topic_of(sub, tier): tier for tier in tiers}

@@ -210,10 +210,19 @@ def test_a_subscription_without_retry_tiers_still_keeps_its_group_behind_a_held_
     world.topic("t", partitions=1)
     world.subscription(receiver.url, delays_ms=())
     start_worker()
+    # (once the worker runs: one that takes over later than 2 s after the produce finds h
+    # due within a second, and calls it at its time without holding it)
+    sentinel = world.publish("t", "s")
+    wait_for("the sentinel delivered", lambda: receiver.delivered("s") == sentinel)
     # When h's first message is scheduled 3 s ahead with two behind it
     h = world.publish("t", "h", 1, deliver_at_ms=now_ms() + 3_000) + world.publish("t", "h", 2)
     # Then they wait, parked behind it, and are delivered in order once it is due
     wait_for("h's followers parked", lambda: group_view(api, world, "h")["parked"] == 3)
     assert receiver.delivered("h") == []
+    # And the status counts the two waiting in tier 1 as retry backlog, and in the lag
+    # (besides what the main log's next commit, a moment later, moves past)
+    status = api.get(sub_path(world, "status")).json()
+    assert status["retry_backlog"] == 2, status
+    assert status["lag"] >= 2, status
     wait_for("h delivered", lambda: first_calls(receiver, "h") == h, 30)
     wait_for("h healthy", lambda: group_view(api, world, "h")["state"] == "healthy")
