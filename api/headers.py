@@ -17,7 +17,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # The console and /docs: their own files only (data: for Swagger UI's SVG icons). Both pass
-# in Chromium with no violation reported (tests/integration/delivery/test_console.py).
+# in Chromium with no violation reported (tests/integration/on_dev_up/test_console.py).
 PAGE_POLICY = (
     b"default-src 'none'; script-src 'self'; style-src 'self'; "
     b"img-src 'self' data:; connect-src 'self'; font-src 'self'; base-uri 'none'; "

@@ -66,7 +66,11 @@ def stack_ports() -> dict[str, int]:
 
 
 @contextmanager
-def dev_up(data_dir: Path, ports: dict[str, int], *options: str) -> Iterator[DevUp]:
+def dev_up(
+    data_dir: Path, ports: dict[str, int], *options: str, env: dict[str, str] | None = None
+) -> Iterator[DevUp]:
+    """``setu dev up *options`` on ``ports``, with ``env`` beside this process's own."""
+    extra = env or {}
     env = {
         k: v
         for k, v in os.environ.items()
@@ -83,6 +87,7 @@ def dev_up(data_dir: Path, ports: dict[str, int], *options: str) -> Iterator[Dev
         SETU_DEV_SPARK_UI_PORT=str(ports["spark_ui"]),
         PYTHONUNBUFFERED="1",
     )
+    env.update(extra)
     process = subprocess.Popen(
         [sys.executable, "-m", "cli.main", "dev", "up", *options],
         env=env,

@@ -19,12 +19,12 @@ import pytest
 import yaml
 
 from cli.ports import any_free_port
-from tests.integration.support_dev_up import START_TIMEOUT_S, dev_up, stack_ports
+from tests.integration.on_dev_up.conftest import DevStack
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-FILES = Path(__file__).resolve().parents[2] / "helm" / "setu" / "files"
+FILES = Path(__file__).resolve().parents[3] / "helm" / "setu" / "files"
 
 
 class Hook(BaseHTTPRequestHandler):
@@ -134,71 +134,59 @@ def dashboard_queries() -> list[tuple[str, str]]:
 
 
 def test_prometheus_fires_the_parked_alert_and_every_dashboard_query_has_data(
-    tmp_path: Path, hook: str, monkeypatch: pytest.MonkeyPatch
+    dev_stack: DevStack, tmp_path: Path, hook: str
 ) -> None:
-    # The ingest lag gauge is set at each real-time batch's end (README, "Metrics"): 30 s
-    # batches give the lag panel data within this test's minute; the default 120 s would not.
-    monkeypatch.setenv("SETU_SPARK_REALTIME_BATCH_S", "30")
-    ports = stack_ports()
-    with dev_up(tmp_path / "setu-data", ports) as stack:
-        stack.wait_for_line(r"setu dev up: ready", START_TIMEOUT_S)
-        metrics = stack.wait_for_line(r"Metrics\s+(.+)", 5).group(1)
-        key = stack.wait_for_line(r"export SETU_API_KEY=(\S+)", 5).group(1)
-        api_url = f"http://127.0.0.1:{ports['api']}"
-        targets = {"api": f"127.0.0.1:{ports['api']}"}
-        for component, name in (("ingest", "ingest"), ("delivery", "worker")):
-            found = next(part for part in metrics.split(", ") if part.startswith(name + " "))
-            targets[component] = found.split("//", 1)[1].removesuffix("/metrics")
-        prom_port = any_free_port()
-        server = prometheus(tmp_path, targets, prom_port)
-        prom = f"http://127.0.0.1:{prom_port}"
-        try:
-            wait_for("Prometheus ready", lambda: ready(f"{prom}/-/ready"), 60)
-            api = httpx.Client(
-                base_url=api_url, headers={"Authorization": f"Bearer {key}"}, timeout=30
-            )
-            # Given a subscription whose endpoint refuses one group's head
-            assert api.post("/v1/projects", json={"name": "obs"}).status_code == 201
-            topic = {"name": "t", "grouped": True, "partitions": 2}
-            assert api.post("/v1/projects/obs/topics", json=topic).status_code == 201
-            # (calls may take up to 2 minutes: one stays unanswered, below)
-            sub = {"name": "s", "topic": "t", "endpoint": {"url": hook, "timeout_ms": 120_000}}
-            assert api.post("/v1/projects/obs/subscriptions", json=sub).status_code == 201
-            produce = "/v1/projects/obs/topics/t/produce"
+    # (the stack's real-time batches last 30 s: conftest.py)
+    metrics, key, api_url = dev_stack.metrics, dev_stack.key, dev_stack.api
+    targets = {"api": f"127.0.0.1:{dev_stack.ports['api']}"}
+    for component, name in (("ingest", "ingest"), ("delivery", "worker")):
+        found = next(part for part in metrics.split(", ") if part.startswith(name + " "))
+        targets[component] = found.split("//", 1)[1].removesuffix("/metrics")
+    prom_port = any_free_port()
+    server = prometheus(tmp_path, targets, prom_port)
+    prom = f"http://127.0.0.1:{prom_port}"
+    try:
+        wait_for("Prometheus ready", lambda: ready(f"{prom}/-/ready"), 60)
+        api = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        # Given a subscription whose endpoint refuses one group's head
+        assert api.post("/v1/projects", json={"name": "obs"}).status_code == 201
+        topic = {"name": "t", "grouped": True, "partitions": 2}
+        assert api.post("/v1/projects/obs/topics", json=topic).status_code == 201
+        # (calls may take up to 2 minutes: one stays unanswered, below)
+        sub = {"name": "s", "topic": "t", "endpoint": {"url": hook, "timeout_ms": 120_000}}
+        assert api.post("/v1/projects/obs/subscriptions", json=sub).status_code == 201
+        produce = "/v1/projects/obs/topics/t/produce"
 
-            def send(message_id: str, group: str, body: bytes) -> None:
-                headers = {"X_MESSAGE_ID": message_id, "X_GROUP_ID": group}
-                assert api.post(produce, headers=headers, content=body).status_code == 200
+        def send(message_id: str, group: str, body: bytes) -> None:
+            headers = {"X_MESSAGE_ID": message_id, "X_GROUP_ID": group}
+            assert api.post(produce, headers=headers, content=body).status_code == 200
 
-            # When one group's head fails for good (400), another's keeps being retried (503),
-            # a third's call goes unanswered (a message held), and traffic flows for the rates
-            send("w-1", "W", b"hang")
-            send("g-1", "G", b"fail")
-            send("g-2", "G", b"waits behind g-1")
-            send("r-1", "R", b"retry")
-            for n in range(40):
-                send(f"m-{n}", f"h-{n % 7}", b"ok")
-                time.sleep(0.25)
-            # Then Prometheus fires the parked-groups alert for that subscription
-            wait_for(
-                "SetuGroupsParked firing",
-                lambda: firing(prom, "SetuGroupsParked", project="obs", subscription="s"),
-                120,
-            )
-            # And every query of the dashboard returns data
-            empty = [
-                f"{title}: {expr}"
-                for title, expr in dashboard_queries()
-                if not has_data(prom, expr)
-            ]
-            assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
-            # And no component is down
-            assert not firing(prom, "SetuComponentDown")
-        finally:
-            Hook.released.set()  # the unanswered call ends, so the worker stops at once
-            server.terminate()
-            server.wait(30)
-        assert stack.stop() == 0
+        # When one group's head fails for good (400), another's keeps being retried (503),
+        # a third's call goes unanswered (a message held), and traffic flows for the rates
+        send("w-1", "W", b"hang")
+        send("g-1", "G", b"fail")
+        send("g-2", "G", b"waits behind g-1")
+        send("r-1", "R", b"retry")
+        for n in range(40):
+            send(f"m-{n}", f"h-{n % 7}", b"ok")
+            time.sleep(0.25)
+        # Then Prometheus fires the parked-groups alert for that subscription
+        wait_for(
+            "SetuGroupsParked firing",
+            lambda: firing(prom, "SetuGroupsParked", project="obs", subscription="s"),
+            120,
+        )
+        # And every query of the dashboard returns data
+        empty = [
+            f"{title}: {expr}" for title, expr in dashboard_queries() if not has_data(prom, expr)
+        ]
+        assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
+        # And no component is down
+        assert not firing(prom, "SetuComponentDown")
+    finally:
+        Hook.released.set()  # the unanswered call ends, so the worker stops at once
+        server.terminate()
+        server.wait(30)
 
 
 def has_data(prom: str, expr: str, timeout_s: float = 30) -> bool:
