@@ -6,23 +6,12 @@ Each test makes projects of its own names on it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
 from tests.integration.delivery.support import Receiver, served_receiver
-from tests.integration.support_dev_up import START_TIMEOUT_S, DevUp, dev_up, stack_ports
-
-
-@dataclass(frozen=True)
-class DevStack:
-    """A running stack and what its ready banner printed."""
-
-    up: DevUp
-    ports: dict[str, int]
-    api: str  # the API's base URL
-    key: str  # the admin key
-    metrics: str  # the banner's Metrics line: "api http://…, ingest http://…, worker http://…"
+from tests.integration.on_dev_up.support import DevStack
+from tests.integration.support_dev_up import START_TIMEOUT_S, dev_up, stack_ports
 
 
 @pytest.fixture(scope="package")

@@ -25,7 +25,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
 from tests.integration.delivery.support import Receiver, wait_for
-from tests.integration.on_dev_up.conftest import DevStack
+from tests.integration.on_dev_up.support import DevStack
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from cli.ports import any_free_port
-from tests.integration.on_dev_up.conftest import DevStack
+from tests.integration.on_dev_up.support import DevStack
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
