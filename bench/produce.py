@@ -14,6 +14,8 @@ a fresh SQLite store), creates a grouped 6-partition topic, and measures in turn
 3. batch produce: messages/s with ``--batch-connections`` clients posting ``--batch-size``;
 4. a bare producer (the API's librdkafka settings, the same keys, values and headers): the
    broker-side limit the batch path is compared with;
+   (the batch's and the bare producer's records carry producer and sequence ids, as every
+   streamed message does: the three paths write the same records)
 5. the cost of authentication: single produce, closed loop, with a producer key against this
    API and without keys against a second API started with ``SETU_AUTH_ENABLED=false``,
    alternating on, off, on, off; the share auth keeps must be at least 0.9;
@@ -184,14 +186,20 @@ def single_request(path: str, key: str | None) -> Any:
 
 
 def batch_request(path: str, size: int, key: str) -> Any:
+    """Each client a producer of its own, its messages numbered: the records carry what a
+    streamed message's carry (message, group, producer and sequence ids; docs/streaming.md),
+    so the two paths are compared on the same records."""
     text = BODY.decode()
     auth = {"Authorization": f"Bearer {key}"}
+    run = uuid.uuid4().hex[:6]
 
     def make(index: int, n: int) -> bytes:
         messages = [
             {
                 "message_id": f"b{index}-{n}-{i}",
                 "group_id": f"g{(n * size + i) % GROUPS}",
+                "producer_id": f"bench-{run}-{index}",
+                "sequence_id": n * size + i,
                 "body": text,
             }
             for i in range(size)
@@ -208,7 +216,14 @@ def bare_producer(bootstrap: str, topic: str, count: int) -> dict[str, Any]:
     producer = Producer({**config, **quiet_kafka_config()})
     records = []
     for i in range(GROUPS):
-        env = Envelope(f"bare-{i}", BODY, group_id=f"g{i}", produced_at_ms=int(time.time() * 1000))
+        env = Envelope(
+            f"bare-{i}",
+            BODY,
+            group_id=f"g{i}",
+            producer_id="bench-bare",
+            sequence_id=i,
+            produced_at_ms=int(time.time() * 1000),
+        )
         records.append((env.key, env.kafka_headers()))
     acked = failed = 0
 
@@ -268,7 +283,14 @@ def bare_paced(bootstrap: str, topic: str, rate: float, seconds: float) -> dict[
 def run_bare_paced(bootstrap: str, topic: str, rate: float, seconds: float) -> dict[str, Any]:
     config = api_producer_config(bootstrap, ack_timeout_ms=30_000, max_message_bytes=1 << 20)
     producer = Producer({**config, **quiet_kafka_config()})
-    env = Envelope("bare-paced", BODY, group_id="g0", produced_at_ms=int(time.time() * 1000))
+    env = Envelope(
+        "bare-paced",
+        BODY,
+        group_id="g0",
+        producer_id="bench-bare",
+        sequence_id=0,
+        produced_at_ms=int(time.time() * 1000),
+    )
     latencies: list[float] = []
 
     def on_delivery(error: Any, _: Any, sent: float) -> None:
