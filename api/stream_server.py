@@ -1422,18 +1422,21 @@ async def record_points(streams: Iterable[_Stream], store: StreamSessions) -> No
     one round trip per topic. The points only save a resend (ingest's producer marks still say
     where to resume), so a failure is logged."""
     by_topic: dict[tuple[str, str], dict[str, tuple[int, int]]] = {}
-    moved = [stream for stream in streams if stream.tracker.point > stream.recorded]
-    for stream in moved:
+    # Each point as it is now: Kafka's reports go on moving it while Redis answers, and a
+    # stream counted as recorded past what was sent would never record the rest (its next
+    # session would resume lower, and the producer's resends be written twice).
+    moved = [(s, s.tracker.point) for s in streams if s.tracker.point > s.recorded]
+    for stream, point in moved:
         marks = by_topic.setdefault((stream.project, stream.topic), {})
-        marks[stream.producer] = (stream.incarnation, stream.tracker.point - 1)
+        marks[stream.producer] = (stream.incarnation, point - 1)
     try:
         for (project, topic), marks in by_topic.items():
             await store.record(project, topic, marks)
     except (RedisError, OSError) as exc:
         log.warning("streaming: could not record stream points: %s", exc)
         return
-    for stream in moved:
-        stream.recorded = stream.tracker.point
+    for stream, point in moved:
+        stream.recorded = max(stream.recorded, point)
 
 
 async def _listen(host: str, port: int) -> list[socket.socket]:

@@ -4,11 +4,15 @@ MESSAGE fields follow the rules of HTTP produce."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import pytest
 
-from api.stream_server import PointTracker, check_message, parse_stream_name
+from api.stream_server import PointTracker, check_message, parse_stream_name, record_points
 from setu.errors import InvalidInput, PayloadTooLarge
 from setu.stream import frames
 
@@ -53,6 +57,52 @@ def test_any_report_order_ends_one_past_the_highest_id(seed: int) -> None:
         # Every id that went out below the point was acknowledged
         assert all(s in done for s in sent if s < tracker.point)
     assert tracker.point == sent[-1] + 1
+
+
+@dataclass
+class Stream:
+    """What record_points reads of a session's stream."""
+
+    tracker: PointTracker
+    project: str = "shop"
+    topic: str = "orders"
+    producer: str = "p"
+    incarnation: int = 1
+    recorded: int = 0
+
+
+@dataclass
+class SlowStore:
+    """Redis's stream points, answering only after ``during`` ran (a report arriving while
+    the round trip is under way)."""
+
+    during: list[Any] = field(default_factory=list)
+    points: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    async def record(self, project: str, topic: str, marks: Mapping[str, tuple[int, int]]) -> None:
+        await asyncio.sleep(0)
+        while self.during:
+            self.during.pop(0)()
+        for producer, mark in marks.items():
+            self.points[producer] = max(self.points.get(producer, mark), mark)
+
+
+async def test_a_point_that_moves_while_redis_answers_is_recorded_at_the_next_round() -> None:
+    # Given a stream at point 3 whose report of id 3 arrives while the keeper records it
+    tracker = PointTracker(0)
+    for sequence in range(4):
+        tracker.sent(sequence)
+    for sequence in range(3):
+        tracker.acked(sequence)
+    stream = Stream(tracker)
+    store = SlowStore(during=[lambda: tracker.acked(3)])
+    await record_points([cast(Any, stream)], cast(Any, store))
+    assert store.points == {"p": (1, 2)}
+    # When the session ends and records its points again
+    await record_points([cast(Any, stream)], cast(Any, store))
+    # Then Redis holds the last id Kafka acknowledged, 3: a next session resumes at 4 and
+    # the producer's resends of 3 are not written twice
+    assert store.points == {"p": (1, 3)}
 
 
 def test_stream_names_are_project_topic_producer() -> None:
