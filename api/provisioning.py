@@ -1,4 +1,4 @@
-"""Making a new subscription's Kafka topics after its create has been answered.
+"""Making a new subscription's Kafka topic after its create has been answered.
 
 A subscription's retry tiers, DLQ and changelog used to be made inside the create request,
 which then took 150 ms on an idle broker and over a second with a hundred subscriptions
@@ -7,7 +7,9 @@ subscription"): the API starts making the topics at once, in the background and 
 with those of other subscriptions created meanwhile (state/subscription_topics.py), and every
 delivery worker makes sure they exist before it runs the subscription (``prepare`` of its
 runner), so a create whose background work failed or was cut short by a restart loses
-nothing: the topics are made before any message could go to them.
+nothing: the topics are made before any message could go to them. Only its group-state
+changelog is made here: its retry tiers and DLQ wait for its first copy there
+(docs/decisions/0014-no-topics-until-a-failure.md).
 
 One task per subscription and process. A delete waits for the subscription's task, so it
 never races topics being made for the subscription it removes; shutdown waits for all of
@@ -45,7 +47,7 @@ class Provisioning:
 
     async def _make(self, sub: Subscription) -> None:
         try:
-            await self._topics.ensure(sub)
+            await self._topics.ensure_state(sub)
         except Exception as exc:  # the workers make them before they run it
             log.warning(
                 "subscription %s/%s: its Kafka topics were not made in the background (%s); "

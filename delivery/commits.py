@@ -66,10 +66,13 @@ class Commits:
         reader: KafkaReader,
         background: Callable[[Coroutine[Any, Any, None]], None],
         watch: StateWatch | None = None,
+        present: Callable[[str], bool] = lambda _: True,
     ) -> None:
         """``topics`` (tier -> topic), ``tiers`` (topic -> tier) and ``ports`` are the
         runner's own; ``background`` runs housekeeping nothing waits for; ``watch``: the
-        worker's reading of Redis (None: every tick asks Redis)."""
+        worker's reading of Redis (None: every tick asks Redis); ``present``: whether a topic
+        of the subscription exists (its tiers and DLQ are made at its first copy there,
+        delivery/own_topics.py): Kafka refuses a commit naming one that does not."""
         self._consumer = consumer
         self._topics = topics
         self._tiers = tiers
@@ -80,6 +83,7 @@ class Commits:
         self._background = background
         self._committed: dict[tuple[int, int], int] = {}  # (tier, partition) -> offset
         self._watch = watch
+        self._present = present
         self._watched: Watched | None = None
         # What the last poll saw: (release version, partitions), and when.
         self._polled: tuple[int | None, frozenset[int]] | None = None
@@ -131,12 +135,17 @@ class Commits:
 
     def _uncommitted(self) -> list[TopicPartition]:
         """What every engine says is safe to commit and was not committed yet."""
-        offsets: list[TopicPartition] = []
-        for port in list(self._ports.values()):
-            for tier, offset in port.engine.committable().items():
-                if self._committed.get((tier, port.partition)) != offset:
-                    offsets.append(self.position(port, tier, offset))
-        return offsets
+        return [
+            tp
+            for port in list(self._ports.values())
+            for tp in self.positions(port)
+            if self._committed.get((self._tiers[tp.topic], tp.partition)) != tp.offset
+        ]
+
+    def positions(self, port: PartitionEffects) -> list[TopicPartition]:
+        """What the engine of ``port`` says is safe to commit, in topics that exist."""
+        offsets = [self.position(port, tier, o) for tier, o in port.engine.committable().items()]
+        return [tp for tp in offsets if self._present(tp.topic)]
 
     def position(self, port: PartitionEffects, tier: int, offset: int) -> TopicPartition:
         """What to commit for one tier partition; the main log's carries the ingest marks of
@@ -165,6 +174,8 @@ class Commits:
     async def trim_dead_letters(self) -> None:
         """Forgets dead letters retention removed (housekeeping: failures are only logged)."""
         topic = self._topics[DLQ]
+        if not self._present(topic):
+            return
         for port in list(self._ports.values()):
             try:
                 first = await asyncio.to_thread(self._reader.first_offset, topic, port.partition)

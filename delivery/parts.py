@@ -5,7 +5,7 @@ and the stores."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -160,8 +160,11 @@ class RunnerParts:
     # runner has one of its own.
     ticker: Ticker | None = None
     # Makes the subscription's own Kafka topics where missing, before anything reads or writes
-    # them (delivery/worker.py); None: they exist.
-    prepare: Callable[[], Awaitable[None]] | None = None
+    # them (delivery/worker.py), and answers which of its retry tiers and DLQ it left to
+    # ``make_topics`` (delivery/own_topics.py; None: none); None: they exist.
+    prepare: Callable[[], Awaitable[Collection[str] | None]] | None = None
+    # Makes the subscription's retry tiers and DLQ: at its first copy to one that is missing.
+    make_topics: Callable[[], Awaitable[None]] | None = None
     # Where replays keep their progress (state.replays, delivery/replaying.py); None: this
     # worker carries out no replay.
     replays: ReplayStore | None = None

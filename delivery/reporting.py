@@ -162,7 +162,9 @@ class RunnerReporting:
 
     async def _send(self, figures: dict[str, Any], at: int, unhealthy: bool) -> None:
         self.oldest_failed = await self._store.oldest_unhealthy() if unhealthy else {}
-        if self.retention_ms is None and self._retention is not None:
+        # Read once a group failed: before, its tiers and DLQ may not exist
+        # (delivery/own_topics.py), and nothing waits there whose expiry could be told.
+        if unhealthy and self.retention_ms is None and self._retention is not None:
             tier = self._topics[1] if self.sub.retry.tiers else self._topics[MAIN]
             try:
                 self.retention_ms = {

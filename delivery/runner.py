@@ -41,13 +41,14 @@ from delivery.flow import PartitionFlow
 from delivery.guards import SubscriptionGuards, first
 from delivery.kafka_io import Assignment, consumer_config
 from delivery.metrics import DeliveryMetrics, RunnerFigures
+from delivery.own_topics import MadeAtFirstCopy, OwnTopics
 from delivery.parts import AnnouncedCopies, Background, CopyAware, RunnerConfig, RunnerParts
 from delivery.replaying import RunnerReplays
 from delivery.replays import decode_marks
 from delivery.reporting import RunnerReporting
 from delivery.scheduling import TICK_MS as SCHEDULE_TICK_MS
 from delivery.scheduling import Recalls
-from delivery.takeover import take_over
+from delivery.takeover import Takeover, TiersMissing, take_over
 from delivery.ticker import Periodic, Ticker, Ticket
 from delivery.writer import StateWriter
 from setu import names
@@ -85,7 +86,6 @@ class SubscriptionRunner:
         self.metrics = (metrics or DeliveryMetrics()).subscription(sub.project, sub.name)
         self.config = config
         self.store = parts.store
-        self._prepare = parts.prepare
         self.sender = parts.sender
         self.reader = parts.reader
         self.attempts = (
@@ -114,6 +114,9 @@ class SubscriptionRunner:
         )
         self.tiers = topics_by_tier(sub)  # topic -> tier
         self.topics = {tier: topic for topic, tier in self.tiers.items()}
+        # Its retry tiers and DLQ are made at its first copy there (delivery/own_topics.py).
+        self.own = OwnTopics(parts.prepare, parts.make_topics)
+        copies = MadeAtFirstCopy(parts.copies, self.own)
         self.ports: dict[int, PartitionEffects] = {}
         self.flow = PartitionFlow(
             self._consumer,
@@ -128,9 +131,9 @@ class SubscriptionRunner:
             name=sub.name,
             topics=self.topics,
             copies=(
-                AnnouncedCopies(parts.copies, self._consumer)
+                AnnouncedCopies(copies, self._consumer)
                 if isinstance(self._consumer, CopyAware)
-                else parts.copies
+                else copies
             ),
             writer=self.writer,
             flow=self.flow,
@@ -162,6 +165,7 @@ class SubscriptionRunner:
             self.reader,
             self._background,
             parts.watch,
+            present=self.own.present,
         )
         self.replaying = (
             None
@@ -192,8 +196,7 @@ class SubscriptionRunner:
     async def run(self) -> None:
         """Consumes until :meth:`stop`; raises what made it give up, if anything did."""
         loop = asyncio.get_running_loop()
-        if self._prepare is not None:
-            await self._prepare()
+        await self.own.look()
         await self._adopt_dropped_tiers()
         consumer = self._consumer
         budget = self.guards.budget
@@ -345,12 +348,16 @@ class SubscriptionRunner:
 
     async def _adopt_dropped_tiers(self) -> None:
         """Also consumes retry tiers beyond the subscription's current count that still exist
-        (an update removed them): their messages are delivered, or dead-lettered, not lost."""
+        (an update removed them): their messages are delivered, or dead-lettered, not lost.
+        And a tier beyond its count that it has in Kafka though it does not exist yet (a
+        grouped topic's tier 1, ``state.kafka_admin.held_tiers``), made at the first copy
+        there."""
         extra = {
             names.retry_topic(self.sub.project, self.sub.name, tier): tier
             for tier in range(self.sub.retry.tiers + 1, names.MAX_RETRY_TIERS + 1)
         }
-        for topic in await asyncio.to_thread(self.reader.existing, list(extra)):
+        found = await asyncio.to_thread(self.reader.existing, list(extra))
+        for topic in found | (self.own.missing & extra.keys()):
             self.tiers[topic] = extra[topic]
             self.topics[extra[topic]] = topic
 
@@ -465,10 +472,8 @@ class SubscriptionRunner:
         # changelog partitions and tails), so they run at once: each waits mostly on round
         # trips, and a worker taking over a thousand subscriptions waits on those in turn.
         indices = sorted(by_index)
-        plans = await all_or_none(
-            take_over(self.sub, p, by_index[p], self.topics, self.store, self.reader, now_ms())
-            for p in indices
-        )
+        await self._look_at_own_topics(by_index)
+        plans = await all_or_none(self._take_over(p, by_index[p]) for p in indices)
         for partition, plan in zip(indices, plans, strict=True):
             offsets = by_index[partition]
             port = PartitionEffects(self.context, partition)
@@ -511,6 +516,36 @@ class SubscriptionRunner:
         paused = self.flow.paused_at_start(by_index)
         return Assignment(starts, commit_now, mark_seeks if seeks else None, paused, idle)
 
+    async def _look_at_own_topics(self, by_index: dict[int, dict[int, int | None]]) -> None:
+        """Which of its tiers and DLQ exist before a takeover: another worker may have made
+        them and copied messages there. One the group committed an offset in exists,
+        whatever a broker whose metadata lags says (delivery/own_topics.py)."""
+        own = self.own
+        await own.look()
+        missing = {self.tiers[t] for t in own.missing if t in self.tiers}
+        if any(offsets.get(tier) is not None for offsets in by_index.values() for tier in missing):
+            await own.make()
+
+    async def _take_over(self, partition: int, committed: dict[int, int | None]) -> Takeover:
+        missing = {self.tiers[t] for t in self.own.missing if t in self.tiers}
+        try:
+            return await take_over(
+                self.sub,
+                partition,
+                committed,
+                self.topics,
+                self.store,
+                self.reader,
+                now_ms(),
+                missing=missing,
+            )
+        except TiersMissing as exc:
+            log.warning("subscription %s/%s: %s; making them", self.sub.project, self.sub.name, exc)
+            await self.own.make()
+        return await take_over(
+            self.sub, partition, committed, self.topics, self.store, self.reader, now_ms()
+        )
+
     async def revoked(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         indices = sorted({tp.partition for tp in partitions})
         ports = [self.ports[p] for p in indices if p in self.ports]
@@ -536,8 +571,7 @@ class SubscriptionRunner:
         offsets = []
         for port in ports:
             if flushed:
-                for tier, offset in port.engine.committable().items():
-                    offsets.append(self.commits.position(port, tier, offset))
+                offsets.extend(self.commits.positions(port))
             port.alive = False
             self.ports.pop(port.partition, None)
             self.flow.forget(port.partition)

@@ -13,12 +13,18 @@ assigning it and the first record being read.
    (the operator asked for those messages again).
 4. Start the DLQ early enough to reach the dead letters of released groups and of single
    letters waiting to be delivered again.
+
+A retry tier or DLQ that does not exist yet (made at the subscription's first copy there,
+delivery/own_topics.py) has no tail: it ends at 0 and is idle. Group state that says messages
+wait in one contradicts that (a broker whose metadata lags): :class:`TiersMissing` is raised
+before anything is written, and the runner makes the topics and takes the partition over again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -51,6 +57,22 @@ class Takeover:
     idle: set[int] = field(default_factory=set)
 
 
+class TiersMissing(Exception):
+    """Group state says messages wait in tiers taken for missing (see the module doc)."""
+
+
+def _waiting_in(snapshot: PartitionSnapshot, tiers: Collection[int]) -> set[int]:
+    """Which of ``tiers`` the partition's group state says hold messages."""
+    out: set[int] = set()
+    for state in snapshot.states.values():
+        out.update(t for t in tiers if t < len(state.counts) and state.counts[t])
+        if DLQ in tiers and state.dlq_from >= 0:
+            out.add(DLQ)
+    if DLQ in tiers and snapshot.pending_releases:
+        out.add(DLQ)
+    return out
+
+
 async def take_over(
     sub: Subscription,
     partition: int,
@@ -59,13 +81,15 @@ async def take_over(
     store: GroupStore,
     reader: KafkaReader,
     now_ms: int,
+    missing: Collection[int] = (),
 ) -> Takeover:
     """Prepares ``partition`` of ``sub`` (see the module doc). ``committed`` maps each tier to
-    its committed offset, None when the group never committed there."""
+    its committed offset, None when the group never committed there; ``missing``: its tiers
+    that do not exist in Kafka."""
     steps = Steps(log)
     epoch = await store.claim(partition)
     steps.done("claim")
-    tail_tiers = [t for t in committed if is_retry(t) or t == DLQ]
+    tail_tiers = [t for t in committed if (is_retry(t) or t == DLQ) and t not in missing]
     starts = []
     for tier in tail_tiers:
         offset = committed[tier]
@@ -83,6 +107,10 @@ async def take_over(
                 continue
     snapshot = await store.load(partition)
     steps.done("load")
+    waiting = _waiting_in(snapshot, [t for t in committed if t in missing])
+    if waiting:
+        shown = ", ".join(topics[t] for t in sorted(waiting))
+        raise TiersMissing(f"partition {partition}'s groups wait in {shown}, not found in Kafka")
     known = {t: o for t, o in committed.items() if o is not None}
     writes, _ = missing_writes(
         partition,
@@ -97,6 +125,7 @@ async def take_over(
     for write in writes:
         await store.apply(write, epoch)
     ends = {tier: tails.ends[(topics[tier], partition)] for tier in tail_tiers}
+    ends.update((tier, 0) for tier in committed if tier in missing)
     await store.record_fences(partition, epoch, ends, KEEP_FENCES)
     if DLQ in tail_tiers:
         await store.trim_dead_letters(partition, tails.lows[(topics[DLQ], partition)])
@@ -127,6 +156,7 @@ async def take_over(
         reading_from = low if begin is None else max(begin, low)
         if key in tails.ends and reading_from >= tails.ends[key]:
             plan.idle.add(tier)
+    plan.idle.update(tier for tier in committed if tier in missing)
     steps.done("seek and starts")
     steps.log_if_slow(f"subscription {sub.project}/{sub.name}: partition {partition}")
     return plan

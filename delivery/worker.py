@@ -154,6 +154,9 @@ class Shared:
     replays: ReplayStore | None = None
     # Producers' cancels of scheduled messages (docs/scheduling.md); None: none are made.
     cancels: ScheduleCancels | None = None
+    # A subscription's retry tiers and DLQ are made at its first copy there, not before it
+    # runs (delivery/own_topics.py): so with the shared readers.
+    lazy_topics: bool = False
 
 
 def runner_parts(sub: Subscription, shared: Shared) -> RunnerParts:
@@ -182,7 +185,14 @@ def runner_parts(sub: Subscription, shared: Shared) -> RunnerParts:
         retention=partial(_in_thread, shared.topics.retention_ms),
         watch=shared.watch,
         ticker=shared.ticker,
-        prepare=partial(shared.made_topics.ensure, sub),
+        # With shared readers a subscription's tiers and DLQ are made at its first copy
+        # there (decision 0014); a consumer of its own subscribes to them by name.
+        prepare=(
+            partial(shared.made_topics.ensure_state, sub)
+            if shared.lazy_topics
+            else partial(shared.made_topics.ensure, sub)
+        ),
+        make_topics=partial(shared.made_topics.ensure, sub),
         replays=shared.replays,
         cancels=shared.cancels,
     )
@@ -286,6 +296,7 @@ async def serve(
         egress,
         replays_of(source),
         getattr(source, "schedule_cancels", None),
+        lazy_topics=hub is not None,
     )
     worker = Worker(
         source,

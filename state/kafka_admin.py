@@ -33,7 +33,7 @@ from setu.errors import Conflict, DependencyUnavailable, InvalidInput, SetuError
 from setu.limits import DEFAULT_MAX_MESSAGE_BYTES, MessageLimits
 from setu.model import Subscription, Topic
 from state.group_offsets import ADMIN_REQUEST_TIMEOUT_S
-from state.kafka_reader import COORDINATOR_MOVING
+from state.kafka_reader import COORDINATOR_MOVING, existing_topics
 
 _REQUEST_ERRORS = frozenset(
     {
@@ -363,7 +363,7 @@ class KafkaTopics:
         return created
 
     def ensure_subscriptions(
-        self, subs: Sequence[tuple[Subscription, Topic]]
+        self, subs: Sequence[tuple[Subscription, Topic]], *, state_only: bool = False
     ) -> dict[tuple[str, str], BaseException | None]:
         """:meth:`ensure_subscription` for many subscriptions at once (a worker taking over
         a hundred of them): one request learns which topics exist, the missing ones of all
@@ -375,14 +375,18 @@ class KafkaTopics:
         subscription still missing some fails with that, for its caller to try again.
         What the batch made stays: deleting it pulled topics from under runners already
         using them (1,000 new subscriptions, each made by the API and by two workers at
-        once)."""
+        once). ``state_only``: only the group-state changelogs (:meth:`ensure_states`)."""
         specs = {
-            (sub.project, sub.name): subscription_specs(
-                sub,
-                topic,
-                self._replication,
-                self._max_message_bytes,
-                self._dead_letter_retention_hours,
+            (sub.project, sub.name): (
+                [self._changelog_of(sub, topic)]
+                if state_only
+                else subscription_specs(
+                    sub,
+                    topic,
+                    self._replication,
+                    self._max_message_bytes,
+                    self._dead_letter_retention_hours,
+                )
             )
             for sub, topic in subs
         }
@@ -421,7 +425,7 @@ class KafkaTopics:
                     for sub, topic in subs
                     if any(spec.name not in usable for spec in specs[(sub.project, sub.name)])
                 ]
-                return {**out, **self._one_at_a_time(incomplete)}
+                return {**out, **self._one_at_a_time(incomplete, state_only)}
         if created:
             log.info("made Kafka topics %s", sorted(created))
         dlqs = [
@@ -437,14 +441,51 @@ class KafkaTopics:
                 out[key] = exc
         return out
 
-    def _one_at_a_time(
+    def ensure_states(
         self, subs: Sequence[tuple[Subscription, Topic]]
+    ) -> dict[tuple[str, str], BaseException | frozenset[str]]:
+        """Makes the group-state changelogs of ``subs`` where missing, as
+        :meth:`ensure_subscriptions` does, and answers per subscription which of its retry
+        tiers and DLQ do not exist: those are made at its first copy there
+        (docs/decisions/0014-no-topics-until-a-failure.md). One request more, for all of them,
+        asks which exist; a topic Kafka did not answer for fails its subscription, never
+        counts as missing (a tier holding messages taken for one that does not exist would
+        have them skipped)."""
+        made = self.ensure_subscriptions(subs, state_only=True)
+        own = {
+            (sub.project, sub.name): names.subscription_topics(
+                sub.project, sub.name, held_tiers(sub, topic)
+            )
+            for sub, topic in subs
+        }
+        out: dict[tuple[str, str], BaseException | frozenset[str]] = {}
+        try:
+            found = existing_topics(
+                self._admin, [name for group in own.values() for name in group], self._timeout_s
+            )
+        except Exception as exc:
+            return {key: exc for key in own}
+        for key, group in own.items():
+            error = made.get(key)
+            out[key] = error if error is not None else frozenset(set(group) - found)
+        return out
+
+    def _changelog_of(self, sub: Subscription, topic: Topic) -> TopicSpec:
+        return changelog_spec(
+            sub.project, sub.name, topic.partitions, self._replication, self._max_message_bytes
+        )
+
+    def _one_at_a_time(
+        self, subs: Sequence[tuple[Subscription, Topic]], state_only: bool = False
     ) -> dict[tuple[str, str], BaseException | None]:
         """Each of ``subs`` ensured alone, so one refusal fails only its own."""
         out: dict[tuple[str, str], BaseException | None] = {}
         for sub, topic in subs:
             try:
-                self.ensure_subscription(sub, topic)
+                if state_only:
+                    self.ensure_changelog(sub.project, sub.name, topic.partitions)
+                else:
+                    self.ensure_subscription(sub, topic)
                 out[(sub.project, sub.name)] = None
             except Exception as exc:
                 out[(sub.project, sub.name)] = exc

@@ -157,6 +157,27 @@ def committed_offsets(
         consumer.close()
 
 
+def existing_topics(admin: AdminClient, topics: Sequence[str], timeout_s: float) -> set[str]:
+    """Which of ``topics`` exist now, asked in one request naming them. A topic the broker
+    does not know is left out; any other failure (Kafka away, no answer in time) raises, so
+    that a caller never takes a topic it could not see for one that does not exist."""
+    if not topics:
+        return set()
+    futures = admin.describe_topics(
+        TopicCollection(list(dict.fromkeys(topics))), request_timeout=timeout_s
+    )
+    found = set()
+    for name, future in futures.items():
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].code() in _MISSING:
+                continue
+            raise
+        found.add(name)
+    return found
+
+
 def watermarks(
     consumer: Consumer, tp: TopicPartition, deadline: float, *, wait_for_missing: bool
 ) -> tuple[int, int]:
@@ -498,21 +519,7 @@ class KafkaReader:
         """Which of ``topics`` exist now, in one request naming them: every runner asks at
         its start (a thousand at a worker's start), and the whole cluster's metadata
         (thousands of partitions with many subscriptions) is far more than these names."""
-        if not topics:
-            return set()
-        futures = self._admin_client().describe_topics(
-            TopicCollection(list(dict.fromkeys(topics))), request_timeout=timeout_s
-        )
-        found = set()
-        for name, future in futures.items():
-            try:
-                future.result(timeout=timeout_s)
-            except KafkaException as exc:
-                if exc.args[0].code() in _MISSING:
-                    continue
-                raise
-            found.add(name)
-        return found
+        return existing_topics(self._admin_client(), topics, timeout_s)
 
     def _admin_client(self) -> AdminClient:
         """The reader's admin client, made at its first use, once: runners ask from many
@@ -568,17 +575,28 @@ class KafkaReader:
         """Per topic partition, records between the group's committed offset and the end;
         for the topics in ``oldest_of``, also when the first of them was produced. The
         committed offset is the lowest unfinished record (delivery commits no further), and
-        a partition is in produce order, so that record is the oldest one undelivered."""
+        a partition is in produce order, so that record is the oldest one undelivered.
+        A topic that does not exist holds nothing (a subscription's retry tiers and DLQ,
+        until its first copy there: docs/decisions/0014-no-topics-until-a-failure.md)."""
+        found = self.existing(list(topics), timeout_s)
+        out: list[Backlog] = [
+            Backlog(topic, p, 0, 0)
+            for topic, count in topics.items()
+            if topic not in found
+            for p in range(count)
+        ]
         consumer = Consumer({**self._config, "group.id": group}, logger=log)
         try:
             partitions = [
-                TopicPartition(topic, p) for topic, count in topics.items() for p in range(count)
+                TopicPartition(topic, p)
+                for topic, count in topics.items()
+                if topic in found
+                for p in range(count)
             ]
-            out: list[Backlog] = []
             deadline = time.monotonic() + timeout_s
             # A new subscription's consumer group has no coordinator at first
             for tp in committed(consumer, partitions, deadline):
-                # The topics exist (the subscription made them), maybe only just
+                # The topics exist, maybe only just (not on every broker yet)
                 low, high = watermarks(consumer, tp, deadline, wait_for_missing=True)
                 start = max(tp.offset if tp.offset >= 0 else low, low)
                 out.append(Backlog(tp.topic, tp.partition, max(0, high - start), start))
@@ -621,9 +639,18 @@ class DeadLetterReader:
         self._topic = topic
 
     async def read(self, partition: int, start: int, budget: int) -> tuple[list[Record], int, bool]:
-        messages, position, end = await asyncio.to_thread(
-            self._reader.read, self._topic, partition, start, budget
-        )
+        """A DLQ that does not exist reads as empty: it is made at the subscription's first
+        copy there (docs/decisions/0014-no-topics-until-a-failure.md)."""
+        try:
+            messages, position, end = await asyncio.to_thread(
+                self._reader.read, self._topic, partition, start, budget
+            )
+        except KafkaException as exc:
+            if exc.args[0].code() not in _MISSING:
+                raise
+            if await asyncio.to_thread(self._reader.existing, [self._topic]):
+                raise  # it exists: the broker answered before it knew of it
+            return [], start, True
         records = []
         for msg in messages:
             try:

@@ -11,12 +11,18 @@ the broker commits each create request on its own: measured on this project's te
 while one batch is under way wait for the next, and each batch is one thread's work: one
 request to learn which topics exist, one to make the missing ones of every subscription, one
 to set the DLQs' retention (``KafkaTopics.ensure_subscriptions``).
+
+A subscription's retry tiers and DLQ are made at its first copy there, not at its start
+(docs/decisions/0014-no-topics-until-a-failure.md): :meth:`SubscriptionTopics.ensure_state`
+makes only its group-state changelog and answers which of its tiers and DLQ are missing, in
+the same batches; :meth:`SubscriptionTopics.ensure` makes everything.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from setu.model import Subscription, Topic
 from state.kafka_admin import KafkaTopics
@@ -30,39 +36,56 @@ class SubscriptionTopics:
     def __init__(self, get_topic: Callable[[str, str], Topic], topics: KafkaTopics) -> None:
         self._get_topic = get_topic  # blocking: the metadata store
         self._topics = topics
-        self._waiting: list[tuple[Subscription, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[Subscription, bool, asyncio.Future[Any]]] = []
         self._task: asyncio.Task[None] | None = None
 
     async def ensure(self, sub: Subscription) -> None:
         """Returns once ``sub``'s tiers, DLQ and changelog exist; raises what stopped that."""
+        await self._ask(sub, state_only=False)
+
+    async def ensure_state(self, sub: Subscription) -> frozenset[str]:
+        """Returns once ``sub``'s changelog exists, with the names of its retry tiers and DLQ
+        that do not exist; raises what stopped that."""
+        missing: frozenset[str] = await self._ask(sub, state_only=True)
+        return missing
+
+    async def _ask(self, sub: Subscription, *, state_only: bool) -> Any:
         loop = asyncio.get_running_loop()
-        made: asyncio.Future[None] = loop.create_future()
-        self._waiting.append((sub, made))
+        made: asyncio.Future[Any] = loop.create_future()
+        self._waiting.append((sub, state_only, made))
         if self._task is None:
             self._task = loop.create_task(self._drain())
-        await made
+        return await made
 
     async def _drain(self) -> None:
         try:
             while self._waiting:
                 batch, self._waiting = self._waiting, []
-                try:
-                    results = await asyncio.to_thread(self._make, [sub for sub, _ in batch])
-                except Exception as exc:  # the store or Kafka away: each runner retries
-                    results = {(sub.project, sub.name): exc for sub, _ in batch}
-                for sub, made in batch:
-                    if made.done():  # its runner stopped waiting
+                results: dict[tuple[Key, bool], object] = {}
+                for state_only in (False, True):
+                    subs = [sub for sub, only, _ in batch if only is state_only]
+                    if not subs:
                         continue
-                    error = results.get((sub.project, sub.name))
-                    if error is None:
-                        made.set_result(None)
+                    try:
+                        made = await asyncio.to_thread(self._make, subs, state_only)
+                    except Exception as exc:  # the store or Kafka away: each runner retries
+                        made = {(sub.project, sub.name): exc for sub in subs}
+                    results.update(((key, state_only), out) for key, out in made.items())
+                for sub, state_only, future in batch:
+                    if future.done():  # its runner stopped waiting
+                        continue
+                    out = results.get(((sub.project, sub.name), state_only))
+                    if isinstance(out, BaseException):
+                        future.set_exception(out)
                     else:
-                        made.set_exception(error)
+                        future.set_result(out)
         finally:
             self._task = None
 
-    def _make(self, subs: Sequence[Subscription]) -> dict[Key, BaseException | None]:
-        out: dict[Key, BaseException | None] = {}
+    def _make(
+        self, subs: Sequence[Subscription], state_only: bool
+    ) -> Mapping[Key, BaseException | frozenset[str] | None]:
+        out: dict[Key, BaseException | frozenset[str] | None] = {}
         shapes: dict[Key, Topic] = {}
         pairs = []
         for sub in subs:
@@ -77,5 +100,8 @@ class SubscriptionTopics:
                 continue
             pairs.append((sub, topic))
         if pairs:
-            out.update(self._topics.ensure_subscriptions(pairs))
+            if state_only:
+                out.update(self._topics.ensure_states(pairs))
+            else:
+                out.update(self._topics.ensure_subscriptions(pairs))
         return out

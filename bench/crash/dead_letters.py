@@ -20,9 +20,12 @@ def read_dead_letters(
     bootstrap: str, topics: Sequence[str], partitions: int, policy: RetryPolicy
 ) -> dict[str, list[DeadLetter]]:
     """Every failed message's record in each DLQ of ``topics`` (one read for all of them), in
-    partition and offset order, by topic."""
-    starts = [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in range(partitions)]
-    tails = KafkaReader(bootstrap).tails(starts)
+    partition and offset order, by topic. A DLQ that does not exist holds none: it is made at
+    its subscription's first copy there (docs/decisions/0014-no-topics-until-a-failure.md)."""
+    reader = KafkaReader(bootstrap)
+    found = reader.existing(topics)
+    starts = [TopicPartition(t, p, OFFSET_BEGINNING) for t in found for p in range(partitions)]
+    tails = reader.tails(starts)
     out: dict[str, list[DeadLetter]] = {topic: [] for topic in topics}
     for topic in topics:
         for partition in range(partitions):

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from setu.names import dlq_topic, retry_topic
+from setu.names import dlq_topic, retry_topic, state_topic
 from tests.integration.api.support import ADMIN_KEY, SECRET_KEY, Api, running_api, unique
 from tests.tls_material import Authority
 
@@ -133,7 +133,11 @@ async def test_no_secret_reaches_logs_answers_metrics_or_rows_even_through_a_500
         answers.append(failed.text)
         assert failed.status_code == 500, failed.text
         # Then the failed create left no Kafka topic behind
-        for name in (retry_topic(project, "s2", 1), dlq_topic(project, "s2")):
+        for name in (
+            state_topic(project, "s2"),
+            retry_topic(project, "s2", 1),
+            dlq_topic(project, "s2"),
+        ):
             assert await partitions(api, name) is None, name
         # And the 500 was logged, with its cause, and nothing secret in it
         assert "inserts refused by the test" in caplog.text

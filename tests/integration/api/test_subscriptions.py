@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 
 from setu import names
 from setu.clock import now_ms
-from setu.names import dlq_topic, retry_topic
+from setu.names import dlq_topic, retry_topic, state_topic
 from state import keys
 from state.ingest_status import RedisIngestStatus
 from tests.integration.api.support import Api, assert_error, drop_project, running_api, unique
@@ -56,15 +56,16 @@ async def test_create_starts_running_with_its_kafka_topics(api: Api, project: st
     assert view["grouped"] is True  # as its topic
     assert view["has_signing_secret"] is True
     assert "signing_secret" not in view and SECRET not in created.text
-    # And its Kafka topics are made right after the answer (docs/delivery.md, "A new
-    # subscription"), with the topic's partitions, and no tier more than its delays
+
+    # And its group-state changelog is made right after the answer (docs/delivery.md, "A new
+    # subscription"), with the topic's partitions
+    async def changelog_made() -> bool:
+        return await partitions(api, state_topic(project, "s")) == 3
+
+    await wait_for_async("the subscription's changelog", changelog_made, 15)
+    # And no retry tier or DLQ: they are made at its first failure (decision 0014)
     made = [retry_topic(project, "s", 1), retry_topic(project, "s", 2), dlq_topic(project, "s")]
-
-    async def all_made() -> bool:
-        return [await partitions(api, name) for name in made] == [3, 3, 3]
-
-    await wait_for_async("the subscription's Kafka topics", all_made, 15)
-    assert await partitions(api, retry_topic(project, "s", 3)) is None
+    assert [await partitions(api, name) for name in made] == [None, None, None]
     fetched = await api.client.get(f"/v1/projects/{project}/subscriptions/s")
     assert fetched.json() == view
     listed = await api.client.get(f"/v1/projects/{project}/subscriptions")

@@ -228,8 +228,10 @@ class World:
         make_topics: bool = True,
         **extra: Any,
     ) -> Subscription:
-        """Stores a subscription, with its Kafka topics made first unless ``make_topics`` is
-        False (as when the API answered a create and stopped before it made them)."""
+        """Stores a subscription, with the Kafka topic the API makes at a create (its
+        group-state changelog; its retry tiers and DLQ wait for its first copy there) made
+        first unless ``make_topics`` is False (as when the API answered a create and stopped
+        before it made it)."""
         sub = Subscription(
             project=self.project,
             name=name,
@@ -241,7 +243,8 @@ class World:
             **extra,
         )
         if make_topics:
-            self.topics.ensure_subscription(sub, self.store.get_topic(self.project, topic))
+            partitions = self.store.get_topic(self.project, topic).partitions
+            self.topics.ensure_changelog(self.project, name, partitions)
         stored, _ = self.store.create_subscription(sub)
         return stored
 
@@ -274,6 +277,8 @@ class World:
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "dlq-size"})
         try:
             topic = names.dlq_topic(self.project, sub)
+            if self.topics.partition_count(topic) is None:
+                return 0  # made at the subscription's first copy there
             total = 0
             for partition in range(partitions):
                 low, high = consumer.get_watermark_offsets(

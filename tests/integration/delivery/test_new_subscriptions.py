@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from setu import names
-from tests.integration.delivery.support import Receiver, ThreadWorker, World, wait_for
+from tests.integration.delivery.support import Receiver, ThreadWorker, World, sub_path, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -62,9 +62,66 @@ def test_a_subscription_made_through_the_api_delivers_before_the_workers_next_li
     ids = world.publish("t", "g1", 2)
     # Then it arrives well before that listing: the API told the workers of the change
     wait_for("the new subscription's first messages", lambda: receiver.delivered("g1") == ids, 30)
-    # And its Kafka topics exist with the topic's partitions
-    topics = [
-        *names.subscription_topics(world.project, "s", 3),
-        names.state_topic(world.project, "s"),
-    ]
-    assert {t: world.topics.partition_count(t) for t in topics} == dict.fromkeys(topics, 2)
+    # And it added one Kafka topic, its changelog, with the topic's partitions: its endpoint
+    # never failed, so it has no retry tier or DLQ (decision 0014)
+    assert world.topics.partition_count(names.state_topic(world.project, "s")) == 2
+    tiers = names.subscription_topics(world.project, "s", 3)
+    assert [world.topics.partition_count(t) for t in tiers] == [None] * 4
+
+
+def test_a_subscription_that_never_failed_costs_one_topic_and_its_first_failure_makes_its_tiers(
+    world: World,
+    receiver: Receiver,
+    api: httpx.Client,
+    start_worker: Callable[..., ThreadWorker],
+) -> None:
+    # Given a subscription whose endpoint answered every call so far
+    world.topic("t", partitions=2)
+    world.subscription(receiver.url, delays_ms=(100, 200))
+    start_worker()
+    healthy = world.publish("t", "h", 3)
+    wait_for("the first messages", lambda: receiver.delivered("h") == healthy, 60)
+    # Then it has its changelog and no retry tier or DLQ in Kafka (decision 0014)
+    tiers = names.subscription_topics(world.project, "s", 2)
+    assert [world.topics.partition_count(t) for t in tiers] == [None, None, None]
+    # And its status, groups and dead letters answer as for an empty one
+    status = api.get(sub_path(world, "status"))
+    assert status.status_code == 200, status.text
+    assert (status.json()["retry_backlog"], status.json()["dead_lettered"]) == (0, 0)
+    wait_for("the lag down to 0", lambda: api.get(sub_path(world, "status")).json()["lag"] == 0)
+    letters = api.get(sub_path(world, "dlq/messages"))
+    assert (letters.status_code, letters.json()["messages"]) == (200, [])
+    group = api.get(sub_path(world, "groups/h"))
+    assert (group.status_code, group.json()["state"]) == (200, "healthy"), group.text
+    # When its endpoint fails a group's head once
+    receiver.answer("g1", 503, 200)
+    ids = world.publish("t", "g1", 3)
+    # Then the head is retried from a tier made for it, and its group arrives in order
+    wait_for("the failed group", lambda: receiver.delivered("g1") == ids, 60)
+    assert [c.attempt for c in receiver.attempts(ids[0])] == [1, 2]
+    assert [world.topics.partition_count(t) for t in tiers] == [2, 2, 2]
+
+
+def test_a_worker_that_took_over_before_the_tiers_were_made_delivers_what_waits_there(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    # Given two workers serving a one-partition subscription that never failed: the first
+    # owns the partition, the second runs the subscription with nothing assigned
+    world.topic("t", partitions=1)
+    world.subscription(receiver.url, delays_ms=(3_000, 3_000))
+    first = start_worker(worker_id=f"w1-{world.project}")
+    early = world.publish("t", "e", 1)
+    wait_for("the first worker delivering", lambda: receiver.delivered("e") == early, 60)
+    start_worker(worker_id=f"w2-{world.project}")
+    wait_for("both workers running it", lambda: len(world.worker_reports()) == 2, 60)
+    # When the endpoint fails a head, so the first worker makes the tiers and copies it to
+    # rq.1 (with its group's later messages), and the first worker then stops
+    receiver.answer("g1", 503, 503, 200)
+    ids = world.publish("t", "g1", 3)
+    wait_for("the head's first failure", lambda: len(receiver.attempts(ids[0])) == 1, 60)
+    rq1 = names.retry_topic(world.project, "s", 1)
+    wait_for("the head copied to rq.1", lambda: world.topics.partition_count(rq1) == 1, 30)
+    first.stop()
+    # Then the second worker, which saw no tiers when it started, delivers the group in order
+    wait_for("the group from the tiers", lambda: receiver.delivered("g1") == ids, 90)
+    assert [c.attempt for c in receiver.attempts(ids[0])] == [1, 2, 3]

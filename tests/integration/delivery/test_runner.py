@@ -44,8 +44,9 @@ async def test_a_seek_right_after_an_assignment_takes_before_the_engine_reads_on
     world: World, receiver: Receiver
 ) -> None:
     # Given a subscription whose DLQ partition 0 holds six records, committed at 4
-    world.topic()
+    topic = world.topic()
     sub = world.subscription(receiver.url)
+    world.topics.ensure_subscription(sub, topic)  # its tiers and DLQ, as at a first failure
     dlq = names.dlq_topic(world.project, sub.name)
     group = names.consumer_group(world.project, sub.name)
     for n in range(6):

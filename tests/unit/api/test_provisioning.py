@@ -28,6 +28,12 @@ class Kafka:
         self.release.wait(10)
         return {(s.project, s.name): self.error for s, _ in pairs}
 
+    def ensure_states(
+        self, pairs: Sequence[tuple[Subscription, Topic]]
+    ) -> dict[tuple[str, str], BaseException | frozenset[str]]:
+        made = self.ensure_subscriptions(pairs)
+        return {key: error or frozenset() for key, error in made.items()}
+
 
 def provisioning(kafka: Kafka) -> Provisioning:
     return Provisioning(SubscriptionTopics(Topic, kafka))  # type: ignore[arg-type]

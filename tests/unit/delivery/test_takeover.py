@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 from confluent_kafka import TopicPartition
 
-from delivery.takeover import take_over
+from delivery.takeover import TiersMissing, take_over
 from setu import names
 from setu.ordering.tiers import DLQ, MAIN, topics_by_tier
-from state.groups_stub import StubGroupStore
+from setu.ordering.state import GroupState
+from state.groups_stub import StubGroupStore, _Partition
 from state.kafka_reader import Tails
 from tests.unit.delivery.sim import subscription
 
@@ -76,3 +78,49 @@ async def test_a_dlq_read_again_for_a_released_dead_letter_is_not_idle() -> None
     plan = await take_over(sub, 0, committed, topics, store, Watermarks(marks), 0)  # type: ignore[arg-type]
     assert plan.starts[DLQ] == 6
     assert DLQ not in plan.idle
+
+
+class NoMissingReads(Watermarks):
+    """Fails a read of a topic Kafka does not have, as Kafka does."""
+
+    def __init__(self, marks: dict[str, tuple[int, int]], missing: set[str]) -> None:
+        super().__init__(marks)
+        self.missing = missing
+
+    async def tails_together(self, starts: Sequence[TopicPartition]) -> Tails:
+        asked = {tp.topic for tp in starts} & self.missing
+        assert not asked, f"read a missing topic: {asked}"
+        return await super().tails_together(starts)
+
+
+async def test_missing_tiers_are_not_read_end_at_0_and_are_idle() -> None:
+    # Given a subscription whose endpoint never failed: no retry tier or DLQ in Kafka
+    sub = subscription()
+    topics = {tier: topic for topic, tier in topics_by_tier(sub).items()}
+    missing = {tier for tier in topics if tier != MAIN}
+    reader = NoMissingReads({}, {topics[t] for t in missing})
+    committed: dict[int, int | None] = dict.fromkeys(topics)
+    store = StubGroupStore()
+    # When a partition is taken over
+    plan = await take_over(sub, 0, committed, topics, store, reader, 0, missing=missing)  # type: ignore[arg-type]
+    # Then no tail was read, each missing tier is idle (dormant until a copy is written
+    # there), and the fence says any copy there from an earlier owner is stale
+    assert plan.idle == missing
+    assert (await store.fences(0))[plan.epoch] == dict.fromkeys(missing, 0)
+
+
+async def test_group_state_waiting_in_a_missing_tier_stops_the_takeover_before_any_write() -> None:
+    # Given a group Redis says waits in rq.1, where a broker says rq.1 does not exist (its
+    # metadata lags behind the worker that made it)
+    sub = subscription()
+    topics = {tier: topic for topic, tier in topics_by_tier(sub).items()}
+    store = StubGroupStore()
+    store.groups["g"] = (0, GroupState(counts=(0, 2)))
+    store.partitions[0] = _Partition(failed={"g"})
+    missing = {tier for tier in topics if tier != MAIN}
+    reader = NoMissingReads({}, {topics[t] for t in missing})
+    committed: dict[int, int | None] = dict.fromkeys(topics)
+    # Then the takeover says so, and records no fence that would mark its copies stale
+    with pytest.raises(TiersMissing, match=topics[1]):
+        await take_over(sub, 0, committed, topics, store, reader, 0, missing=missing)  # type: ignore[arg-type]
+    assert await store.fences(0) == {}
