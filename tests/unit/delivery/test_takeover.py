@@ -10,8 +10,8 @@ from confluent_kafka import TopicPartition
 
 from delivery.takeover import TiersMissing, take_over
 from setu import names
-from setu.ordering.tiers import DLQ, MAIN, topics_by_tier
 from setu.ordering.state import GroupState
+from setu.ordering.tiers import DLQ, MAIN, topics_by_tier
 from state.groups_stub import StubGroupStore, _Partition
 from state.kafka_reader import Tails
 from tests.unit.delivery.sim import subscription
