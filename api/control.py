@@ -143,18 +143,15 @@ async def update_subscription(s: Services, sub: Subscription, version: int) -> S
             "read it again and retry"
         )
     check_update(current, sub)
-    topic = await blocking(s.store.get_topic, sub.project, sub.topic)
-    # More retry tiers need their topics before any worker may move a message there.
-    made = await blocking(s.kafka_admin.ensure_subscription, sub, topic)
-    async with undone_on_failure(s, made):
-        updated = await blocking(s.store.update_subscription, sub, version)
+    # More retry tiers are made at the first copy there, as the first ones are (decision 0014).
+    updated = await blocking(s.store.update_subscription, sub, version)
     await announce(s)
     return updated
 
 
 @asynccontextmanager
 async def undone_on_failure(s: Services, made: list[str]) -> AsyncIterator[None]:
-    """Deletes the Kafka topics a create or update just made when its database write then
+    """Deletes the Kafka topics a create just made when its database write then
     fails, so a failed request leaves nothing behind. The failure is raised as it was; a
     failed clean-up is logged (a repeated request adopts what is left).
 

@@ -4,12 +4,14 @@ order and through retries, soon after it was made."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import httpx
 import pytest
 
 from setu import names
+from setu.model import RetryPolicy
 from tests.integration.delivery.support import Receiver, ThreadWorker, World, sub_path, wait_for
 
 pytestmark = pytest.mark.integration
@@ -125,3 +127,38 @@ def test_a_worker_that_took_over_before_the_tiers_were_made_delivers_what_waits_
     # Then the second worker, which saw no tiers when it started, delivers the group in order
     wait_for("the group from the tiers", lambda: receiver.delivered("g1") == ids, 90)
     assert [c.attempt for c in receiver.attempts(ids[0])] == [1, 2, 3]
+
+
+def test_a_tier_added_to_a_running_subscription_is_made_at_its_first_copy_there(
+    world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker]
+) -> None:
+    # Given a running subscription with one retry tier, which its endpoint's first failure
+    # made (with its DLQ)
+    world.topic("t", partitions=1)
+    sub = world.subscription(receiver.url, delays_ms=(100,))
+    start_worker()
+    receiver.answer("g1", 503, 200)
+    first = world.publish("t", "g1", 2)
+    wait_for("g1 through rq.1", lambda: receiver.delivered("g1") == first, 60)
+    # When it gains a second tier (and a new path, which tells the runner that has it)
+    grown = dataclasses.replace(
+        sub,
+        retry=RetryPolicy(delays_ms=(100, 100)),
+        endpoint=dataclasses.replace(sub.endpoint, url=f"{receiver.url}/grown"),
+    )
+    world.store.update_subscription(grown, sub.version)
+
+    def runs_grown() -> bool:
+        world.publish("t", "probe", 1)
+        return bool(receiver.delivered("probe", path="/hook/grown"))
+
+    wait_for("the runner of the grown subscription", runs_grown, 60)
+    rq2 = names.retry_topic(world.project, "s", 2)
+    assert world.topics.partition_count(rq2) is None
+    # And a head fails twice
+    receiver.answer("g2", 503, 503, 200)
+    ids = world.publish("t", "g2", 2)
+    # Then it is retried from rq.2, made for it, and its group arrives in order
+    wait_for("g2 through rq.2", lambda: receiver.delivered("g2") == ids, 60)
+    assert [c.attempt for c in receiver.attempts(ids[0])] == [1, 2, 3]
+    assert world.topics.partition_count(rq2) == 1
