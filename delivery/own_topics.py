@@ -12,10 +12,18 @@ a copy of a worker that lost the partition meanwhile is fenced as any copy is (d
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from delivery.parts import CopyWriter
 from setu.envelope import KafkaHeaders
+from setu.errors import DependencyUnavailable
+
+log = logging.getLogger(__name__)
+
+# Making the topics again after Kafka was too slow: after this long, doubling up to the max.
+MAKE_RETRY_S = 1.0
+MAKE_RETRY_MAX_S = 30.0
 
 
 class OwnTopics:
@@ -48,13 +56,29 @@ class OwnTopics:
 
     async def make(self) -> None:
         """Makes every missing one (the first copy to one of them, or a takeover that found
-        the subscription's state waiting in one); returns once they exist."""
+        the subscription's state waiting in one); returns once they exist. Kafka too slow
+        to make them (many subscriptions failing at once make theirs at once) is asked again,
+        for as long as it takes: the copy waiting here holds its group only, where failing
+        the runner would start all its partitions over again."""
         async with self._making:
             if not self.missing:
                 return
             if self._make is None:
                 raise RuntimeError(f"cannot make the Kafka topics {sorted(self.missing)}")
-            await self._make()
+            delay = MAKE_RETRY_S
+            while True:
+                try:
+                    await self._make()
+                    break
+                except DependencyUnavailable as exc:
+                    log.warning(
+                        "making Kafka topics %s: %s; asking again in %.0f s",
+                        sorted(self.missing)[:3],
+                        exc,
+                        delay,
+                    )
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, MAKE_RETRY_MAX_S)
             self.missing.clear()
             self._looked = True
 

@@ -521,7 +521,18 @@ class SubscriptionRunner:
         them and copied messages there. One the group committed an offset in exists,
         whatever a broker whose metadata lags says (delivery/own_topics.py)."""
         own = self.own
-        await own.look()
+        try:
+            await own.look()
+        except Exception as exc:
+            # What it knew stays: a tier another worker made since, with messages whose
+            # group state says they wait there, is made below or by the takeover
+            # (TiersMissing); a copy there without such state was fenced (decision 0004).
+            log.warning(
+                "subscription %s/%s: which topics exist not known (%s); as before",
+                self.sub.project,
+                self.sub.name,
+                exc,
+            )
         missing = {self.tiers[t] for t in own.missing if t in self.tiers}
         if any(offsets.get(tier) is not None for offsets in by_index.values() for tier in missing):
             await own.make()

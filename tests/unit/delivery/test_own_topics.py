@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import pytest
+
+from delivery import own_topics
 from delivery.own_topics import MadeAtFirstCopy, OwnTopics
 from setu.envelope import KafkaHeaders
+from setu.errors import DependencyUnavailable
 
 Records = Sequence[tuple[bytes, bytes | None, KafkaHeaders]]
 
@@ -62,3 +66,23 @@ async def test_a_topic_seen_once_is_never_taken_for_missing_again() -> None:
     # Then rq.1 still counts as existing: a tier holding messages is never read as empty
     assert own.present("rq.1")
     assert not own.present("dlq")
+
+
+async def test_kafka_too_slow_to_make_them_is_asked_again_and_the_copy_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(own_topics, "MAKE_RETRY_S", 0.01)
+    kafka = Kafka({"rq.1", "dlq"})
+    slow = [DependencyUnavailable("Kafka topics did not appear in time")] * 2
+
+    async def make() -> None:
+        if slow:
+            raise slow.pop()
+        await kafka.make()
+
+    own = OwnTopics(kafka.look, make)
+    await own.look()
+    # When the first copy's topics take Kafka three tries to make
+    await MadeAtFirstCopy(kafka, own).send("rq.1", 0, [])
+    # Then the copy was written once they existed, and nothing failed
+    assert kafka.writes == [("rq.1", True)]
