@@ -135,17 +135,23 @@ class Commits:
 
     def _uncommitted(self) -> list[TopicPartition]:
         """What every engine says is safe to commit and was not committed yet."""
-        return [
-            tp
-            for port in list(self._ports.values())
-            for tp in self.positions(port)
-            if self._committed.get((self._tiers[tp.topic], tp.partition)) != tp.offset
-        ]
+        # Asked of every runner each tick: positions are built only for what changed.
+        offsets: list[TopicPartition] = []
+        for port in list(self._ports.values()):
+            for tier, offset in port.engine.committable().items():
+                if self._committed.get((tier, port.partition)) != offset and self._present(
+                    self._topics[tier]
+                ):
+                    offsets.append(self.position(port, tier, offset))
+        return offsets
 
     def positions(self, port: PartitionEffects) -> list[TopicPartition]:
         """What the engine of ``port`` says is safe to commit, in topics that exist."""
-        offsets = [self.position(port, tier, o) for tier, o in port.engine.committable().items()]
-        return [tp for tp in offsets if self._present(tp.topic)]
+        return [
+            self.position(port, tier, offset)
+            for tier, offset in port.engine.committable().items()
+            if self._present(self._topics[tier])
+        ]
 
     def position(self, port: PartitionEffects, tier: int, offset: int) -> TopicPartition:
         """What to commit for one tier partition; the main log's carries the ingest marks of
