@@ -34,7 +34,7 @@ from setu.model import Subscription
 from setu.ordering.fencing import KEEP_FENCES
 from setu.ordering.records import Record
 from setu.ordering.state import PartitionSnapshot
-from setu.ordering.tiers import DLQ, MAIN, is_retry
+from setu.ordering.tiers import DLQ, HOLD, MAIN, is_retry
 from setu.steps import Steps
 from state.groups import GroupStore
 from state.kafka_reader import KafkaReader, record_of
@@ -62,10 +62,16 @@ class TiersMissing(Exception):
 
 
 def _waiting_in(snapshot: PartitionSnapshot, tiers: Collection[int]) -> set[int]:
-    """Which of ``tiers`` the partition's group state says hold messages."""
+    """Which of ``tiers`` the partition's group state says hold messages: a held head counts
+    in tier :data:`HOLD` while its record stays in the main log (docs/scheduling.md)."""
     out: set[int] = set()
     for state in snapshot.states.values():
-        out.update(t for t in tiers if t < len(state.counts) and state.counts[t])
+        for t in tiers:
+            count = state.counts[t] if t < len(state.counts) else 0
+            if t == HOLD and state.held >= 0:
+                count -= 1
+            if count > 0:
+                out.add(t)
         if DLQ in tiers and state.dlq_from >= 0:
             out.add(DLQ)
     if DLQ in tiers and snapshot.pending_releases:

@@ -208,7 +208,12 @@ class CrashRun:
                 self._mark("setup_s")
                 await self._chaos(layout)
                 self._mark("chaos_s")
-                async with httpx.AsyncClient(base_url=layout.receiver_url) as receiver:
+                async with httpx.AsyncClient(
+                    # The receiver serves every subscription's calls too: on a loaded host its
+                    # answer to the drain's control request took more than httpx's 5 s.
+                    base_url=layout.receiver_url,
+                    timeout=60.0,
+                ) as receiver:
                     drained = await drain(
                         [api.named(name) for name in self.subscriptions],
                         receiver,

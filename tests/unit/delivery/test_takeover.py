@@ -10,6 +10,7 @@ from confluent_kafka import TopicPartition
 
 from delivery.takeover import TiersMissing, take_over
 from setu import names
+from setu.ordering import groups
 from setu.ordering.state import GroupState
 from setu.ordering.tiers import DLQ, MAIN, topics_by_tier
 from state.groups_stub import StubGroupStore, _Partition
@@ -124,3 +125,20 @@ async def test_group_state_waiting_in_a_missing_tier_stops_the_takeover_before_a
     with pytest.raises(TiersMissing, match=topics[1]):
         await take_over(sub, 0, committed, topics, store, reader, 0, missing=missing)  # type: ignore[arg-type]
     assert await store.fences(0) == {}
+
+
+async def test_a_held_head_alone_needs_no_tier() -> None:
+    # Given a group whose scheduled head waits in the main log (counted in tier 1), with no
+    # follower copied to rq.1, and no retry tier in Kafka
+    sub = subscription()
+    topics = {tier: topic for topic, tier in topics_by_tier(sub).items()}
+    store = StubGroupStore()
+    store.groups["g"] = (0, groups.held("m1", 5, due_at_ms=10_000))
+    store.partitions[0] = _Partition(failed={"g"})
+    missing = {tier for tier in topics if tier != MAIN}
+    reader = NoMissingReads({}, {topics[t] for t in missing})
+    committed: dict[int, int | None] = dict.fromkeys(topics)
+    # Then the partition is taken over without making any
+    plan = await take_over(sub, 0, committed, topics, store, reader, 0, missing=missing)  # type: ignore[arg-type]
+    assert plan.idle == missing
+    assert "g" in plan.snapshot.states
