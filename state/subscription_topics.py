@@ -36,8 +36,14 @@ class SubscriptionTopics:
     def __init__(self, get_topic: Callable[[str, str], Topic], topics: KafkaTopics) -> None:
         self._get_topic = get_topic  # blocking: the metadata store
         self._topics = topics
-        self._waiting: list[tuple[Subscription, bool, asyncio.Future[Any]]] = []
-        self._task: asyncio.Task[None] | None = None
+        # One queue per kind, each drained on its own: a runner's start asks only for its
+        # changelog and must not wait behind the tiers of a thousand subscriptions failing at
+        # once, which Kafka may take minutes to make (decision 0014).
+        self._waiting: dict[bool, list[tuple[Subscription, asyncio.Future[Any]]]] = {
+            False: [],
+            True: [],
+        }
+        self._tasks: dict[bool, asyncio.Task[None]] = {}
 
     async def ensure(self, sub: Subscription) -> None:
         """Returns once ``sub``'s tiers, DLQ and changelog exist; raises what stopped that."""
@@ -52,35 +58,31 @@ class SubscriptionTopics:
     async def _ask(self, sub: Subscription, *, state_only: bool) -> Any:
         loop = asyncio.get_running_loop()
         made: asyncio.Future[Any] = loop.create_future()
-        self._waiting.append((sub, state_only, made))
-        if self._task is None:
-            self._task = loop.create_task(self._drain())
+        self._waiting[state_only].append((sub, made))
+        if state_only not in self._tasks:
+            self._tasks[state_only] = loop.create_task(self._drain(state_only))
         return await made
 
-    async def _drain(self) -> None:
+    async def _drain(self, state_only: bool) -> None:
         try:
-            while self._waiting:
-                batch, self._waiting = self._waiting, []
-                results: dict[tuple[Key, bool], object] = {}
-                for state_only in (False, True):
-                    subs = [sub for sub, only, _ in batch if only is state_only]
-                    if not subs:
-                        continue
-                    try:
-                        made = await asyncio.to_thread(self._make, subs, state_only)
-                    except Exception as exc:  # the store or Kafka away: each runner retries
-                        made = {(sub.project, sub.name): exc for sub in subs}
-                    results.update(((key, state_only), out) for key, out in made.items())
-                for sub, state_only, future in batch:
+            while self._waiting[state_only]:
+                batch, self._waiting[state_only] = self._waiting[state_only], []
+                try:
+                    results = await asyncio.to_thread(
+                        self._make, [sub for sub, _ in batch], state_only
+                    )
+                except Exception as exc:  # the store or Kafka away: each runner retries
+                    results = {(sub.project, sub.name): exc for sub, _ in batch}
+                for sub, future in batch:
                     if future.done():  # its runner stopped waiting
                         continue
-                    out = results.get(((sub.project, sub.name), state_only))
+                    out = results.get((sub.project, sub.name))
                     if isinstance(out, BaseException):
                         future.set_exception(out)
                     else:
                         future.set_result(out)
         finally:
-            self._task = None
+            del self._tasks[state_only]
 
     def _make(
         self, subs: Sequence[Subscription], state_only: bool

@@ -80,3 +80,23 @@ async def test_a_store_that_is_away_fails_the_batch_and_the_next_ask_tries_again
     away = False
     await topics.ensure(sub("s"))
     assert kafka.batches == [["s"]]
+
+
+async def test_a_runner_s_start_does_not_wait_behind_tiers_being_made() -> None:
+    class SlowTiers(Kafka):
+        def ensure_states(
+            self, pairs: Sequence[tuple[Subscription, Topic]]
+        ) -> dict[tuple[str, str], BaseException | frozenset[str]]:
+            return {(s.project, s.name): frozenset({"rq.1"}) for s, _ in pairs}
+
+    kafka = SlowTiers()
+    topics = SubscriptionTopics(lambda p, n: Topic(p, n), kafka)  # type: ignore[arg-type]
+    # Given a first copy whose tiers Kafka is slow to make
+    making = asyncio.ensure_future(topics.ensure(sub("failing")))
+    await asyncio.sleep(0.1)
+    # Then a runner starting meanwhile learns what it needs at once
+    missing = await asyncio.wait_for(topics.ensure_state(sub("new")), 5)
+    assert missing == frozenset({"rq.1"})
+    assert not making.done()
+    kafka.release.set()
+    await making
