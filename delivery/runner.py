@@ -533,14 +533,16 @@ class SubscriptionRunner:
                 self.sub.name,
                 exc,
             )
-        missing = {self.tiers[t] for t in own.missing if t in self.tiers}
+        missing = self._missing_tiers()
         if any(offsets.get(tier) is not None for offsets in by_index.values() for tier in missing):
             await own.make()
 
+    def _missing_tiers(self) -> set[int]:
+        return {self.tiers[t] for t in self.own.missing if t in self.tiers}
+
     async def _take_over(self, partition: int, committed: dict[int, int | None]) -> Takeover:
-        missing = {self.tiers[t] for t in self.own.missing if t in self.tiers}
-        try:
-            return await take_over(
+        def plan() -> Coroutine[Any, Any, Takeover]:
+            return take_over(
                 self.sub,
                 partition,
                 committed,
@@ -548,14 +550,15 @@ class SubscriptionRunner:
                 self.store,
                 self.reader,
                 now_ms(),
-                missing=missing,
+                missing=self._missing_tiers(),
             )
+
+        try:
+            return await plan()
         except TiersMissing as exc:
             log.warning("subscription %s/%s: %s; making them", self.sub.project, self.sub.name, exc)
             await self.own.make()
-        return await take_over(
-            self.sub, partition, committed, self.topics, self.store, self.reader, now_ms()
-        )
+        return await plan()  # none missing now
 
     async def revoked(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         indices = sorted({tp.partition for tp in partitions})
