@@ -24,6 +24,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from confluent_kafka import KafkaException
 from redis.exceptions import RedisError
 
 from api.context import Services, blocking
@@ -34,6 +35,7 @@ from setu.errors import Conflict, DependencyUnavailable, InvalidInput
 from setu.model import Subscription, Topic
 from setu.names import shown
 from state.redis_state import RedisState
+from state.shared_changelog import clear_subscription, read_from
 
 log = logging.getLogger(__name__)
 
@@ -173,13 +175,34 @@ async def undone_on_failure(s: Services, made: list[str]) -> AsyncIterator[None]
 
 
 async def delete_subscription(s: Services, project: str, name: str) -> None:
-    await blocking(s.store.mark_subscription_deleting, project, name)
+    sub = await blocking(s.store.mark_subscription_deleting, project, name)
     await announce(s)
     # Topics still being made for it would outlive the delete.
     await s.provisioning.settled(project, name)
     await blocking(s.kafka_admin.delete_subscription, project, name)
+    await clear_shared_changelog(s, sub)
     await clear_subscription_state(s.redis, project, name)
     await blocking(s.store.delete_subscription, project, name)
+
+
+async def clear_shared_changelog(s: Services, sub: Subscription) -> None:
+    """Removes the subscription's records from its topic's group-state changelog
+    (state/shared_changelog.py); nothing when the topic has none (one from before it)."""
+    changelog = names.groups_topic(sub.project, sub.topic)
+    partitions = await blocking(s.kafka_admin.partition_count, changelog)
+    if partitions is None:
+        return
+    try:
+        removed = await clear_subscription(
+            changelog,
+            partitions,
+            sub.name,
+            s.producer.send_to,
+            read_from(lambda starts: blocking(s.kafka_reader.tails, starts)),
+        )
+    except (KafkaException, TimeoutError) as exc:
+        raise DependencyUnavailable(f"Kafka: {exc}") from exc
+    log.info("removed %d changelog keys of subscription %s/%s", removed, sub.project, sub.name)
 
 
 async def clear_subscription_state(redis: RedisState, project: str, subscription: str) -> int:

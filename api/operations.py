@@ -16,6 +16,7 @@ letters (browse and unsideline) and seek.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from confluent_kafka import KafkaException
@@ -44,12 +45,13 @@ from setu.ordering.state import GroupState
 from setu.ordering.tiers import DLQ, MAIN, is_retry, tier_name, topic_of, topics_by_tier
 from setu.partitioner import partition_for
 from state.attempt_log import delivery_record
-from state.changelog import KafkaChangelog
+from state.changelog import Keyed
 from state.dead_letter_ops import DeadLetterOps
 from state.durable_groups import DurableGroupStore
 from state.groups import RedisGroupStore
 from state.kafka_admin import held_tiers
 from state.kafka_reader import Backlog, DeadLetterReader
+from state.shared_changelog import SubscriptionChangelog
 
 router = APIRouter(
     dependencies=[Depends(authorize)],
@@ -515,18 +517,22 @@ def parse_group_cursor(after: str | None) -> tuple[int, str] | None:
 
 
 async def _dead_letter_ops(request: Request, sub: Subscription, partitions: int) -> DeadLetterOps:
-    """Browsing and unsideline; a release request goes to the subscription's changelog before
-    Redis, so a Redis that forgets does not forget it (state/durable_groups.py)."""
+    """Browsing and unsideline; a release request goes to the changelog of the subscription's
+    topic before Redis, so a Redis that forgets does not forget it (state/durable_groups.py)."""
     s = services(request)
+    made: list[bool] = []
 
-    async def ensure() -> None:
-        # A subscription from before changelogs existed may have none yet: a broker that
-        # creates topics on first write would make it with the wrong partition count.
-        await blocking(s.kafka_admin.ensure_changelog, sub.project, sub.name, partitions)
+    async def send(topic: str, partition: int, records: Sequence[Keyed]) -> object:
+        if not made:
+            # A topic from before shared changelogs may have none yet: a broker that creates
+            # topics on first write would make it with the wrong partition count.
+            shape = await blocking(s.store.get_topic, sub.project, sub.topic)
+            await blocking(s.kafka_admin.ensure_groups, shape)
+            made.append(True)
+        await s.producer.send_to(topic, partition, records)
+        return None
 
-    changelog = KafkaChangelog(
-        names.state_topic(sub.project, sub.name), s.producer.send_to, ensure=ensure
-    )
+    changelog = SubscriptionChangelog(names.groups_topic(sub.project, sub.topic), sub.name, send)
     store = DurableGroupStore(services(request).redis.groups(sub.project, sub.name), changelog)
     return DeadLetterOps(
         store, DeadLetterReader(services(request).kafka_reader, topic_of(sub, DLQ)), partitions

@@ -1,34 +1,111 @@
-"""The group-state changelog of one subscription on Kafka, as a delivery worker uses it
-(:mod:`state.changelog`): written with the worker's producer, read with its reader. The
-runner makes the topic before its first use when it is missing (a subscription created by an
-older version, or one whose topics the API has not made yet: ``prepare`` in
-delivery/worker.py)."""
+"""The group-state changelogs on Kafka as a delivery worker uses them (:mod:`state.changelog`,
+:mod:`state.shared_changelog`): each subscription writes its topic's shared changelog with the
+worker's producer; the worker reads each partition once for all of them with its reader. The
+runner makes the topic before its first use when it is missing (a topic created by an older
+version: ``prepare`` in delivery/worker.py).
+
+A subscription of the earlier layout has a changelog of its own,
+``setu.{project}.{subscription}.state``: its first claim of each partition copies it over.
+Whether it has one is asked for many subscriptions in one request (:class:`EarlierChangelogs`):
+a worker starting a thousand runners asks once or twice, not a thousand times.
+"""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from delivery.kafka_io import AsyncProducer
 from setu import names
 from setu.model import Subscription
-from state.changelog import Entry, KafkaChangelog, entry_of
+from state.changelog import Entry
 from state.kafka_reader import KafkaReader
+from state.shared_changelog import (
+    SharedChangelogs,
+    SubscriptionChangelog,
+    entries_in,
+    read_from,
+)
+
+
+def shared_changelogs(reader: KafkaReader) -> SharedChangelogs:
+    """A worker's reading of the shared changelogs, through its reader's batched reads."""
+    return SharedChangelogs(read_from(reader.tails_together))
+
+
+class EarlierChangelogs:
+    """Which subscriptions have a changelog of their own (the earlier layout), asked in one
+    request for every runner that asks meanwhile; on one event loop. An answer is kept for
+    the worker's life: nothing of this version makes such a changelog."""
+
+    def __init__(self, reader: KafkaReader) -> None:
+        self._reader = reader
+        self._known: dict[str, bool] = {}
+        self._waiting: dict[str, asyncio.Future[bool]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def has(self, topic: str) -> bool:
+        known = self._known.get(topic)
+        if known is not None:
+            return known
+        future = self._waiting.get(topic)
+        if future is None:
+            future = self._waiting[topic] = asyncio.get_running_loop().create_future()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._ask())
+        return await asyncio.shield(future)
+
+    async def _ask(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, {}
+                try:
+                    found = await asyncio.to_thread(self._reader.existing, list(batch))
+                except Exception as exc:
+                    for future in batch.values():
+                        if not future.done():
+                            future.set_exception(exc)
+                            future.exception()  # its runner may have stopped waiting
+                    continue
+                for topic, future in batch.items():
+                    self._known[topic] = topic in found
+                    if not future.done():
+                        future.set_result(topic in found)
+        finally:
+            self._task = None
+
+    async def read(self, topic: str, partition: int, start: int) -> tuple[list[Entry], int] | None:
+        """The records of ``topic``'s ``partition`` from ``start`` to its end, and that end;
+        None when the topic does not exist."""
+        if not await self.has(topic):
+            return None
+        begin = TopicPartition(topic, partition, start if start > 0 else OFFSET_BEGINNING)
+        tails = await self._reader.tails_together([begin])
+        return entries_in(tails, topic, partition), tails.ends[(topic, partition)]
 
 
 def subscription_changelog(
-    sub: Subscription, producer: AsyncProducer, reader: KafkaReader
-) -> KafkaChangelog:
-    async def read(topic: str, partition: int, start: int) -> tuple[list[Entry], int]:
-        begin = TopicPartition(topic, partition, start if start > 0 else OFFSET_BEGINNING)
-        tails = await reader.tails_together([begin])
-        entries = []
-        for msg in tails.get((topic, partition), []):
-            offset = msg.offset()
-            headers = msg.headers() or []
-            pairs = headers.items() if isinstance(headers, dict) else headers
-            entry = entry_of(msg.key(), msg.value(), pairs, offset or 0)
-            if entry is not None:
-                entries.append(entry)
-        return entries, tails.ends[(topic, partition)]
+    sub: Subscription,
+    producer: AsyncProducer,
+    shared: SharedChangelogs,
+    earlier: EarlierChangelogs,
+) -> SubscriptionChangelog:
+    own = names.state_topic(sub.project, sub.name)
 
-    return KafkaChangelog(names.state_topic(sub.project, sub.name), producer.send, read)
+    async def read_earlier(partition: int, start: int) -> tuple[list[Entry], int] | None:
+        return await earlier.read(own, partition, start)
+
+    return SubscriptionChangelog(
+        names.groups_topic(sub.project, sub.topic),
+        sub.name,
+        producer.send,
+        shared,
+        read_earlier,
+    )
+
+
+def kept_topics(subs: Sequence[Subscription]) -> set[str]:
+    """The shared changelogs a worker running ``subs`` reads."""
+    return {names.groups_topic(sub.project, sub.topic) for sub in subs}

@@ -28,7 +28,12 @@ from typing import Any, Protocol
 import redis
 from redis.asyncio import Redis
 
-from delivery.changelog import subscription_changelog
+from delivery.changelog import (
+    EarlierChangelogs,
+    kept_topics,
+    shared_changelogs,
+    subscription_changelog,
+)
 from delivery.egress import Route
 from delivery.events import EventSink, Notifier
 from delivery.http import HttpClient
@@ -60,6 +65,7 @@ from state.kafka_reader import KafkaReader
 from state.redis_clients import async_redis, close, sync_redis
 from state.replays import ReplayStore
 from state.schedule_cancels import ScheduleCancels
+from state.shared_changelog import SharedChangelogs
 from state.subscription_topics import SubscriptionTopics
 from state.workers import RedisWorkers
 
@@ -157,6 +163,16 @@ class Shared:
     # A subscription's retry tiers and DLQ are made at its first copy there, not before it
     # runs (delivery/own_topics.py): so with the shared readers.
     lazy_topics: bool = False
+    # What the worker has read of its topics' shared group-state changelogs, and which
+    # subscriptions still have one of their own (delivery/changelog.py).
+    changelogs: SharedChangelogs | None = None
+    earlier: EarlierChangelogs | None = None
+
+    def __post_init__(self) -> None:
+        if self.changelogs is None:
+            object.__setattr__(self, "changelogs", shared_changelogs(self.reader))
+        if self.earlier is None:
+            object.__setattr__(self, "earlier", EarlierChangelogs(self.reader))
 
 
 def runner_parts(sub: Subscription, shared: Shared) -> RunnerParts:
@@ -166,7 +182,8 @@ def runner_parts(sub: Subscription, shared: Shared) -> RunnerParts:
     shares with other workers."""
     client, config = shared.client, shared.config
     budget = RedisDeliveryBudget(client, sub.project, sub.name)
-    changelog = subscription_changelog(sub, shared.producer, shared.reader)
+    assert shared.changelogs is not None and shared.earlier is not None
+    changelog = subscription_changelog(sub, shared.producer, shared.changelogs, shared.earlier)
     return RunnerParts(
         store=DurableGroupStore(RedisGroupStore(client, sub.project, sub.name), changelog),
         sender=WebhookSender(sub, shared.http, shared_rate=budget.take_rate, egress=shared.egress),
@@ -303,6 +320,7 @@ async def serve(
         lambda sub: SubscriptionRunner(sub, config, runner_parts(sub, shared), metrics),
         watch.subscriptions_changed,
         shared.replays,
+        shared.changelogs,
     )
     metrics.watch(lambda: _on_loop(loop, worker.figures))
     server = None
@@ -431,9 +449,12 @@ class Worker:
         make_runner: Callable[[Subscription], SubscriptionRunner],
         changed: asyncio.Event | None = None,
         replays: ReplayStore | None = None,
+        changelogs: SharedChangelogs | None = None,
     ) -> None:
         """``replays``: where running replays are listed (docs/replays.md); None: none are
-        carried out here."""
+        carried out here. ``changelogs``: what the runners read of the shared changelogs,
+        kept only for the topics that have a runner here."""
+        self._changelogs = changelogs
         self._source = source
         self._make_runner = make_runner
         self._replays = replays
@@ -492,6 +513,8 @@ class Worker:
                 else:
                     await self._retire(key)
                     self._launch(sub)
+        if self._changelogs is not None:
+            self._changelogs.keep_only(kept_topics([slot.sub for slot in self.slots.values()]))
         if replays is None:
             return
         running: dict[tuple[str, str], list[Replay]] = {}

@@ -2,8 +2,8 @@
 
 Names are lower-case letters, digits and inner hyphens (1..63 chars). No dots or underscores,
 so derived Kafka names never collide: a topic's main log has three dot-separated parts, its
-ingest topic four ending in ``ingest``, a subscription's DLQ four ending in ``dlq`` and its retry
-tiers five.
+ingest topic four ending in ``ingest``, its group-state changelog four ending in ``groups``, a
+subscription's DLQ four ending in ``dlq`` and its retry tiers five.
 """
 
 from __future__ import annotations
@@ -93,8 +93,17 @@ Kafka topic has two dots only."""
 
 
 def state_topic(project: str, subscription: str) -> str:
-    """The subscription's group-state changelog (compacted; state/changelog.py)."""
+    """The subscription's own group-state changelog of the earlier layout (compacted;
+    state/changelog.py): copied when a partition is first claimed under the shared changelog
+    (decision 0014), and deleted with the subscription."""
     return f"{PREFIX}.{project}.{subscription}.state"
+
+
+def groups_topic(project: str, topic: str) -> str:
+    """The group-state changelog of every subscription of a topic (compacted; made and
+    deleted with the topic; state/shared_changelog.py). Four parts ending in ``groups``, which
+    no subscription's topic ends in."""
+    return f"{PREFIX}.{project}.{topic}.groups"
 
 
 def consumer_group(project: str, subscription: str) -> str:

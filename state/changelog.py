@@ -2,9 +2,11 @@
 topic so that a Redis that forgets costs nothing (docs/design.md §4, "Redis may forget";
 docs/decisions/0007-group-state-changelog.md).
 
-One topic per subscription, ``setu.{project}.{subscription}.state``, with the partition count
-of its Setu topic: partition i holds what the owner of partition index i needs. Records are
-keyed so that compaction keeps the latest of each:
+One topic per Setu topic, ``setu.{project}.{topic}.groups``, with the topic's partition count,
+shared by its subscriptions (state/shared_changelog.py; decision 0014): partition i holds what
+the owners of partition index i need. This module speaks of one subscription's records; the
+shared topic puts the subscription's name and a NUL byte before each key. Records are keyed so
+that compaction keeps the latest of each:
 
 - ``g:{group}``: a failed group's whole :class:`GroupState` (JSON); a tombstone when it heals.
 - ``owner``: the latest owner epoch of the partition and its fences (:mod:`setu.ordering.fencing`).
@@ -12,6 +14,10 @@ keyed so that compaction keeps the latest of each:
 - ``l:{offset}``: a single dead letter ``pending`` delivery again, or ``redelivered``; a
   tombstone once retention removed it.
 - ``seek``: the seek generation last applied.
+- ``cleared``: the subscription was deleted; what came before is not its state any more (one
+  of the same name created later starts empty, its owner epochs still rising).
+- ``earlier``: how far the subscription's own changelog of the earlier layout
+  (``setu.{project}.{subscription}.state``) was copied here (state/durable_groups.py).
 
 Every record carries its writer's owner epoch in the ``setu-epoch`` header. A record written
 under an older epoch than an ``owner`` record before it comes from a worker that had lost the
@@ -35,6 +41,8 @@ from setu.ordering.state import GroupState, StateWrite
 
 OWNER = b"owner"
 SEEK = b"seek"
+CLEARED = b"cleared"
+EARLIER = b"earlier"
 H_EPOCH = "setu-epoch"
 PENDING = "pending"
 REDELIVERED = "redelivered"
@@ -83,9 +91,14 @@ class ChangelogIO(Protocol):
         """Writes ``records`` in order to ``partition``; returns once all are acknowledged
         by every in-sync replica, else raises."""
 
-    async def read(self, partition: int, start: int) -> tuple[list[Entry], int]:
-        """Every record of ``partition`` from ``start`` (0: its beginning) to its end as it
-        was when reading began, and that end."""
+    async def replay(self, partition: int) -> PartitionReplay:
+        """What ``partition`` says, every record from its beginning to its end as it was when
+        this call began fed in log order; the caller's own copy."""
+
+    async def copy_earlier(self, partition: int, copied_to: int) -> bool:
+        """Copies the records of the subscription's own changelog of the earlier layout from
+        offset ``copied_to`` to its end into ``partition``, then an ``earlier`` record of
+        that end; False when there is nothing to copy (no such changelog, or nothing new)."""
 
 
 def encode_state(state: GroupState) -> bytes:
@@ -151,6 +164,14 @@ def seek_record(generation: int, epoch: int) -> ChangelogRecord:
     return ChangelogRecord(SEEK, str(generation).encode(), epoch)
 
 
+def cleared_record() -> ChangelogRecord:
+    return ChangelogRecord(CLEARED, b"1", None)
+
+
+def earlier_record(end: int) -> ChangelogRecord:
+    return ChangelogRecord(EARLIER, str(end).encode(), None)
+
+
 def records_of(write: StateWrite, epoch: int) -> list[ChangelogRecord]:
     """What one state write changes in the changelog (all of it on the write's partition)."""
     out = []
@@ -179,15 +200,36 @@ class PartitionReplay:
     end: int = 0  # the offset after the last record fed
     # Keys whose latest record came from a worker that had lost the partition.
     stale: set[bytes] = field(default_factory=set)
+    # How far the subscription's own changelog of the earlier layout was copied here.
+    earlier_copied: int = 0
 
     def feed_all(self, entries: Iterable[Entry], end: int) -> None:
         for entry in entries:
             self.feed(entry)
         self.end = max(self.end, end)
 
+    def copy(self) -> PartitionReplay:
+        """A copy the caller may change (states are frozen; the collections are new)."""
+        return PartitionReplay(
+            states=dict(self.states),
+            epoch=self.epoch,
+            fences={e: dict(f) for e, f in self.fences.items()},
+            release_requests=set(self.release_requests),
+            pending=set(self.pending),
+            redelivered=set(self.redelivered),
+            seek_generation=self.seek_generation,
+            started=self.started,
+            end=self.end,
+            stale=set(self.stale),
+            earlier_copied=self.earlier_copied,
+        )
+
     def feed(self, entry: Entry) -> None:
         self.end = max(self.end, entry.offset + 1)
         key, value = entry.key, entry.value
+        if key in (CLEARED, EARLIER):
+            self._marker(key, value)
+            return
         if key == OWNER:
             if value is not None:
                 owner = orjson.loads(value)
@@ -215,6 +257,26 @@ class PartitionReplay:
             self._letter(int(key[2:]), value)
         elif key == SEEK and value is not None:
             self.seek_generation = max(self.seek_generation, int(value))
+
+    def _marker(self, key: bytes, value: bytes | None) -> None:
+        if value is None:
+            return
+        if key == CLEARED:
+            self._clear()
+        else:
+            self.earlier_copied = max(self.earlier_copied, int(value))
+
+    def _clear(self) -> None:
+        """The subscription was deleted: only its owner epoch stays (it keeps rising)."""
+        self.states.clear()
+        self.fences.clear()
+        self.release_requests.clear()
+        self.pending.clear()
+        self.redelivered.clear()
+        self.stale.clear()
+        self.seek_generation = 0
+        self.started = False
+        self.earlier_copied = 0
 
     def _group(self, group: str, value: bytes | None) -> None:
         if value is None:
@@ -271,9 +333,9 @@ def seed_records(
     return out
 
 
-Send = Callable[
-    [str, int, Sequence[tuple[bytes, bytes | None, list[tuple[str, bytes]]]]], Awaitable[object]
-]
+# A record as Kafka takes it: key, value (None: a tombstone), headers.
+Keyed = tuple[bytes, bytes | None, list[tuple[str, bytes]]]
+Send = Callable[[str, int, Sequence[Keyed]], Awaitable[object]]
 Read = Callable[[str, int, int], Awaitable[tuple[list[Entry], int]]]
 
 
@@ -309,6 +371,14 @@ class KafkaChangelog:
             raise RuntimeError("this changelog is written only")
         await self._ready()
         return await self._read(self.topic, partition, start)
+
+    async def replay(self, partition: int) -> PartitionReplay:
+        replay = PartitionReplay()
+        replay.feed_all(*await self.read(partition, 0))
+        return replay
+
+    async def copy_earlier(self, partition: int, copied_to: int) -> bool:
+        return False  # a changelog of one subscription has none
 
 
 def entry_of(

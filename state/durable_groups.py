@@ -9,8 +9,10 @@ behind a changelog in Kafka (:mod:`state.changelog`, docs/decisions/0007-group-s
 - While a worker owns a partition, Redis counts its writes since the claim; a write or the
   periodic check (:meth:`DurableGroupStore.verify`) that finds fewer, or an older epoch, raises
   :class:`StateLost`, and the runner takes its partitions over again, which rebuilds them.
-- A partition whose changelog holds no owner record yet (a subscription delivered before the
-  changelog existed) is seeded from what Redis holds, once.
+- A subscription of the earlier layout has its own changelog: a claim copies it into the shared
+  one first (state/shared_changelog.py). A partition whose changelog holds no owner record even
+  then (a subscription delivered before changelogs existed) is seeded from what Redis holds,
+  once.
 
 Recorded 2xx outcomes stay in Redis only: losing them repeats deliveries (same ``webhook-id``),
 never reorders one; records of failed groups are recognised by their groups' done marks.
@@ -36,7 +38,6 @@ from state.changelog import (
     PENDING,
     ChangelogIO,
     ChangelogRecord,
-    PartitionReplay,
     letter_record,
     owner_record,
     records_of,
@@ -68,9 +69,11 @@ class DurableGroupStore:
 
     async def claim(self, partition: int) -> int:
         steps = Steps(log)
-        replay = PartitionReplay()
-        entries, end = await self._log.read(partition, 0)
-        replay.feed_all(entries, end)
+        replay = await self._log.replay(partition)
+        # A subscription of the earlier layout has a changelog of its own: what it holds
+        # (and anything a worker of an earlier version wrote there since) is copied first.
+        if await self._log.copy_earlier(partition, replay.earlier_copied):
+            replay = await self._log.replay(partition)
         steps.done("changelog read")
         held_epoch = await self.redis.owner_epoch(partition)
         epoch = max(held_epoch, replay.epoch) + 1
@@ -96,8 +99,7 @@ class DurableGroupStore:
         await self._log.append(partition, records)
         steps.done("changelog write")
         # Whatever the previous owner wrote before this claim counts too.
-        entries, end = await self._log.read(partition, replay.end)
-        replay.feed_all(entries, end)
+        replay = await self._log.replay(partition)
         steps.done("changelog read again")
         await self.redis.restore(
             partition,

@@ -73,12 +73,14 @@ def topic_config(
 
 
 def topic_specs(topic: Topic, replication_factor: int, max_message_bytes: int) -> list[TopicSpec]:
-    """The ingest topic, main log and ingest reject topic of ``topic``."""
+    """The ingest topic, main log, ingest reject topic and group-state changelog of
+    ``topic``."""
     config = topic_config(topic.retention_hours, replication_factor, max_message_bytes)
     return [
         TopicSpec(names.ingest_topic(topic.project, topic.name), topic.partitions, config),
         TopicSpec(names.main_topic(topic.project, topic.name), topic.partitions, config),
         TopicSpec(names.ingest_rejects_topic(topic.project, topic.name), topic.partitions, config),
+        groups_spec(topic, replication_factor, max_message_bytes),
     ]
 
 
@@ -98,9 +100,10 @@ def subscription_specs(
     max_message_bytes: int,
     dead_letter_retention_hours: int | None = None,
 ) -> list[TopicSpec]:
-    """The retry tiers, DLQ and group-state changelog of ``sub``, shaped like its topic. The
-    tiers keep the topic's retention, the DLQ ``dead_letter_retention_hours`` (None: for
-    ever), so a parked message is never deleted with the messages that were delivered."""
+    """The retry tiers and DLQ of ``sub``, shaped like its topic, and its topic's group-state
+    changelog (which the subscription's state lives in). The tiers keep the topic's retention,
+    the DLQ ``dead_letter_retention_hours`` (None: for ever), so a parked message is never
+    deleted with the messages that were delivered."""
     config = topic_config(topic.retention_hours, replication_factor, max_message_bytes)
     dlq = names.dlq_topic(sub.project, sub.name)
     return [
@@ -116,9 +119,7 @@ def subscription_specs(
             )
             for name in names.subscription_topics(sub.project, sub.name, held_tiers(sub, topic))
         ),
-        changelog_spec(
-            sub.project, sub.name, topic.partitions, replication_factor, max_message_bytes
-        ),
+        groups_spec(topic, replication_factor, max_message_bytes),
     ]
 
 
@@ -153,22 +154,18 @@ def producer_marks_spec(replication_factor: int) -> TopicSpec:
     return TopicSpec(names.PRODUCER_MARKS_TOPIC, 1, config)
 
 
-def changelog_spec(
-    project: str,
-    subscription: str,
-    partitions: int,
-    replication_factor: int,
-    max_message_bytes: int,
-) -> TopicSpec:
+def groups_spec(topic: Topic, replication_factor: int, max_message_bytes: int) -> TopicSpec:
+    """The group-state changelog of every subscription of ``topic`` (state/shared_changelog.py)."""
     return TopicSpec(
-        names.state_topic(project, subscription),
-        partitions,
+        names.groups_topic(topic.project, topic.name),
+        topic.partitions,
         changelog_config(replication_factor, max_message_bytes),
     )
 
 
 def owned_by_subscription(project: str, subscription: str) -> list[str]:
-    """Every Kafka topic a subscription may own, including tiers dropped by an update."""
+    """Every Kafka topic a subscription may own, including tiers dropped by an update and its
+    changelog of the earlier layout."""
     return [
         *names.subscription_topics(project, subscription, names.MAX_RETRY_TIERS),
         names.state_topic(project, subscription),
@@ -378,7 +375,7 @@ class KafkaTopics:
         once). ``state_only``: only the group-state changelogs (:meth:`ensure_states`)."""
         specs = {
             (sub.project, sub.name): (
-                [self._changelog_of(sub, topic)]
+                [self._changelog_of(topic)]
                 if state_only
                 else subscription_specs(
                     sub,
@@ -390,7 +387,8 @@ class KafkaTopics:
             )
             for sub, topic in subs
         }
-        everything = [spec for group in specs.values() for spec in group]
+        # The subscriptions of one topic share its changelog: asked for once.
+        everything = list({spec.name: spec for group in specs.values() for spec in group}.values())
         out: dict[tuple[str, str], BaseException | None] = dict.fromkeys(specs)
         created: set[str] = set()
         for attempt in range(1, BATCH_ATTEMPTS + 1):
@@ -470,10 +468,8 @@ class KafkaTopics:
             out[key] = error if error is not None else frozenset(set(group) - found)
         return out
 
-    def _changelog_of(self, sub: Subscription, topic: Topic) -> TopicSpec:
-        return changelog_spec(
-            sub.project, sub.name, topic.partitions, self._replication, self._max_message_bytes
-        )
+    def _changelog_of(self, topic: Topic) -> TopicSpec:
+        return groups_spec(topic, self._replication, self._max_message_bytes)
 
     def _one_at_a_time(
         self, subs: Sequence[tuple[Subscription, Topic]], state_only: bool = False
@@ -483,7 +479,7 @@ class KafkaTopics:
         for sub, topic in subs:
             try:
                 if state_only:
-                    self.ensure_changelog(sub.project, sub.name, topic.partitions)
+                    self.ensure_groups(topic)
                 else:
                     self.ensure_subscription(sub, topic)
                 out[(sub.project, sub.name)] = None
@@ -491,17 +487,10 @@ class KafkaTopics:
                 out[(sub.project, sub.name)] = exc
         return out
 
-    def ensure_changelog(self, project: str, subscription: str, partitions: int) -> list[str]:
-        """Makes the subscription's group-state changelog if it is missing (a subscription
-        created before changelogs existed); returns what it created."""
-        return self._ensure(
-            [
-                changelog_spec(
-                    project, subscription, partitions, self._replication, self._max_message_bytes
-                )
-            ],
-            keep=True,
-        )
+    def ensure_groups(self, topic: Topic) -> list[str]:
+        """Makes the topic's group-state changelog if it is missing (a topic created before
+        it was made with the topic); returns what it created."""
+        return self._ensure([self._changelog_of(topic)], keep=True)
 
     def ensure_producer_marks(self) -> list[str]:
         """Makes the ingest job's producer marks changelog if it is missing; returns what it

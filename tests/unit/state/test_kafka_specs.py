@@ -14,7 +14,7 @@ from state.kafka_admin import (
 )
 
 
-def test_topic_owns_its_ingest_topic_and_main_log_with_its_partitions() -> None:
+def test_topic_owns_its_ingest_topic_main_log_and_group_changelog_with_its_partitions() -> None:
     specs = topic_specs(
         Topic("p", "orders", partitions=12), replication_factor=1, max_message_bytes=10
     )
@@ -22,18 +22,21 @@ def test_topic_owns_its_ingest_topic_and_main_log_with_its_partitions() -> None:
         ("setu.p.orders.ingest", 12),
         ("setu.p.orders", 12),
         ("setu.p.orders.ingest.rejects", 12),
+        ("setu.p.orders.groups", 12),
     ]
+    # The subscriptions of the topic keep their group state in its changelog (decision 0014)
+    assert specs[-1].config["cleanup.policy"] == "compact"
 
 
 @pytest.mark.parametrize("tiers", [0, 1, 3, 9])
-def test_subscription_owns_its_tiers_dlq_and_changelog_with_the_topic_partitions(
+def test_subscription_owns_its_tiers_and_dlq_and_uses_its_topics_changelog(
     tiers: int,
 ) -> None:
     sub = Subscription("p", "s", "orders", Endpoint("https://h"), retry=RetryPolicy((5,) * tiers))
     specs = subscription_specs(sub, Topic("p", "orders", partitions=7), 1, 10)
     assert [s.name for s in specs] == [f"setu.p.s.rq.{n}" for n in range(1, tiers + 1)] + [
         "setu.p.s.dlq",
-        "setu.p.s.state",
+        "setu.p.orders.groups",
     ]
     assert {s.partitions for s in specs} == {7}
 
