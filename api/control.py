@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -31,6 +32,7 @@ from api.context import Services, blocking
 from api.validation import check_grouping, check_update, endpoint_host, refuse_private
 from setu import names
 from setu.addresses import IPAddress, Resolver
+from setu.clock import now_ms
 from setu.errors import Conflict, DependencyUnavailable, InvalidInput
 from setu.model import Subscription, Topic
 from setu.names import shown
@@ -40,6 +42,9 @@ from state.shared_changelog import clear_subscription, read_from
 log = logging.getLogger(__name__)
 
 _RESOLVE_TIMEOUT_S = 2.0
+# How long a delete waits for the workers to stop its subscription's runners (they drain their
+# calls in flight, commit and report: seconds).
+DELETE_WAIT_S = 30.0
 
 
 async def create_topic(s: Services, topic: Topic) -> tuple[Topic, bool]:
@@ -179,10 +184,33 @@ async def delete_subscription(s: Services, project: str, name: str) -> None:
     await announce(s)
     # Topics still being made for it would outlive the delete.
     await s.provisioning.settled(project, name)
+    await runners_stopped(s, project, name)
     await blocking(s.kafka_admin.delete_subscription, project, name)
     await clear_shared_changelog(s, sub)
     await clear_subscription_state(s.redis, project, name)
     await blocking(s.store.delete_subscription, project, name)
+
+
+async def runners_stopped(s: Services, project: str, name: str) -> None:
+    """Returns once no worker reports running the subscription (a runner's last report goes
+    after its last commit): a runner's offsets or group state written after the delete
+    removed them would be inherited by a subscription made again under its name. Conflict
+    after :data:`DELETE_WAIT_S`; the delete may be repeated."""
+    workers = s.redis.workers()
+    deadline = time.monotonic() + DELETE_WAIT_S
+    while True:
+        try:
+            running = await workers.fresh_by_worker(project, name, now_ms())
+        except RedisError as exc:
+            raise DependencyUnavailable(f"Redis: {exc}") from exc
+        if not running:
+            return
+        if time.monotonic() > deadline:
+            raise Conflict(
+                f"workers {sorted(running)} still run subscription {shown(name)}; they stop "
+                "once they see the deletion, so repeat the DELETE shortly"
+            )
+        await asyncio.sleep(0.2)
 
 
 async def clear_shared_changelog(s: Services, sub: Subscription) -> None:

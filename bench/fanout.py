@@ -8,8 +8,8 @@
 
 Setu's own processes as deployed (``setu api``, ``setu ingest`` and ``--workers`` of
 ``setu deliver``, as in ``bench.latency``) on one broker, or on a cluster of its own with
-``--kafka-nodes`` (needed from a few hundred subscriptions: each adds its changelog's 6
-partitions, and 30 once its endpoint has failed, and one broker here may keep 20,000 files
+``--kafka-nodes`` (needed from a few hundred subscriptions: each adds 30 partitions once its
+endpoint has failed, its retry tiers and DLQ, and one broker here may keep 20,000 files
 open); one webhook process answers 200 at once on a path per
 subscription (``/hook/<n>``) and timestamps every call.
 
@@ -23,8 +23,8 @@ subscription (``/hook/<n>``) and timestamps every call.
    worker runs its share of every subscription, and the idle and load phases below measure
    subscriptions already running). A create is answered before the subscription's Kafka
    topics exist and before any worker runs it (docs/delivery.md, "A new subscription"), so
-   this figure includes the making of every subscription's changelog (its retry tiers and DLQ
-   wait for its first failure, decision 0014) and the workers' takeover of all of them.
+   this figure includes the workers' takeover of all of them (a subscription adds no Kafka
+   topic until its first failure: its group state is in its topic's changelog, decision 0014).
 3. **Idle.** After ``--settle`` seconds of quiet (their cores are reported too, as
    ``idle_settling``: a runner gives its share of ``max_in_flight`` back after 30 s idle,
    docs/delivery.md), for ``--idle`` seconds: each worker's cores, threads and resident

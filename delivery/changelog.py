@@ -5,7 +5,9 @@ runner makes the topic before its first use when it is missing (a topic created 
 version: ``prepare`` in delivery/worker.py).
 
 A subscription of the earlier layout has a changelog of its own,
-``setu.{project}.{subscription}.state``: its first claim of each partition copies it over.
+``setu.{project}.{subscription}.state``: its first claim of each partition copies it over, and
+every write goes there too, marked mirrored, for workers of the earlier version while an
+upgrade rolls out (state/shared_changelog.py).
 Whether it has one is asked for many subscriptions in one request (:class:`EarlierChangelogs`):
 a worker starting a thousand runners asks once or twice, not a thousand times.
 """
@@ -20,7 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from delivery.kafka_io import AsyncProducer
 from setu import names
 from setu.model import Subscription
-from state.changelog import Entry
+from state.changelog import H_MIRRORED, ChangelogRecord, Entry
 from state.kafka_reader import KafkaReader
 from state.shared_changelog import (
     SharedChangelogs,
@@ -86,23 +88,38 @@ class EarlierChangelogs:
         return entries_in(tails, topic, partition), tails.ends[(topic, partition)]
 
 
+class OwnChangelog:
+    """:class:`state.shared_changelog.EarlierLog` of one subscription on Kafka."""
+
+    def __init__(self, topic: str, earlier: EarlierChangelogs, producer: AsyncProducer) -> None:
+        self.topic = topic
+        self._earlier = earlier
+        self._producer = producer
+
+    async def read(self, partition: int, start: int) -> tuple[list[Entry], int] | None:
+        return await self._earlier.read(self.topic, partition, start)
+
+    async def mirror(self, partition: int, records: Sequence[ChangelogRecord]) -> None:
+        if not await self._earlier.has(self.topic):
+            return
+        mark = (H_MIRRORED, b"1")
+        await self._producer.send(
+            self.topic, partition, [(r.key, r.value, [*r.headers(), mark]) for r in records]
+        )
+
+
 def subscription_changelog(
     sub: Subscription,
     producer: AsyncProducer,
     shared: SharedChangelogs,
     earlier: EarlierChangelogs,
 ) -> SubscriptionChangelog:
-    own = names.state_topic(sub.project, sub.name)
-
-    async def read_earlier(partition: int, start: int) -> tuple[list[Entry], int] | None:
-        return await earlier.read(own, partition, start)
-
     return SubscriptionChangelog(
         names.groups_topic(sub.project, sub.topic),
         sub.name,
         producer.send,
         shared,
-        read_earlier,
+        OwnChangelog(names.state_topic(sub.project, sub.name), earlier, producer),
     )
 
 

@@ -44,6 +44,9 @@ SEEK = b"seek"
 CLEARED = b"cleared"
 EARLIER = b"earlier"
 H_EPOCH = "setu-epoch"
+# On a record of the shared changelog written to a subscription's own changelog too, for
+# workers of the earlier version (state/shared_changelog.py).
+H_MIRRORED = "setu-mirrored"
 PENDING = "pending"
 REDELIVERED = "redelivered"
 
@@ -76,12 +79,15 @@ class ChangelogRecord:
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One record read back, at ``offset``; ``epoch`` None when it carries none."""
+    """One record read back, at ``offset``; ``epoch`` None when it carries none. ``mirrored``:
+    a record of the shared changelog written to a subscription's own one too
+    (state/shared_changelog.py)."""
 
     key: bytes
     value: bytes | None
     epoch: int | None
     offset: int
+    mirrored: bool = False
 
 
 class ChangelogIO(Protocol):
@@ -391,7 +397,10 @@ def entry_of(
     if key is None:
         return None
     epoch = None
+    mirrored = False
     for name, raw in headers:
         if name == H_EPOCH and raw is not None:
             epoch = int(raw)
-    return Entry(key, value, epoch, offset)
+        elif name == H_MIRRORED:
+            mirrored = True
+    return Entry(key, value, epoch, offset, mirrored)

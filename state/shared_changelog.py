@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -50,9 +51,17 @@ SEPARATOR = b"\0"
 # (topic, partition, start) -> the records from ``start`` (0: the beginning) to the end as it
 # was when reading began, the partition's first offset and that end.
 ReadFrom = Callable[[str, int, int], Awaitable[tuple[list[Entry], int, int]]]
-# (partition, start) -> the records of the subscription's own changelog of the earlier layout
-# from ``start`` to its end, and that end; None when it has none.
-ReadEarlier = Callable[[int, int], Awaitable[tuple[list[Entry], int] | None]]
+
+
+class EarlierLog(Protocol):
+    """A subscription's own changelog of the earlier layout, where it has one."""
+
+    async def read(self, partition: int, start: int) -> tuple[list[Entry], int] | None:
+        """Its records of ``partition`` from ``start`` to its end, and that end; None when the
+        subscription has none."""
+
+    async def mirror(self, partition: int, records: Sequence[ChangelogRecord]) -> None:
+        """Writes ``records``, marked mirrored, where the subscription has one; else nothing."""
 
 
 def read_from(tails: Callable[[Sequence[TopicPartition]], Awaitable[Tails]]) -> ReadFrom:
@@ -198,7 +207,7 @@ class SubscriptionChangelog:
         subscription: str,
         send: Send,
         shared: SharedChangelogs | None = None,
-        earlier: ReadEarlier | None = None,
+        earlier: EarlierLog | None = None,
     ) -> None:
         self.topic = topic
         self.subscription = subscription
@@ -207,11 +216,17 @@ class SubscriptionChangelog:
         self._earlier = earlier
 
     async def append(self, partition: int, records: Sequence[ChangelogRecord]) -> None:
-        await self._send(
+        shared = self._send(
             self.topic,
             partition,
             [(shared_key(self.subscription, r.key), r.value, r.headers()) for r in records],
         )
+        if self._earlier is None:
+            await shared
+            return
+        # A subscription of the earlier layout: a worker of the earlier version (an upgrade
+        # rolling out) reads only its own changelog, and must find there what this one wrote.
+        await asyncio.gather(shared, self._earlier.mirror(partition, records))
 
     async def replay(self, partition: int) -> PartitionReplay:
         if self._shared is None:
@@ -221,34 +236,32 @@ class SubscriptionChangelog:
     async def copy_earlier(self, partition: int, copied_to: int) -> bool:
         if self._earlier is None:
             return False
-        found = await self._earlier(partition, copied_to)
+        found = await self._earlier.read(partition, copied_to)
         if found is None:
             return False
         entries, end = found
         if end <= copied_to:
             return False
-        if copied_to > 0:
-            # Only a worker of an earlier version writes there: two versions delivering the
-            # same subscription at once each rebuild Redis from their own changelog.
-            log.error(
-                "%s [%d]: %d records were written to the subscription's own changelog "
-                "after it was copied to %s, by a delivery worker of an earlier version: "
-                "copied again; stop the workers of earlier versions (docs/operations.md, "
-                '"Upgrading")',
+        # What this version mirrored there is here already; the rest a worker of the earlier
+        # version wrote (at first, everything; later, while an upgrade rolls out).
+        records = [ChangelogRecord(e.key, e.value, e.epoch) for e in entries if not e.mirrored]
+        await self._send(
+            self.topic,
+            partition,
+            [
+                (shared_key(self.subscription, r.key), r.value, r.headers())
+                for r in [*records, earlier_record(end)]
+            ],
+        )
+        if records:
+            log.info(
+                "%s [%d]: %d records of its own changelog (%s) copied to %s",
                 self.subscription,
                 partition,
-                len(entries),
+                len(records),
+                "from the start" if copied_to == 0 else "a worker of the earlier version wrote",
                 self.topic,
             )
-        records = [ChangelogRecord(e.key, e.value, e.epoch) for e in entries]
-        await self.append(partition, [*records, earlier_record(end)])
-        log.info(
-            "%s [%d]: %d records of its own changelog copied to %s",
-            self.subscription,
-            partition,
-            len(records),
-            self.topic,
-        )
         return True
 
 

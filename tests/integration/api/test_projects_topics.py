@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from setu.names import ingest_rejects_topic, ingest_topic, main_topic
+from setu.names import groups_topic, ingest_rejects_topic, ingest_topic, main_topic
 from state import keys
 from tests.integration.api.support import Api, assert_error, unique
 
@@ -175,6 +175,7 @@ async def test_topic_delete_removes_its_kafka_topics_but_empties_and_keeps_its_i
     # retired (the ingest job skips it), so that its offsets never go backwards
     assert await partitions(api, main_topic(project, "t")) is None
     assert await partitions(api, ingest_rejects_topic(project, "t")) is None
+    assert await partitions(api, groups_topic(project, "t")) is None
     assert await asyncio.to_thread(watermarks, api.settings.kafka_bootstrap or "", ingest) == (3, 3)
     redis = aioredis.from_url(api.settings.redis_url or "")
     try:

@@ -14,11 +14,10 @@ import redis.asyncio as aioredis
 
 from setu import names
 from setu.clock import now_ms
-from setu.names import dlq_topic, retry_topic, state_topic
+from setu.names import dlq_topic, groups_topic, retry_topic, state_topic
 from state import keys
 from state.ingest_status import RedisIngestStatus
 from tests.integration.api.support import Api, assert_error, drop_project, running_api, unique
-from tests.waiting import wait_for_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 # A signing secret with a 20-byte key (at least 16 are required).
@@ -57,15 +56,15 @@ async def test_create_starts_running_with_its_kafka_topics(api: Api, project: st
     assert view["has_signing_secret"] is True
     assert "signing_secret" not in view and SECRET not in created.text
 
-    # And its group-state changelog is made right after the answer (docs/delivery.md, "A new
-    # subscription"), with the topic's partitions
-    async def changelog_made() -> bool:
-        return await partitions(api, state_topic(project, "s")) == 3
-
-    await wait_for_async("the subscription's changelog", changelog_made, 15)
-    # And no retry tier or DLQ: they are made at its first failure (decision 0014)
-    made = [retry_topic(project, "s", 1), retry_topic(project, "s", 2), dlq_topic(project, "s")]
-    assert [await partitions(api, name) for name in made] == [None, None, None]
+    # And its group state goes to its topic's changelog, made with the topic with its
+    # partitions (docs/delivery.md, "A new subscription")
+    assert await partitions(api, groups_topic(project, "t")) == 3
+    # And it has no Kafka topic of its own: no changelog, and its retry tiers and DLQ are
+    # made at its first failure (decision 0014)
+    await api.app.state.services.provisioning.settled(project, "s")
+    own = [retry_topic(project, "s", 1), retry_topic(project, "s", 2), dlq_topic(project, "s")]
+    own.append(state_topic(project, "s"))
+    assert [await partitions(api, name) for name in own] == [None] * 4
     fetched = await api.client.get(f"/v1/projects/{project}/subscriptions/s")
     assert fetched.json() == view
     listed = await api.client.get(f"/v1/projects/{project}/subscriptions")

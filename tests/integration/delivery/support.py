@@ -228,10 +228,10 @@ class World:
         make_topics: bool = True,
         **extra: Any,
     ) -> Subscription:
-        """Stores a subscription, with the Kafka topic the API makes at a create (its
-        group-state changelog; its retry tiers and DLQ wait for its first copy there) made
-        first unless ``make_topics`` is False (as when the API answered a create and stopped
-        before it made it)."""
+        """Stores a subscription, with the Kafka topic the API makes sure of at a create (its
+        topic's group-state changelog, made with the topic; its retry tiers and DLQ wait for
+        its first copy there) unless ``make_topics`` is False (as when the API answered a
+        create and stopped before it made it)."""
         sub = Subscription(
             project=self.project,
             name=name,
@@ -243,8 +243,7 @@ class World:
             **extra,
         )
         if make_topics:
-            partitions = self.store.get_topic(self.project, topic).partitions
-            self.topics.ensure_changelog(self.project, name, partitions)
+            self.topics.ensure_groups(self.store.get_topic(self.project, topic))
         stored, _ = self.store.create_subscription(sub)
         return stored
 

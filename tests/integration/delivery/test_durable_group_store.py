@@ -1,6 +1,6 @@
 """The group-state store behind its changelog (state/durable_groups.py) on real Redis: what a
-takeover rebuilds, and how an owner notices that Redis forgot. The changelog is a list per
-partition here; the Kafka form is run end to end by test_redis_forgets.py."""
+takeover rebuilds, and how an owner notices that Redis forgot. The shared changelog is a list
+per partition here; the Kafka form is run end to end by test_redis_forgets.py."""
 
 from __future__ import annotations
 
@@ -15,30 +15,39 @@ from delivery.watch import StateWatch
 from setu.ordering.state import EMPTY_COUNTS, GroupState, StateLost, StateWrite
 from setu.ordering.tiers import DLQ
 from state import keys
-from state.changelog import ChangelogRecord, Entry
+from state.changelog import Entry, Keyed, entry_of
 from state.durable_groups import DurableGroupStore
 from state.groups import RedisGroupStore
+from state.shared_changelog import SharedChangelogs, SubscriptionChangelog
 
 pytestmark = pytest.mark.integration
 
 
-class ListChangelog:
-    """A changelog kept in lists, one per partition (what the Kafka topic holds)."""
+class ListLog:
+    """A shared changelog topic kept in lists, one per partition."""
 
     def __init__(self) -> None:
-        self.partitions: dict[int, list[ChangelogRecord]] = {}
+        self.partitions: dict[int, list[Keyed]] = {}
 
-    async def append(self, partition: int, records: Sequence[ChangelogRecord]) -> None:
+    async def send(self, topic: str, partition: int, records: Sequence[Keyed]) -> None:
         self.partitions.setdefault(partition, []).extend(records)
 
-    async def read(self, partition: int, start: int) -> tuple[list[Entry], int]:
-        records = self.partitions.get(partition, [])
+    async def read(self, topic: str, partition: int, start: int) -> tuple[list[Entry], int, int]:
+        held = self.partitions.get(partition, [])
         entries = [
-            Entry(r.key, r.value, r.epoch, offset)
-            for offset, r in enumerate(records)
-            if offset >= start
+            entry
+            for offset, (key, value, headers) in enumerate(held)
+            if offset >= start and (entry := entry_of(key, value, headers, offset)) is not None
         ]
-        return entries, len(records)
+        return entries, 0, len(held)
+
+
+def ListChangelog(subscription: str = "s") -> SubscriptionChangelog:  # noqa: N802
+    """Subscription ``subscription``'s changelog on a shared changelog kept in lists."""
+    log = ListLog()
+    return SubscriptionChangelog(
+        "setu.p.t.groups", subscription, log.send, SharedChangelogs(log.read)
+    )
 
 
 @pytest.fixture

@@ -36,8 +36,9 @@ def test_a_subscription_whose_topics_were_never_made_is_delivered_through_its_re
     wait_for("both groups delivered", lambda: receiver.delivered("g1") == ids, 60)
     assert receiver.delivered("h") == healthy
     assert [c.attempt for c in receiver.attempts(ids[0])] == [1, 2]
-    # And the worker made its tiers, DLQ and changelog with the topic's partitions
-    made = [*tiers, names.state_topic(world.project, "s")]
+    # And the worker made its tiers and DLQ with the topic's partitions; its group state is
+    # in its topic's changelog, made with the topic
+    made = [*tiers, names.groups_topic(world.project, "t")]
     assert [world.topics.partition_count(t) for t in made] == [2, 2, 2, 2]
 
 
@@ -64,9 +65,9 @@ def test_a_subscription_made_through_the_api_delivers_before_the_workers_next_li
     ids = world.publish("t", "g1", 2)
     # Then it arrives well before that listing: the API told the workers of the change
     wait_for("the new subscription's first messages", lambda: receiver.delivered("g1") == ids, 30)
-    # And it added one Kafka topic, its changelog, with the topic's partitions: its endpoint
-    # never failed, so it has no retry tier or DLQ (decision 0014)
-    assert world.topics.partition_count(names.state_topic(world.project, "s")) == 2
+    # And it added no Kafka topic: its group state is in its topic's changelog, and its
+    # endpoint never failed, so it has no retry tier or DLQ (decision 0014)
+    assert world.topics.partition_count(names.state_topic(world.project, "s")) is None
     tiers = names.subscription_topics(world.project, "s", 3)
     assert [world.topics.partition_count(t) for t in tiers] == [None] * 4
 
@@ -83,9 +84,10 @@ def test_a_subscription_that_never_failed_costs_one_topic_and_its_first_failure_
     start_worker()
     healthy = world.publish("t", "h", 3)
     wait_for("the first messages", lambda: receiver.delivered("h") == healthy, 60)
-    # Then it has its changelog and no retry tier or DLQ in Kafka (decision 0014)
+    # Then it has no Kafka topic of its own: no retry tier, DLQ or changelog (decision 0014)
     tiers = names.subscription_topics(world.project, "s", 2)
-    assert [world.topics.partition_count(t) for t in tiers] == [None, None, None]
+    own = [*tiers, names.state_topic(world.project, "s")]
+    assert [world.topics.partition_count(t) for t in own] == [None] * 4
     # And its status, groups and dead letters answer as for an empty one
     status = api.get(sub_path(world, "status"))
     assert status.status_code == 200, status.text

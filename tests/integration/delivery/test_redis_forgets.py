@@ -199,11 +199,11 @@ def test_a_redis_restored_from_an_older_snapshot_is_noticed_and_rebuilt(
         wait_for(f"{group} delivered", lambda ids=ids, group=group: in_order(receiver, group, ids))
 
 
-def test_a_subscription_from_before_the_changelog_gets_one_and_loses_no_release(
+def test_a_topic_from_before_the_changelog_gets_one_and_loses_no_release(
     world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], api: httpx.Client
 ) -> None:
-    # Given a group parked by a worker, then the subscription's changelog gone, as for a
-    # subscription made by a version without one, and no worker running
+    # Given a group parked by a worker, then the topic's changelog gone, as for a topic made
+    # by a version without one, and no worker running
     world.topic("t", partitions=2)
     world.subscription(receiver.url, delays_ms=(300,))
     receiver.answer("U", 400)
@@ -211,7 +211,7 @@ def test_a_subscription_from_before_the_changelog_gets_one_and_loses_no_release(
     worker = start_worker()
     wait_for("U parked", lambda: view(api, world, "U")["parked"] == 2)
     worker.stop()
-    changelog = names.state_topic(world.project, "s")
+    changelog = names.groups_topic(world.project, "t")
     world.topics.remove([changelog])
     assert world.topics.partition_count(changelog) is None
     # When an operator unsidelines the group

@@ -15,7 +15,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from setu.names import state_topic
+from setu.model import Topic
+from setu.names import groups_topic
 from state import kafka_reader
 from state.kafka_admin import KafkaTopics
 from state.kafka_reader import KafkaReader, Tails, all_watermarks, watermarks
@@ -27,9 +28,9 @@ pytestmark = pytest.mark.integration
 def topic(kafka_bootstrap: str) -> Iterator[str]:
     admin = KafkaTopics(kafka_bootstrap)
     name = f"reader-{uuid.uuid4().hex[:10]}"
-    admin.ensure_changelog("reader", name, 2)  # a compacted topic of two partitions
-    yield state_topic("reader", name)
-    admin.remove([state_topic("reader", name)])
+    admin.ensure_groups(Topic("reader", name, partitions=2))  # a compacted topic of two partitions
+    yield groups_topic("reader", name)
+    admin.remove([groups_topic("reader", name)])
 
 
 def produce(bootstrap: str, topic: str, partition: int, values: list[str]) -> None:
@@ -88,15 +89,15 @@ def test_a_topic_made_after_the_readers_consumers_were_kept_can_be_read_at_once(
         produce(kafka_bootstrap, topic, 0, ["x"])
         assert len(reader.tails([TopicPartition(topic, 0, 0)]).records[(topic, 0)]) == 1
         # When a new changelog is made and read at once (a new subscription's takeover)
-        admin.ensure_changelog("reader", name, 2)
-        made = state_topic("reader", name)
+        admin.ensure_groups(Topic("reader", name, partitions=2))
+        made = groups_topic("reader", name)
         produce(kafka_bootstrap, made, 1, ["y"])
         tails = reader.tails([TopicPartition(made, 1, OFFSET_BEGINNING)])
         # Then its records are there
         assert [m.value() for m in tails.records[(made, 1)]] == [b"y"]
     finally:
         reader.close()
-        admin.remove([state_topic("reader", name)])
+        admin.remove([groups_topic("reader", name)])
 
 
 def values(tails: Tails, key: tuple[str, int]) -> list[bytes | None]:
@@ -109,8 +110,8 @@ async def test_many_callers_at_once_get_exactly_their_own_tails_in_one_read(
     # Given two changelogs with records (a worker taking over many subscriptions at once)
     admin = KafkaTopics(kafka_bootstrap)
     name = f"other-{uuid.uuid4().hex[:10]}"
-    admin.ensure_changelog("reader", name, 2)
-    other = state_topic("reader", name)
+    admin.ensure_groups(Topic("reader", name, partitions=2))
+    other = groups_topic("reader", name)
     reader = KafkaReader(kafka_bootstrap)
     reads: list[int] = []
     tails = reader.tails
