@@ -15,7 +15,7 @@ a worker starting a thousand runners asks once or twice, not a thousand times.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -78,6 +78,12 @@ class EarlierChangelogs:
         finally:
             self._task = None
 
+    def keep_only(self, topics: Collection[str]) -> None:
+        """Forgets the answers for topics not in ``topics``: a subscription deleted (its own
+        changelog with it) and made again under its name is asked again."""
+        for topic in [t for t in self._known if t not in topics]:
+            del self._known[topic]
+
     async def read(self, topic: str, partition: int, start: int) -> tuple[list[Entry], int] | None:
         """The records of ``topic``'s ``partition`` from ``start`` to its end, and that end;
         None when the topic does not exist."""
@@ -123,6 +129,10 @@ def subscription_changelog(
     )
 
 
-def kept_topics(subs: Sequence[Subscription]) -> set[str]:
-    """The shared changelogs a worker running ``subs`` reads."""
-    return {names.groups_topic(sub.project, sub.topic) for sub in subs}
+def keep_only(
+    subs: Sequence[Subscription], shared: SharedChangelogs, earlier: EarlierChangelogs
+) -> None:
+    """Keeps what was read of changelogs, and learned of subscriptions' own, only for the
+    subscriptions a worker runs (``subs``)."""
+    shared.keep_only({names.groups_topic(sub.project, sub.topic) for sub in subs})
+    earlier.keep_only({names.state_topic(sub.project, sub.name) for sub in subs})

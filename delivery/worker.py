@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 
 from delivery.changelog import (
     EarlierChangelogs,
-    kept_topics,
+    keep_only,
     shared_changelogs,
     subscription_changelog,
 )
@@ -320,7 +320,7 @@ async def serve(
         lambda sub: SubscriptionRunner(sub, config, runner_parts(sub, shared), metrics),
         watch.subscriptions_changed,
         shared.replays,
-        shared.changelogs,
+        partial(_keep_only, shared),
     )
     metrics.watch(lambda: _on_loop(loop, worker.figures))
     server = None
@@ -358,6 +358,12 @@ async def serve(
         await close(client)
     if hub is not None and hub.failed.done():
         raise RuntimeError("a shared reader failed") from hub.failed.result()
+
+
+def _keep_only(shared: Shared, subs: list[Subscription]) -> None:
+    """What the worker keeps of changelogs, only for the subscriptions it runs."""
+    assert shared.changelogs is not None and shared.earlier is not None
+    keep_only(subs, shared.changelogs, shared.earlier)
 
 
 def replays_of(source: SubscriptionSource) -> ReplayStore | None:
@@ -449,12 +455,12 @@ class Worker:
         make_runner: Callable[[Subscription], SubscriptionRunner],
         changed: asyncio.Event | None = None,
         replays: ReplayStore | None = None,
-        changelogs: SharedChangelogs | None = None,
+        running: Callable[[list[Subscription]], None] | None = None,
     ) -> None:
         """``replays``: where running replays are listed (docs/replays.md); None: none are
-        carried out here. ``changelogs``: what the runners read of the shared changelogs,
-        kept only for the topics that have a runner here."""
-        self._changelogs = changelogs
+        carried out here. ``running``: told, after each reconciling, which subscriptions
+        have a runner here."""
+        self._running = running
         self._source = source
         self._make_runner = make_runner
         self._replays = replays
@@ -513,8 +519,8 @@ class Worker:
                 else:
                     await self._retire(key)
                     self._launch(sub)
-        if self._changelogs is not None:
-            self._changelogs.keep_only(kept_topics([slot.sub for slot in self.slots.values()]))
+        if self._running is not None:
+            self._running([slot.sub for slot in self.slots.values()])
         if replays is None:
             return
         running: dict[tuple[str, str], list[Replay]] = {}

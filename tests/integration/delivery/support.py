@@ -327,6 +327,12 @@ def sub_path(world: World, tail: str, sub: str = "s") -> str:
     return f"/v1/projects/{world.project}/subscriptions/{sub}/{tail}"
 
 
+def group_view(api: httpx.Client, world: World, group: str, sub: str = "s") -> dict[str, Any]:
+    """``GET …/groups/{group}`` of ``sub``."""
+    body: dict[str, Any] = api.get(sub_path(world, f"groups/{group}", sub)).json()
+    return body
+
+
 def parked(api: httpx.Client, world: World, group: str, count: int, sub: str = "s") -> bool:
     """The API shows ``group`` dead-lettered with ``count`` messages parked."""
     body = api.get(sub_path(world, f"groups/{group}", sub)).json()

@@ -18,18 +18,16 @@ from setu import names
 from state.kafka_admin import changelog_config
 from state.kafka_reader import KafkaReader
 from state.shared_changelog import entries_in, split_key
-from tests.integration.delivery.support import Receiver, ThreadWorker, World, wait_for
+from tests.integration.delivery.support import (
+    Receiver,
+    ThreadWorker,
+    World,
+    group_view,
+    sub_path,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
-
-
-def path(world: World, tail: str) -> str:
-    return f"/v1/projects/{world.project}/subscriptions/s/{tail}"
-
-
-def view(api: httpx.Client, world: World, group: str) -> dict[str, object]:
-    body: dict[str, object] = api.get(path(world, f"groups/{group}")).json()
-    return body
 
 
 def as_the_earlier_layout(world: World, topic: str, subscription: str, partitions: int) -> int:
@@ -76,8 +74,8 @@ def test_an_upgrade_from_changelogs_of_their_own_keeps_parked_and_retrying_group
     r = world.publish("t", "R", 2)
     h = world.publish("t", "H", 2)
     worker = start_worker()
-    wait_for("G parked", lambda: view(api, world, "G")["parked"] == 3, 60)
-    wait_for("R retrying", lambda: view(api, world, "R")["state"] == "retrying", 60)
+    wait_for("G parked", lambda: group_view(api, world, "G")["parked"] == 3, 60)
+    wait_for("R retrying", lambda: group_view(api, world, "R")["state"] == "retrying", 60)
     wait_for("H delivered", lambda: receiver.delivered("H") == h, 60)
     worker.stop()
     # (its group state in a changelog of its own, the topic's changelog empty)
@@ -98,13 +96,13 @@ def test_an_upgrade_from_changelogs_of_their_own_keeps_parked_and_retrying_group
 
     # Then the new group is delivered, and G's later message waits behind its parked head
     wait_for("the new group", lambda: receiver.delivered("S") == sentinel, 60)
-    wait_for("G's later message parked too", lambda: view(api, world, "G")["parked"] == 4)
+    wait_for("G's later message parked too", lambda: group_view(api, world, "G")["parked"] == 4)
     assert receiver.delivered("G") == []
     # And R is delivered from its tier, in order, its head on its second attempt
     wait_for("R delivered", lambda: receiver.delivered("R") == r, 60)
     assert [c.attempt for c in receiver.attempts(r[0])] == [1, 2]
     # And an operator's unsideline delivers G in order, its later message last
-    answer = api.post(path(world, "dlq/unsideline"), json={"group_ids": ["G"]})
+    answer = api.post(sub_path(world, "dlq/unsideline"), json={"group_ids": ["G"]})
     assert answer.json() == {"requeued": 4}
     wait_for("G delivered", lambda: receiver.delivered("G") == [*g, *late], 60)
     # And nothing was delivered twice
@@ -123,7 +121,7 @@ def test_a_subscription_deleted_and_made_again_under_its_name_starts_with_no_par
     receiver.answer("G", 400)
     g = world.publish("t", "G", 2)
     start_worker()
-    wait_for("G parked", lambda: view(api, world, "G")["parked"] == 2, 60)
+    wait_for("G parked", lambda: group_view(api, world, "G")["parked"] == 2, 60)
     # When it is deleted, and one of the same name is made on the same topic (reading the
     # topic from its beginning, as a new subscription does)
     assert api.delete(f"{subscriptions}/s").status_code == 204
