@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 
 # Errors of a commit that mean Kafka or the group's coordinator is away for now.
 TRANSIENT_CODES = COORDINATOR_MOVING | {
+    # A topic made a moment ago (a subscription's first failure makes its tiers) that the
+    # group's coordinator or a broker does not serve yet.
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError._TRANSPORT,
     KafkaError._ALL_BROKERS_DOWN,
     KafkaError._TIMED_OUT,

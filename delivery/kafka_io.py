@@ -126,7 +126,13 @@ def copy_producer_config(
         **durable_producer(bootstrap, client_config),
         "client.id": client_id,
         "linger.ms": 2,
-        "message.timeout.ms": 30000,
+        # librdkafka retries a copy until then (idempotent: never twice); a copy that fails
+        # fails its runner, which takes all its partitions over again. Brokers making the
+        # tiers of a thousand subscriptions failing at once (decision 0014) kept the first
+        # copies to them waiting past 30 s: 138 runners failed, and their records were
+        # delivered again.
+        "message.timeout.ms": 120_000,
+        "topic.metadata.propagation.max.ms": 120_000,
         # A copy of any record Setu accepted fits (librdkafka's default is 1,000,000 bytes:
         # a large message failing once would stop its partition's delivery).
         "message.max.bytes": limits.request_bytes,

@@ -198,6 +198,10 @@ class KafkaAway(Kafka):
     [
         KafkaException(KafkaError(KafkaError._TRANSPORT)),
         KafkaException(KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE)),
+        # A tier made a moment ago that the group's coordinator does not know yet (seen when
+        # a thousand subscriptions made their tiers at once, and failed their runners)
+        KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)),
+        KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)),
         TimeoutError(),
     ],
 )
