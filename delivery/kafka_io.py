@@ -328,11 +328,42 @@ class ConsumerThread:
         self._loop.call_soon_threadsafe(self._listener.lost, partitions)
 
 
+class DroppedWrite(Exception):
+    """Kafka acknowledged a record at an offset it had already acknowledged another at: the
+    record was not written (see :class:`AckOrder`)."""
+
+
+class AckOrder:
+    """The offsets one idempotent producer was acknowledged at, per partition. They rise: the
+    producer keeps each partition's records in order. A record acknowledged at an offset no
+    higher than an earlier one was taken by the broker for a duplicate and dropped: a producer
+    whose sequence numbers for a partition started over (its metadata of a topic made a moment
+    before said the topic was gone, then back) had a subscription's first copy to a new retry
+    tier acknowledged at the offset of another group's copy, and the group then waited for a
+    record that was never written (the 100-subscription crash run of 2026-11-30,
+    bench/results/crash-100-subscriptions-8m-shared-changelog-stuck.md). Such a record is
+    reported as failed, so its writer never counts it; after one, the partition is watched
+    afresh (a topic deleted and made again starts its offsets at 0 again)."""
+
+    def __init__(self) -> None:
+        self._highest: dict[tuple[str, int], int] = {}
+
+    def acknowledged(self, topic: str, partition: int, offset: int) -> bool:
+        """Whether ``offset`` is above every offset acknowledged before on the partition."""
+        key = (topic, partition)
+        if offset <= self._highest.get(key, -1):
+            del self._highest[key]
+            return False
+        self._highest[key] = offset
+        return True
+
+
 class AsyncProducer:
     """A ``confluent_kafka.Producer`` whose writes can be awaited until acknowledged."""
 
     def __init__(self, config: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
         self._producer = Producer(config, logger=log)
+        self._acks = AckOrder()
         self._loop = loop
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="producer", daemon=True)
@@ -373,9 +404,29 @@ class AsyncProducer:
         loop = self._loop
 
         def on_delivery(error: KafkaError | None, message: Message) -> None:
-            loop.call_soon_threadsafe(_settle, future, error, message.offset() or 0)
+            loop.call_soon_threadsafe(self._settle, future, error, message)
 
         return on_delivery
+
+    def _settle(
+        self, future: asyncio.Future[int], error: KafkaError | None, message: Message
+    ) -> None:
+        """On the loop: delivery reports arrive in each partition's order."""
+        offset = message.offset() or 0
+        if error is None and not self._acks.acknowledged(
+            message.topic() or "", message.partition() or 0, offset
+        ):
+            log.error(
+                "%s [%s]: a record was acknowledged at offset %d, at or below one acknowledged "
+                "before: Kafka took it for a duplicate and did not write it; reported as failed",
+                message.topic(),
+                message.partition(),
+                offset,
+            )
+            if not future.done():
+                future.set_exception(DroppedWrite(f"{message.topic()} [{message.partition()}]"))
+            return
+        _settle(future, error, offset)
 
     async def close(self, timeout_s: float = 10.0) -> None:
         await asyncio.to_thread(self._producer.flush, timeout_s)
