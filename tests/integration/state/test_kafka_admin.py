@@ -109,7 +109,8 @@ def test_many_subscriptions_are_made_at_once_and_one_refusal_fails_only_its_own(
     admin.ensure_topic(topic)
     subs = [Subscription(p, f"s{i}", "orders", Endpoint("https://h")) for i in range(4)]
     admin.ensure_subscription(subs[0], topic)
-    admin.ensure_subscription(subs[3], Topic(p, "orders", partitions=2))
+    # (its own topics made once with 2 partitions, as for a topic of another shape)
+    admin.ensure_subscription(subs[3], Topic(p, "other", partitions=2))
     admin.remove([f"setu.{p}.s3.rq.1", f"setu.{p}.s3.rq.2", f"setu.{p}.s3.rq.3"])
     removed: list[str] = []
     remove = admin._delete
@@ -127,8 +128,8 @@ def test_many_subscriptions_are_made_at_once_and_one_refusal_fails_only_its_own(
         # Then the three that can be are whole, with the topic's partitions
         assert [outcomes[(p, f"s{i}")] for i in range(3)] == [None, None, None]
         for i in range(3):
-            owned = [f"setu.{p}.s{i}.{t}" for t in ("rq.1", "rq.2", "rq.3", "dlq", "state")]
-            assert [admin.partition_count(name) for name in owned] == [3] * 5
+            owned = [f"setu.{p}.s{i}.{t}" for t in ("rq.1", "rq.2", "rq.3", "dlq")]
+            assert [admin.partition_count(name) for name in owned] == [3] * 4
             dlq = config_of(kafka_bootstrap, f"setu.{p}.s{i}.dlq")
             assert dlq["retention.ms"] == "-1"  # dead letters kept for ever by default
         # And the fourth fails alone, naming the conflict
@@ -137,6 +138,7 @@ def test_many_subscriptions_are_made_at_once_and_one_refusal_fails_only_its_own(
     finally:
         for sub in subs:
             admin.delete_subscription(p, sub.name)
+        admin.remove([f"setu.{p}.other.groups"])
 
 
 def test_subscriptions_whose_topics_exceed_one_request_are_made_in_several(
@@ -157,8 +159,10 @@ def test_subscriptions_whose_topics_exceed_one_request_are_made_in_several(
         # Then each is whole, made in the batch without falling back to one at a time
         assert list(outcomes.values()) == [None, None, None]
         for i in range(3):
-            owned = [f"setu.{p}.s{i}.{t}" for t in ("rq.1", "rq.2", "rq.3", "dlq", "state")]
-            assert [admin.partition_count(name) for name in owned] == [3] * 5
+            owned = [f"setu.{p}.s{i}.{t}" for t in ("rq.1", "rq.2", "rq.3", "dlq")]
+            assert [admin.partition_count(name) for name in owned] == [3] * 4
+        # And their group state goes to the topic's changelog, made once for all three
+        assert admin.partition_count(f"setu.{p}.orders.groups") == 3
         assert "one at a time" not in caplog.text
     finally:
         for sub in subs:
