@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection, Sequence
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
 from delivery.kafka_io import AsyncProducer
 from setu import names
 from setu.model import Subscription
@@ -27,7 +25,6 @@ from state.kafka_reader import KafkaReader
 from state.shared_changelog import (
     SharedChangelogs,
     SubscriptionChangelog,
-    entries_in,
     read_from,
 )
 
@@ -89,9 +86,8 @@ class EarlierChangelogs:
         None when the topic does not exist."""
         if not await self.has(topic):
             return None
-        begin = TopicPartition(topic, partition, start if start > 0 else OFFSET_BEGINNING)
-        tails = await self._reader.tails_together([begin])
-        return entries_in(tails, topic, partition), tails.ends[(topic, partition)]
+        entries, _, end = await read_from(self._reader.tails_together)(topic, partition, start)
+        return entries, end
 
 
 class OwnChangelog:

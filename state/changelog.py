@@ -342,49 +342,6 @@ def seed_records(
 # A record as Kafka takes it: key, value (None: a tombstone), headers.
 Keyed = tuple[bytes, bytes | None, list[tuple[str, bytes]]]
 Send = Callable[[str, int, Sequence[Keyed]], Awaitable[object]]
-Read = Callable[[str, int, int], Awaitable[tuple[list[Entry], int]]]
-
-
-class KafkaChangelog:
-    """:class:`ChangelogIO` on one Kafka topic: ``send`` writes records (key, value, headers)
-    to a partition and returns once all are acknowledged (acks=all); ``read`` returns a
-    partition's records from an offset to its end. ``ensure``, when given, is awaited once
-    before the first use (it makes a missing topic)."""
-
-    def __init__(
-        self,
-        topic: str,
-        send: Send,
-        read: Read | None = None,
-        ensure: Callable[[], Awaitable[object]] | None = None,
-    ) -> None:
-        self.topic = topic
-        self._send = send
-        self._read = read
-        self._ensure = ensure
-
-    async def _ready(self) -> None:
-        if self._ensure is not None:
-            await self._ensure()
-            self._ensure = None
-
-    async def append(self, partition: int, records: Sequence[ChangelogRecord]) -> None:
-        await self._ready()
-        await self._send(self.topic, partition, [(r.key, r.value, r.headers()) for r in records])
-
-    async def read(self, partition: int, start: int) -> tuple[list[Entry], int]:
-        if self._read is None:
-            raise RuntimeError("this changelog is written only")
-        await self._ready()
-        return await self._read(self.topic, partition, start)
-
-    async def replay(self, partition: int) -> PartitionReplay:
-        replay = PartitionReplay()
-        replay.feed_all(*await self.read(partition, 0))
-        return replay
-
-    async def copy_earlier(self, partition: int, copied_to: int) -> bool:
-        return False  # a changelog of one subscription has none
 
 
 def entry_of(
