@@ -13,6 +13,11 @@ endpoint, and how it gets there.
   notifier is alive, up to :data:`MAX_EVENT_ATTEMPTS` calls, then dropped with an error log.
   So events are delivered at least once (``webhook-id`` is the event's id, to de-duplicate),
   and a slow or dead notification endpoint holds nothing but the notifier back.
+- Redis may forget the stream, and with it every pending event. Each notifier keeps in memory
+  the events whose call failed and that it has not finished (up to :data:`MAX_HELD`), and when
+  :meth:`RedisEventStream.join` says the stream was forgotten it writes them again, as new
+  entries whose calls count from one. An event two notifiers both held (claimed from one by
+  the other) may then come twice, under its one ``webhook-id``.
 
 An event written to the sink is in memory until the stream takes it (at once, unless Redis is
 away): a worker that crashes in between loses it.
@@ -66,6 +71,7 @@ class EventCounts:
     failed: int = 0  # calls that failed (the event is tried again)
     dropped: int = 0  # events given up after MAX_EVENT_ATTEMPTS, or lost by the sink
     skipped: int = 0  # events no endpoint wanted
+    rewritten: int = 0  # unfinished events written again after Redis forgot the stream
 
 
 class EventSink:
@@ -171,11 +177,15 @@ class Notifier:
         self.counts = counts or EventCounts()
         self._by_project: dict[str, Notifications] = {}
         self._configs_at = -CONFIG_REFRESH_S
+        # Events whose call failed and that are not finished: event id -> encoded event,
+        # written again if Redis forgets the stream (see the module doc).
+        self._unfinished: dict[str, bytes] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                await self._stream.join()
+                if await self._stream.join():
+                    await self._rewrite_unfinished()
                 await self._refresh_configs()
                 await self._retry_due()
                 entries = await self._stream.read_new(self._consumer, count=50, block_ms=1000)
@@ -184,6 +194,19 @@ class Notifier:
                 log.warning("notifier: %s", exc)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0)
+
+    async def _rewrite_unfinished(self) -> None:
+        """Redis forgot the stream: the events this notifier had not finished go in again."""
+        if not self._unfinished:
+            return
+        events = list(self._unfinished.values())
+        await self._stream.append(events)
+        self._unfinished.clear()
+        self.counts.rewritten += len(events)
+        log.warning(
+            "notifier: Redis forgot the events' stream; %d events not yet delivered written again",
+            len(events),
+        )
 
     async def _refresh_configs(self) -> None:
         now = time.monotonic()
@@ -209,13 +232,13 @@ class Notifier:
         target = None if event is None else self._by_project.get(str(event.get("project")))
         if event is None or target is None or event.get("type") not in target.events:
             self.counts.skipped += 1
-            await self._stream.ack(entry_id)
+            await self._finish(entry_id, event)
             return
         assert raw is not None
         error = await self._call(target, event["id"], raw)
         if error is None:
             self.counts.sent += 1
-            await self._stream.ack(entry_id)
+            await self._finish(entry_id, event)
             return
         self.counts.failed += 1
         if attempt >= MAX_EVENT_ATTEMPTS:
@@ -228,8 +251,9 @@ class Notifier:
                 attempt,
                 error,
             )
-            await self._stream.ack(entry_id)
+            await self._finish(entry_id, event)
             return
+        self._hold(str(event["id"]), raw)
         log.warning(
             "notifier: event %s for project %s not delivered (call %d): %s; tried again in %d s",
             event["id"],
@@ -238,6 +262,17 @@ class Notifier:
             error,
             retry_after_ms(attempt) // 1000,
         )
+
+    def _hold(self, event_id: str, raw: bytes) -> None:
+        self._unfinished.pop(event_id, None)  # newest last: the oldest go first when full
+        if len(self._unfinished) >= MAX_HELD:
+            del self._unfinished[next(iter(self._unfinished))]
+        self._unfinished[event_id] = raw
+
+    async def _finish(self, entry_id: bytes, event: dict[str, Any] | None) -> None:
+        if event is not None:
+            self._unfinished.pop(str(event.get("id")), None)
+        await self._stream.ack(entry_id)
 
     async def _call(self, target: Notifications, event_id: str, body: bytes) -> str | None:
         """One call; None on a 2xx, else what went wrong."""

@@ -6,11 +6,16 @@ An event is acknowledged only once it was sent (or wanted by nobody); a pending 
 again by any member once its back-off has passed. The stream keeps about
 :data:`STREAM_MAX_LEN` events, acknowledged or not. Redis errors reach the caller
 (``delivery.events`` holds and retries).
+
+Redis may forget the stream (a flush, a failover to a replica that had not caught up). A
+*generation* key, set once per stream, tells each member when that happened: :meth:`join`
+answers whether the generation changed since this member last joined, so a notifier can write
+again the events it had not finished (docs/policies.md §4).
 """
 
 from __future__ import annotations
 
-import contextlib
+import uuid
 from collections.abc import Callable, Sequence
 
 from redis.asyncio import Redis
@@ -28,6 +33,8 @@ class RedisEventStream:
     def __init__(self, client: Redis[bytes]) -> None:
         self._client = client
         self._stream = keys.events_stream()
+        self._generation_key = keys.events_generation()
+        self._generation: bytes | None = None
 
     async def append(self, events: Sequence[bytes]) -> None:
         """Appends each encoded event, in one round trip."""
@@ -36,10 +43,22 @@ class RedisEventStream:
                 pipe.xadd(self._stream, {"e": raw}, maxlen=STREAM_MAX_LEN, approximate=True)
             await pipe.execute()
 
-    async def join(self) -> None:
-        """Makes the consumer group (from the stream's start) unless it exists."""
-        with contextlib.suppress(ResponseError):  # BUSYGROUP: it exists
-            await self._client.xgroup_create(self._stream, GROUP, id="0", mkstream=True)
+    async def join(self) -> bool:
+        """Makes the consumer group (from the stream's start) unless it exists, in one round
+        trip. True when Redis forgot the stream since this member's previous join: the events
+        that were pending in it are gone."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.xgroup_create(self._stream, GROUP, id="0", mkstream=True)
+            pipe.set(self._generation_key, uuid.uuid4().hex, nx=True)
+            pipe.get(self._generation_key)
+            made, _, generation = await pipe.execute(raise_on_error=False)
+        if isinstance(made, ResponseError) and "BUSYGROUP" not in str(made):
+            raise made
+        if isinstance(generation, Exception):
+            raise generation
+        forgotten = self._generation is not None and generation != self._generation
+        self._generation = generation
+        return forgotten
 
     async def read_new(
         self, consumer: str, count: int, block_ms: int

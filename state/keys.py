@@ -146,6 +146,12 @@ def events_stream() -> str:
     return f"{PREFIX}:events"
 
 
+def events_generation() -> str:
+    """A random value set once per :func:`events_stream`: when it changes, Redis forgot the
+    stream (state/event_stream.py)."""
+    return f"{PREFIX}:events:generation"
+
+
 def subscriptions_changed() -> str:
     """Integer the API raises after each change to a subscription's record (made, updated,
     started, stopped, paused, resumed, deleted). Workers read it once a second and list the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -83,6 +84,56 @@ def test_breaker_events_arrive_signed_and_a_failing_endpoint_gets_them_later(
     outage.end()
     wait_for("breaker_closed", lambda: of_type(receiver, "endpoint.breaker_closed"), 30)
     wait_for("every group", lambda: all(receiver.delivered(g) == ids[g] for g in groups), 30)
+
+
+def test_an_event_not_yet_taken_outlives_redis_coming_back_empty(
+    world: World,
+    receiver: Receiver,
+    start_worker: Callable[..., ThreadWorker],
+    api: httpx.Client,
+) -> None:
+    # Given a project that wants breaker events at an endpoint that is down, and a breaker
+    # that opened: its event failed a call and waits to be tried again
+    world.topic("t")
+    world.subscription(
+        receiver.url,
+        policies=Policies(
+            circuit_breaker=BreakerPolicy(failure_ratio=0.5, min_calls=4, window_s=10, open_s=1),
+            auto_pause_after_s=None,
+        ),
+    )
+    notify(api, world, receiver, "endpoint.breaker_opened", "endpoint.breaker_closed")
+    events_down = threading.Event()
+    events_down.set()
+    with receiver.lock:
+        receiver.rules[""] = lambda: 503 if events_down.is_set() else 200
+    groups = [f"g{i}" for i in range(6)]
+    outage = Outage(receiver, groups)
+    ids = {g: world.publish("t", g, 2) for g in groups}
+    start_worker()
+
+    def failed_event_calls() -> list[str]:
+        calls = [c for c in receiver.calls if c.path == "/events" and c.status == 503]
+        return [c.headers["webhook-id"] for c in calls]
+
+    wait_for("the opening's first call to fail", failed_event_calls, 30)
+    opening = failed_event_calls()[0]
+    # When Redis comes back empty (the stream of pending events with it), and then the event
+    # endpoint and the webhook recover
+    client = world.redis()
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    events_down.clear()
+    outage.end()
+    # Then the opening arrives all the same, under its id, and every message is delivered
+    wait_for(
+        "the opening",
+        lambda: opening in {e["id"] for e in of_type(receiver, "endpoint.breaker_opened")},
+        30,
+    )
+    wait_for("every group", lambda: all(receiver.delivered(g) == ids[g] for g in groups), 60)
 
 
 def test_dead_letters_parked_groups_and_a_policy_pause_are_told(
