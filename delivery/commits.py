@@ -32,7 +32,8 @@ from state.kafka_reader import COORDINATOR_MOVING, KafkaReader
 log = logging.getLogger(__name__)
 
 
-# Errors of a commit that mean Kafka or the group's coordinator is away for now.
+# Errors of a commit (or an offset read) that mean Kafka or the group's coordinator is away
+# for now.
 TRANSIENT_CODES = COORDINATOR_MOVING | {
     # A topic made a moment ago (a subscription's first failure makes its tiers) that the
     # group's coordinator or a broker does not serve yet.
@@ -49,8 +50,9 @@ TRANSIENT_CODES = COORDINATOR_MOVING | {
 
 
 def transient(error: BaseException) -> bool:
-    """Whether a failed commit may simply be tried again later (no answer in time, or Kafka
-    says so); one that says the partitions are no longer this runner's is not."""
+    """Whether a failed commit or offset read may simply be tried again later (no answer in
+    time, or Kafka says so); one that says the partitions are no longer this runner's is
+    not."""
     if isinstance(error, TimeoutError):
         return True
     if isinstance(error, KafkaException) and error.args and isinstance(error.args[0], KafkaError):

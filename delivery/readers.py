@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from delivery.commits import transient
 from delivery.cursors import PartitionCursors, Turn
 from delivery.kafka_io import POLL_TIMEOUT_S, ConsumerThread, consumer_config
 from setu.limits import MessageLimits
@@ -51,6 +52,12 @@ TAKEOVER_CONCURRENCY = 64
 # for all of them held a worker's reading of its partitions for a minute with 200
 # subscriptions, and the group's next rebalance with it.
 TAKEOVER_WAIT_S = 2.0
+# How long a partition's first or end offset, which a takeover needs, is asked again while
+# Kafka is away (a broker restarting: its partitions have no leader, or no broker answers).
+# Past it the takeover fails: a subscription's runner starts again, and a main partition's
+# assignment ends the worker, whose supervisor starts it again.
+OFFSET_WAIT_S = 120.0
+OFFSET_RETRY_S = (0.2, 5.0)  # the first wait between asks, and the longest
 
 
 def reader_config(
@@ -329,7 +336,7 @@ class ReaderHub:
             if start is None:
                 # No subscription taken over yet: from the end, where those still being
                 # taken over most likely are (an idle topic); any behind is caught up.
-                start = await asyncio.to_thread(self._end_offset, tp.topic, tp.partition)
+                start = await _asked_while_away(self._end_offset, tp.topic, tp.partition)
                 cursors.live_next = start
             starts.append(TopicPartition(tp.topic, tp.partition, start))
             self._plan_catch_up(key)
@@ -342,6 +349,11 @@ class ReaderHub:
         try:
             async with self._takeovers:
                 starts = await view.take_over(partitions, time.monotonic() - queued)
+            firsts = {
+                p: await _asked_while_away(self._low_offset, view.main_topic, p)
+                for p, offset in starts.items()
+                if offset < 0
+            }
         except Exception as exc:
             view.fail(exc)
             return
@@ -358,9 +370,7 @@ class ReaderHub:
             cursors = self._owned.get(key)
             if cursors is None or partition in gone:
                 continue
-            if offset < 0:
-                offset = await asyncio.to_thread(self._low_offset, view.main_topic, partition)
-            cursors.add(view.key, offset)
+            cursors.add(view.key, firsts.get(partition, offset))
             cursors.set_room(view.key, view.has_room(partition))
             self._plan_catch_up(key)
 
@@ -550,6 +560,22 @@ class ReaderHub:
             asyncio.get_running_loop().call_later(CATCH_UP_RETRY_S, self._plan_catch_up, key)
 
         self.catch_up.post(command, took)
+
+
+async def _asked_while_away(ask: Callable[[str, int], int], topic: str, partition: int) -> int:
+    """``ask(topic, partition)`` (blocking, run in a thread), asked again while it fails
+    for Kafka being away, up to :data:`OFFSET_WAIT_S`."""
+    deadline = time.monotonic() + OFFSET_WAIT_S
+    wait = OFFSET_RETRY_S[0]
+    while True:
+        try:
+            return await asyncio.to_thread(ask, topic, partition)
+        except Exception as exc:
+            if not transient(exc) or time.monotonic() + wait > deadline:
+                raise
+            log.warning("offsets of %s [%d] not known yet: %s", topic, partition, exc)
+        await asyncio.sleep(wait)
+        wait = min(wait * 2, OFFSET_RETRY_S[1])
 
 
 def _failed(msg: Message, reader: str) -> bool:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from delivery.readers import ReaderHub, ReaderThread
 from tests.unit.delivery.main_log import MAIN, Record
@@ -126,5 +126,69 @@ def test_the_first_record_fetched_in_the_poll_that_assigned_its_partition_is_tak
             await membership.close()
         # Then the subscription took every record, that one included
         assert view.taken == [0, 1, 2]
+
+    asyncio.run(scenario())
+
+
+class FromTheStart(View):
+    """A subscription with nothing committed: its cursor starts at the partition's first
+    offset, which its takeover asks Kafka for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures: list[BaseException] = []
+
+    async def take_over(self, partitions: list[int], queued_s: float) -> dict[int, int]:
+        return {p: -1 for p in partitions}
+
+    def fail(self, error: BaseException) -> None:
+        self.failures.append(error)
+
+
+def test_a_takeover_rides_out_kafka_being_away_while_it_asks_where_to_start(
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.setattr("delivery.kafka_io.Consumer", GroupConsumer)
+    monkeypatch.setattr("delivery.readers.OFFSET_RETRY_S", (0.01, 0.02))
+    asks: list[int] = []
+
+    def first_offset(topic: str, partition: int) -> int:
+        # Kafka away for the first two asks (its only broker restarting), then back
+        asks.append(partition)
+        if len(asks) <= 2:
+            raise KafkaException(KafkaError(KafkaError._ALL_BROKERS_DOWN))
+        return 0
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        # Given a subscription with nothing committed, and Kafka away when it is taken over
+        hub = ReaderHub(lambda group: {}, first_offset, "setu.delivery")
+        hub.catch_up = hub.tiers = Idle()  # type: ignore[assignment]
+        view = FromTheStart()
+        hub._views[MAIN].add(view)  # type: ignore[arg-type]
+        hub._by_key[view.key] = view  # type: ignore[assignment]
+        membership = ReaderThread(
+            "membership",
+            {"group.id": "setu.delivery"},
+            loop,
+            hub._on_live,
+            assigned=hub._main_assigned,
+            revoked=hub._main_revoked,
+            lost=hub._main_lost,
+        )
+        hub.membership = membership
+        # When its partition is assigned
+        membership.start([MAIN])
+        try:
+            for _ in range(300):
+                if len(view.taken) >= 3:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await membership.close()
+        # Then once Kafka answers it reads from the first record, and nothing failed
+        assert view.taken == [0, 1, 2]
+        assert view.failures == [] and membership.done.exception() is None
+        assert len(asks) == 3
 
     asyncio.run(scenario())
