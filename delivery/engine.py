@@ -579,6 +579,10 @@ class PartitionEngine:
         tracker = self.trackers.get(tier)
         return 0 if tracker is None else tracker.open_count
 
+    def any_open(self) -> bool:
+        """Whether any record read from any tier is not finished."""
+        return any(tracker.open_count for tracker in self.trackers.values())
+
     def retry_backlog(self) -> int:
         """Messages of failed groups waiting in retry tiers (a held head waits in the main
         log, though it counts in tier 1)."""

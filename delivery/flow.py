@@ -257,9 +257,7 @@ class PartitionFlow:
         """Nothing in memory and nothing held back: :meth:`balance` has nothing to do until
         records arrive."""
         # No dict of every (partition, tier) here: asked of each runner at each of its ticks.
-        return self._unheld() and not any(
-            port.engine.open_count(tier) for port in self._ports.values() for tier in self._topics
-        )
+        return self._unheld() and not any(port.engine.any_open() for port in self._ports.values())
 
     def _unheld(self) -> bool:
         return self._full_since is None and not any(

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 # How often a runner asks whether a policy pauses its subscription.
 POLICY_CHECK_MS = 1000
+# How often a resting runner looks anyway (another worker's word on the breaker, a pause).
+POLICY_REST_MS = 5000
 # How often a runner renews its share of max_in_flight, and the headroom it asks for beyond
 # what it wants now (state/delivery_budget.py).
 SLOT_RENEW_MS = 250
@@ -99,7 +101,16 @@ class SubscriptionGuards:
     ) -> list[Periodic]:
         """The guards' periodic work, given the runner's dispatcher, how many calls are being
         made, and whether the subscription is paused."""
-        work = [Periodic(POLICY_CHECK_MS, lambda: self.check_tick(paused()))]
+        # Resting (nothing in memory, no call going), the breaker has nothing to open or close
+        # on and no policy anything to pause for: records arriving wake the check at once.
+        work = [
+            Periodic(
+                POLICY_CHECK_MS,
+                lambda: self.check_tick(paused()),
+                rests=True,
+                rest_ms=POLICY_REST_MS,
+            )
+        ]
         if self.budget is not None:
             # Idle, the share is renewed every SLOT_IDLE_RENEW_MS anyway: a tick a second does.
             renew = Periodic(

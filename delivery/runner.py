@@ -272,8 +272,11 @@ class SubscriptionRunner:
         if self.replaying is not None:
             # Resting, no lane runs; a new replay wakes the runner (set_replays).
             work.append(Periodic(REPLAY_TICK_MS, self._replay_tick, True, QUIET_REST_MS))
-        # Held heads falling due (docs/scheduling.md): a second late at most while resting.
-        work.append(Periodic(SCHEDULE_TICK_MS, self._schedule_tick, rests=True))
+        # Held heads falling due (docs/scheduling.md): each is called at its time by the
+        # timer this work sets, which a takeover sets too; resting, the look is a backstop.
+        work.append(
+            Periodic(SCHEDULE_TICK_MS, self._schedule_tick, rests=True, rest_ms=QUIET_REST_MS)
+        )
         return work
 
     def _schedule_tick(self) -> None:
@@ -508,6 +511,8 @@ class SubscriptionRunner:
             sorted(by_index),
         )
         self.reporting.rebuilt(self.store.rebuilt_after_loss - rebuilt_before)
+        # Heads held in the state taken over are called at their time, resting or not.
+        self._schedule_tick()
 
         async def mark_seeks() -> None:
             for partition, generation in seeks.items():

@@ -3,8 +3,8 @@ which decides: the engine holds a healthy group's scheduled message as its head 
 (its offset in the main log, in the group's state) and, when it is due, asks for it again
 (:meth:`delivery.engine.Effects.recall`). Here that record is read back from the main log
 (unless the engine kept it), and the metadata database is asked whether its producer cancelled
-it. The runner wakes its engines at the next head's time by a timer, and looks every
-:data:`TICK_MS` besides (every second while it rests).
+it. The runner wakes its engines at the next head's time by a timer (set at each look and at
+each takeover), and looks every :data:`TICK_MS` besides (every 5 s while it rests).
 """
 
 from __future__ import annotations

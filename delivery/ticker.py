@@ -14,7 +14,8 @@ busy (decision 0011, "Where an idle runner's time goes"). Here one timer serves 
   reading's release check return None): a task is made for that coroutine alone, and a work
   never runs twice at once;
 - a work that ``rests`` waits, while its owner has nothing to do, for records (:meth:`wake`)
-  or ``REST_S``, whichever comes first;
+  or ``REST_S``, whichever comes first: once per rest it runs, and is put back to rest as it
+  ends (one firing a rest, not one at its interval and another to find its owner resting);
 - a patient work failing on Redis skips rounds for up to ``PATIENCE_S`` before its owner is
   told (:class:`Periodic`); any other failure is told at once.
 """
@@ -184,9 +185,18 @@ class Ticker:
             if heap:
                 self._arm(heap[0][0])
 
+    def _owner_rests(self, entry: _Entry) -> bool:
+        """Whether the owner rests; an owner whose ``resting`` raises is failed (its fault)."""
+        try:
+            return entry.ticket.owner.resting()
+        except Exception as exc:
+            entry.ticket.gone = True
+            entry.ticket.owner.fail(exc)
+            return False
+
     def _run(self, entry: _Entry, now: float) -> None:
         periodic, ticket = entry.periodic, entry.ticket
-        rest_s = REST_S if periodic.rest_ms is None else periodic.rest_ms / 1000
+        rest_s = _rest_s(periodic)
         if (
             periodic.rests
             and not entry.woken
@@ -226,6 +236,11 @@ class Ticker:
             if entry.failing_since is not None:
                 entry.failing_since = None
                 log.info("%s: %s works again", ticket.owner.label, _name_of(periodic))
+            if periodic.rests and self._owner_rests(entry):
+                # Straight back to rest: its next round is a rest away, unless records come.
+                entry.resting = ticket.sleeping = True
+                self._schedule(entry, entry.last + _rest_s(periodic))
+                return
         elif not periodic.patient or not isinstance(error, REDIS_AWAY):
             ticket.gone = True
             ticket.owner.fail(error)
@@ -255,6 +270,10 @@ async def cancel_all(tasks: Sequence[asyncio.Task[Any]], every_s: float = 0.5) -
             task.cancel()
         await asyncio.wait(pending, timeout=every_s)
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _rest_s(periodic: Periodic) -> float:
+    return REST_S if periodic.rest_ms is None else periodic.rest_ms / 1000
 
 
 def _name_of(periodic: Periodic) -> str:

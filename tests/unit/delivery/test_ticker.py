@@ -222,6 +222,29 @@ async def test_removing_an_owner_cancels_its_work_in_progress_and_waits_for_it()
     assert ended.is_set()
 
 
+async def test_a_resting_work_costs_one_firing_a_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given an owner that rests, and the timer's firings counted
+    monkeypatch.setattr("delivery.ticker.REST_S", 0.05)
+    ticker = Ticker()
+    fired = 0
+    fire = ticker._fire
+
+    def counted() -> None:
+        nonlocal fired
+        fired += 1
+        fire()
+
+    ticker._fire = counted  # type: ignore[method-assign]
+    rests = Counted()
+    ticket = ticker.add(Owner(resting=True), [Periodic(10, rests, rests=True)])
+    # When a work of 10 ms rests through several rests of 50 ms
+    await until(lambda: rests.rounds >= 6)
+    await ticker.remove(ticket)
+    # Then each rest took one firing (the round, which put it back to rest), not one more at
+    # its interval to find its owner resting
+    assert fired <= rests.rounds + 1
+
+
 async def test_a_work_may_rest_longer_or_shorter_than_the_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
