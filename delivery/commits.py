@@ -32,6 +32,10 @@ from state.kafka_reader import COORDINATOR_MOVING, KafkaReader
 log = logging.getLogger(__name__)
 
 
+# How often a resting runner looks for something to commit anyway (a backstop: every change
+# to commit comes with records, which wake it).
+COMMIT_REST_MS = 5000
+
 # Errors of a commit (or an offset read) that mean Kafka or the group's coordinator is away
 # for now.
 TRANSIENT_CODES = COORDINATOR_MOVING | {
@@ -98,7 +102,10 @@ class Commits:
 
     def periodic(self, config: RunnerConfig) -> list[Periodic]:
         return [
-            Periodic(config.commit_interval_ms, self.commit_tick),
+            # Resting, nothing is left to commit once a round found nothing (records wake it).
+            Periodic(
+                config.commit_interval_ms, self.commit_tick, rests=True, rest_ms=COMMIT_REST_MS
+            ),
             Periodic(config.release_poll_ms, self.releases_tick),
             Periodic(config.dead_letter_trim_ms, self.trim_dead_letters),
         ]

@@ -290,6 +290,9 @@ class SubscriptionRunner:
                 continue
             if due <= now:
                 port.engine.wake(now)
+                if self._ticket is not None:
+                    # Its call ends in a commit, an attempt entry: resting works look again.
+                    self._ticker.wake(self._ticket)
                 due = port.engine.next_due_ms()
                 if due is None:
                     continue

@@ -13,9 +13,11 @@ busy (decision 0011, "Where an idle runner's time goes"). Here one timer serves 
   only when it must wait on Redis or Kafka (an unchanged report, an empty flush, a fresh
   reading's release check return None): a task is made for that coroutine alone, and a work
   never runs twice at once;
-- a work that ``rests`` waits, while its owner has nothing to do, for records (:meth:`wake`)
-  or ``REST_S``, whichever comes first: once per rest it runs, and is put back to rest as it
-  ends (one firing a rest, not one at its interval and another to find its owner resting);
+- a work that ``rests`` waits, while its owner has nothing to do and its last round did
+  nothing, for records (:meth:`wake`) or ``REST_S``, whichever comes first: once per rest it
+  runs, and is put back to rest as it ends (one firing a rest, not one at its interval and
+  another to find its owner resting). A round that did something (a commit) is followed by
+  one at its interval, so the work's last round after records is never a rest late;
 - a patient work failing on Redis skips rounds for up to ``PATIENCE_S`` before its owner is
   told (:class:`Periodic`); any other failure is told at once.
 """
@@ -98,6 +100,9 @@ class _Entry:
     failing_since: float | None = None
     resting: bool = False
     woken: bool = False  # records arrived: runs once whether its owner rests or not
+    # Its last round had nothing to do (returned None): only then may it rest. A round that
+    # did something (a commit) is followed by one more at its interval, which finds out.
+    idle: bool = True
 
 
 @dataclass(eq=False)
@@ -199,6 +204,7 @@ class Ticker:
         rest_s = _rest_s(periodic)
         if (
             periodic.rests
+            and entry.idle
             and not entry.woken
             and now - entry.last < rest_s
             and ticket.owner.resting()
@@ -213,6 +219,7 @@ class Ticker:
         except Exception as exc:
             self._ended(entry, exc)
             return
+        entry.idle = pending is None
         if pending is None:
             self._ended(entry, None)
             return
@@ -236,7 +243,7 @@ class Ticker:
             if entry.failing_since is not None:
                 entry.failing_since = None
                 log.info("%s: %s works again", ticket.owner.label, _name_of(periodic))
-            if periodic.rests and self._owner_rests(entry):
+            if periodic.rests and entry.idle and self._owner_rests(entry):
                 # Straight back to rest: its next round is a rest away, unless records come.
                 entry.resting = ticket.sleeping = True
                 self._schedule(entry, entry.last + _rest_s(periodic))

@@ -245,6 +245,38 @@ async def test_a_resting_work_costs_one_firing_a_rest(monkeypatch: pytest.Monkey
     assert fired <= rests.rounds + 1
 
 
+async def test_a_round_that_did_something_is_followed_at_its_interval_before_it_rests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a resting owner whose work has a commit to make once records came (then nothing),
+    # and rests of a minute
+    monkeypatch.setattr("delivery.ticker.REST_S", 60.0)
+    ticker = Ticker()
+    rounds: list[str] = []
+
+    async def commit() -> None:
+        rounds.append("commit")
+
+    def work() -> Coroutine[Any, Any, None] | None:
+        if not rounds:
+            return commit()
+        rounds.append("nothing")
+        return None
+
+    sentinel = Counted()
+    ticket = ticker.add(Owner(resting=True), [Periodic(10, work, rests=True), Periodic(10, sentinel)])
+    # When records arrive once it rests: the round makes the commit, and the owner rests again
+    # at once
+    await until(lambda: ticket.sleeping)
+    ticker.wake(ticket)
+    # Then the work looks once more at its interval (finding nothing), and only then rests
+    await until(lambda: len(rounds) >= 2)
+    before = sentinel.rounds
+    await until(lambda: sentinel.rounds >= before + 10)
+    assert rounds == ["commit", "nothing"]
+    await ticker.remove(ticket)
+
+
 async def test_a_work_may_rest_longer_or_shorter_than_the_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
