@@ -264,7 +264,9 @@ async def test_a_round_that_did_something_is_followed_at_its_interval_before_it_
         return None
 
     sentinel = Counted()
-    ticket = ticker.add(Owner(resting=True), [Periodic(10, work, rests=True), Periodic(10, sentinel)])
+    ticket = ticker.add(
+        Owner(resting=True), [Periodic(10, work, rests=True), Periodic(10, sentinel)]
+    )
     # When records arrive once it rests: the round makes the commit, and the owner rests again
     # at once
     await until(lambda: ticket.sleeping)
