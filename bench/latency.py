@@ -75,6 +75,7 @@ import httpx
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
+from bench.crash.stack import base_env
 from bench.http_load import Connection, percentile, request_bytes
 from bench.machine import (
     process_tree,
@@ -236,7 +237,9 @@ class Stack:
         return names.with_shared_log(project_pattern(self.project), self.shared_log())
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SETU_")}
+        # This checkout first on PYTHONPATH: an editable install of another one (a CI
+        # rehearsal's clone) made two runs of this bench measure that clone's code.
+        env = base_env()
         shared = self.shared_log()
         if shared is not None:
             env["SETU_INGEST_LOG_TOPIC"] = shared
