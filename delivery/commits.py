@@ -32,8 +32,9 @@ from state.kafka_reader import COORDINATOR_MOVING, KafkaReader
 log = logging.getLogger(__name__)
 
 
-# How often a resting runner looks for something to commit anyway (a backstop: every change
-# to commit comes with records, which wake it).
+# How often a resting runner looks for something to commit, or an operator's release, anyway
+# (a backstop: every change to commit comes with records, and a release request with the
+# worker's reading of Redis, which wake it).
 COMMIT_REST_MS = 5000
 
 # Errors of a commit (or an offset read) that mean Kafka or the group's coordinator is away
@@ -106,7 +107,10 @@ class Commits:
             Periodic(
                 config.commit_interval_ms, self.commit_tick, rests=True, rest_ms=COMMIT_REST_MS
             ),
-            Periodic(config.release_poll_ms, self.releases_tick),
+            # Resting, the worker's reading wakes it when a release was asked for (watch.py).
+            Periodic(
+                config.release_poll_ms, self.releases_tick, rests=True, rest_ms=COMMIT_REST_MS
+            ),
             Periodic(config.dead_letter_trim_ms, self.trim_dead_letters),
         ]
 

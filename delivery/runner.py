@@ -27,6 +27,7 @@ import logging
 import random
 from collections import defaultdict
 from collections.abc import Coroutine
+from functools import partial
 from typing import Any
 
 from confluent_kafka import Message, TopicPartition
@@ -228,6 +229,9 @@ class SubscriptionRunner:
                     self.sub,
                 )
             self._ticket = ticket = self._ticker.add(self, self._periodic())
+            watched = self.commits.watched
+            if watched is not None:
+                watched.changed = partial(self._ticker.wake, ticket)
             stopped: asyncio.Future[Any] = loop.create_task(self._stopped.wait())
             ended: asyncio.Future[Any] = consumer.done
             await asyncio.wait([stopped, ended], return_when=asyncio.FIRST_COMPLETED)

@@ -23,6 +23,10 @@ then asked Redis itself, which loaded the pool further:
   runner polls its releases when the version moved, when its partitions changed, and every
   ``BACKSTOP_MS`` whatever the version says.
 
+A reading that finds any of these moved for a subscription tells its runner
+(``Watched.changed``), whose resting works (the release poll, the policy check) then look at
+once: resting, they look on their own only every few seconds.
+
 While an entry's last reading is older than ``STALE_S`` (Redis away, the watch's task gone),
 its runner asks Redis itself every tick, as it did before: the watch only takes work away.
 """
@@ -34,7 +38,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -87,6 +91,9 @@ class Watched:
     # they do not change): not sorted again each second.
     _sampled: Mapping[int, tuple[int, int]] | None = None
     _partitions: list[int] = field(default_factory=list)
+    # Told when a reading found something moved (a release requested, the shared breaker's
+    # word, Redis's figures of the owner's writes): the runner's resting works look at once.
+    changed: Callable[[], None] | None = None
 
     def partitions_of(self, written: Mapping[int, tuple[int, int]]) -> list[int]:
         if written is not self._sampled:
@@ -160,3 +167,5 @@ class StateWatch:
             word = reading.breaker
             entry.breaker = None if word is None else dict(orjson.loads(word))
             entry.raw, entry.written = raw, written
+            if entry.changed is not None:
+                entry.changed()

@@ -205,14 +205,19 @@ async def test_the_workers_one_reading_notices_lost_writes_and_requested_release
     store, _ = await owner_of_a_parked_group(client, project)
     watch = StateWatch(client)
     entry = watch.watch(project, "s", store)
+    told: list[int | None] = []
+    entry.changed = lambda: told.append(entry.version)
     await watch.read()
     entry.verify()  # all there
     before = entry.version
+    await watch.read()
+    assert len(told) == 1  # the first reading; the second found nothing moved
     # When an operator asks for a release (the API writes through the same store)
     await RedisGroupStore(client, project, "s").request_release(1, ["g"], [])
     await watch.read()
-    # Then the reading shows the subscription's release version moved
+    # Then the reading shows the subscription's release version moved, and told its runner
     assert before is not None and entry.version == before + 1
+    assert told == [before, before + 1]
     # And when Redis comes back without the owner's last write, the next reading says so
     await client.set(keys.owner_writes(project, "s", 1), 0)
     await watch.read()
