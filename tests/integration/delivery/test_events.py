@@ -52,13 +52,9 @@ def of_type(receiver: Receiver, kind: str) -> list[dict[str, Any]]:
     return [e for e in received(receiver) if e["type"] == kind]
 
 
-def test_breaker_events_arrive_signed_and_a_failing_endpoint_gets_them_later(
-    world: World,
-    receiver: Receiver,
-    start_worker: Callable[..., ThreadWorker],
-    api: httpx.Client,
-) -> None:
-    # Given a project that wants breaker events at an endpoint failing its first two calls
+def breaker_events_wanted(world: World, receiver: Receiver, api: httpx.Client) -> None:
+    """A subscription of topic t whose breaker opens on 4 calls, and a project that wants its
+    breaker events at the receiver's ``/events``."""
     world.topic("t")
     world.subscription(
         receiver.url,
@@ -68,6 +64,16 @@ def test_breaker_events_arrive_signed_and_a_failing_endpoint_gets_them_later(
         ),
     )
     notify(api, world, receiver, "endpoint.breaker_opened", "endpoint.breaker_closed")
+
+
+def test_breaker_events_arrive_signed_and_a_failing_endpoint_gets_them_later(
+    world: World,
+    receiver: Receiver,
+    start_worker: Callable[..., ThreadWorker],
+    api: httpx.Client,
+) -> None:
+    # Given a project that wants breaker events at an endpoint failing its first two calls
+    breaker_events_wanted(world, receiver, api)
     receiver.answer("", 503, 503, 200)  # events carry no group
     groups = [f"g{i}" for i in range(6)]
     outage = Outage(receiver, groups)
@@ -94,15 +100,7 @@ def test_an_event_not_yet_taken_outlives_redis_coming_back_empty(
 ) -> None:
     # Given a project that wants breaker events at an endpoint that is down, and a breaker
     # that opened: its event failed a call and waits to be tried again
-    world.topic("t")
-    world.subscription(
-        receiver.url,
-        policies=Policies(
-            circuit_breaker=BreakerPolicy(failure_ratio=0.5, min_calls=4, window_s=10, open_s=1),
-            auto_pause_after_s=None,
-        ),
-    )
-    notify(api, world, receiver, "endpoint.breaker_opened", "endpoint.breaker_closed")
+    breaker_events_wanted(world, receiver, api)
     events_down = threading.Event()
     events_down.set()
     with receiver.lock:

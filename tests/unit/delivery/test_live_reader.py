@@ -90,30 +90,36 @@ class Idle:
         pass
 
 
+def membership_of(hub: ReaderHub, view: View) -> ReaderThread:
+    """``hub`` serving one subscription (``view``), with its membership reader (not started)
+    and idle catch-up and tier readers."""
+    hub.catch_up = hub.tiers = Idle()  # type: ignore[assignment]
+    hub._views[MAIN].add(view)  # type: ignore[arg-type]
+    hub._by_key[view.key] = view  # type: ignore[assignment]
+    hub.membership = ReaderThread(
+        "membership",
+        {"group.id": "setu.delivery"},
+        asyncio.get_running_loop(),
+        hub._on_live,
+        assigned=hub._main_assigned,
+        revoked=hub._main_revoked,
+        lost=hub._main_lost,
+    )
+    return hub.membership
+
+
 def test_the_first_record_fetched_in_the_poll_that_assigned_its_partition_is_taken(
     monkeypatch: Any,
 ) -> None:
     monkeypatch.setattr("delivery.kafka_io.Consumer", GroupConsumer)
 
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
         # Given a worker with one subscription of topic t, whose membership consumer has no
         # partition yet
-        hub = ReaderHub(lambda group: {}, lambda topic, partition: 0, "setu.delivery")
-        hub.catch_up = hub.tiers = Idle()  # type: ignore[assignment]
         view = View()
-        hub._views[MAIN].add(view)  # type: ignore[arg-type]
-        hub._by_key[view.key] = view  # type: ignore[assignment]
-        membership = ReaderThread(
-            "membership",
-            {"group.id": "setu.delivery"},
-            loop,
-            hub._on_live,
-            assigned=hub._main_assigned,
-            revoked=hub._main_revoked,
-            lost=hub._main_lost,
+        membership = membership_of(
+            ReaderHub(lambda group: {}, lambda t, p: 0, "setu.delivery"), view
         )
-        hub.membership = membership
         # When a rebalance inside a poll assigns it main partition 0, the subscription's
         # takeover is done at once, and that poll returns the partition's first record
         membership.start([MAIN])
@@ -160,23 +166,9 @@ def test_a_takeover_rides_out_kafka_being_away_while_it_asks_where_to_start(
         return 0
 
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
         # Given a subscription with nothing committed, and Kafka away when it is taken over
-        hub = ReaderHub(lambda group: {}, first_offset, "setu.delivery")
-        hub.catch_up = hub.tiers = Idle()  # type: ignore[assignment]
         view = FromTheStart()
-        hub._views[MAIN].add(view)  # type: ignore[arg-type]
-        hub._by_key[view.key] = view  # type: ignore[assignment]
-        membership = ReaderThread(
-            "membership",
-            {"group.id": "setu.delivery"},
-            loop,
-            hub._on_live,
-            assigned=hub._main_assigned,
-            revoked=hub._main_revoked,
-            lost=hub._main_lost,
-        )
-        hub.membership = membership
+        membership = membership_of(ReaderHub(lambda group: {}, first_offset, "setu.delivery"), view)
         # When its partition is assigned
         membership.start([MAIN])
         try:
