@@ -180,11 +180,7 @@ class Ticker:
             for due, entry in due_now:
                 # Else rescheduled since (or run already), its owner left, or running.
                 if entry.due == due and not entry.ticket.gone and entry.task is None:
-                    try:
-                        self._run(entry, now)
-                    except Exception as exc:  # its owner's fault (resting() raised)
-                        entry.ticket.gone = True
-                        entry.ticket.owner.fail(exc)
+                    self._run(entry, now)
         finally:
             self._firing = False
             if heap:
@@ -207,10 +203,12 @@ class Ticker:
             and entry.idle
             and not entry.woken
             and now - entry.last < rest_s
-            and ticket.owner.resting()
+            and self._owner_rests(entry)
         ):
             entry.resting = ticket.sleeping = True
             self._schedule(entry, entry.last + rest_s)
+            return
+        if ticket.gone:  # its resting() raised
             return
         entry.resting = entry.woken = False
         entry.last = now

@@ -108,6 +108,19 @@ def membership_of(hub: ReaderHub, view: View) -> ReaderThread:
     return hub.membership
 
 
+async def read_three(membership: ReaderThread, view: View) -> None:
+    """Starts ``membership`` and closes it once ``view`` took the log's three records (or 3 s
+    passed)."""
+    membership.start([MAIN])
+    try:
+        for _ in range(300):
+            if len(view.taken) >= 3:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await membership.close()
+
+
 def test_the_first_record_fetched_in_the_poll_that_assigned_its_partition_is_taken(
     monkeypatch: Any,
 ) -> None:
@@ -122,14 +135,7 @@ def test_the_first_record_fetched_in_the_poll_that_assigned_its_partition_is_tak
         )
         # When a rebalance inside a poll assigns it main partition 0, the subscription's
         # takeover is done at once, and that poll returns the partition's first record
-        membership.start([MAIN])
-        try:
-            for _ in range(200):
-                if len(view.taken) >= 3:
-                    break
-                await asyncio.sleep(0.01)
-        finally:
-            await membership.close()
+        await read_three(membership, view)
         # Then the subscription took every record, that one included
         assert view.taken == [0, 1, 2]
 
@@ -170,14 +176,7 @@ def test_a_takeover_rides_out_kafka_being_away_while_it_asks_where_to_start(
         view = FromTheStart()
         membership = membership_of(ReaderHub(lambda group: {}, first_offset, "setu.delivery"), view)
         # When its partition is assigned
-        membership.start([MAIN])
-        try:
-            for _ in range(300):
-                if len(view.taken) >= 3:
-                    break
-                await asyncio.sleep(0.01)
-        finally:
-            await membership.close()
+        await read_three(membership, view)
         # Then once Kafka answers it reads from the first record, and nothing failed
         assert view.taken == [0, 1, 2]
         assert view.failures == [] and membership.done.exception() is None
