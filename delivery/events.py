@@ -2,25 +2,24 @@
 endpoint, and how it gets there.
 
 - :class:`EventSink` takes events from the runners (a plain append on the event loop, never
-  waiting) and writes them to the events' stream (:mod:`state.event_stream`) as they
+  waiting) and writes them to the events' topic in Kafka (:class:`KafkaEventLog`) as they
   come. Dead letters are counted per subscription and written as one
   ``message.dead_lettered`` event per :data:`DEAD_LETTER_BATCH_S` (a count and the first
   :data:`DEAD_LETTER_SAMPLE` message ids), so a failing endpoint cannot flood the operator.
 - :class:`Notifier` (one per ``setu deliver`` process, members of one consumer group on the
-  stream) sends each event to its project's endpoint, signed like a delivery. An event is
-  acknowledged in the stream only after a 2xx, or when its project wants no such event; one
-  that failed is claimed again after a back-off (5 s doubling to 10 min) by whichever
-  notifier is alive, up to :data:`MAX_EVENT_ATTEMPTS` calls, then dropped with an error log.
-  So events are delivered at least once (``webhook-id`` is the event's id, to de-duplicate),
-  and a slow or dead notification endpoint holds nothing but the notifier back.
-- Redis may forget the stream, and with it every pending event. Each notifier keeps in memory
-  the events whose call failed and that it has not finished (up to :data:`MAX_HELD`), and when
-  :meth:`RedisEventStream.join` says the stream was forgotten it writes them again, as new
-  entries whose calls count from one. An event two notifiers both held (claimed from one by
-  the other) may then come twice, under its one ``webhook-id``.
+  events' topic and its retry topic) sends each event to its project's endpoint, signed like a
+  delivery. An event whose call failed is written to the retry topic with its count of calls
+  and when to call again (5 s doubling to 10 min), and is held there in memory until then;
+  after :data:`MAX_EVENT_ATTEMPTS` calls it is dropped with an error log. A partition's offset
+  is committed up to its first event not yet finished (sent, unwanted, dropped or written to
+  the retry topic), so a notifier that dies leaves nothing behind: whoever takes its
+  partitions reads again from there. Events are delivered at least once (``webhook-id`` is
+  the event's id, to de-duplicate), and a slow or dead notification endpoint holds nothing
+  but the notifier back.
 
-An event written to the sink is in memory until the stream takes it (at once, unless Redis is
-away): a worker that crashes in between loses it.
+Kafka keeps the events as it keeps messages (replicated, acks=all): Redis forgetting
+everything loses none. An event written to the sink is in memory until Kafka acknowledges it
+(within milliseconds, unless Kafka is away): a worker that crashes in between loses it.
 """
 
 from __future__ import annotations
@@ -30,32 +29,49 @@ import contextlib
 import logging
 import time
 import uuid
+import zlib
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from redis.exceptions import RedisError
+from confluent_kafka import KafkaException, Message, TopicPartition
 
 from delivery.egress import DIRECT, Route
 from delivery.http import HttpClient, HttpError, RefusedAddress, Target, UnsafeRequest
+from delivery.kafka_io import (
+    Assignment,
+    AsyncProducer,
+    ConsumerThread,
+    DroppedWrite,
+    consumer_config,
+)
 from setu.clock import now_ms
+from setu.limits import MessageLimits
 from setu.model import Notifications
+from setu.names import EVENTS_PARTITIONS, EVENTS_RETRY_TOPIC, EVENTS_TOPIC, NOTIFIER_GROUP
 from setu.signing import signing_key, webhook_headers
-from state.event_stream import RedisEventStream
 
 log = logging.getLogger(__name__)
 
 DEAD_LETTER_BATCH_S = 10.0
 DEAD_LETTER_SAMPLE = 20
-# Events the sink holds while Redis does not take them; beyond, the oldest are dropped.
+# Events the sink holds while Kafka does not take them; beyond, the oldest are dropped. The
+# notifier holds as many unfinished events before it stops reading.
 MAX_HELD = 10_000
 MAX_EVENT_ATTEMPTS = 15
 FIRST_RETRY_MS = 5_000
 MAX_RETRY_MS = 600_000
 CALL_TIMEOUT_S = 10.0
 CONFIG_REFRESH_S = 5.0
+# How often the notifier commits what it finished, and waits before writing a retry again.
+COMMIT_EVERY_S = 1.0
+REWRITE_WAIT_S = 1.0
+
+# Headers of a record of the retry topic: calls made so far, and when to call again (epoch ms).
+H_CALLS = "setu-event-calls"
+H_DUE = "setu-event-due-ms"
 
 
 def retry_after_ms(deliveries: int) -> int:
@@ -71,14 +87,105 @@ class EventCounts:
     failed: int = 0  # calls that failed (the event is tried again)
     dropped: int = 0  # events given up after MAX_EVENT_ATTEMPTS, or lost by the sink
     skipped: int = 0  # events no endpoint wanted
-    rewritten: int = 0  # unfinished events written again after Redis forgot the stream
+
+
+class TopicsReady:
+    """Makes the events' topics once (``make``, which raises when it cannot); every caller
+    asks, and learns whether they exist."""
+
+    def __init__(self, make: Callable[[], Awaitable[object]]) -> None:
+        self._make = make
+        self._made = False
+        self._lock = asyncio.Lock()
+
+    async def __call__(self) -> bool:
+        if self._made:
+            return True
+        async with self._lock:
+            if not self._made:
+                try:
+                    await self._make()
+                except Exception as exc:
+                    log.warning("events: their topics are not made yet: %s", exc)
+                    return False
+                self._made = True
+        return True
+
+
+def _partition_of(project: bytes) -> int:
+    """A project's events share a partition (one notifier sends them)."""
+    return zlib.crc32(project) % EVENTS_PARTITIONS
+
+
+class KafkaEventLog:
+    """The two events' topics, written through the worker's producer (acks=all)."""
+
+    def __init__(self, producer: AsyncProducer) -> None:
+        self._producer = producer
+
+    async def append(self, events: Sequence[bytes]) -> None:
+        """Writes each encoded event to the events' topic; raises unless Kafka took all."""
+        by_partition: dict[int, list[tuple[bytes, bytes | None, list[tuple[str, bytes]]]]] = {}
+        for raw in events:
+            project = str(orjson.loads(raw).get("project", "")).encode()
+            by_partition.setdefault(_partition_of(project), []).append((project, raw, []))
+        await asyncio.gather(
+            *(self._producer.send(EVENTS_TOPIC, p, rs) for p, rs in by_partition.items())
+        )
+
+    async def retry(self, event: LoggedEvent, calls: int, due_ms: int) -> None:
+        """Writes ``event`` to the retry topic: ``calls`` made, the next one at ``due_ms``."""
+        headers = [(H_CALLS, str(calls).encode()), (H_DUE, str(due_ms).encode())]
+        project = event.project.encode()
+        await self._producer.send(
+            EVENTS_RETRY_TOPIC, _partition_of(project), [(project, event.raw, headers)]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedEvent:
+    """One record of the events' topics: the encoded event, its calls so far, when it is due."""
+
+    raw: bytes
+    event: dict[str, Any] | None  # None: not an event (skipped)
+    calls: int
+    due_ms: int
+
+    @property
+    def project(self) -> str:
+        return str((self.event or {}).get("project", ""))
+
+    @classmethod
+    def of(cls, message: Message) -> LoggedEvent:
+        raw = message.value() or b""
+        headers = dict(message.headers() or ())
+        try:
+            event = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            event = None
+        if not isinstance(event, dict) or "id" not in event:
+            event = None
+        return cls(raw, event, _int(headers.get(H_CALLS)), _int(headers.get(H_DUE)))
+
+
+def _int(value: bytes | str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
 
 
 class EventSink:
-    """Where runners put events; :meth:`run` writes them to the stream."""
+    """Where runners put events; :meth:`run` writes them to Kafka."""
 
-    def __init__(self, stream: RedisEventStream, counts: EventCounts | None = None) -> None:
-        self._stream = stream
+    def __init__(
+        self,
+        log_: KafkaEventLog,
+        ready: Callable[[], Awaitable[bool]],
+        counts: EventCounts | None = None,
+    ) -> None:
+        self._log = log_
+        self._ready = ready
         self.counts = counts or EventCounts()
         self._held: deque[bytes] = deque()
         self._wake = asyncio.Event()
@@ -136,8 +243,10 @@ class EventSink:
             return
         batch = list(self._held)
         try:
-            await self._stream.append(batch)
-        except (RedisError, OSError) as exc:
+            if not await self._ready():
+                raise KafkaException("the events' topics are not made yet")
+            await self._log.append(batch)
+        except (KafkaException, DroppedWrite) as exc:
             log.warning("events: %d not written yet: %s", len(batch), exc)
             await asyncio.sleep(1.0)
             return
@@ -156,90 +265,198 @@ def emitter(sink: EventSink | None, project: str, subscription: str) -> Emit:
     return lambda kind, data: sink.emit(kind, project, subscription, data)
 
 
+def notifier_config(
+    bootstrap: str,
+    client_id: str,
+    limits: MessageLimits,
+    client_config: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The notifiers' consumer, in their one group: a subscription's consumer that waits
+    longer for records (events are not latency-bound; an idle worker fetches less often)."""
+    config = consumer_config(bootstrap, NOTIFIER_GROUP, client_id, limits, client_config)
+    return {**config, "fetch.wait.max.ms": 500}
+
+
+@dataclass(slots=True)
+class _Partition:
+    """What the notifier read of one assigned partition and has not finished."""
+
+    unfinished: set[int] = field(default_factory=set)
+    next: int | None = None  # past the highest offset read
+    committed: int | None = None  # what was last committed
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def position(self) -> int | None:
+        """Where a reader must start so that nothing unfinished is skipped."""
+        return min(self.unfinished) if self.unfinished else self.next
+
+
 class Notifier:
-    """Sends the stream's events to the projects' endpoints (see the module doc)."""
+    """Sends the events' topics' events to the projects' endpoints (see the module doc)."""
 
     def __init__(
         self,
-        stream: RedisEventStream,
+        consumer_config: dict[str, Any],
+        log_: KafkaEventLog,
+        ready: Callable[[], Awaitable[bool]],
         configs: Callable[[], Awaitable[Sequence[Notifications]]],
         http: HttpClient,
-        consumer: str,
         counts: EventCounts | None = None,
         route: Route = DIRECT,
     ) -> None:
-        """``route``: how the calls leave (the default egress proxy, docs/security.md §4)."""
-        self._stream = stream
+        """``consumer_config``: the notifiers' consumer group's (delivery/kafka_io.py);
+        ``route``: how the calls leave (the default egress proxy, docs/security.md §4)."""
+        self._consumer_config = consumer_config
+        self._log = log_
+        self._ready = ready
         self._configs = configs
         self._http = http
         self._route = route
-        self._consumer = consumer
         self.counts = counts or EventCounts()
         self._by_project: dict[str, Notifications] = {}
         self._configs_at = -CONFIG_REFRESH_S
-        # Events whose call failed and that are not finished: event id -> encoded event,
-        # written again if Redis forgets the stream (see the module doc).
-        self._unfinished: dict[str, bytes] = {}
+        self._configs_lock = asyncio.Lock()
+        self._parts: dict[tuple[str, int], _Partition] = {}
+        self._thread: ConsumerThread | None = None
+        self._paused = False
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Reads and sends until ``stop``; a consumer that fails is made again."""
         while not stop.is_set():
-            try:
-                if await self._stream.join():
-                    await self._rewrite_unfinished()
-                await self._refresh_configs()
-                await self._retry_due()
-                entries = await self._stream.read_new(self._consumer, count=50, block_ms=1000)
-                await asyncio.gather(*(self._send(i, f, 1) for i, f in entries))
-            except (RedisError, OSError) as exc:
-                log.warning("notifier: %s", exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 1.0)
+            if not await self._ready():
+                await _wait(stop, 2.0)
+                continue
+            thread = self._thread = ConsumerThread(
+                self._consumer_config, asyncio.get_running_loop(), self
+            )
+            thread.start([EVENTS_TOPIC, EVENTS_RETRY_TOPIC])
+            while not stop.is_set() and thread.running:
+                await _wait(stop, COMMIT_EVERY_S)
+                self._commit(thread)
+            await thread.close()
+            self._forget(list(self._parts))
+            if not stop.is_set():
+                log.warning("notifier: its consumer ended; made again")
+                await _wait(stop, 1.0)
 
-    async def _rewrite_unfinished(self) -> None:
-        """Redis forgot the stream: the events this notifier had not finished go in again."""
-        if not self._unfinished:
+    # The consumer thread's listener (delivery/kafka_io.py), on the event loop.
+
+    def on_batch(self, messages: list[Message]) -> None:
+        loop = asyncio.get_running_loop()
+        for message in messages:
+            if message.error() is not None:
+                log.warning("notifier: %s", message.error())
+                continue
+            key = (message.topic() or "", message.partition() or 0)
+            part = self._parts.get(key)
+            offset = message.offset() or 0
+            if part is None or offset in part.unfinished:
+                continue
+            part.unfinished.add(offset)
+            part.next = max(part.next or 0, offset + 1)
+            task = loop.create_task(self._handle(part, offset, LoggedEvent.of(message)))
+            part.tasks.add(task)
+            task.add_done_callback(part.tasks.discard)
+        self._flow()
+
+    async def assigned(self, committed: list[TopicPartition]) -> Assignment:
+        for tp in committed:
+            self._parts[(tp.topic, tp.partition)] = _Partition()
+        # Every partition was revoked first (the eager assignor): what is held now is of the
+        # partitions kept, none so far; the new ones start flowing.
+        self._paused = sum(len(p.unfinished) for p in self._parts.values()) >= MAX_HELD
+        return Assignment(starts=committed, commit_now=[], paused=committed if self._paused else [])
+
+    async def revoked(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        offsets = []
+        for tp in partitions:
+            part = self._parts.get((tp.topic, tp.partition))
+            position = None if part is None else part.position()
+            if position is not None:
+                offsets.append(TopicPartition(tp.topic, tp.partition, position))
+        self._forget([(tp.topic, tp.partition) for tp in partitions])
+        return offsets
+
+    def committed(self, offsets: list[TopicPartition]) -> None:
+        pass
+
+    def lost(self, partitions: list[TopicPartition]) -> None:
+        self._forget([(tp.topic, tp.partition) for tp in partitions])
+
+    def _forget(self, keys: list[tuple[str, int]]) -> None:
+        """Partitions no longer this notifier's: their unfinished events are read again by
+        whoever takes them."""
+        for key in keys:
+            part = self._parts.pop(key, None)
+            for task in list(part.tasks if part is not None else ()):
+                task.cancel()
+
+    def _commit(self, thread: ConsumerThread) -> None:
+        offsets = []
+        for (topic, partition), part in self._parts.items():
+            position = part.position()
+            if position is not None and position != part.committed:
+                part.committed = position
+                offsets.append(TopicPartition(topic, partition, position))
+        if offsets:
+            thread.post(lambda consumer: consumer.commit(offsets=offsets, asynchronous=True))
+
+    def _flow(self) -> None:
+        """Stops reading while :data:`MAX_HELD` events are unfinished (they are in Kafka)."""
+        held = sum(len(p.unfinished) for p in self._parts.values())
+        pause = held >= MAX_HELD if not self._paused else held > MAX_HELD // 2
+        if pause == self._paused or self._thread is None:
             return
-        events = list(self._unfinished.values())
-        await self._stream.append(events)
-        self._unfinished.clear()
-        self.counts.rewritten += len(events)
-        log.warning(
-            "notifier: Redis forgot the events' stream; %d events not yet delivered written again",
-            len(events),
-        )
+        self._paused = pause
+        assigned = [TopicPartition(t, p) for t, p in self._parts]
+        if pause:
+            log.warning("notifier: %d events not finished; reading stops until half are", held)
+            self._thread.post(lambda consumer: consumer.pause(assigned))
+        else:
+            self._thread.post(lambda consumer: consumer.resume(assigned))
+
+    async def _handle(self, part: _Partition, offset: int, logged: LoggedEvent) -> None:
+        wait_ms = logged.due_ms - now_ms()
+        if wait_ms > 0:
+            await asyncio.sleep(wait_ms / 1000)
+        await self._refresh_configs()
+        calls = await self._send(logged)
+        while calls is not None:  # failed: tried again from the retry topic
+            try:
+                await self._log.retry(logged, calls, now_ms() + retry_after_ms(calls))
+                break
+            except (KafkaException, DroppedWrite) as exc:
+                log.warning("notifier: a failed event not written to be tried again: %s", exc)
+                await asyncio.sleep(REWRITE_WAIT_S)
+        part.unfinished.discard(offset)
+        self._flow()
 
     async def _refresh_configs(self) -> None:
-        now = time.monotonic()
-        if now - self._configs_at < CONFIG_REFRESH_S:
-            return
-        try:
-            found = await self._configs()
-        except Exception as exc:  # keep the last ones while the store is away
-            log.warning("notifier: notification endpoints not read: %s", exc)
-            return
-        self._by_project = {n.project: n for n in found}
-        self._configs_at = now
+        async with self._configs_lock:
+            now = time.monotonic()
+            if now - self._configs_at < CONFIG_REFRESH_S:
+                return
+            try:
+                found = await self._configs()
+            except Exception as exc:  # keep the last ones while the store is away
+                log.warning("notifier: notification endpoints not read: %s", exc)
+                return
+            self._by_project = {n.project: n for n in found}
+            self._configs_at = now
 
-    async def _retry_due(self) -> None:
-        """Claims failed events whose back-off has passed, and sends them again."""
-        due = await self._stream.claim_due(self._consumer, FIRST_RETRY_MS, retry_after_ms)
-        for entry_id, fields, deliveries in due:
-            await self._send(entry_id, fields, deliveries + 1)
-
-    async def _send(self, entry_id: bytes, fields: dict[bytes, bytes] | None, attempt: int) -> None:
-        raw = (fields or {}).get(b"e")
-        event = orjson.loads(raw) if raw else None
-        target = None if event is None else self._by_project.get(str(event.get("project")))
+    async def _send(self, logged: LoggedEvent) -> int | None:
+        """Calls the event's endpoint; the calls made so far when it is to be tried again,
+        None when it is finished."""
+        event = logged.event
+        target = None if event is None else self._by_project.get(logged.project)
         if event is None or target is None or event.get("type") not in target.events:
             self.counts.skipped += 1
-            await self._finish(entry_id, event)
-            return
-        assert raw is not None
-        error = await self._call(target, event["id"], raw)
+            return None
+        attempt = logged.calls + 1
+        error = await self._call(target, str(event["id"]), logged.raw)
         if error is None:
             self.counts.sent += 1
-            await self._finish(entry_id, event)
-            return
+            return None
         self.counts.failed += 1
         if attempt >= MAX_EVENT_ATTEMPTS:
             self.counts.dropped += 1
@@ -251,9 +468,7 @@ class Notifier:
                 attempt,
                 error,
             )
-            await self._finish(entry_id, event)
-            return
-        self._hold(str(event["id"]), raw)
+            return None
         log.warning(
             "notifier: event %s for project %s not delivered (call %d): %s; tried again in %d s",
             event["id"],
@@ -262,17 +477,7 @@ class Notifier:
             error,
             retry_after_ms(attempt) // 1000,
         )
-
-    def _hold(self, event_id: str, raw: bytes) -> None:
-        self._unfinished.pop(event_id, None)  # newest last: the oldest go first when full
-        if len(self._unfinished) >= MAX_HELD:
-            del self._unfinished[next(iter(self._unfinished))]
-        self._unfinished[event_id] = raw
-
-    async def _finish(self, entry_id: bytes, event: dict[str, Any] | None) -> None:
-        if event is not None:
-            self._unfinished.pop(str(event.get("id")), None)
-        await self._stream.ack(entry_id)
+        return attempt
 
     async def _call(self, target: Notifications, event_id: str, body: bytes) -> str | None:
         """One call; None on a 2xx, else what went wrong."""
@@ -290,3 +495,8 @@ class Notifier:
         if 200 <= response.status < 300:
             return None
         return f"HTTP {response.status}"
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

@@ -26,7 +26,7 @@ and label value below):
   attempt was not counted (docs/policies.md §2).
 - ``setu_delivery_events_total{result}`` (no subscription label): operational events sent to
   projects' notification endpoints, calls that failed, events dropped, events no endpoint
-  wanted, events written again after Redis forgot them (delivery/events.py).
+  wanted (delivery/events.py).
 - ``setu_delivery_reparked_total``: released dead letters that failed for good and parked
   their group again.
 - ``setu_delivery_stale_copies_total``: copies of a worker that had lost the partition,
@@ -402,11 +402,10 @@ class _Events(Collector):
         family = CounterMetricFamily(
             "setu_delivery_events",
             "Operational events by what became of them: sent, failed (a call that failed; "
-            "tried again), dropped (given up), skipped (no endpoint wanted them), rewritten "
-            "(not yet delivered, written again after Redis forgot them).",
+            "tried again), dropped (given up), skipped (no endpoint wanted them).",
             labels=["result"],
         )
-        for result in ("sent", "failed", "dropped", "skipped", "rewritten"):
+        for result in ("sent", "failed", "dropped", "skipped"):
             family.add_metric([result], getattr(self._counts, result))
         yield family
 

@@ -35,7 +35,7 @@ from delivery.changelog import (
     subscription_changelog,
 )
 from delivery.egress import Route
-from delivery.events import EventSink, Notifier
+from delivery.events import EventSink, KafkaEventLog, Notifier, TopicsReady, notifier_config
 from delivery.http import HttpClient
 from delivery.kafka_io import AsyncProducer, ConsumerThread, copy_producer_config
 from delivery.metrics import DeliveryMetrics, RunnerFigures
@@ -57,7 +57,6 @@ from state import workers
 from state.attempt_log import RedisAttemptLog
 from state.delivery_budget import RedisDeliveryBudget
 from state.durable_groups import DurableGroupStore
-from state.event_stream import RedisEventStream
 from state.group_offsets import GroupNotEmpty, GroupOffsets
 from state.groups import RedisGroupStore, announce_subscriptions
 from state.kafka_admin import KafkaTopics
@@ -274,13 +273,15 @@ async def serve(
     reader = KafkaReader(config.bootstrap, config.client_config)
     consumer, hub = readers(settings, config, loop, reader)
     metrics = DeliveryMetrics()
-    stream = RedisEventStream(client)
-    sink = EventSink(stream, metrics.events)
+    event_log = KafkaEventLog(producer)
+    events_ready = TopicsReady(partial(asyncio.to_thread, topics.ensure_events))
+    sink = EventSink(event_log, events_ready, metrics.events)
     notifier = Notifier(
-        stream,
+        notifier_config(settings.kafka_bootstrap, instance, limits, kafka),
+        event_log,
+        events_ready,
         partial(asyncio.to_thread, source.list_notifications),
         http,
-        instance,
         metrics.events,
         Route(proxy=egress.default),
     )

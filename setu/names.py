@@ -92,6 +92,20 @@ PRODUCER_MARKS_TOPIC = f"{PREFIX}.producer-marks"
 Kafka topic has two dots only."""
 
 
+EVENTS_TOPIC = f"{PREFIX}.ops-events"
+"""Every project's operational events, as the workers emit them (delivery/events.py,
+docs/policies.md §4). Two dots only: no Setu topic's Kafka topic is named so."""
+
+EVENTS_RETRY_TOPIC = f"{PREFIX}.ops-events-retry"
+"""Operational events whose call failed, each with when to call again."""
+
+EVENTS_PARTITIONS = 3
+"""Partitions of both events topics: up to three workers' notifiers share the sending."""
+
+NOTIFIER_GROUP = f"{PREFIX}.notifier"
+"""The consumer group of every worker's notifier on the two events topics."""
+
+
 def state_topic(project: str, subscription: str) -> str:
     """The subscription's own group-state changelog of the earlier layout (compacted;
     state/changelog.py): copied when a partition is first claimed under the shared changelog

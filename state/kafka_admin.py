@@ -154,6 +154,15 @@ def producer_marks_spec(replication_factor: int) -> TopicSpec:
     return TopicSpec(names.PRODUCER_MARKS_TOPIC, 1, config)
 
 
+def events_specs(replication_factor: int, max_message_bytes: int) -> list[TopicSpec]:
+    """The operational events' topics (delivery/events.py): kept a week, like a topic's."""
+    config = topic_config(168, replication_factor, max_message_bytes)
+    return [
+        TopicSpec(name, names.EVENTS_PARTITIONS, config)
+        for name in (names.EVENTS_TOPIC, names.EVENTS_RETRY_TOPIC)
+    ]
+
+
 def groups_spec(topic: Topic, replication_factor: int, max_message_bytes: int) -> TopicSpec:
     """The group-state changelog of every subscription of ``topic`` (state/shared_changelog.py)."""
     return TopicSpec(
@@ -496,6 +505,10 @@ class KafkaTopics:
         """Makes the ingest job's producer marks changelog if it is missing; returns what it
         created."""
         return self._ensure([producer_marks_spec(self._replication)])
+
+    def ensure_events(self) -> list[str]:
+        """Makes the operational events' topics if they are missing; returns what it created."""
+        return self._ensure(events_specs(self._replication, self._max_message_bytes), keep=True)
 
     def retention_ms(self, kafka_topic: str) -> int | None:
         """The topic's ``retention.ms`` as the broker has it; None: kept for ever."""

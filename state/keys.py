@@ -140,18 +140,6 @@ def stop_confirmations(project: str, subscription: str) -> str:
     return f"{_sub(project, subscription)}:stopped"
 
 
-def events_stream() -> str:
-    """Stream of every project's operational events, read by the notifiers' consumer group
-    (delivery/events.py)."""
-    return f"{PREFIX}:events"
-
-
-def events_generation() -> str:
-    """A random value set once per :func:`events_stream`: when it changes, Redis forgot the
-    stream (state/event_stream.py)."""
-    return f"{PREFIX}:events:generation"
-
-
 def subscriptions_changed() -> str:
     """Integer the API raises after each change to a subscription's record (made, updated,
     started, stopped, paused, resumed, deleted). Workers read it once a second and list the

@@ -13,7 +13,14 @@ from standardwebhooks.webhooks import Webhook
 
 from delivery import events
 from setu.policies import BreakerPolicy, DeadLetterWindow, Policies
-from tests.integration.delivery.support import Outage, Receiver, ThreadWorker, World, wait_for
+from tests.integration.delivery.support import (
+    Outage,
+    ProcessWorker,
+    Receiver,
+    ThreadWorker,
+    World,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +57,12 @@ def received(receiver: Receiver) -> list[dict[str, Any]]:
 
 def of_type(receiver: Receiver, kind: str) -> list[dict[str, Any]]:
     return [e for e in received(receiver) if e["type"] == kind]
+
+
+def failed_event_calls(receiver: Receiver) -> list[str]:
+    """The ids of the events whose call the endpoint failed, in call order."""
+    calls = [c for c in receiver.calls if c.path == "/events" and c.status == 503]
+    return [c.headers["webhook-id"] for c in calls]
 
 
 def breaker_events_wanted(world: World, receiver: Receiver, api: httpx.Client) -> None:
@@ -110,14 +123,9 @@ def test_an_event_not_yet_taken_outlives_redis_coming_back_empty(
     ids = {g: world.publish("t", g, 2) for g in groups}
     start_worker()
 
-    def failed_event_calls() -> list[str]:
-        calls = [c for c in receiver.calls if c.path == "/events" and c.status == 503]
-        return [c.headers["webhook-id"] for c in calls]
-
-    wait_for("the opening's first call to fail", failed_event_calls, 30)
-    opening = failed_event_calls()[0]
-    # When Redis comes back empty (the stream of pending events with it), and then the event
-    # endpoint and the webhook recover
+    wait_for("the opening's first call to fail", lambda: failed_event_calls(receiver), 30)
+    opening = failed_event_calls(receiver)[0]
+    # When Redis comes back empty, and then the event endpoint and the webhook recover
     client = world.redis()
     try:
         client.flushall()
@@ -130,6 +138,46 @@ def test_an_event_not_yet_taken_outlives_redis_coming_back_empty(
         "the opening",
         lambda: opening in {e["id"] for e in of_type(receiver, "endpoint.breaker_opened")},
         30,
+    )
+    wait_for("every group", lambda: all(receiver.delivered(g) == ids[g] for g in groups), 60)
+
+
+def test_an_event_whose_worker_was_killed_outlives_redis_coming_back_empty(
+    world: World,
+    receiver: Receiver,
+    start_process: Callable[..., ProcessWorker],
+    start_worker: Callable[..., ThreadWorker],
+    api: httpx.Client,
+) -> None:
+    # Given a breaker that opened in a worker process whose notifier failed the opening's
+    # first call (the event endpoint is down)
+    breaker_events_wanted(world, receiver, api)
+    events_down = threading.Event()
+    events_down.set()
+    with receiver.lock:
+        receiver.rules[""] = lambda: 503 if events_down.is_set() else 200
+    groups = [f"g{i}" for i in range(6)]
+    outage = Outage(receiver, groups)
+    ids = {g: world.publish("t", g, 2) for g in groups}
+    process = start_process()
+    wait_for("the opening's first call to fail", lambda: failed_event_calls(receiver), 60)
+    opening = failed_event_calls(receiver)[0]
+    # When that worker is killed, Redis comes back empty, and everything recovers with
+    # another worker
+    process.kill()
+    client = world.redis()
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    events_down.clear()
+    outage.end()
+    start_worker()
+    # Then the opening arrives all the same, under its id, and every message is delivered
+    wait_for(
+        "the opening",
+        lambda: opening in {e["id"] for e in of_type(receiver, "endpoint.breaker_opened")},
+        60,
     )
     wait_for("every group", lambda: all(receiver.delivered(g) == ids[g] for g in groups), 60)
 
