@@ -416,18 +416,24 @@ class Notifier:
             self._thread.post(lambda consumer: consumer.resume(assigned))
 
     async def _handle(self, part: _Partition, offset: int, logged: LoggedEvent) -> None:
-        wait_ms = logged.due_ms - now_ms()
-        if wait_ms > 0:
-            await asyncio.sleep(wait_ms / 1000)
-        await self._refresh_configs()
-        calls = await self._send(logged)
-        while calls is not None:  # failed: tried again from the retry topic
-            try:
-                await self._log.retry(logged, calls, now_ms() + retry_after_ms(calls))
-                break
-            except (KafkaException, DroppedWrite) as exc:
-                log.warning("notifier: a failed event not written to be tried again: %s", exc)
-                await asyncio.sleep(REWRITE_WAIT_S)
+        """Sends one event when it is due; it is finished once sent, unwanted, dropped or
+        written to the retry topic."""
+        try:
+            wait_ms = logged.due_ms - now_ms()
+            if wait_ms > 0:
+                await asyncio.sleep(wait_ms / 1000)
+            await self._refresh_configs()
+            calls = await self._send(logged)
+            while calls is not None:  # failed: tried again from the retry topic
+                try:
+                    await self._log.retry(logged, calls, now_ms() + retry_after_ms(calls))
+                    break
+                except (KafkaException, DroppedWrite) as exc:
+                    log.warning("notifier: a failed event not written to be tried again: %s", exc)
+                    await asyncio.sleep(REWRITE_WAIT_S)
+        except Exception:  # a defect: the event must not hold its partition's offset for ever
+            self.counts.dropped += 1
+            log.exception("notifier: the event at offset %d dropped", offset)
         part.unfinished.discard(offset)
         self._flow()
 
