@@ -69,6 +69,10 @@ CONFIG_REFRESH_S = 5.0
 COMMIT_EVERY_S = 1.0
 REWRITE_WAIT_S = 1.0
 
+# The notifier's consumer waits this long for a record between its commands (a record ends
+# the wait): an idle worker's notifier wakes twice a second, not twenty times.
+NOTIFIER_POLL_S = 0.5
+
 # Headers of a record of the retry topic: calls made so far, and when to call again (epoch ms).
 H_CALLS = "setu-event-calls"
 H_DUE = "setu-event-due-ms"
@@ -327,7 +331,7 @@ class Notifier:
                 await _wait(stop, 2.0)
                 continue
             thread = self._thread = ConsumerThread(
-                self._consumer_config, asyncio.get_running_loop(), self
+                self._consumer_config, asyncio.get_running_loop(), self, NOTIFIER_POLL_S
             )
             thread.start([EVENTS_TOPIC, EVENTS_RETRY_TOPIC])
             while not stop.is_set() and thread.running:

@@ -43,12 +43,12 @@ POLL_TIMEOUT_S = 0.05
 MAX_OUTSTANDING_BATCHES = 2
 
 
-def take(consumer: Consumer) -> list[Message]:
-    """What the consumer holds now, up to ``POLL_BATCH``, waiting at most ``POLL_TIMEOUT_S``
-    for the first. A lone message is handed on as soon as it arrives: ``consume()`` alone
+def take(consumer: Consumer, timeout_s: float = POLL_TIMEOUT_S) -> list[Message]:
+    """What the consumer holds now, up to ``POLL_BATCH``, waiting at most ``timeout_s`` for
+    the first. A lone message is handed on as soon as it arrives: ``consume()`` alone
     waits out its whole timeout unless a full batch is there (measured: p50 28 ms of every
     message's wait in the main log at 200 msg/s, docs/latency.md)."""
-    first = consumer.poll(POLL_TIMEOUT_S)
+    first = consumer.poll(timeout_s)
     if first is None:
         return []
     return [first, *consumer.consume(POLL_BATCH - 1, 0)]
@@ -147,8 +147,12 @@ class ConsumerThread:
         config: dict[str, Any],
         loop: asyncio.AbstractEventLoop,
         listener: RebalanceListener,
+        poll_timeout_s: float = POLL_TIMEOUT_S,
     ) -> None:
+        """``poll_timeout_s``: the longest wait between commands (a record ends it at once);
+        longer costs less while idle and delays the owner's commands (pause, commit) more."""
         self._config = config
+        self._poll_timeout_s = poll_timeout_s
         self._topics: list[str] = []
         self._loop = loop
         self._listener = listener
@@ -223,9 +227,9 @@ class ConsumerThread:
                 self._run_commands(consumer)
                 if not self._may_take(consumer):
                     continue
-                if not self._outstanding.acquire(timeout=POLL_TIMEOUT_S):
+                if not self._outstanding.acquire(timeout=self._poll_timeout_s):
                     continue
-                messages = take(consumer)
+                messages = take(consumer, self._poll_timeout_s)
                 if messages:
                     self._loop.call_soon_threadsafe(self._hand_over, messages)
                 else:
@@ -250,7 +254,7 @@ class ConsumerThread:
 
     def _may_take(self, consumer: Consumer) -> bool:
         """Whether to take records now: not while the owner holds as many as it wants."""
-        return self.flowing.wait(POLL_TIMEOUT_S)
+        return self.flowing.wait(self._poll_timeout_s)
 
     def _hand_over(self, messages: list[Message]) -> None:
         try:
