@@ -79,6 +79,48 @@ def breaker_events_wanted(world: World, receiver: Receiver, api: httpx.Client) -
     notify(api, world, receiver, "endpoint.breaker_opened", "endpoint.breaker_closed")
 
 
+class Down:
+    """A project that wants breaker events at an endpoint that is down, and a subscription of
+    topic t whose webhook is down for six groups of two messages: its breaker opens."""
+
+    def __init__(self, world: World, receiver: Receiver, api: httpx.Client) -> None:
+        breaker_events_wanted(world, receiver, api)
+        self.receiver = receiver
+        self.events_down = threading.Event()
+        self.events_down.set()
+        with receiver.lock:
+            receiver.rules[""] = lambda: 503 if self.events_down.is_set() else 200
+        self.groups = [f"g{i}" for i in range(6)]
+        self.outage = Outage(receiver, self.groups)
+        self.ids = {g: world.publish("t", g, 2) for g in self.groups}
+
+    def recover(self) -> None:
+        """The event endpoint and the webhook answer 200 from now on."""
+        self.events_down.clear()
+        self.outage.end()
+
+    def arrived(self, opening: str, timeout_s: float) -> None:
+        """Waits until the breaker's opening ``opening`` arrived and every message was
+        delivered."""
+        receiver = self.receiver
+        wait_for(
+            "the opening",
+            lambda: opening in {e["id"] for e in of_type(receiver, "endpoint.breaker_opened")},
+            timeout_s,
+        )
+        ids = self.ids
+        wait_for("every group", lambda: all(receiver.delivered(g) == ids[g] for g in ids), 60)
+
+
+def forget_redis(world: World) -> None:
+    """Redis comes back empty."""
+    client = world.redis()
+    try:
+        client.flushall()
+    finally:
+        client.close()
+
+
 def test_breaker_events_arrive_signed_and_a_failing_endpoint_gets_them_later(
     world: World,
     receiver: Receiver,
@@ -113,33 +155,15 @@ def test_an_event_not_yet_taken_outlives_redis_coming_back_empty(
 ) -> None:
     # Given a project that wants breaker events at an endpoint that is down, and a breaker
     # that opened: its event failed a call and waits to be tried again
-    breaker_events_wanted(world, receiver, api)
-    events_down = threading.Event()
-    events_down.set()
-    with receiver.lock:
-        receiver.rules[""] = lambda: 503 if events_down.is_set() else 200
-    groups = [f"g{i}" for i in range(6)]
-    outage = Outage(receiver, groups)
-    ids = {g: world.publish("t", g, 2) for g in groups}
+    down = Down(world, receiver, api)
     start_worker()
-
     wait_for("the opening's first call to fail", lambda: failed_event_calls(receiver), 30)
     opening = failed_event_calls(receiver)[0]
     # When Redis comes back empty, and then the event endpoint and the webhook recover
-    client = world.redis()
-    try:
-        client.flushall()
-    finally:
-        client.close()
-    events_down.clear()
-    outage.end()
+    forget_redis(world)
+    down.recover()
     # Then the opening arrives all the same, under its id, and every message is delivered
-    wait_for(
-        "the opening",
-        lambda: opening in {e["id"] for e in of_type(receiver, "endpoint.breaker_opened")},
-        30,
-    )
-    wait_for("every group", lambda: all(receiver.delivered(g) == ids[g] for g in groups), 60)
+    down.arrived(opening, 30)
 
 
 def test_an_event_whose_worker_was_killed_outlives_redis_coming_back_empty(
@@ -151,35 +175,18 @@ def test_an_event_whose_worker_was_killed_outlives_redis_coming_back_empty(
 ) -> None:
     # Given a breaker that opened in a worker process whose notifier failed the opening's
     # first call (the event endpoint is down)
-    breaker_events_wanted(world, receiver, api)
-    events_down = threading.Event()
-    events_down.set()
-    with receiver.lock:
-        receiver.rules[""] = lambda: 503 if events_down.is_set() else 200
-    groups = [f"g{i}" for i in range(6)]
-    outage = Outage(receiver, groups)
-    ids = {g: world.publish("t", g, 2) for g in groups}
+    down = Down(world, receiver, api)
     process = start_process()
     wait_for("the opening's first call to fail", lambda: failed_event_calls(receiver), 60)
     opening = failed_event_calls(receiver)[0]
     # When that worker is killed, Redis comes back empty, and everything recovers with
     # another worker
     process.kill()
-    client = world.redis()
-    try:
-        client.flushall()
-    finally:
-        client.close()
-    events_down.clear()
-    outage.end()
+    forget_redis(world)
+    down.recover()
     start_worker()
     # Then the opening arrives all the same, under its id, and every message is delivered
-    wait_for(
-        "the opening",
-        lambda: opening in {e["id"] for e in of_type(receiver, "endpoint.breaker_opened")},
-        60,
-    )
-    wait_for("every group", lambda: all(receiver.delivered(g) == ids[g] for g in groups), 60)
+    down.arrived(opening, 60)
 
 
 def test_dead_letters_parked_groups_and_a_policy_pause_are_told(
