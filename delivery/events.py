@@ -29,7 +29,6 @@ import contextlib
 import logging
 import time
 import uuid
-import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from setu.clock import now_ms
 from setu.limits import MessageLimits
 from setu.model import Notifications
 from setu.names import EVENTS_PARTITIONS, EVENTS_RETRY_TOPIC, EVENTS_TOPIC, NOTIFIER_GROUP
+from setu.partitioner import partition_for
 from setu.signing import signing_key, webhook_headers
 
 log = logging.getLogger(__name__)
@@ -117,8 +117,9 @@ class TopicsReady:
 
 
 def _partition_of(project: bytes) -> int:
-    """A project's events share a partition (one notifier sends them)."""
-    return zlib.crc32(project) % EVENTS_PARTITIONS
+    """A project's events share a partition (one notifier sends them): the record key's, as
+    Setu's producers place every keyed record."""
+    return partition_for(project, EVENTS_PARTITIONS)
 
 
 class KafkaEventLog:
@@ -127,12 +128,13 @@ class KafkaEventLog:
     def __init__(self, producer: AsyncProducer) -> None:
         self._producer = producer
 
-    async def append(self, events: Sequence[bytes]) -> None:
-        """Writes each encoded event to the events' topic; raises unless Kafka took all."""
+    async def append(self, events: Sequence[tuple[str, bytes]]) -> None:
+        """Writes each (project, encoded event) to the events' topic; raises unless Kafka took
+        all."""
         by_partition: dict[int, list[tuple[bytes, bytes | None, list[tuple[str, bytes]]]]] = {}
-        for raw in events:
-            project = str(orjson.loads(raw).get("project", "")).encode()
-            by_partition.setdefault(_partition_of(project), []).append((project, raw, []))
+        for project, raw in events:
+            key = project.encode()
+            by_partition.setdefault(_partition_of(key), []).append((key, raw, []))
         await asyncio.gather(
             *(self._producer.send(EVENTS_TOPIC, p, rs) for p, rs in by_partition.items())
         )
@@ -191,7 +193,7 @@ class EventSink:
         self._log = log_
         self._ready = ready
         self.counts = counts or EventCounts()
-        self._held: deque[bytes] = deque()
+        self._held: deque[tuple[str, bytes]] = deque()  # (project, encoded event)
         self._wake = asyncio.Event()
         # (project, subscription) -> [count, sample ids, first seen (monotonic s)]
         self._dead: dict[tuple[str, str], list[Any]] = {}
@@ -208,7 +210,7 @@ class EventSink:
         if len(self._held) >= MAX_HELD:
             self._held.popleft()
             self.counts.dropped += 1
-        self._held.append(orjson.dumps(event))
+        self._held.append((project, orjson.dumps(event)))
         self._wake.set()
 
     def dead_lettered(self, project: str, subscription: str, message_id: str) -> None:
@@ -246,9 +248,10 @@ class EventSink:
         if not self._held:
             return
         batch = list(self._held)
+        if not await self._ready():  # it logged why
+            await asyncio.sleep(1.0)
+            return
         try:
-            if not await self._ready():
-                raise KafkaException("the events' topics are not made yet")
             await self._log.append(batch)
         except (KafkaException, DroppedWrite) as exc:
             log.warning("events: %d not written yet: %s", len(batch), exc)
