@@ -313,6 +313,14 @@ class World:
     def redis(self) -> redis.Redis[bytes]:
         return redis.Redis.from_url(self.redis_url)
 
+    def forget_redis(self) -> None:
+        """Redis comes back empty (a flush, a failover to a replica that had not caught up)."""
+        client = self.redis()
+        try:
+            client.flushall()
+        finally:
+            client.close()
+
     def worker_reports(self, sub: str = "s") -> list[dict[str, Any]]:
         """What the workers running ``sub`` last reported of it (every 1 s or so)."""
         client = self.redis()

@@ -112,15 +112,6 @@ class Down:
         wait_for("every group", lambda: all(receiver.delivered(g) == ids[g] for g in ids), 60)
 
 
-def forget_redis(world: World) -> None:
-    """Redis comes back empty."""
-    client = world.redis()
-    try:
-        client.flushall()
-    finally:
-        client.close()
-
-
 def test_breaker_events_arrive_signed_and_a_failing_endpoint_gets_them_later(
     world: World,
     receiver: Receiver,
@@ -160,7 +151,7 @@ def test_an_event_not_yet_taken_outlives_redis_coming_back_empty(
     wait_for("the opening's first call to fail", lambda: failed_event_calls(receiver), 30)
     opening = failed_event_calls(receiver)[0]
     # When Redis comes back empty, and then the event endpoint and the webhook recover
-    forget_redis(world)
+    world.forget_redis()
     down.recover()
     # Then the opening arrives all the same, under its id, and every message is delivered
     down.arrived(opening, 30)
@@ -182,7 +173,7 @@ def test_an_event_whose_worker_was_killed_outlives_redis_coming_back_empty(
     # When that worker is killed, Redis comes back empty, and everything recovers with
     # another worker
     process.kill()
-    forget_redis(world)
+    world.forget_redis()
     down.recover()
     start_worker()
     # Then the opening arrives all the same, under its id, and every message is delivered

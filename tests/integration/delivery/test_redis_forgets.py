@@ -45,14 +45,6 @@ def in_order(receiver: Receiver, group: str, published: list[str]) -> bool:
     return first == published
 
 
-def forget_everything(world: World) -> None:
-    client = world.redis()
-    try:
-        client.flushall()
-    finally:
-        client.close()
-
-
 def test_a_parked_group_stays_parked_and_the_rest_flows_when_redis_comes_back_empty(
     world: World, receiver: Receiver, start_worker: Callable[..., ThreadWorker], api: httpx.Client
 ) -> None:
@@ -71,7 +63,7 @@ def test_a_parked_group_stays_parked_and_the_rest_flows_when_redis_comes_back_em
     wait_for("R retrying", lambda: view(api, world, "R")["state"] == "retrying")
 
     # When Redis forgets everything, as a failover to an empty replica does
-    forget_everything(world)
+    world.forget_redis()
     fresh = [world.publish("t", f"H{n}")[0] for n in range(20)]
 
     # Then the worker rebuilds its partitions from the changelog, and the other groups are

@@ -165,11 +165,7 @@ def test_a_held_message_outlives_its_worker_and_redis_coming_back_empty(
     wait_for("f scheduled", lambda: group_view(api, world, "f")["parked"] == 2, 60)
     # When the worker is killed, Redis forgets everything, and a new worker starts
     process.kill()
-    client = world.redis()
-    try:
-        client.flushall()
-    finally:
-        client.close()
+    world.forget_redis()
     start_process()
     sentinel = world.publish("t", "s")
     wait_for("a group published after the restart", lambda: receiver.delivered("s") == sentinel, 60)
