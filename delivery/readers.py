@@ -30,6 +30,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from delivery.commits import transient
 from delivery.cursors import PartitionCursors, Turn
 from delivery.kafka_io import POLL_TIMEOUT_S, ConsumerThread, consumer_config
+from setu.batching import Batched
 from setu.limits import MessageLimits
 
 if TYPE_CHECKING:
@@ -193,6 +194,9 @@ class ReaderHub:
         self._config = config
         self._low_offset = low_offset
         self._end_offset = end_offset or low_offset
+        # A partition's first offset, asked by every subscription of its topic that takes it
+        # over with nothing committed (a thousand new ones): one ask per partition at a time.
+        self._firsts: Batched[tuple[str, int], int] = Batched(self._ask_firsts)
         self._turn_records = turn_records
         self._pending_takeovers: set[asyncio.Task[None]] = set()
         self._views: dict[str, set[SubscriptionView]] = defaultdict(set)  # main topic -> views
@@ -336,7 +340,7 @@ class ReaderHub:
             if start is None:
                 # No subscription taken over yet: from the end, where those still being
                 # taken over most likely are (an idle topic); any behind is caught up.
-                start = await _asked_while_away(self._end_offset, tp.topic, tp.partition)
+                start = await _asked_while_away(self._end_at, tp.topic, tp.partition)
                 cursors.live_next = start
             starts.append(TopicPartition(tp.topic, tp.partition, start))
             self._plan_catch_up(key)
@@ -350,7 +354,7 @@ class ReaderHub:
             async with self._takeovers:
                 starts = await view.take_over(partitions, time.monotonic() - queued)
             firsts = {
-                p: await _asked_while_away(self._low_offset, view.main_topic, p)
+                p: await _asked_while_away(self._first_at, view.main_topic, p)
                 for p, offset in starts.items()
                 if offset < 0
             }
@@ -462,13 +466,33 @@ class ReaderHub:
                 asyncio.get_running_loop().create_task(self._ask_first(key, cursors))
             self._plan_catch_up(key)
 
+    async def _first_at(self, topic: str, partition: int) -> int:
+        return await self._firsts.ask((topic, partition))
+
+    async def _end_at(self, topic: str, partition: int) -> int:
+        return await asyncio.to_thread(self._end_offset, topic, partition)
+
+    async def _ask_firsts(
+        self, keys: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], int | BaseException]:
+        def ask() -> dict[tuple[str, int], int | BaseException]:
+            out: dict[tuple[str, int], int | BaseException] = {}
+            for key in keys:
+                try:
+                    out[key] = self._low_offset(*key)
+                except Exception as exc:  # that partition's callers ask again
+                    out[key] = exc
+            return out
+
+        return await asyncio.to_thread(ask)
+
     async def _ask_first(self, key: tuple[str, int], cursors: PartitionCursors) -> None:
         """A catch-up turn read past where it expected: asks the partition's first offset, so
         that only what retention removed is crossed (delivery/cursors.py), then turns go on."""
         log.info("catch-up reader: %s read past its turn's next offset; reading again", key)
         first = 0
         try:
-            first = await asyncio.to_thread(self._low_offset, *key)
+            first = await self._firsts.ask(key)
         except Exception as exc:  # Kafka away: nothing is crossed, the turn is read again
             log.warning("catch-up reader: first offset of %s not known: %s", key, exc)
         finally:
@@ -562,14 +586,16 @@ class ReaderHub:
         self.catch_up.post(command, took)
 
 
-async def _asked_while_away(ask: Callable[[str, int], int], topic: str, partition: int) -> int:
-    """``ask(topic, partition)`` (blocking, run in a thread), asked again while it fails
-    for Kafka being away, up to :data:`OFFSET_WAIT_S`."""
+async def _asked_while_away(
+    ask: Callable[[str, int], Awaitable[int]], topic: str, partition: int
+) -> int:
+    """``ask(topic, partition)``, asked again while it fails for Kafka being away, up to
+    :data:`OFFSET_WAIT_S`."""
     deadline = time.monotonic() + OFFSET_WAIT_S
     wait = OFFSET_RETRY_S[0]
     while True:
         try:
-            return await asyncio.to_thread(ask, topic, partition)
+            return await ask(topic, partition)
         except Exception as exc:
             if not transient(exc) or time.monotonic() + wait > deadline:
                 raise

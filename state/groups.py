@@ -30,10 +30,8 @@ from typing import Any, Protocol
 
 import orjson
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.exceptions import WatchError
 
 from setu.clock import now_ms
 from setu.ordering.groups import Standing, standing
@@ -316,6 +314,84 @@ return redis.call('ZADD', KEYS[2], 'NX', ARGV[2], ARGV[1])
 """
 
 
+# A partition's group state as one server holds it at one moment: a script runs alone, so
+# nothing can change between the failed set and the groups' hashes it names. One command,
+# where a WATCH transaction took three round trips and a connection of its own: a worker
+# taking over a thousand subscriptions sends the loads of all of them in a few pipelines
+# (state/redis_clients.py). KEYS: the partition's failed set, delivered outcomes, pending
+# releases, release requests, the seeks applied, its fences, owner epoch and owner writes;
+# ARGV: the group-state keys' prefix (the subscription's hash tag: the same slot), the
+# partition. The groups' keys are made here from the set's members.
+_LOAD = """
+local groups = redis.call('SMEMBERS', KEYS[1])
+local states = {}
+for i, g in ipairs(groups) do
+  states[i] = redis.call('HGETALL', ARGV[1] .. g)
+end
+return {
+  groups,
+  states,
+  redis.call('ZRANGE', KEYS[2], 0, -1),
+  redis.call('ZRANGE', KEYS[3], 0, -1),
+  redis.call('SMEMBERS', KEYS[4]),
+  redis.call('HGETALL', KEYS[6]),
+  {redis.call('HGET', KEYS[5], ARGV[2]), redis.call('GET', KEYS[7]), redis.call('GET', KEYS[8])},
+}
+"""
+
+
+# Redis made to hold exactly what a takeover rebuilt from the changelog for one partition
+# (RedisGroupStore.restore), in one script: a server holds all of it or none, as the
+# transaction it replaces did, in one command that goes with other commands instead of four
+# round trips on a connection of its own. KEYS: the partition's failed set, the
+# subscription's failed set, owner epoch, owner writes, release requests, pending releases,
+# delivered-again letters, fences, seeks applied, loaded partitions, then the unhealthy index
+# of each standing. ARGV[1]: JSON {prefix (of group-state keys), partition, epoch, seek,
+# groups [{g, f (fields, flat), k (1-based standing), s (its score)}], requests, pending,
+# again (flat score/member lists), fences (flat field/value)}; numbers as strings, which
+# cjson would round.
+_RESTORE = """
+local b = cjson.decode(ARGV[1])
+local kinds = #KEYS - 10
+local function each(cmd, key, items, step)
+  for i = 1, #items, step do
+    redis.call(cmd, key, unpack(items, i, math.min(i + step - 1, #items)))
+  end
+end
+local keep = {}
+for _, w in ipairs(b.groups) do keep[w.g] = true end
+for _, g in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if not keep[g] then
+    redis.call('DEL', b.prefix .. g)
+    redis.call('SREM', KEYS[2], g)
+    redis.call('SREM', KEYS[1], g)
+    for i = 1, kinds do redis.call('ZREM', KEYS[10 + i], g) end
+  end
+end
+redis.call('SET', KEYS[3], b.epoch)
+redis.call('SET', KEYS[4], 0)
+for _, w in ipairs(b.groups) do
+  local key = b.prefix .. w.g
+  redis.call('DEL', key)
+  each('HSET', key, w.f, 1000)
+  redis.call('SADD', KEYS[2], w.g)
+  redis.call('SADD', KEYS[1], w.g)
+  for i = 1, kinds do
+    if i ~= w.k then redis.call('ZREM', KEYS[10 + i], w.g) end
+  end
+  redis.call('ZADD', KEYS[10 + w.k], 'NX', w.s, w.g)
+end
+redis.call('DEL', KEYS[5], KEYS[6], KEYS[7], KEYS[8])
+each('SADD', KEYS[5], b.requests, 1000)
+each('ZADD', KEYS[6], b.pending, 1000)
+each('ZADD', KEYS[7], b.again, 1000)
+each('HSET', KEYS[8], b.fences, 1000)
+redis.call('HSET', KEYS[9], b.partition, b.seek)
+redis.call('HSET', KEYS[10], b.partition, b.epoch)
+return 1
+"""
+
+
 # Once per partition: an older version kept delivered-again offsets in a plain set (of every
 # letter, grouped or not, never trimmed). Only single letters need remembering now.
 _ADOPT_LEGACY = """
@@ -371,6 +447,11 @@ def parse_outcome(member: bytes | str) -> tuple[int, int]:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _pairs(flat: Sequence[bytes | str]) -> dict[str, str]:
+    """A hash as a script returns it (field, value, field, value...)."""
+    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
 
 
 class _KeyList:
@@ -506,6 +587,8 @@ class RedisGroupStore:
         self._apply_script = redis.register_script(_APPLY)
         self._adopt_script = redis.register_script(_ADOPT_LEGACY)
         self._index_script = redis.register_script(_INDEX_OLDER)
+        self._load_script = redis.register_script(_LOAD)
+        self._restore_script = redis.register_script(_RESTORE)
 
     async def claim(self, partition: int) -> int:
         return int(await self._redis.incr(keys.owner_epoch(self._project, self._sub, partition)))
@@ -550,92 +633,40 @@ class RedisGroupStore:
         Recorded outcomes and counters are left as they are. The partition is shown as
         being rebuilt until the end."""
         p, s = self._project, self._sub
-        loaded = keys.state_loaded(p, s)
-        await self._redis.hdel(loaded, str(partition))
-        failed = keys.partition_failed(p, s, partition)
-        items = sorted(states.items())
-        # One transaction, so one server holds all of it or none: a Redis that forgets, or a
-        # failover between two servers, midway cannot leave the epoch with half the groups
-        # (docs/decisions/0007-group-state-changelog.md, "Every takeover rebuilds").
-        async with self._redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await pipe.watch(failed)
-                    known = {_text(m) for m in await pipe.smembers(failed)}
-                    pipe.multi()
-                    self._queue_restore(pipe, partition, epoch, known, items)
-                    self._queue_partition_sets(
-                        pipe, partition, release_requests, pending, redelivered, fences
-                    )
-                    pipe.hset(keys.seeks_applied(p, s), str(partition), str(seek_generation))
-                    pipe.hset(loaded, str(partition), str(epoch))
-                    await pipe.execute()
-                    return
-                except WatchError:
-                    continue  # another writer changed the partition's groups meanwhile
-
-    def _queue_restore(
-        self,
-        pipe: Pipeline[bytes],
-        partition: int,
-        epoch: int,
-        known: set[str],
-        items: Sequence[tuple[str, GroupState]],
-    ) -> None:
-        p, s = self._project, self._sub
-        pipe.set(keys.owner_epoch(p, s, partition), epoch)
-        pipe.set(keys.owner_writes(p, s, partition), 0)
-        for group in sorted(known - {g for g, _ in items}):
-            pipe.delete(keys.group_state(p, s, group))
-            pipe.srem(keys.failed_groups(p, s), group)
-            pipe.srem(keys.partition_failed(p, s, partition), group)
-            for kind in Standing:
-                pipe.zrem(keys.unhealthy(p, s, kind.value), group)
-        for group, state in items:
-            key = keys.group_state(p, s, group)
-            pipe.delete(key)
-            fields: dict[str | bytes, bytes | float | int | str] = {
-                k: v for k, v in encode_state(state, partition).items()
-            }
-            pipe.hset(key, mapping=fields)
-            pipe.sadd(keys.failed_groups(p, s), group)
-            pipe.sadd(keys.partition_failed(p, s, partition), group)
-            now_in = standing(state)[0]
-            for other in Standing:
-                if other is not now_in:
-                    pipe.zrem(keys.unhealthy(p, s, other.value), group)
-            pipe.zadd(
-                keys.unhealthy(p, s, now_in.value),
-                {group: state.failed_at_ms or now_ms()},
-                nx=True,
-            )
-
-    def _queue_partition_sets(
-        self,
-        pipe: Pipeline[bytes],
-        partition: int,
-        release_requests: Iterable[str],
-        pending: Iterable[int],
-        redelivered: Iterable[int],
-        fences: Mapping[int, Mapping[int, int]],
-    ) -> None:
-        p, s = self._project, self._sub
-        requests = keys.release_requests(p, s, partition)
-        pipe.delete(requests)
-        if release_requests := sorted(release_requests):
-            pipe.sadd(requests, *release_requests)
-        for key, offsets in (
-            (keys.pending_releases(p, s, partition), pending),
-            (keys.redelivered(p, s, partition), redelivered),
-        ):
-            pipe.delete(key)
-            members: dict[str | bytes, bytes | float | int | str] = {str(o): o for o in offsets}
-            if members:
-                pipe.zadd(key, members)
-        fence_key = keys.fences(p, s, partition)
-        pipe.delete(fence_key)
-        if fences:
-            pipe.hset(fence_key, mapping={str(e): _encode_fence(f) for e, f in fences.items()})
+        kinds = list(Standing)
+        groups = []
+        for group, state in sorted(states.items()):
+            fields = [x for pair in encode_state(state, partition).items() for x in pair]
+            kind = standing(state)[0]
+            score = str(state.failed_at_ms or now_ms())
+            groups.append({"g": group, "f": fields, "k": kinds.index(kind) + 1, "s": score})
+        batch = {
+            "prefix": keys.group_state(p, s, ""),
+            "partition": str(partition),
+            "epoch": str(epoch),
+            "seek": str(seek_generation),
+            "groups": groups,
+            "requests": sorted(release_requests),
+            "pending": [x for o in sorted(pending) for x in (str(o), str(o))],
+            "again": [x for o in sorted(redelivered) for x in (str(o), str(o))],
+            "fences": [x for e, f in sorted(fences.items()) for x in (str(e), _encode_fence(f))],
+        }
+        await self._restore_script(
+            keys=[
+                keys.partition_failed(p, s, partition),
+                keys.failed_groups(p, s),
+                keys.owner_epoch(p, s, partition),
+                keys.owner_writes(p, s, partition),
+                keys.release_requests(p, s, partition),
+                keys.pending_releases(p, s, partition),
+                keys.redelivered(p, s, partition),
+                keys.fences(p, s, partition),
+                keys.seeks_applied(p, s),
+                keys.state_loaded(p, s),
+                *(keys.unhealthy(p, s, kind.value) for kind in kinds),
+            ],
+            args=[orjson.dumps(batch)],
+        )
 
     async def record_fences(
         self, partition: int, epoch: int, ends: Mapping[int, int], keep: int = 64
@@ -651,40 +682,32 @@ class RedisGroupStore:
         return {int(e): _decode_fence(_text(v)) for e, v in raw.items()}
 
     async def load(self, partition: int) -> PartitionSnapshot:
-        """The partition as one server holds it at one moment (a transaction), with the owner
+        """The partition as one server holds it at one moment (one script), with the owner
         epoch and write count it holds beside it (``PartitionSnapshot.owner``)."""
         p, s = self._project, self._sub
-        failed = keys.partition_failed(p, s, partition)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    await pipe.watch(failed)
-                    groups = sorted(_text(m) for m in await pipe.smembers(failed))
-                    pipe.multi()
-                    for g in groups:
-                        pipe.hgetall(keys.group_state(p, s, g))
-                    pipe.zrange(keys.delivered(p, s, partition), 0, -1)
-                    pipe.zrange(keys.pending_releases(p, s, partition), 0, -1)
-                    pipe.smembers(keys.release_requests(p, s, partition))
-                    pipe.hget(keys.seeks_applied(p, s), str(partition))
-                    pipe.hgetall(keys.fences(p, s, partition))
-                    pipe.get(keys.owner_epoch(p, s, partition))
-                    pipe.get(keys.owner_writes(p, s, partition))
-                    replies = await pipe.execute()
-                    break
-                except WatchError:
-                    continue  # a group failed or healed meanwhile: read again
-        states, rest = replies[: len(groups)], replies[len(groups) :]
-        outcomes, pending, requests, seek, fences, epoch, writes = rest
+        reply = await self._load_script(
+            keys=[
+                keys.partition_failed(p, s, partition),
+                keys.delivered(p, s, partition),
+                keys.pending_releases(p, s, partition),
+                keys.release_requests(p, s, partition),
+                keys.seeks_applied(p, s),
+                keys.fences(p, s, partition),
+                keys.owner_epoch(p, s, partition),
+                keys.owner_writes(p, s, partition),
+            ],
+            args=[keys.group_state(p, s, ""), str(partition)],
+        )
+        groups, states, outcomes, pending, requests, fences, (seek, epoch, writes) = reply
         snap = PartitionSnapshot()
-        for g, raw in zip(groups, states, strict=True):
-            if raw:
-                snap.states[g] = decode_state({_text(k): _text(v) for k, v in raw.items()})
+        for g, flat in sorted(zip(groups, states, strict=True)):
+            if flat:
+                snap.states[_text(g)] = decode_state(_pairs(flat))
         snap.outcomes = {parse_outcome(m) for m in outcomes}
         snap.pending_releases = {int(m) for m in pending}
         snap.release_requests = {_text(m) for m in requests}
         snap.seek_generation = int(seek or 0)
-        snap.fences = {int(e): _decode_fence(_text(v)) for e, v in fences.items()}
+        snap.fences = {int(e): _decode_fence(_text(v)) for e, v in _pairs(fences).items()}
         snap.owner = (int(epoch or 0), int(writes if writes is not None else -1))
         return snap
 

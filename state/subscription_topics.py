@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
+from setu.batching import Batched
 from setu.model import Subscription, Topic
 from state.kafka_admin import KafkaTopics
 
@@ -39,11 +41,11 @@ class SubscriptionTopics:
         # One queue per kind, each drained on its own: a runner's start asks only for its
         # changelog and must not wait behind the tiers of a thousand subscriptions failing at
         # once, which Kafka may take minutes to make (decision 0014).
-        self._waiting: dict[bool, list[tuple[Subscription, asyncio.Future[Any]]]] = {
-            False: [],
-            True: [],
+        self._batches: dict[bool, Batched[Key, Any]] = {
+            kind: Batched(partial(self._made, kind)) for kind in (False, True)
         }
-        self._tasks: dict[bool, asyncio.Task[None]] = {}
+        # Per kind, the subscription asked under each key, until its batch takes it.
+        self._asking: dict[bool, dict[Key, Subscription]] = {False: {}, True: {}}
 
     async def ensure(self, sub: Subscription) -> None:
         """Returns once ``sub``'s tiers, DLQ and changelog exist; raises what stopped that."""
@@ -56,33 +58,18 @@ class SubscriptionTopics:
         return missing
 
     async def _ask(self, sub: Subscription, *, state_only: bool) -> Any:
-        loop = asyncio.get_running_loop()
-        made: asyncio.Future[Any] = loop.create_future()
-        self._waiting[state_only].append((sub, made))
-        if state_only not in self._tasks:
-            self._tasks[state_only] = loop.create_task(self._drain(state_only))
-        return await made
+        key = (sub.project, sub.name)
+        self._asking[state_only][key] = sub
+        return await self._batches[state_only].ask(key)
 
-    async def _drain(self, state_only: bool) -> None:
-        try:
-            while self._waiting[state_only]:
-                batch, self._waiting[state_only] = self._waiting[state_only], []
-                try:
-                    results = await asyncio.to_thread(
-                        self._make, [sub for sub, _ in batch], state_only
-                    )
-                except Exception as exc:  # the store or Kafka away: each runner retries
-                    results = {(sub.project, sub.name): exc for sub, _ in batch}
-                for sub, future in batch:
-                    if future.done():  # its runner stopped waiting
-                        continue
-                    out = results.get((sub.project, sub.name))
-                    if isinstance(out, BaseException):
-                        future.set_exception(out)
-                    else:
-                        future.set_result(out)
-        finally:
-            del self._tasks[state_only]
+    async def _made(
+        self, state_only: bool, keys: list[Key]
+    ) -> Mapping[Key, BaseException | frozenset[str] | None]:
+        asked = self._asking[state_only]
+        subs = [asked.pop(k) for k in keys if k in asked]
+        # Each batch is one thread's work (the store and Kafka's admin client block); the
+        # store or Kafka away fails the batch, and each runner asks again.
+        return await asyncio.to_thread(self._make, subs, state_only)
 
     def _make(
         self, subs: Sequence[Subscription], state_only: bool

@@ -346,3 +346,68 @@ async def test_groups_failed_before_the_index_existed_are_indexed_when_listed(
     finally:
         await store.clear()
         await client.aclose()  # type: ignore[attr-defined]
+
+
+async def test_a_restore_holds_exactly_what_it_was_given_and_forgets_the_rest(
+    redis_url: str,
+) -> None:
+    # Given a partition whose Redis knows groups "old" (parked) and "kept", a release request,
+    # an outcome and fences, and another partition's group "other"
+    project = f"t{uuid.uuid4().hex[:10]}"
+    client: Redis[bytes] = Redis.from_url(redis_url)
+    store = RedisGroupStore(client, project, "s")
+    try:
+        await store.apply(StateWrite(3, "old", touches_group=True, state=failed(DLQ)))
+        await store.apply(StateWrite(3, "kept", touches_group=True, state=failed(1)))
+        await store.apply(StateWrite(4, "other", touches_group=True, state=failed(1)))
+        await store.request_release(3, ["old"], [11])
+        await store.record_delivered(3, [(0, 5)])
+        await store.record_fences(3, 1, {1: 4})
+        # When a takeover restores what the changelog says: "kept" now parked at offset
+        # 9007199254740993 (past what a double holds), "new" retrying, other requests,
+        # pending releases, delivered-again letters, fences and a seek generation
+        big = 9007199254740993
+        kept = GroupState(
+            counts=failed(DLQ).counts, head="h", version=4, dlq_from=big, failed_at_ms=big
+        )
+        new = failed(2, 2, head="n")
+        await store.restore(
+            3,
+            7,
+            {"kept": kept, "new": new},
+            ["kept"],
+            [big, 2],
+            [5],
+            3,
+            {6: {1: 10, DLQ: big}, 7: {1: 12}},
+        )
+        # Then it loads exactly that under epoch 7, with the outcomes left as they were
+        snap = await store.load(3)
+        assert snap.states == {"kept": kept, "new": new}
+        assert snap.release_requests == {"kept"}
+        assert snap.pending_releases == {big, 2}
+        assert snap.seek_generation == 3
+        assert snap.fences == {6: {1: 10, DLQ: big}, 7: {1: 12}}
+        assert snap.outcomes == {(0, 5)}
+        assert snap.owner == (7, 0)
+        assert await store.redelivered(3) == {5}
+        assert 3 in await store.loaded()
+        # And "old" is forgotten everywhere, each group listed under its standing once,
+        # while the other partition's group is untouched
+        assert await store.group("old") is None
+        assert sorted(await store.failed_groups()) == ["kept", "new", "other"]
+        listed = [
+            (g.group_id, standing_of(g.state)[0])
+            for g in (await store.unhealthy(None, 10, None)).groups
+        ]
+        assert sorted(listed) == [
+            ("kept", Standing.DEAD_LETTERED),
+            ("new", Standing.RETRYING),
+            ("other", Standing.RETRYING),
+        ]
+        assert (await store.load(4)).states == {"other": failed(1)}
+    finally:
+        found = [k async for k in client.scan_iter(match=keys.subscription_pattern(project, "s"))]
+        if found:
+            await client.delete(*found)
+        await client.aclose()  # type: ignore[attr-defined]
