@@ -19,6 +19,7 @@ from collections.abc import Collection, Sequence
 
 from delivery.kafka_io import AsyncProducer
 from setu import names
+from setu.batching import Batched
 from setu.model import Subscription
 from state.changelog import H_MIRRORED, ChangelogRecord, Entry
 from state.kafka_reader import KafkaReader
@@ -42,38 +43,19 @@ class EarlierChangelogs:
     def __init__(self, reader: KafkaReader) -> None:
         self._reader = reader
         self._known: dict[str, bool] = {}
-        self._waiting: dict[str, asyncio.Future[bool]] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._asks: Batched[str, bool] = Batched(self._existing)
 
     async def has(self, topic: str) -> bool:
         known = self._known.get(topic)
         if known is not None:
             return known
-        future = self._waiting.get(topic)
-        if future is None:
-            future = self._waiting[topic] = asyncio.get_running_loop().create_future()
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._ask())
-        return await asyncio.shield(future)
+        return await self._asks.ask(topic)
 
-    async def _ask(self) -> None:
-        try:
-            while self._waiting:
-                batch, self._waiting = self._waiting, {}
-                try:
-                    found = await asyncio.to_thread(self._reader.existing, list(batch))
-                except Exception as exc:
-                    for future in batch.values():
-                        if not future.done():
-                            future.set_exception(exc)
-                            future.exception()  # its runner may have stopped waiting
-                    continue
-                for topic, future in batch.items():
-                    self._known[topic] = topic in found
-                    if not future.done():
-                        future.set_result(topic in found)
-        finally:
-            self._task = None
+    async def _existing(self, topics: list[str]) -> dict[str, bool | BaseException]:
+        found = await asyncio.to_thread(self._reader.existing, topics)
+        for topic in topics:
+            self._known[topic] = topic in found
+        return {topic: topic in found for topic in topics}
 
     def keep_only(self, topics: Collection[str]) -> None:
         """Forgets the answers for topics not in ``topics``: a subscription deleted (its own

@@ -9,11 +9,9 @@ each takeover), and looks every :data:`TICK_MS` besides (every 5 s while it rest
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
 
+from setu.batching import Batched, in_thread
 from setu.ordering.records import Record
 from setu.ordering.tiers import MAIN
 from state.kafka_reader import KafkaReader, record_of
@@ -22,8 +20,6 @@ from state.schedule_cancels import ScheduleCancels
 log = logging.getLogger(__name__)
 
 TICK_MS = 200
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
 
 
 class Recalls:
@@ -45,15 +41,15 @@ class Recalls:
         self._cancels = cancels
         self._project = project
         self._topic = topic
-        self._records: dict[int, Batches[int, Record | None]] = {}
-        self._cancelled = Batches[str, bool](self._look_up)
+        self._records: dict[int, Batched[int, Record | None]] = {}
+        self._cancelled: Batched[str, bool] = Batched(in_thread(self._look_up))
 
     async def record(self, partition: int, offset: int) -> Record | None:
         """The main log's record at ``offset``; None when retention has deleted it."""
         batches = self._records.get(partition)
         if batches is None:
-            batches = self._records[partition] = Batches(
-                lambda offsets: self._read(partition, offsets)
+            batches = self._records[partition] = Batched(
+                in_thread(lambda offsets: self._read(partition, offsets))
             )
         return await batches.ask(offset)
 
@@ -84,40 +80,3 @@ class Recalls:
         assert self._cancels is not None
         found = self._cancels.cancelled(self._project, self._topic, message_ids)
         return {m: m in found for m in message_ids}
-
-
-class Batches(Generic[K, V]):
-    """Answers asks in batches: ``answer`` (blocking, run in a thread) takes every key asked
-    while the previous batch was under way. A failed batch fails each of its asks."""
-
-    def __init__(self, answer: Callable[[list[K]], dict[K, V]]) -> None:
-        self._answer = answer
-        self._waiting: dict[K, list[asyncio.Future[V]]] = {}
-        self._task: asyncio.Task[None] | None = None
-
-    async def ask(self, key: K) -> V:
-        loop = asyncio.get_running_loop()
-        answered: asyncio.Future[V] = loop.create_future()
-        self._waiting.setdefault(key, []).append(answered)
-        if self._task is None:
-            self._task = loop.create_task(self._drain())
-        return await answered
-
-    async def _drain(self) -> None:
-        try:
-            while self._waiting:
-                batch, self._waiting = self._waiting, {}
-                try:
-                    found = await asyncio.to_thread(self._answer, list(batch))
-                except Exception as exc:
-                    for waiting in batch.values():
-                        for future in waiting:
-                            if not future.done():
-                                future.set_exception(exc)
-                    continue
-                for key, waiting in batch.items():
-                    for future in waiting:
-                        if not future.done():
-                            future.set_result(found[key])
-        finally:
-            self._task = None

@@ -23,6 +23,16 @@ V = TypeVar("V")
 Call = Callable[[list[K]], Awaitable[Mapping[K, V | BaseException]]]
 
 
+def in_thread(answer: Callable[[list[K]], Mapping[K, V]]) -> Call[K, V]:
+    """A :data:`Call` of a blocking ``answer`` (Kafka's clients, the metadata store), run in
+    a thread of the loop's pool."""
+
+    async def call(keys: list[K]) -> Mapping[K, V | BaseException]:
+        return await asyncio.to_thread(answer, keys)
+
+    return call
+
+
 class Batched(Generic[K, V]):
     """Asks for keys (see the module doc), on one event loop."""
 

@@ -24,10 +24,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from setu.batching import Batched
 from state.kafka_reader import committed_offsets
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,15 @@ READ_CONCURRENCY = 3
 # run with 100 subscriptions saw workers abort so, decision 0011). The caller still gives
 # up after its own ``timeout_s``; the request itself then completes when Kafka answers.
 ADMIN_REQUEST_TIMEOUT_S = 600.0
+# Groups named in one membership request, and how long its callers wait for its answer.
+DESCRIBE_MOST = 500
+DESCRIBE_WAIT_S = 30.0
+
+
+def _seen(future: asyncio.Future[Any]) -> None:
+    """A request's answer that nobody waits for any more: its error is not an unseen one."""
+    if not future.cancelled():
+        future.exception()
 
 
 class GroupNotEmpty(Exception):
@@ -58,6 +69,7 @@ class GroupOffsets:
         # subscription's first takeover, against none for the next one).
         self._membership = AdminClient({"bootstrap.servers": bootstrap, **self._client_config})
         self._reads = asyncio.Semaphore(READ_CONCURRENCY)
+        self._members: Batched[str, bool] = Batched(self._describe, most=DESCRIBE_MOST)
 
     async def commit(
         self, group: str, offsets: Sequence[TopicPartition], timeout_s: float = 30.0
@@ -83,12 +95,29 @@ class GroupOffsets:
             raise KafkaException(failed[0].error)
 
     async def has_members(self, group: str, timeout_s: float = 30.0) -> bool:
-        """Whether consumers are in ``group`` now (a worker of the earlier layout)."""
-        future = self._membership.describe_consumer_groups(
-            [group], request_timeout=ADMIN_REQUEST_TIMEOUT_S
-        )[group]
-        description = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
-        return bool(description.members)
+        """Whether consumers are in ``group`` now (a worker of the earlier layout). The asks
+        of a thousand subscriptions taken over at once go in a few requests, each naming many
+        groups (setu/batching.py)."""
+        return await asyncio.wait_for(self._members.ask(group), timeout_s)
+
+    async def _describe(self, groups: list[str]) -> dict[str, bool | BaseException]:
+        futures = self._membership.describe_consumer_groups(
+            groups, request_timeout=ADMIN_REQUEST_TIMEOUT_S
+        )
+        waiting = [asyncio.wrap_future(futures[g]) for g in groups]
+        # Kafka away: this batch's callers are told after DESCRIBE_WAIT_S (theirs may be
+        # shorter), and the next batch asks anew; this request completes when Kafka answers.
+        done, _ = await asyncio.wait(waiting, timeout=DESCRIBE_WAIT_S)
+        out: dict[str, bool | BaseException] = {}
+        for group, future in zip(groups, waiting, strict=True):
+            if future not in done:
+                future.add_done_callback(_seen)
+                out[group] = TimeoutError(f"{group}: Kafka did not describe it in time")
+            elif (error := future.exception()) is not None:
+                out[group] = error
+            else:
+                out[group] = bool(future.result().members)
+        return out
 
     async def committed(
         self, group: str, partitions: Sequence[TopicPartition], timeout_s: float = 30.0

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
-from setu.batching import Batched
+from setu.batching import Batched, in_thread
 
 
 class Calls:
@@ -16,9 +17,11 @@ class Calls:
         self.batches: list[list[int]] = []
         self.gate = asyncio.Event()
         self.gate.set()
+        self.called = asyncio.Event()
 
     async def __call__(self, keys: list[int]) -> dict[int, int | BaseException]:
         self.batches.append(list(keys))
+        self.called.set()
         await self.gate.wait()
         return {k: (ValueError(f"no {k}") if k < 0 else k * k) for k in keys}
 
@@ -36,8 +39,7 @@ async def test_an_ask_made_during_a_call_waits_for_the_next_call() -> None:
     calls.gate.clear()
     batched: Batched[int, int] = Batched(calls)
     first = asyncio.ensure_future(batched.ask(2))
-    while not calls.batches:
-        await asyncio.sleep(0)
+    await calls.called.wait()
     # Asked while the call for 2 is under way: its answer must come from a later call.
     second = asyncio.ensure_future(batched.ask(2))
     third = asyncio.ensure_future(batched.ask(5))
@@ -83,3 +85,29 @@ async def test_a_caller_that_stopped_waiting_leaves_the_others_served() -> None:
     calls.gate.set()
     assert await staying == 49
     assert gone.cancelled()
+
+
+async def test_a_blocking_answer_in_a_thread_serves_the_asks_made_meanwhile_together() -> None:
+    # Given a blocking answer (a Kafka or database read) that waits until let go
+    calls: list[list[int]] = []
+    go = threading.Event()
+    called = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def answer(keys: list[int]) -> dict[int, str]:
+        calls.append(sorted(keys))
+        loop.call_soon_threadsafe(called.set)
+        go.wait(5)
+        return {k: f"v{k}" for k in keys}
+
+    batched: Batched[int, str] = Batched(in_thread(answer))
+    # When one ask starts a call and five more (one twice) come while it blocks
+    first = asyncio.ensure_future(batched.ask(1))
+    await called.wait()
+    more = [asyncio.ensure_future(batched.ask(k)) for k in (2, 3, 3, 4, 5)]
+    await asyncio.sleep(0)
+    go.set()
+    # Then each gets its own answer, in two calls: the first alone, the rest together
+    assert await first == "v1"
+    assert [await m for m in more] == ["v2", "v3", "v3", "v4", "v5"]
+    assert calls == [[1], [2, 3, 4, 5]]
