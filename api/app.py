@@ -161,7 +161,9 @@ async def open_services(
         redis=redis_state,
         retired=redis_state.retired_topics(),
         kafka_admin=kafka_admin,
-        provisioning=Provisioning(SubscriptionTopics(store.get_topic, kafka_admin)),
+        provisioning=Provisioning(
+            SubscriptionTopics(store.get_topic, kafka_admin), send=producer.send_to
+        ),
         kafka_reader=KafkaReader(bootstrap, kafka),
         producer=producer,
         topics=TopicCache(load_topic, shared_log=settings.shared_ingest_log()),

@@ -120,8 +120,9 @@ async def create_subscription(s: Services, sub: Subscription) -> tuple[Subscript
         s.provisioning.start(existing)  # a retry after a crash finds its topics made
         return existing, False
     created = await blocking(s.store.create_subscription, sub)
-    # Its Kafka topics are made after the answer (api/provisioning.py).
-    s.provisioning.start(created[0])
+    # Its Kafka topics are made after the answer (api/provisioning.py), then its ``born``
+    # records: nothing was ever committed in its group.
+    s.provisioning.start(created[0], born_partitions=topic.partitions)
     try:
         # A new subscription has no group state to rebuild (docs/design.md §4).
         await s.redis.groups(sub.project, sub.name).mark_loaded(range(topic.partitions))

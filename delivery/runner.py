@@ -465,6 +465,11 @@ class SubscriptionRunner:
         self.reporting.skipped_since(skipped, ports)
         self.flow.regulate()
 
+    async def never_owned(self, partitions: list[int]) -> bool:
+        """See :class:`delivery.views.ViewListener`."""
+        found = await asyncio.gather(*(self.store.never_owned(p) for p in partitions))
+        return bool(found) and all(found)
+
     async def assigned(self, committed: list[TopicPartition]) -> Assignment:
         by_index: dict[int, dict[int, int | None]] = defaultdict(dict)
         marks: dict[int, str | None] = {}

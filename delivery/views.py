@@ -25,7 +25,7 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Message, TopicPartition
 
@@ -94,6 +94,15 @@ class _Dormant:
     paused: bool  # what the runner last asked: paused or not
 
 
+class ViewListener(RebalanceListener, Protocol):
+    """What a view asks of its runner besides what a consumer thread asks."""
+
+    async def never_owned(self, partitions: list[int]) -> bool:
+        """Whether the API created the subscription and no owner ever claimed any of these
+        partitions since: its group holds no offsets in them (``born`` in state/changelog.py)."""
+        ...
+
+
 class SubscriptionView:
     """One runner's consumer (see the module doc)."""
 
@@ -101,7 +110,7 @@ class SubscriptionView:
         self,
         config: dict[str, Any],
         loop: asyncio.AbstractEventLoop,
-        listener: RebalanceListener,
+        listener: ViewListener,
         hub: ReaderHub,
         offsets: GroupOffsets,
     ) -> None:
@@ -225,7 +234,7 @@ class SubscriptionView:
             steps.done("the group's membership")
             topics = [self.main_topic, *self.tier_topics]
             asked = [TopicPartition(t, p) for p in wanted for t in topics]
-            committed = await self._offsets.committed(self.group, asked)
+            committed = await self._committed(wanted, asked)
             steps.done("its offsets")
             self._taking.update(wanted)
             try:
@@ -303,6 +312,21 @@ class SubscriptionView:
                 )
 
             self._hub.tiers.post(assign, live)
+
+    async def _committed(
+        self, partitions: list[int], asked: list[TopicPartition]
+    ) -> list[TopicPartition]:
+        """The group's committed offsets of ``asked``, none asked of Kafka for a subscription
+        the API created and nobody owned since: a short-lived consumer of the group per
+        subscription was most of the broker's work when a thousand new ones were taken over."""
+        try:
+            never_owned = await self._listener.never_owned(partitions)
+        except Exception as exc:  # the changelog not read: its offsets are asked instead
+            log.warning("%s: whether it was ever owned is not known (%s)", self.group, exc)
+            never_owned = False
+        if never_owned:
+            return [TopicPartition(tp.topic, tp.partition, OFFSET_INVALID) for tp in asked]
+        return await self._offsets.committed(self.group, asked)
 
     async def give_up(self, partitions: list[int]) -> None:
         """Gives partition indices up: the runner drains them, its offsets are committed."""

@@ -18,6 +18,10 @@ that compaction keeps the latest of each:
   of the same name created later starts empty, its owner epochs still rising).
 - ``earlier``: how far the subscription's own changelog of the earlier layout
   (``setu.{project}.{subscription}.state``) was copied here (state/durable_groups.py).
+- ``born``: the API created the subscription (api/provisioning.py): its consumer group holds
+  no offsets until an ``owner`` record follows, since only an owner commits and every owner
+  claims first. A takeover that finds it with no owner record after it need not ask Kafka for
+  the group's offsets (docs/delivery.md, "Many subscriptions at once").
 
 Every record carries its writer's owner epoch in the ``setu-epoch`` header. A record written
 under an older epoch than an ``owner`` record before it comes from a worker that had lost the
@@ -43,6 +47,7 @@ OWNER = b"owner"
 SEEK = b"seek"
 CLEARED = b"cleared"
 EARLIER = b"earlier"
+BORN = b"born"
 H_EPOCH = "setu-epoch"
 # On a record of the shared changelog written to a subscription's own changelog too, for
 # workers of the earlier version (state/shared_changelog.py).
@@ -174,6 +179,10 @@ def cleared_record() -> ChangelogRecord:
     return ChangelogRecord(CLEARED, b"1", None)
 
 
+def born_record() -> ChangelogRecord:
+    return ChangelogRecord(BORN, b"1", None)
+
+
 def earlier_record(end: int) -> ChangelogRecord:
     return ChangelogRecord(EARLIER, str(end).encode(), None)
 
@@ -208,6 +217,12 @@ class PartitionReplay:
     stale: set[bytes] = field(default_factory=set)
     # How far the subscription's own changelog of the earlier layout was copied here.
     earlier_copied: int = 0
+    born: bool = False  # a ``born`` record since the last ``cleared`` one
+
+    @property
+    def never_owned(self) -> bool:
+        """Created by the API and never claimed since: its group holds no offsets."""
+        return self.born and not self.started
 
     def feed_all(self, entries: Iterable[Entry], end: int) -> None:
         for entry in entries:
@@ -228,12 +243,13 @@ class PartitionReplay:
             end=self.end,
             stale=set(self.stale),
             earlier_copied=self.earlier_copied,
+            born=self.born,
         )
 
     def feed(self, entry: Entry) -> None:
         self.end = max(self.end, entry.offset + 1)
         key, value = entry.key, entry.value
-        if key in (CLEARED, EARLIER):
+        if key in (CLEARED, EARLIER, BORN):
             self._marker(key, value)
             return
         if key == OWNER:
@@ -269,6 +285,8 @@ class PartitionReplay:
             return
         if key == CLEARED:
             self._clear()
+        elif key == BORN:
+            self.born = True
         else:
             self.earlier_copied = max(self.earlier_copied, int(value))
 
@@ -283,6 +301,7 @@ class PartitionReplay:
         self.seek_generation = 0
         self.started = False
         self.earlier_copied = 0
+        self.born = False
 
     def _group(self, group: str, value: bytes | None) -> None:
         if value is None:

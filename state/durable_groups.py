@@ -129,6 +129,11 @@ class DurableGroupStore:
         await self._log.append(partition, [owner_record(epoch, fences)])
         await self.redis.record_fences(partition, epoch, ends, keep)
 
+    async def never_owned(self, partition: int) -> bool:
+        """Whether the API created the subscription and no owner claimed ``partition`` since
+        (``born`` in state/changelog.py): its consumer group holds no offsets there."""
+        return (await self._log.replay(partition)).never_owned
+
     async def verify(self, partition: int) -> None:
         """Raises :class:`StateLost` when Redis no longer holds what this owner wrote."""
         if partition not in self._epochs:

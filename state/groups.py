@@ -141,6 +141,11 @@ class GroupStore(Protocol):
     async def fences(self, partition: int) -> dict[int, dict[int, int]]:
         """The fences :meth:`record_fences` kept, by epoch."""
 
+    async def never_owned(self, partition: int) -> bool:
+        """Whether the API created the subscription and no owner claimed ``partition`` since,
+        so that its consumer group holds no offsets there (known from the changelog only)."""
+        ...
+
     async def apply(self, write: StateWrite, epoch: int | None = None) -> None: ...
 
     async def record_delivered(self, partition: int, outcomes: Sequence[tuple[int, int]]) -> None:
@@ -597,6 +602,9 @@ class RedisGroupStore:
         """The partition's owner epoch as Redis holds it (0: none)."""
         raw = await self._redis.get(keys.owner_epoch(self._project, self._sub, partition))
         return int(raw or 0)
+
+    async def never_owned(self, partition: int) -> bool:
+        return False  # Redis alone cannot tell (state/durable_groups.py can)
 
     async def loaded(self) -> set[int]:
         """The partitions whose state Redis holds in full (``keys.state_loaded``)."""

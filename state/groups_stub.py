@@ -66,6 +66,9 @@ class StubGroupStore:
     async def fences(self, partition: int) -> dict[int, dict[int, int]]:
         return {e: dict(f) for e, f in self._p(partition).fences.items()}
 
+    async def never_owned(self, partition: int) -> bool:
+        return False
+
     async def load(self, partition: int) -> PartitionSnapshot:
         part = self._p(partition)
         return PartitionSnapshot(

@@ -98,6 +98,9 @@ class FakeRunner:
     def on_batch(self, messages: list[Any]) -> None:
         self.batches.append(messages)
 
+    async def never_owned(self, partitions: list[int]) -> bool:
+        return False
+
     async def assigned(self, committed: list[TopicPartition]) -> Assignment:
         starts = [TopicPartition(tp.topic, tp.partition, -1001) for tp in committed]
         return Assignment(starts, [])
@@ -147,6 +150,45 @@ def test_commands_go_to_the_cursor_the_tiers_consumer_or_the_group() -> None:
         # A commit goes to the subscription's group
         await view.call(lambda c: c.commit(offsets=[TopicPartition(MAIN, 0, 7)]))
         assert offsets.commits[-1] == [(MAIN, 0, 7)]
+
+    asyncio.run(scenario())
+
+
+class NeverOwnedRunner(FakeRunner):
+    """A subscription the API created and nobody owned since (or, ``fails``, a changelog
+    that could not be read)."""
+
+    def __init__(self, fails: bool = False) -> None:
+        super().__init__()
+        self.fails = fails
+
+    async def never_owned(self, partitions: list[int]) -> bool:
+        if self.fails:
+            raise OSError("the changelog is away")
+        return True
+
+
+class CountedOffsets(FakeOffsets):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    async def committed(self, group: str, tps: list[TopicPartition]) -> list[TopicPartition]:
+        self.reads += 1
+        return await super().committed(group, tps)
+
+
+def test_a_subscription_never_owned_starts_at_the_first_offset_without_asking_kafka() -> None:
+    async def scenario() -> None:
+        hub, offsets = FakeHub(), CountedOffsets()
+        view = view_of(hub, offsets, NeverOwnedRunner())
+        # Its group holds no offsets: the main log from its first offset, asked of nobody
+        assert await view.take_over([0]) == {0: -1}
+        assert offsets.reads == 0
+        # A changelog that cannot say: the group's offsets are asked, as for any
+        other, asked = FakeHub(), CountedOffsets()
+        assert await view_of(other, asked, NeverOwnedRunner(fails=True)).take_over([0]) == {0: 5}
+        assert asked.reads == 1
 
     asyncio.run(scenario())
 

@@ -13,6 +13,8 @@ from state.changelog import (
     ChangelogRecord,
     Entry,
     PartitionReplay,
+    born_record,
+    cleared_record,
     decode_state,
     encode_state,
     group_record,
@@ -119,3 +121,19 @@ def test_a_partition_from_before_the_changelog_is_seeded_from_redis() -> None:
     assert replay.seek_generation == 2
     assert replayed([seek_record(3, 1)]).seek_generation == 3
     assert not replayed(seeded).started  # no owner record yet
+
+
+def test_a_subscription_born_and_never_claimed_is_the_only_one_known_to_have_no_offsets() -> None:
+    # A subscription the API created: nobody can have committed in its group
+    assert replayed([born_record()]).never_owned
+    # Claimed since (whichever came first, the claim or the API's record): an owner commits
+    assert not replayed([born_record(), owner_record(1, {})]).never_owned
+    assert not replayed([owner_record(1, {}), born_record()]).never_owned
+    # Nothing said: a subscription of an earlier version, its offsets must be asked
+    assert not replayed([]).never_owned
+    # Deleted (its group with it) and created again under its name: born again
+    again = replayed([born_record(), owner_record(3, {}), cleared_record(), born_record()])
+    assert again.never_owned and again.epoch == 3
+    # Deleted and not created again: nothing is known
+    assert not replayed([born_record(), cleared_record()]).never_owned
+    assert replayed([born_record()]).copy().never_owned
