@@ -42,11 +42,14 @@ log = logging.getLogger(__name__)
 TURN_RECORDS = 2048
 # A catch-up seek (or assignment) the client refused is asked again after this long.
 CATCH_UP_RETRY_S = 0.05
-# Takeovers that run at once in a worker (ReaderHub._takeovers). Each holds a Redis
-# connection per partition only through its restore transaction. With 16, a worker taking
+# Takeovers that run at once in a worker (ReaderHub._takeovers). With 16, a worker taking
 # over 1,000 new subscriptions spent 1.4 s on each and 44 s waiting for a slot; with 64, 4 s
 # and 28 s, and every endpoint was reached 55 s after the creates, not 83 s (decision 0014).
-TAKEOVER_CONCURRENCY = 64
+# Their claims read the shared changelog together and their Redis work goes in shared
+# pipelines, so they advance in waves: with 64, 64 ended every 1.5 s while the machine had
+# cores to spare; with 256, the last endpoint was reached 16 s after the creates, not 25 s
+# (docs/delivery.md, "Many subscriptions at once").
+TAKEOVER_CONCURRENCY = 256
 # How long a main partition's assignment waits for its subscriptions' takeovers before the
 # live reader starts on it. Takeovers not done by then go on and add their cursors when they
 # are, behind the live reader (the catch-up reader serves them until they reach it): waiting
