@@ -128,10 +128,31 @@ class GroupOffsets:
             waiting.add_done_callback(_seen)
             raise TimeoutError("Kafka did not list its consumer groups in time") from None
         if listed.errors:
-            # A broker that did not answer may coordinate one of these groups.
-            raise listed.errors[0]
+            # A broker did not answer (one lost, not yet fenced): the groups it coordinates
+            # are not in the listing, so these are described one by one, as they used to be.
+            log.info(
+                "listing consumer groups: %s; describing %d instead", listed.errors[0], len(groups)
+            )
+            return await self._described(groups)
         busy = {g.group_id for g in listed.valid if g.state not in _WITHOUT_MEMBERS}
         return {group: group in busy for group in groups}
+
+    async def _described(self, groups: list[str]) -> dict[str, bool | BaseException]:
+        futures = self._membership.describe_consumer_groups(
+            groups, request_timeout=ADMIN_REQUEST_TIMEOUT_S
+        )
+        waiting = [asyncio.wrap_future(futures[g]) for g in groups]
+        done, _ = await asyncio.wait(waiting, timeout=LIST_WAIT_S)
+        out: dict[str, bool | BaseException] = {}
+        for group, future in zip(groups, waiting, strict=True):
+            if future not in done:
+                future.add_done_callback(_seen)
+                out[group] = TimeoutError(f"{group}: Kafka did not describe it in time")
+            elif (error := future.exception()) is not None:
+                out[group] = error
+            else:
+                out[group] = bool(future.result().members)
+        return out
 
     async def committed(
         self, group: str, partitions: Sequence[TopicPartition], timeout_s: float = 30.0
