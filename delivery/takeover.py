@@ -79,6 +79,32 @@ def _waiting_in(snapshot: PartitionSnapshot, tiers: Collection[int]) -> set[int]
     return out
 
 
+async def _fence(
+    store: GroupStore,
+    partition: int,
+    epoch: int,
+    ends: dict[int, int],
+    snapshot: PartitionSnapshot,
+    wrote: bool,
+    dlq_low: int | None,
+) -> PartitionSnapshot:
+    """Records this epoch's fence (and forgets dead letters below the DLQ's first offset), and
+    returns the partition's state as Redis now holds it. Read again only when recovery wrote
+    or letters were trimmed: otherwise nothing was written since ``snapshot`` was read after
+    the claim (with its owner epoch and write count) but the fence, and a release asked
+    meanwhile is taken up at the engine's next poll. A thousand new subscriptions skip a
+    load a partition so (docs/delivery.md, "Many subscriptions at once")."""
+    await store.record_fences(partition, epoch, ends, KEEP_FENCES)
+    if dlq_low is not None:
+        await store.trim_dead_letters(partition, dlq_low)
+    if wrote or dlq_low is not None:
+        return await store.load(partition)
+    snapshot.fences[epoch] = dict(ends)
+    for old in sorted(snapshot.fences)[: max(0, len(snapshot.fences) - KEEP_FENCES)]:
+        del snapshot.fences[old]
+    return snapshot
+
+
 async def take_over(
     sub: Subscription,
     partition: int,
@@ -132,10 +158,8 @@ async def take_over(
         await store.apply(write, epoch)
     ends = {tier: tails.ends[(topics[tier], partition)] for tier in tail_tiers}
     ends.update((tier, 0) for tier in committed if tier in missing)
-    await store.record_fences(partition, epoch, ends, KEEP_FENCES)
-    if DLQ in tail_tiers:
-        await store.trim_dead_letters(partition, tails.lows[(topics[DLQ], partition)])
-    snapshot = await store.load(partition)
+    dlq_low = tails.lows[(topics[DLQ], partition)] if DLQ in tail_tiers else None
+    snapshot = await _fence(store, partition, epoch, ends, snapshot, bool(writes), dlq_low)
     steps.done("recovery and load")
 
     plan = Takeover(snapshot, dict(known), epoch=epoch)

@@ -79,7 +79,10 @@ class DurableGroupStore:
         epoch = max(held_epoch, replay.epoch) + 1
         records: list[ChangelogRecord] = []
         fences = replay.fences
-        if not replay.started:
+        # A partition nobody claimed is seeded from what Redis holds (a subscription from
+        # before the changelog), unless the API created the subscription (``born``): then
+        # there is nothing from before, and a thousand new ones skip a load each.
+        if not replay.started and not replay.born:
             snapshot = await self.redis.load(partition)
             redelivered = await self.redis.redelivered(partition)
             records += seed_records(

@@ -15,7 +15,7 @@ from delivery.watch import StateWatch
 from setu.ordering.state import EMPTY_COUNTS, GroupState, StateLost, StateWrite
 from setu.ordering.tiers import DLQ
 from state import keys
-from state.changelog import Entry, Keyed, entry_of
+from state.changelog import Entry, Keyed, born_record, entry_of
 from state.durable_groups import DurableGroupStore
 from state.groups import RedisGroupStore
 from state.shared_changelog import SharedChangelogs, SubscriptionChangelog
@@ -195,6 +195,25 @@ async def test_a_partition_from_before_the_changelog_is_seeded_from_redis(
     await forget(client, project)
     await DurableGroupStore(RedisGroupStore(client, project, "s"), log).claim(2)
     assert (await redis_store.load(2)).states == {"g": parked(2)}
+
+
+async def test_a_subscription_the_api_created_takes_nothing_from_what_redis_held_before(
+    redis_client: tuple[Redis[bytes], str],
+) -> None:
+    client, project = redis_client
+    # Given Redis still holding a parked group under the name (a subscription deleted while
+    # Redis was away, so its state was never cleared there)
+    redis_store = RedisGroupStore(client, project, "s")
+    await redis_store.apply(StateWrite(2, "g", touches_group=True, state=parked(2)))
+    # When the API creates a subscription of that name (its born record) and a worker claims
+    log = ListChangelog()
+    record = born_record()
+    await log.append(2, [record])
+    store = DurableGroupStore(redis_store, log)
+    await store.claim(2)
+    # Then the new subscription has no parked group, in Redis or in its changelog
+    assert (await redis_store.load(2)).states == {}
+    assert (await log.replay(2)).states == {}
 
 
 async def test_the_workers_one_reading_notices_lost_writes_and_requested_releases(

@@ -4,6 +4,7 @@ read, which a shared tiers reader then does not fetch (delivery/views.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -142,3 +143,41 @@ async def test_a_held_head_alone_needs_no_tier() -> None:
     plan = await take_over(sub, 0, committed, topics, store, reader, 0, missing=missing)  # type: ignore[arg-type]
     assert plan.idle == missing
     assert "g" in plan.snapshot.states
+
+
+class CountedLoads(StubGroupStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads = 0
+
+    async def load(self, partition: int) -> Any:
+        self.loads += 1
+        return await super().load(partition)
+
+
+async def test_a_takeover_with_nothing_to_recover_reads_the_state_once_and_holds_its_fence() -> (
+    None
+):
+    # Given a subscription whose endpoint never failed, taken over once before (epoch 1's
+    # fence recorded)
+    sub = subscription()
+    topics = {tier: topic for topic, tier in topics_by_tier(sub).items()}
+    missing = {tier for tier in topics if tier != MAIN}
+    reader = NoMissingReads({}, {topics[t] for t in missing})
+    committed: dict[int, int | None] = dict.fromkeys(topics)
+    store = CountedLoads()
+    await take_over(sub, 0, committed, topics, store, reader, 0, missing=missing)  # type: ignore[arg-type]
+    store.loads = 0
+    # When it is taken over again, with nothing to recover
+    plan = await take_over(sub, 0, committed, topics, store, reader, 0, missing=missing)  # type: ignore[arg-type]
+    # Then its state was read once, and the plan holds what reading it again would give:
+    # both epochs' fences, and this owner's epoch with no write since its claim
+    assert store.loads == 1
+    again = await store.load(0)
+    assert (
+        plan.snapshot.fences
+        == again.fences
+        == {1: dict.fromkeys(missing, 0), 2: dict.fromkeys(missing, 0)}
+    )
+    assert plan.snapshot.owner == again.owner
+    assert plan.snapshot.states == again.states
