@@ -31,7 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from delivery.recovery import missing_writes
 from setu.model import Subscription
-from setu.ordering.fencing import KEEP_FENCES
+from setu.ordering.fencing import KEEP_FENCES, add_fence
 from setu.ordering.records import Record
 from setu.ordering.state import PartitionSnapshot
 from setu.ordering.tiers import DLQ, HOLD, MAIN, is_retry
@@ -99,9 +99,7 @@ async def _fence(
         await store.trim_dead_letters(partition, dlq_low)
     if wrote or dlq_low is not None:
         return await store.load(partition)
-    snapshot.fences[epoch] = dict(ends)
-    for old in sorted(snapshot.fences)[: max(0, len(snapshot.fences) - KEEP_FENCES)]:
-        del snapshot.fences[old]
+    add_fence(snapshot.fences, epoch, ends)
     return snapshot
 
 

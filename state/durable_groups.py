@@ -24,7 +24,7 @@ import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 
-from setu.ordering.fencing import KEEP_FENCES
+from setu.ordering.fencing import KEEP_FENCES, add_fence
 from setu.ordering.groups import Standing
 from setu.ordering.state import (
     GroupState,
@@ -126,9 +126,7 @@ class DurableGroupStore:
         self, partition: int, epoch: int, ends: Mapping[int, int], keep: int = KEEP_FENCES
     ) -> None:
         fences = self._fences.setdefault(partition, {})
-        fences[epoch] = dict(ends)
-        for old in sorted(fences)[: max(0, len(fences) - keep)]:
-            del fences[old]
+        add_fence(fences, epoch, ends, keep)
         await self._log.append(partition, [owner_record(epoch, fences)])
         await self.redis.record_fences(partition, epoch, ends, keep)
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from setu.clock import now_ms
+from setu.ordering.fencing import add_fence
 from setu.ordering.groups import Standing
 from setu.ordering.groups import standing as standing_of
 from setu.ordering.state import (
@@ -58,10 +59,7 @@ class StubGroupStore:
     async def record_fences(
         self, partition: int, epoch: int, ends: Mapping[int, int], keep: int = 64
     ) -> None:
-        fences = self._p(partition).fences
-        fences[epoch] = dict(ends)
-        for old in sorted(fences)[: max(0, len(fences) - keep)]:
-            del fences[old]
+        add_fence(self._p(partition).fences, epoch, ends, keep)
 
     async def fences(self, partition: int) -> dict[int, dict[int, int]]:
         return {e: dict(f) for e, f in self._p(partition).fences.items()}

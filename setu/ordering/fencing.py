@@ -29,6 +29,15 @@ from collections.abc import Mapping
 KEEP_FENCES = 64
 
 
+def add_fence(
+    fences: dict[int, dict[int, int]], epoch: int, ends: Mapping[int, int], keep: int = KEEP_FENCES
+) -> None:
+    """Adds ``epoch``'s fence to ``fences`` and forgets all but the latest ``keep``."""
+    fences[epoch] = dict(ends)
+    for old in sorted(fences)[: max(0, len(fences) - keep)]:
+        del fences[old]
+
+
 def is_stale_copy(
     fences: Mapping[int, Mapping[int, int]], tier: int, offset: int, epoch: int | None
 ) -> bool:
