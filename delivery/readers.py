@@ -30,7 +30,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from delivery.commits import transient
 from delivery.cursors import PartitionCursors, Turn
 from delivery.kafka_io import POLL_TIMEOUT_S, ConsumerThread, consumer_config
-from setu.batching import Batched
+from setu.batching import Batched, in_thread
 from setu.limits import MessageLimits
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ class ReaderHub:
         self._end_offset = end_offset or low_offset
         # A partition's first offset, asked by every subscription of its topic that takes it
         # over with nothing committed (a thousand new ones): one ask per partition at a time.
-        self._firsts: Batched[tuple[str, int], int] = Batched(self._ask_firsts)
+        self._firsts: Batched[tuple[str, int], int] = Batched(in_thread(self._firsts_of))
         self._turn_records = turn_records
         self._pending_takeovers: set[asyncio.Task[None]] = set()
         self._views: dict[str, set[SubscriptionView]] = defaultdict(set)  # main topic -> views
@@ -475,19 +475,14 @@ class ReaderHub:
     async def _end_at(self, topic: str, partition: int) -> int:
         return await asyncio.to_thread(self._end_offset, topic, partition)
 
-    async def _ask_firsts(
-        self, keys: list[tuple[str, int]]
-    ) -> dict[tuple[str, int], int | BaseException]:
-        def ask() -> dict[tuple[str, int], int | BaseException]:
-            out: dict[tuple[str, int], int | BaseException] = {}
-            for key in keys:
-                try:
-                    out[key] = self._low_offset(*key)
-                except Exception as exc:  # that partition's callers ask again
-                    out[key] = exc
-            return out
-
-        return await asyncio.to_thread(ask)
+    def _firsts_of(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int | BaseException]:
+        out: dict[tuple[str, int], int | BaseException] = {}
+        for key in keys:
+            try:
+                out[key] = self._low_offset(*key)
+            except Exception as exc:  # that partition's callers ask again
+                out[key] = exc
+        return out
 
     async def _ask_first(self, key: tuple[str, int], cursors: PartitionCursors) -> None:
         """A catch-up turn read past where it expected: asks the partition's first offset, so
