@@ -165,7 +165,24 @@ def reach_all(stack: Stack, count: int, partitions: int, timeout_s: float) -> di
         time.sleep(1.0)
     delays = [t - sent[message_id] for message_id, at in got.items() for t in at.values()]
     whole = sum(all(n in at for at in got.values()) for n in range(count))
-    return {"endpoints": count, "messages": len(ids), "reached": whole, **seconds_stats(delays)}
+    # Each endpoint's last arrival, by tenth of the subscriptions in the order they were
+    # made: right after the creates, a tail in the last tenths is takeovers still under way.
+    last = [
+        max((at[n] - sent[m] for m, at in got.items() if n in at), default=timeout_s)
+        for n in range(count)
+    ]
+    tenth = max(count // 10, 1)
+    by_tenth = [seconds_stats(last[i : i + tenth])["p99"] for i in range(0, count, tenth)]
+    # And by message (one per partition): a partition whose reader lagged shows here.
+    by_message = [seconds_stats([t - sent[m] for t in got.get(m, {}).values()])["p99"] for m in ids]
+    return {
+        "endpoints": count,
+        "messages": len(ids),
+        "reached": whole,
+        **seconds_stats(delays),
+        "p99_by_creation_tenth": by_tenth,
+        "p99_by_partition": by_message,
+    }
 
 
 def one_per_partition(partitions: int) -> list[str]:
