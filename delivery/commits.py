@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from delivery.effects import PartitionEffects
+from delivery.pace import CommitPace
 from delivery.parts import ConsumerPort, RunnerConfig
 from delivery.replays import encode_marks
 from delivery.ticker import Periodic, at_once
@@ -79,12 +80,14 @@ class Commits:
         background: Callable[[Coroutine[Any, Any, None]], None],
         watch: StateWatch | None = None,
         present: Callable[[str], bool] = lambda _: True,
+        pace: CommitPace | None = None,
     ) -> None:
         """``topics`` (tier -> topic), ``tiers`` (topic -> tier) and ``ports`` are the
         runner's own; ``background`` runs housekeeping nothing waits for; ``watch``: the
         worker's reading of Redis (None: every tick asks Redis); ``present``: whether a topic
         of the subscription exists (its tiers and DLQ are made at its first copy there,
-        delivery/own_topics.py): Kafka refuses a commit naming one that does not."""
+        delivery/own_topics.py): Kafka refuses a commit naming one that does not; ``pace``:
+        the worker's pace of periodic commits (delivery/pace.py; None: not paced)."""
         self._consumer = consumer
         self._topics = topics
         self._tiers = tiers
@@ -96,6 +99,7 @@ class Commits:
         self._committed: dict[tuple[int, int], int] = {}  # (tier, partition) -> offset
         self._watch = watch
         self._present = present
+        self._pace = pace
         self._watched: Watched | None = None
         # What the last poll saw: (release version, partitions), and when.
         self._polled: tuple[int | None, frozenset[int]] | None = None
@@ -146,22 +150,30 @@ class Commits:
 
     def commit_tick(self) -> Coroutine[Any, Any, None] | None:
         """:meth:`commit` as periodic work: None when nothing waits to be written or
-        committed."""
-        if self._writer.idle and (not self._consumer.running or not self._uncommitted()):
-            return None
-        return self.commit()
+        committed. A commit waits for its turn of the worker's pace (delivery/pace.py);
+        the 2xx outcomes are written meanwhile (the runner nudges its writer every 50 ms)."""
+        if not self._consumer.running or next(self._changed(), None) is None:
+            return None if self._writer.idle else self._writer.flush()
+        return self.commit() if self._pace is None else self._paced_commit()
+
+    async def _paced_commit(self) -> None:
+        assert self._pace is not None
+        await self._pace.turn()
+        await self.commit()
 
     def _uncommitted(self) -> list[TopicPartition]:
         """What every engine says is safe to commit and was not committed yet."""
-        # Asked of every runner each tick: positions are built only for what changed.
-        offsets: list[TopicPartition] = []
+        return [self.position(port, tier, offset) for port, tier, offset in self._changed()]
+
+    def _changed(self) -> Iterator[tuple[PartitionEffects, int, int]]:
+        """(port, tier, offset) of every position not committed yet: asked of every runner
+        each tick, so a position (and its ingest marks) is built only when one is."""
         for port in list(self._ports.values()):
             for tier, offset in port.engine.committable().items():
                 if self._committed.get((tier, port.partition)) != offset and self._present(
                     self._topics[tier]
                 ):
-                    offsets.append(self.position(port, tier, offset))
-        return offsets
+                    yield port, tier, offset
 
     def positions(self, port: PartitionEffects) -> list[TopicPartition]:
         """What the engine of ``port`` says is safe to commit, in topics that exist."""

@@ -410,6 +410,21 @@ class _Events(Collector):
         yield family
 
 
+class _Commits(Collector):
+    """The worker's commits waiting for their turn (delivery/pace.py)."""
+
+    def __init__(self, waiting: Callable[[], int]) -> None:
+        self._waiting = waiting
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "setu_delivery_commits_waiting",
+            "Offset commits of this worker's subscriptions waiting for their turn: the worker "
+            "starts at most SETU_DELIVERY_COMMITS_PER_SECOND a second.",
+            value=self._waiting(),
+        )
+
+
 class DeliveryMetrics:
     """The worker's registry (see the module doc)."""
 
@@ -426,6 +441,10 @@ class DeliveryMetrics:
     def watch(self, figures: Callable[[], Iterable[RunnerFigures]]) -> None:
         """Where the live gauges come from (the worker's runners)."""
         self._figures = figures
+
+    def watch_commits(self, waiting: Callable[[], int]) -> None:
+        """Where the count of commits waiting for their turn comes from."""
+        self.registry.register(_Commits(waiting))
 
     def subscription(self, project: str, subscription: str) -> SubscriptionMetrics:
         """The subscription's counters; the same ones for every runner it gets, so they only

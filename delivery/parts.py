@@ -13,6 +13,7 @@ from confluent_kafka import Consumer
 
 from delivery.events import EventSink
 from delivery.kafka_io import RebalanceListener
+from delivery.pace import CommitPace
 from delivery.ticker import Ticker
 from delivery.watch import StateWatch
 from delivery.webhook import WebhookSender
@@ -170,6 +171,8 @@ class RunnerParts:
     replays: ReplayStore | None = None
     # Producers' cancels of scheduled messages (docs/scheduling.md); None: none are made.
     cancels: ScheduleCancels | None = None
+    # The worker's pace of periodic commits (delivery/pace.py); None: not paced.
+    commit_pace: CommitPace | None = None
 
 
 class Background:

@@ -167,6 +167,7 @@ class SubscriptionRunner:
             self._background,
             parts.watch,
             present=self.own.present,
+            pace=parts.commit_pace,
         )
         self.replaying = (
             None

@@ -39,6 +39,7 @@ from delivery.events import EventSink, KafkaEventLog, Notifier, TopicsReady, not
 from delivery.http import HttpClient
 from delivery.kafka_io import AsyncProducer, ConsumerThread, copy_producer_config
 from delivery.metrics import DeliveryMetrics, RunnerFigures
+from delivery.pace import CommitPace
 from delivery.parts import ConsumerPort, RunnerConfig, RunnerParts
 from delivery.readers import ReaderHub, reader_config
 from delivery.runner import SubscriptionRunner
@@ -166,6 +167,8 @@ class Shared:
     # subscriptions still have one of their own (delivery/changelog.py).
     changelogs: SharedChangelogs | None = None
     earlier: EarlierChangelogs | None = None
+    # The pace of every runner's periodic commits (delivery/pace.py); None: not paced.
+    commit_pace: CommitPace | None = None
 
     def __post_init__(self) -> None:
         if self.changelogs is None:
@@ -201,6 +204,7 @@ def runner_parts(sub: Subscription, shared: Shared) -> RunnerParts:
         retention=partial(_in_thread, shared.topics.retention_ms),
         watch=shared.watch,
         ticker=shared.ticker,
+        commit_pace=shared.commit_pace,
         # With shared readers a subscription's tiers and DLQ are made at its first copy
         # there (decision 0014); a consumer of its own subscribes to them by name.
         prepare=(
@@ -315,6 +319,7 @@ async def serve(
         replays_of(source),
         getattr(source, "schedule_cancels", None),
         lazy_topics=hub is not None,
+        commit_pace=CommitPace(settings.delivery_commits_per_second),
     )
     worker = Worker(
         source,
@@ -324,6 +329,9 @@ async def serve(
         partial(_keep_only, shared),
     )
     metrics.watch(lambda: _on_loop(loop, worker.figures))
+    pace = shared.commit_pace
+    if pace is not None:
+        metrics.watch_commits(lambda: pace.waiting)
     server = None
     if settings.delivery_metrics_port is not None:
         server = metrics.serve(settings.delivery_metrics_host, settings.delivery_metrics_port)

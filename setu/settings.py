@@ -199,6 +199,9 @@ class Settings(BaseSettings):
     # How long each message's attempts are kept for GET .../messages/{id} (docs/design.md §9);
     # 0 keeps none.
     attempt_log_hours: int = Field(default=24, ge=0, le=24 * 30)
+    # How many offset commits a worker starts a second, once a burst of as many has started
+    # (delivery/pace.py): with many subscriptions each one commits less often.
+    delivery_commits_per_second: float = Field(default=100.0, gt=0, le=100_000)
     # Replays (docs/replays.md): the pace of one replay when its request names none, the
     # fastest a request may ask for (calls per second over the subscription's partitions),
     # and how many may run at once per subscription.

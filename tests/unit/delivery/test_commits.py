@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from delivery.commits import Commits
+from delivery.pace import CommitPace
 from delivery.watch import StateWatch, Watched
 from setu.ordering.tiers import DLQ, MAIN
 from state.groups import ReleaseRequests, StateLost
@@ -76,6 +77,7 @@ def commits(
     order: list[str],
     store: Store,
     watch: StateWatch | None = None,
+    pace: CommitPace | None = None,
 ) -> tuple[Commits, list[Coroutine[Any, Any, None]]]:
     background: list[Coroutine[Any, Any, None]] = []
     made = Commits(
@@ -88,6 +90,7 @@ def commits(
         None,  # type: ignore[arg-type]
         background.append,
         watch,
+        pace=pace,
     )
     return made, background
 
@@ -108,6 +111,41 @@ async def test_it_flushes_first_then_commits_only_what_moved_with_the_main_logs_
     # And the outcomes below each commit are forgotten, in the background
     await asyncio.gather(*background)
     assert store.trimmed == [(0, {MAIN: 5, 1: 2}), (0, {MAIN: 8})]
+
+
+async def test_a_periodic_commit_waits_for_its_turn_of_the_workers_pace() -> None:
+    # Given a worker whose pace has no turn left for a while (another runner took it)
+    pace = CommitPace(per_s=20, burst=1)
+    await pace.turn()
+    kafka, order, store = Kafka(), [], Store()
+    engine = Engine({MAIN: 5})
+    made, background = commits(engine, kafka, order, store, pace=pace)
+    # When the commit's tick comes with an offset to commit
+    tick = made.commit_tick()
+    assert tick is not None
+    ticking = asyncio.create_task(tick)
+    # Then it waits for its turn, committing nothing meanwhile
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert kafka.commits == []
+    assert pace.waiting == 1
+    # And once its turn came, it committed what is safe by then
+    engine.safe[MAIN] = 7
+    await asyncio.wait_for(ticking, timeout=5)
+    assert [[tp.offset for tp in batch] for batch in kafka.commits] == [[7]]
+    await asyncio.gather(*background)
+
+
+async def test_a_tick_with_nothing_to_commit_writes_outcomes_without_waiting_for_a_turn() -> None:
+    pace = CommitPace(per_s=1, burst=1)
+    await pace.turn()
+    kafka, order, store = Kafka(), [], Store()
+    made, _ = commits(Engine({}), kafka, order, store, pace=pace)
+    tick = made.commit_tick()
+    assert tick is not None
+    await asyncio.wait_for(tick, timeout=0.5)
+    assert order == ["flush"]
+    assert pace.waiting == 0
 
 
 async def test_a_partition_taken_over_again_commits_even_an_unchanged_offset() -> None:
