@@ -160,17 +160,25 @@ def marked(
     of the group that ``landed`` at offset c of a tier where ``before`` held nothing of the
     group means every record of the group in that tier below c is finished. Both hold because
     a group's records finish in offset order within a tier: the head is the oldest unfinished
-    one in its tier, and messages left behind move up in the order their tier is read."""
+    one in its tier, and messages left behind move up in the order their tier is read. A held
+    head counts in :data:`HOLD` but its record is in the main log: it is nothing of the group
+    in that tier."""
     if after is None:
         return None
     done = list(after.done)
     for tier, offset in finished:
         done[tier] = max(done[tier], offset)
-    held = before.counts if before is not None else EMPTY_COUNTS
     for tier, first in (landed or {}).items():
-        if held[tier] == 0:
+        if _records_in(before, tier) == 0:
             done[tier] = max(done[tier], first - 1)
     return replace(after, done=tuple(done))
+
+
+def _records_in(state: GroupState | None, tier: int) -> int:
+    """How many of the group's records sit unfinished in ``tier`` itself."""
+    if state is None:
+        return 0
+    return state.counts[tier] - int(tier == HOLD and state.held >= 0)
 
 
 def route_lap(state: GroupState | None, tier: int, message_id: str) -> Route:

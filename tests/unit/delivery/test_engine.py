@@ -855,6 +855,44 @@ def test_a_group_that_healed_on_laps_and_parked_again_is_delivered_after_redis_f
     assert "g2" not in world.store.groups
 
 
+def test_a_copy_from_before_a_group_healed_is_not_forwarded_behind_its_held_head() -> None:
+    # Given g1 failed once and healed (its head copy still in rq.1), then a g1 message
+    # scheduled 5 s ahead, held, with a follower parked behind it in rq.1; nothing committed
+    world = World(subscription(delays=(100, 200)))
+    ids = [world.publish("g1")]
+    poll_all(world)
+    answer_all(world, {"g1": 503})
+    world.tick(200)
+    poll_all(world)
+    answer_all(world, {})
+    assert "g1" not in world.store.groups
+    ids += [world.publish("g1", deliver_in_ms=5_000), world.publish("g1")]
+    poll_all(world)
+    settle(world)
+    assert kinds(world, 1) == [("g1-1", "head"), ("g1-3", "park")]
+    # When Redis forgets the outcomes and the partition is rebuilt, and the held head, due,
+    # fails twice and moves up to rq.2 (its follower is forwarded there)
+    world.redis_forgets()
+    poll_all(world)
+    world.tick(5_000)
+    world.finish_recall(0)
+    world.respond(0, 503)
+    settle(world)
+    world.tick(200)
+    world.finish_recall(0)
+    world.respond(0, 503)
+    settle(world)
+    # Then the old copy was known finished by g1's done marks: only the follower went along
+    assert kinds(world, 2) == [("g1-2", "head"), ("g1-3", "forward")]
+    state = world.store.groups["g1"][1]
+    assert (state.counts[1], state.counts[2]) == (0, 2)
+    # And g1 is delivered in order, its first message not called again
+    world.drain()
+    assert world.first["g1"] == ids
+    assert world.calls["g1-1"] == 2
+    assert "g1" not in world.store.groups
+
+
 # Scheduled messages (docs/scheduling.md)
 
 

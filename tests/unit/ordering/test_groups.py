@@ -235,6 +235,15 @@ def test_tier_names_round_trip(tier: int, name: str) -> None:
         (None, state("m", t1=1), [(MAIN, 5)], {1: 12}, marks(t0=5, t1=11)),
         # Parked into a tier that already holds the group: only the source is marked.
         (state("a", t1=1), state("a", t1=2), [(MAIN, 9)], {1: 20}, marks(t0=9)),
+        # Parked behind a held head, which counts in rq.1 but waits in the main log: the first
+        # record of the group in rq.1, so nothing of it below 20 waits there.
+        (
+            replace(state("a", t1=1), held=4),
+            replace(state("a", t1=2), held=4),
+            [(MAIN, 9)],
+            {1: 20},
+            marks(t0=9, t1=19),
+        ),
         # The head delivered from rq.2 at 3.
         (state("a", t2=2), state(None, t2=1), [(2, 3)], None, marks(t2=3)),
         # Marks never go back.
