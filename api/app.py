@@ -280,7 +280,9 @@ def create_app(settings: Settings, *, resolver: Resolver = system_resolver) -> F
 
 def document_real_errors(app: FastAPI) -> None:
     """Takes FastAPI's automatic 422 out of the OpenAPI document: invalid requests get 400
-    in the API's error shape (api/responses.py), and each route documents that itself."""
+    in the API's error shape (api/responses.py), and each route documents that itself. And
+    documents 413 on every operation with a body: the request gate refuses any body over its
+    route's limit (api/gate.py), whatever the route."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -288,7 +290,17 @@ def document_real_errors(app: FastAPI) -> None:
             document = build()
             for operations in document["paths"].values():
                 for operation in operations.values():
-                    operation.get("responses", {}).pop("422", None)
+                    responses = operation.setdefault("responses", {})
+                    responses.pop("422", None)
+                    if "requestBody" in operation and "413" not in responses:
+                        responses["413"] = {
+                            "description": "Content Too Large",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/ErrorOut"}
+                                }
+                            },
+                        }
             schemas = document.get("components", {}).get("schemas", {})
             for unused in ("HTTPValidationError", "ValidationError"):
                 schemas.pop(unused, None)
