@@ -32,9 +32,10 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from delivery.recovery import missing_writes
 from setu.model import Subscription
 from setu.ordering.fencing import KEEP_FENCES, add_fence
+from setu.ordering.groups import records_in
 from setu.ordering.records import Record
 from setu.ordering.state import PartitionSnapshot
-from setu.ordering.tiers import DLQ, HOLD, MAIN, is_retry
+from setu.ordering.tiers import DLQ, MAIN, is_retry
 from setu.steps import Steps
 from state.groups import GroupStore
 from state.kafka_reader import KafkaReader, record_of
@@ -62,15 +63,12 @@ class TiersMissing(Exception):
 
 
 def _waiting_in(snapshot: PartitionSnapshot, tiers: Collection[int]) -> set[int]:
-    """Which of ``tiers`` the partition's group state says hold messages: a held head counts
-    in tier :data:`HOLD` while its record stays in the main log (docs/scheduling.md)."""
+    """Which of ``tiers`` the partition's group state says hold messages (a held head's record
+    is in the main log: :func:`records_in`)."""
     out: set[int] = set()
     for state in snapshot.states.values():
         for t in tiers:
-            count = state.counts[t] if t < len(state.counts) else 0
-            if t == HOLD and state.held >= 0:
-                count -= 1
-            if count > 0:
+            if records_in(state, t) > 0:
                 out.add(t)
         if DLQ in tiers and state.dlq_from >= 0:
             out.add(DLQ)

@@ -302,6 +302,7 @@ async def serve(
         loop.create_task(watch.run(events_stop)),
         loop.create_task(LoopLag().run(events_stop)),
     ]
+    pace = CommitPace(settings.delivery_commits_per_second)
     shared = Shared(
         config,
         runners_client,
@@ -319,7 +320,7 @@ async def serve(
         replays_of(source),
         getattr(source, "schedule_cancels", None),
         lazy_topics=hub is not None,
-        commit_pace=CommitPace(settings.delivery_commits_per_second),
+        commit_pace=pace,
     )
     worker = Worker(
         source,
@@ -329,9 +330,7 @@ async def serve(
         partial(_keep_only, shared),
     )
     metrics.watch(lambda: _on_loop(loop, worker.figures))
-    pace = shared.commit_pace
-    if pace is not None:
-        metrics.watch_commits(lambda: pace.waiting)
+    metrics.watch_commits(lambda: pace.waiting)
     server = None
     if settings.delivery_metrics_port is not None:
         server = metrics.serve(settings.delivery_metrics_host, settings.delivery_metrics_port)

@@ -169,14 +169,15 @@ def marked(
     for tier, offset in finished:
         done[tier] = max(done[tier], offset)
     for tier, first in (landed or {}).items():
-        if _records_in(before, tier) == 0:
+        if records_in(before, tier) == 0:
             done[tier] = max(done[tier], first - 1)
     return replace(after, done=tuple(done))
 
 
-def _records_in(state: GroupState | None, tier: int) -> int:
-    """How many of the group's records sit unfinished in ``tier`` itself."""
-    if state is None:
+def records_in(state: GroupState | None, tier: int) -> int:
+    """How many of the group's records sit unfinished in ``tier`` itself: a held head counts
+    in :data:`HOLD` while its record waits in the main log (docs/scheduling.md)."""
+    if state is None or tier >= len(state.counts):
         return 0
     return state.counts[tier] - int(tier == HOLD and state.held >= 0)
 
